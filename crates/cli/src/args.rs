@@ -1,0 +1,112 @@
+//! Command-line syntax. Parsed arguments are turned into library configs in `cmd/*`.
+
+use clap::{Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+EXAMPLES:
+  virtprof doctor                                  what this host offers, and how to fix the rest
+  virtprof testvm --workload pio-user -n 10000     one micro-VM making 10000 userspace PIO exits
+  virtprof testvm --workload compute --vms 2 --pin 0 --duration 1s --json
+                                                   two VMs fighting for CPU 0, ground truth as JSON
+  virtprof testvm --phases compute:200ms,pio-user:10000,io-bound:50
+  virtprof stats --pid 1234                        KVM binary stats of any VMM process";
+
+/// virtprof: a vertical profiler and monitor for KVM virtual machines.
+#[derive(Debug, Parser)]
+#[command(name = "virtprof", version, about, after_help = EXAMPLES, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check what this host offers (tracefs, /dev/kvm, kvm tracepoints, perf, RAPL...) and what
+    /// each virtprof feature will therefore do.
+    Doctor(DoctorArgs),
+    /// Run built-in micro-VMs with exactly known behaviour and print their ground truth.
+    Testvm(TestvmArgs),
+    /// Show the KVM binary statistics of a VMM process (QEMU, Firecracker, virtprof-vm, ...).
+    Stats(StatsArgs),
+    /// Internal: the VMM process of one test VM (reads its config on stdin).
+    #[command(name = "__vmm", hide = true)]
+    Vmm,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the checks as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Skip the live probe that runs a micro-VM to see which kvm events fire.
+    #[arg(long)]
+    pub no_probe: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+WORKLOADS:
+  compute      pure loop, no exits (the baseline)
+  pio-user     OUT to a port the VMM handles in userspace: 1 IO exit per iteration
+  pio-kernel   OUT to a KVM_IOEVENTFD port: handled in the kernel, 1 ioeventfd signal each
+  mmio-user    store to unbacked memory: 1 MMIO exit per iteration
+  mmio-kernel  store to a KVM_IOEVENTFD MMIO address: 1 ioeventfd signal each
+  io-bound     each request makes the VMM sleep --io-latency (the vCPU blocks like on a disk)
+  cpuid        CPUID leaf 0 (lightweight exit on VMX/SVM; on PVM it never reaches our KVM)
+  fault        UD2: shows how guest faults are reported
+  phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
+
+Every vCPU also makes one IO exit per phase start and one when done (markers).
+
+EXAMPLES:
+  virtprof testvm --workload pio-user --iterations 10000
+  virtprof testvm --workload compute --vms 2 --pin 0 --duration 2s
+  virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json")]
+pub struct TestvmArgs {
+    /// What every vCPU runs.
+    #[arg(short, long, value_name = "WORKLOAD", default_value = "compute")]
+    pub workload: String,
+    /// Phase script for --workload phases: WORKLOAD:COUNT or WORKLOAD:DURATION, comma-separated.
+    #[arg(long, value_name = "SCRIPT")]
+    pub phases: Option<String>,
+    /// Iterations per vCPU.
+    #[arg(short = 'n', long, value_name = "N", conflicts_with = "duration")]
+    pub iterations: Option<u64>,
+    /// Run time per vCPU instead of a count (default 1s).
+    #[arg(short, long, value_name = "TIME[ns|us|ms|s|m]")]
+    pub duration: Option<String>,
+    /// vCPUs per VM.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vcpus: u32,
+    /// Number of VMs, each its own VMM process named virtprof-vm.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vms: u32,
+    /// Pin vCPUs to these host CPUs, in order across all VMs, cycling.
+    #[arg(long, value_name = "CPULIST")]
+    pub pin: Option<String>,
+    /// How long the VMM sleeps per io-bound request.
+    #[arg(long, value_name = "TIME", default_value = "1ms")]
+    pub io_latency: String,
+    /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page.
+    #[arg(long)]
+    pub steal_time: bool,
+    /// Keep the VMs alive this long after their guests finish, so other tools can inspect them.
+    #[arg(long, value_name = "TIME")]
+    pub linger: Option<String>,
+    /// Print the ground truth as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The VMM process.
+    #[arg(long, value_name = "PID")]
+    pub pid: u32,
+    /// Print as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Show every statistic, not only the non-zero ones.
+    #[arg(long)]
+    pub all: bool,
+}

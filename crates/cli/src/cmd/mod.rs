@@ -1,0 +1,21 @@
+//! One module per subcommand; `run` dispatches.
+
+mod stats;
+mod testvm;
+
+use std::process::ExitCode;
+
+use crate::args::{Cli, Command};
+
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Doctor(_args) => anyhow::bail!("doctor: not yet"),
+        Command::Testvm(args) => testvm::run(&args),
+        Command::Stats(args) => stats::run(&args),
+        Command::Vmm => {
+            virtprof_kvm::launcher::install_stop_handler();
+            virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

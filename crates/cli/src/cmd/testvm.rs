@@ -1,0 +1,180 @@
+//! `virtprof testvm`: run micro-VMs and print their ground truth.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use virtprof_kvm::guest::{Bound, Script, Workload};
+use virtprof_kvm::launcher::{self, TestvmConfig};
+use virtprof_model::testvm::TestvmReport;
+use virtprof_model::units::{format_duration_ns, parse_cpu_list, parse_duration_ns};
+use virtprof_store::Table;
+
+use crate::args::TestvmArgs;
+use crate::exit::usage;
+
+pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
+    let config = config_from_args(args)?;
+    launcher::install_stop_handler();
+    let exe = std::env::current_exe()
+        .context("locating the virtprof executable to start VMM processes")?;
+    let report = launcher::run_testvm(&exe, &config)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write_human(&report, &config, &mut out)?;
+    }
+    let incomplete = report.vcpus().any(|v| !v.completed);
+    Ok(if incomplete {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Validate the arguments into a launcher config; every problem is a usage error.
+pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
+    let bound = match (args.iterations, &args.duration) {
+        (Some(n), _) => Bound::Iterations(n),
+        (None, Some(d)) => Bound::Duration {
+            ns: parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
+        },
+        (None, None) => Bound::Duration { ns: 1_000_000_000 },
+    };
+    let script = match (args.workload.as_str(), &args.phases) {
+        ("phases", Some(spec)) => {
+            Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?
+        }
+        ("phases", None) => return Err(usage(
+            "--workload phases needs --phases SCRIPT, e.g. --phases compute:200ms,pio-user:10000",
+        )),
+        (_, Some(_)) if args.workload != "compute" => {
+            return Err(usage(format!(
+                "--phases goes with --workload phases, not '{}'",
+                args.workload
+            )))
+        }
+        (_, Some(spec)) => {
+            Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?
+        }
+        (name, None) => Script::single(name.parse::<Workload>().map_err(usage)?, bound),
+    };
+    if args.phases.is_some() && (args.iterations.is_some() || args.duration.is_some()) {
+        return Err(usage(
+            "--phases gives each phase its own bound; drop --iterations/--duration",
+        ));
+    }
+    if args.vcpus == 0 || args.vcpus > virtprof_kvm::guest::layout::MAX_VCPUS {
+        return Err(usage(format!(
+            "--vcpus {}: must be 1 to {}",
+            args.vcpus,
+            virtprof_kvm::guest::layout::MAX_VCPUS
+        )));
+    }
+    if args.vms == 0 || args.vms > 64 {
+        return Err(usage(format!("--vms {}: must be 1 to 64", args.vms)));
+    }
+    let pin = match &args.pin {
+        None => Vec::new(),
+        Some(list) => {
+            let cpus = parse_cpu_list(list).map_err(|e| usage(format!("--pin: {e}")))?;
+            let allowed = virtprof_kvm::vmm::allowed_cpus();
+            if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
+                return Err(usage(format!(
+                    "--pin: CPU {bad} is not available here (allowed: {})",
+                    format_cpus(&allowed)
+                )));
+            }
+            cpus
+        }
+    };
+    let io_latency_ns =
+        parse_duration_ns(&args.io_latency).map_err(|e| usage(format!("--io-latency: {e}")))?;
+    let linger_ns = match &args.linger {
+        Some(d) => parse_duration_ns(d).map_err(|e| usage(format!("--linger: {e}")))?,
+        None => 0,
+    };
+    Ok(TestvmConfig {
+        script,
+        vms: args.vms,
+        vcpus: args.vcpus,
+        pin,
+        io_latency_ns,
+        steal_time: args.steal_time,
+        linger_ns,
+    })
+}
+
+fn format_cpus(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn write_human(
+    report: &TestvmReport,
+    config: &TestvmConfig,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "virtprof testvm: {} on {} VM(s) x {} vCPU(s), {} wall, {} marker IO exits per vCPU",
+        report.workload,
+        report.vms.len(),
+        config.vcpus,
+        format_duration_ns(report.wall_ns / 1000 * 1000),
+        report.marker_io_exits_per_vcpu
+    )?;
+    let mut table = Table::new([
+        "VM",
+        "PID",
+        "VCPU",
+        "TID",
+        "CPU",
+        "ITERATIONS",
+        "NS/ITER",
+        "RUN_MS",
+        "WAIT_MS",
+        "IO",
+        "MMIO",
+        "OTHER",
+        "IOEVENTFD",
+        "KVM_EXITS",
+        "STEAL_MS",
+    ]);
+    for vm in &report.vms {
+        for v in &vm.vcpus {
+            let other: u64 = v
+                .userspace_exits
+                .iter()
+                .filter(|(k, _)| *k != "IO" && *k != "MMIO")
+                .map(|(_, n)| n)
+                .sum();
+            let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
+            table.row([
+                vm.index.to_string(),
+                vm.pid.to_string(),
+                v.index.to_string(),
+                v.tid.to_string(),
+                v.pinned_cpu.map(|c| c.to_string()).unwrap_or_default(),
+                v.iterations.to_string(),
+                format!("{:.1}", v.ns_per_iteration),
+                ms(v.run_ns),
+                ms(v.wait_ns),
+                v.exits("IO").to_string(),
+                v.exits("MMIO").to_string(),
+                other.to_string(),
+                v.ioeventfd_signals.to_string(),
+                v.kvm_stats
+                    .get("exits")
+                    .map(u64::to_string)
+                    .unwrap_or_default(),
+                v.steal_ns.map(ms).unwrap_or_default(),
+            ]);
+        }
+    }
+    table.write_text(out)
+}

@@ -1,0 +1,272 @@
+//! The guest-physical memory map and the descriptor tables that put a vCPU directly in 64-bit
+//! long mode at CPL3 (no guest kernel: on PVM hosts CPL0 code is interpreted instruction by
+//! instruction, so workloads never go there unless they fault).
+//!
+//! Everything below 1 GiB is identity-mapped with user-accessible 2 MiB pages; RAM is the
+//! first [`RAM_SIZE`] bytes, and the MMIO doorbells sit above RAM where no memslot backs them.
+
+use iced_x86::code_asm::*;
+use kvm_bindings::{kvm_segment, kvm_sregs};
+
+use super::program::{asm_err, GuestProgram, ProgramBuilder};
+use crate::error::VmmError;
+
+/// Guest RAM size.
+pub const RAM_SIZE: u64 = 4 << 20;
+/// Global descriptor table.
+pub const GDT_ADDR: u64 = 0x1000;
+/// 64-bit task state segment: RSP0 for exception entry, then an I/O permission bitmap that
+/// allows every port. PVM hosts ignore a CPL3 guest's IOPL and let KVM's emulator check this
+/// bitmap instead when an IN/OUT traps; VMX/SVM hosts take IOPL 3 directly.
+pub const TSS_ADDR: u64 = 0x6000;
+/// Offset of the I/O permission bitmap inside the TSS (right after the 104-byte TSS proper).
+const IO_BITMAP_OFFSET: u64 = 0x68;
+/// TSS limit: the bitmap covers all 65536 ports (8 KiB) plus the required 0xff terminator byte.
+const TSS_LIMIT: u64 = IO_BITMAP_OFFSET + 0x2000;
+/// Page-map level 4.
+pub const PML4_ADDR: u64 = 0x2000;
+/// Page-directory-pointer table.
+pub const PDPT_ADDR: u64 = 0x3000;
+/// Page directory of 2 MiB pages mapping [0, 1 GiB).
+pub const PD_ADDR: u64 = 0x4000;
+/// Interrupt descriptor table (vectors 0–31 used).
+pub const IDT_ADDR: u64 = 0x5000;
+/// Top of the CPL0 stack used by the fault handlers.
+pub const KERNEL_STACK_TOP: u64 = 0xf000;
+/// Where guest code is loaded.
+pub const CODE_ADDR: u64 = 0x10000;
+/// Largest program that fits before the per-vCPU areas.
+pub const CODE_MAX: u64 = PER_VCPU_BASE - CODE_ADDR;
+/// Start of the per-vCPU areas: shared page, then stack page.
+pub const PER_VCPU_BASE: u64 = 0x10_0000;
+/// Bytes per vCPU area.
+pub const PER_VCPU_SIZE: u64 = 0x2000;
+/// vCPUs that fit in RAM.
+pub const MAX_VCPUS: u32 = ((RAM_SIZE - PER_VCPU_BASE) / PER_VCPU_SIZE) as u32;
+/// Userspace-handled MMIO doorbell (no memslot, no ioeventfd).
+pub const MMIO_USER_ADDR: u64 = 0x2000_0000;
+/// In-kernel MMIO doorbells (ioeventfd), 8 bytes per vCPU.
+pub const MMIO_KERNEL_BASE: u64 = 0x2000_1000;
+
+const SEL_KERNEL_CODE: u16 = 0x08;
+const SEL_USER_DATA: u16 = 0x18 | 3;
+const SEL_USER_CODE: u16 = 0x20 | 3;
+const SEL_TSS: u16 = 0x28;
+
+/// I/O ports the guest programs use.
+pub mod ports {
+    /// Userspace-handled PIO (the VMM counts and returns).
+    pub const PIO_USER: u16 = 0xe0;
+    /// In-kernel PIO doorbells (ioeventfd): base + vCPU index.
+    pub const PIO_KERNEL_BASE: u16 = 0x0c00;
+    /// Phase marker: EAX = phase index.
+    pub const PHASE: u16 = 0xf0;
+    /// Guest finished.
+    pub const DONE: u16 = 0xf1;
+    /// An exception reached a fault stub: EAX = vector; the frame is on the CPL0 stack.
+    pub const FAULT: u16 = 0xf3;
+    /// "Disk" request: the VMM sleeps `--io-latency` before returning.
+    pub const IO_BLOCK: u16 = 0xf4;
+}
+
+/// Offsets inside a vCPU's shared page (first page of its per-vCPU area).
+pub mod shared {
+    /// Written by the VMM: b"VPROFSHR" so the guest (and humans with a dump) can check.
+    pub const MAGIC: u64 = 0x00;
+    /// VMM → guest: KVM_RUN returns the VMM handled so far.
+    pub const VMM_USERSPACE_EXITS: u64 = 0x08;
+    /// VMM → guest: of those, `IO` exits.
+    pub const VMM_IO_EXITS: u64 = 0x10;
+    /// VMM → guest: of those, `MMIO` exits.
+    pub const VMM_MMIO_EXITS: u64 = 0x18;
+    /// VMM → guest: nonzero asks the workload loop to stop.
+    pub const STOP: u64 = 0x20;
+    /// VMM → guest: guest TSC frequency in kHz.
+    pub const TSC_KHZ: u64 = 0x28;
+    /// VMM → guest: this vCPU's index.
+    pub const VCPU_INDEX: u64 = 0x30;
+    /// VMM → guest: this vCPU's in-kernel PIO doorbell port.
+    pub const PIO_KERNEL_PORT: u64 = 0x38;
+    /// VMM → guest: this vCPU's in-kernel MMIO doorbell address.
+    pub const MMIO_KERNEL_ADDR: u64 = 0x40;
+    /// Guest → VMM: workload iterations completed (the application counter).
+    pub const ITERATIONS: u64 = 0x80;
+    /// Guest → VMM: index of the phase running now.
+    pub const PHASE: u64 = 0x88;
+    /// The KVM steal-time record (64-byte aligned), when `--steal-time` is on.
+    pub const STEAL_TIME: u64 = 0x800;
+    /// Magic value.
+    pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"VPROFSHR");
+}
+
+/// Guest-physical address of vCPU `index`'s shared page.
+pub fn shared_page(index: u32) -> u64 {
+    PER_VCPU_BASE + u64::from(index) * PER_VCPU_SIZE
+}
+
+/// Initial stack pointer of vCPU `index`.
+pub fn stack_top(index: u32) -> u64 {
+    shared_page(index) + PER_VCPU_SIZE
+}
+
+/// Exceptions that push an error code (the stubs push a zero for the others).
+const HAS_ERROR_CODE: [u8; 8] = [8, 10, 11, 12, 13, 14, 17, 21];
+/// Vectors given fault stubs (the architectural exceptions).
+pub const FAULT_VECTORS: u32 = 32;
+
+/// Emit one stub per exception vector plus the common tail that reports it through
+/// [`ports::FAULT`]. The stubs run at CPL0 and only when something already went wrong.
+pub fn emit_fault_handlers(b: &mut ProgramBuilder) -> Result<(), VmmError> {
+    // The common tail comes first so every stub jumps backwards to an already-placed label.
+    let report = b.function("fault_report")?;
+    b.asm.mov(rax, qword_ptr(rsp)).map_err(asm_err)?;
+    b.asm.out(i32::from(ports::FAULT), eax).map_err(asm_err)?;
+    let hang = b.function("fault_hang")?;
+    b.asm.jmp(hang).map_err(asm_err)?;
+    for vector in 0..FAULT_VECTORS {
+        b.function(format!("fault_vector_{vector}"))?;
+        if !HAS_ERROR_CODE.contains(&(vector as u8)) {
+            b.asm.push(0).map_err(asm_err)?;
+        }
+        b.asm.push(vector as i32).map_err(asm_err)?;
+        b.asm.jmp(report).map_err(asm_err)?;
+    }
+    Ok(())
+}
+
+/// Write GDT, TSS, page tables and IDT into `ram` (a host view of guest RAM from address 0).
+pub fn write_system_tables(ram: &mut [u8], program: &GuestProgram) -> Result<(), VmmError> {
+    let gdt: [u64; 7] = [
+        0,
+        0x0020_9a00_0000_0000, // kernel code: present, DPL0, 64-bit
+        0x0000_9200_0000_0000, // kernel data
+        0x0000_f200_0000_0000, // user data: DPL3
+        0x0020_fa00_0000_0000, // user code: DPL3, 64-bit
+        tss_descriptor_low(TSS_ADDR, TSS_LIMIT),
+        TSS_ADDR >> 32,
+    ];
+    for (i, entry) in gdt.iter().enumerate() {
+        put_u64(ram, GDT_ADDR + 8 * i as u64, *entry);
+    }
+    // 64-bit TSS: RSP0 at offset 4, I/O bitmap offset at 102; bitmap bytes stay zero (allowed)
+    // and the byte after the bitmap is 0xff as the architecture requires.
+    put_u64(ram, TSS_ADDR + 4, KERNEL_STACK_TOP);
+    ram[(TSS_ADDR + 102) as usize..(TSS_ADDR + 104) as usize]
+        .copy_from_slice(&(IO_BITMAP_OFFSET as u16).to_le_bytes());
+    ram[(TSS_ADDR + TSS_LIMIT) as usize] = 0xff;
+
+    const PRESENT_RW_USER: u64 = 0b111;
+    const HUGE: u64 = 1 << 7;
+    put_u64(ram, PML4_ADDR, PDPT_ADDR | PRESENT_RW_USER);
+    put_u64(ram, PDPT_ADDR, PD_ADDR | PRESENT_RW_USER);
+    for i in 0..512u64 {
+        put_u64(ram, PD_ADDR + 8 * i, (i << 21) | PRESENT_RW_USER | HUGE);
+    }
+
+    for vector in 0..FAULT_VECTORS {
+        let handler = program
+            .symbol_addr(&format!("fault_vector_{vector}"))
+            .ok_or_else(|| VmmError::Assemble(format!("program lacks fault_vector_{vector}")))?;
+        let (lo, hi) = interrupt_gate(handler);
+        put_u64(ram, IDT_ADDR + 16 * u64::from(vector), lo);
+        put_u64(ram, IDT_ADDR + 16 * u64::from(vector) + 8, hi);
+    }
+    Ok(())
+}
+
+fn tss_descriptor_low(base: u64, limit: u64) -> u64 {
+    let present_type = 0x89u64; // present, DPL0, type 9 = available 64-bit TSS
+    (limit & 0xffff)
+        | ((base & 0xff_ffff) << 16)
+        | (present_type << 40)
+        | (((limit >> 16) & 0xf) << 48)
+        | (((base >> 24) & 0xff) << 56)
+}
+
+fn interrupt_gate(handler: u64) -> (u64, u64) {
+    let type_attr = 0x8eu64; // present, DPL0, 64-bit interrupt gate
+    let lo = (handler & 0xffff)
+        | (u64::from(SEL_KERNEL_CODE) << 16)
+        | (type_attr << 40)
+        | (((handler >> 16) & 0xffff) << 48);
+    (lo, handler >> 32)
+}
+
+fn put_u64(ram: &mut [u8], addr: u64, value: u64) {
+    ram[addr as usize..addr as usize + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Special registers for long mode with paging, starting at CPL3.
+pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
+    let flat = |selector: u16, type_: u8, dpl: u8, code: bool| kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_,
+        present: 1,
+        dpl,
+        db: u8::from(!code),
+        s: 1,
+        l: u8::from(code),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+    sregs.cs = flat(SEL_USER_CODE, 0xb, 3, true);
+    let data = flat(SEL_USER_DATA, 0x3, 3, false);
+    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
+    sregs.tr = kvm_segment {
+        base: TSS_ADDR,
+        limit: TSS_LIMIT as u32,
+        selector: SEL_TSS,
+        type_: 0xb, // busy 64-bit TSS, as VMX entry checks require
+        present: 1,
+        s: 0,
+        ..Default::default()
+    };
+    sregs.ldt = kvm_segment {
+        type_: 0x2,
+        unusable: 1,
+        ..Default::default()
+    };
+    sregs.gdt.base = GDT_ADDR;
+    sregs.gdt.limit = 7 * 8 - 1;
+    sregs.idt.base = IDT_ADDR;
+    sregs.idt.limit = (FAULT_VECTORS * 16 - 1) as u16;
+    sregs.cr3 = PML4_ADDR;
+    sregs.cr4 = (1 << 5) | (1 << 9) | (1 << 10); // PAE, OSFXSR, OSXMMEXCPT
+    sregs.cr0 = (1 << 0) | (1 << 1) | (1 << 4) | (1 << 5) | (1 << 16) | (1 << 31); // PE MP ET NE WP PG
+    sregs.efer = (1 << 8) | (1 << 10); // LME, LMA
+    sregs
+}
+
+/// RFLAGS for the workload: reserved bit 1 and IOPL 3, so CPL3 code may use IN/OUT.
+pub const USER_RFLAGS: u64 = 0x3002;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tss_descriptor_encodes_base_and_limit() {
+        let d = tss_descriptor_low(0x6000, 0x2068);
+        assert_eq!(d & 0xffff, 0x2068);
+        assert_eq!((d >> 16) & 0xff_ffff, 0x6000);
+        assert_eq!((d >> 40) & 0xff, 0x89);
+    }
+
+    #[test]
+    fn system_tables_do_not_overlap() {
+        assert!(TSS_ADDR + TSS_LIMIT < KERNEL_STACK_TOP - 0x1000);
+        assert!(IDT_ADDR + 16 * u64::from(FAULT_VECTORS) <= TSS_ADDR);
+        assert!(KERNEL_STACK_TOP <= CODE_ADDR);
+    }
+
+    #[test]
+    fn per_vcpu_areas_fit_in_ram() {
+        assert!(stack_top(MAX_VCPUS - 1) <= RAM_SIZE);
+        assert_eq!(shared_page(1) - shared_page(0), PER_VCPU_SIZE);
+        assert_eq!(shared::STEAL_TIME % 64, 0);
+    }
+}

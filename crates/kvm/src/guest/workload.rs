@@ -1,0 +1,339 @@
+//! The workloads of `virtprof testvm` and the code each one runs.
+//!
+//! Every run is a [`Script`] of one or more [`Phase`]s. A phase announces itself with an `OUT`
+//! to [`ports::PHASE`], then loops over its body until its bound (iterations or guest-TSC
+//! deadline) is reached or the VMM raises the stop flag, counting iterations in the shared
+//! page. The script ends with an `OUT` to [`ports::DONE`]. So every vCPU makes exactly
+//! `phases + 1` marker `IO` exits besides what its workload asks for.
+
+use std::fmt;
+use std::str::FromStr;
+
+use iced_x86::code_asm::*;
+use serde::{Deserialize, Serialize};
+
+use super::layout::{self, ports, shared};
+use super::program::{asm_err, GuestProgram, ProgramBuilder};
+use crate::error::VmmError;
+
+/// What a phase's loop body does once per iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Workload {
+    /// Nothing: the loop overhead alone (the baseline).
+    Compute,
+    /// `OUT` to a port the VMM handles in userspace: one `IO` exit per iteration.
+    PioUser,
+    /// `OUT` to a port registered with `KVM_IOEVENTFD`: handled in the kernel.
+    PioKernel,
+    /// A store to unbacked guest memory the VMM handles: one `MMIO` exit per iteration.
+    MmioUser,
+    /// A store to an MMIO address registered with `KVM_IOEVENTFD`.
+    MmioKernel,
+    /// A "disk" request: the VMM sleeps `--io-latency` before resuming the vCPU.
+    IoBound,
+    /// `CPUID` leaf 0 (a lightweight exit on VMX/SVM; on PVM hosts CPL3 CPUID never reaches
+    /// our KVM).
+    Cpuid,
+    /// `UD2`: faults on purpose, to exercise fault reporting.
+    Fault,
+}
+
+impl Workload {
+    /// Every workload, in help order.
+    pub const ALL: [Workload; 8] = [
+        Workload::Compute,
+        Workload::PioUser,
+        Workload::PioKernel,
+        Workload::MmioUser,
+        Workload::MmioKernel,
+        Workload::IoBound,
+        Workload::Cpuid,
+        Workload::Fault,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Compute => "compute",
+            Workload::PioUser => "pio-user",
+            Workload::PioKernel => "pio-kernel",
+            Workload::MmioUser => "mmio-user",
+            Workload::MmioKernel => "mmio-kernel",
+            Workload::IoBound => "io-bound",
+            Workload::Cpuid => "cpuid",
+            Workload::Fault => "fault",
+        }
+    }
+
+    fn symbol(self) -> String {
+        self.name().replace('-', "_")
+    }
+}
+
+impl fmt::Display for Workload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
+                format!(
+                    "unknown workload '{s}' (expected one of: {}, phases)",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// When a phase ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Bound {
+    /// After this many iterations.
+    Iterations(u64),
+    /// After this many nanoseconds of guest TSC time.
+    Duration {
+        /// Nanoseconds.
+        ns: u64,
+    },
+}
+
+/// One step of a script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phase {
+    /// What the loop does.
+    pub workload: Workload,
+    /// When it stops.
+    pub bound: Bound,
+}
+
+/// The sequence of phases every vCPU of a VM runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Script {
+    /// The phases, in order.
+    pub phases: Vec<Phase>,
+}
+
+impl Script {
+    /// A single-phase script.
+    pub fn single(workload: Workload, bound: Bound) -> Self {
+        Script {
+            phases: vec![Phase { workload, bound }],
+        }
+    }
+
+    /// Parse `compute:200ms,pio-user:10000,io-bound:50`: a count without a unit is iterations,
+    /// a count with one (`ns`, `us`, `ms`, `s`, `m`) is a duration.
+    pub fn parse_phases(spec: &str) -> Result<Self, String> {
+        let phases = spec
+            .split(',')
+            .map(|item| {
+                let (name, bound) = item.split_once(':').ok_or_else(|| {
+                    format!("phase '{item}' lacks a bound; write WORKLOAD:COUNT or WORKLOAD:DURATION, e.g. 'compute:200ms'")
+                })?;
+                let workload: Workload = name.trim().parse()?;
+                let bound = bound.trim();
+                let bound = if bound.chars().all(|c| c.is_ascii_digit()) {
+                    Bound::Iterations(bound.parse().map_err(|e| format!("phase '{item}': {e}"))?)
+                } else {
+                    Bound::Duration { ns: virtprof_model::units::parse_duration_ns(bound).map_err(|e| format!("phase '{item}': {e}"))? }
+                };
+                Ok(Phase { workload, bound })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if phases.is_empty() {
+            return Err("empty phase script".into());
+        }
+        Ok(Script { phases })
+    }
+
+    /// Marker `IO` exits each vCPU makes: one per phase plus "done".
+    pub fn marker_exits(&self) -> u64 {
+        self.phases.len() as u64 + 1
+    }
+
+    /// Assemble the program for this script. `tsc_khz` converts duration bounds into guest
+    /// TSC ticks.
+    pub fn assemble(&self, tsc_khz: u64) -> Result<GuestProgram, VmmError> {
+        let mut b = ProgramBuilder::new()?;
+        b.function("_start")?;
+        b.asm.mov(rbp, rsp).map_err(asm_err)?;
+        for (index, phase) in self.phases.iter().enumerate() {
+            emit_phase(&mut b, index, phase, tsc_khz)?;
+        }
+        let done = b.function("done")?;
+        b.asm.out(i32::from(ports::DONE), al).map_err(asm_err)?;
+        b.asm.jmp(done).map_err(asm_err)?;
+        layout::emit_fault_handlers(&mut b)?;
+        let program = b.finish(layout::CODE_ADDR)?;
+        if program.code.len() as u64 > layout::CODE_MAX {
+            return Err(VmmError::Assemble(format!(
+                "program of {} bytes exceeds {}",
+                program.code.len(),
+                layout::CODE_MAX
+            )));
+        }
+        Ok(program)
+    }
+}
+
+impl fmt::Display for Script {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let [only] = self.phases.as_slice() {
+            return f.write_str(only.workload.name());
+        }
+        for (i, p) in self.phases.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            match p.bound {
+                Bound::Iterations(n) => write!(f, "{sep}{}:{n}", p.workload)?,
+                Bound::Duration { ns } => write!(
+                    f,
+                    "{sep}{}:{}",
+                    p.workload,
+                    virtprof_model::units::format_duration_ns(ns)
+                )?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Registers: r15 = shared page, r14 = iteration counter or TSC deadline, r13 = PIO doorbell
+/// port, rdi = MMIO doorbell address. rax/rbx/rcx/rdx are free for bodies (CPUID clobbers them).
+fn emit_phase(
+    b: &mut ProgramBuilder,
+    index: usize,
+    phase: &Phase,
+    tsc_khz: u64,
+) -> Result<(), VmmError> {
+    let name = format!("phase{index}_{}", phase.workload.symbol());
+    let a = |r: Result<(), IcedError>| r.map_err(asm_err);
+    b.function(name.clone())?;
+    a(b.asm.mov(eax, index as u32))?;
+    a(b.asm.out(i32::from(ports::PHASE), eax))?;
+    a(b.asm
+        .mov(qword_ptr(r15 + shared::PHASE as i32), index as i32))?;
+    match phase.workload {
+        Workload::PioKernel => a(b
+            .asm
+            .movzx(r13d, word_ptr(r15 + shared::PIO_KERNEL_PORT as i32)))?,
+        Workload::MmioKernel => a(b
+            .asm
+            .mov(rdi, qword_ptr(r15 + shared::MMIO_KERNEL_ADDR as i32)))?,
+        Workload::MmioUser => a(b.asm.mov(rdi, layout::MMIO_USER_ADDR))?,
+        _ => {}
+    }
+    match phase.bound {
+        Bound::Iterations(n) => {
+            if n == 0 {
+                return Ok(());
+            }
+            a(b.asm.mov(r14, n))?
+        }
+        Bound::Duration { ns } => {
+            let ticks = u128::from(ns) * u128::from(tsc_khz) / 1_000_000;
+            emit_rdtsc64(b)?;
+            a(b.asm.mov(r14, u64::try_from(ticks).unwrap_or(u64::MAX / 2)))?;
+            a(b.asm.add(r14, rax))?;
+        }
+    }
+    let mut end = b.asm.create_label();
+    let top = b.function(format!("{name}_loop"))?;
+    match phase.workload {
+        Workload::Compute => {}
+        Workload::PioUser => a(b.asm.out(i32::from(ports::PIO_USER), al))?,
+        Workload::IoBound => a(b.asm.out(i32::from(ports::IO_BLOCK), al))?,
+        Workload::PioKernel => {
+            a(b.asm.mov(edx, r13d))?;
+            a(b.asm.out(dx, al))?
+        }
+        Workload::MmioUser | Workload::MmioKernel => a(b.asm.mov(dword_ptr(rdi), eax))?,
+        Workload::Cpuid => {
+            a(b.asm.xor(eax, eax))?;
+            a(b.asm.cpuid())?
+        }
+        Workload::Fault => a(b.asm.ud2())?,
+    }
+    a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;
+    a(b.asm.cmp(qword_ptr(r15 + shared::STOP as i32), 0))?;
+    a(b.asm.jne(end))?;
+    match phase.bound {
+        Bound::Iterations(_) => {
+            a(b.asm.dec(r14))?;
+            a(b.asm.jnz(top))?;
+        }
+        Bound::Duration { .. } => {
+            emit_rdtsc64(b)?;
+            a(b.asm.cmp(rax, r14))?;
+            a(b.asm.jb(top))?;
+        }
+    }
+    a(b.asm.set_label(&mut end))?;
+    a(b.asm.nop())?;
+    Ok(())
+}
+
+/// rax = full 64-bit TSC (clobbers rdx).
+fn emit_rdtsc64(b: &mut ProgramBuilder) -> Result<(), VmmError> {
+    b.asm.rdtsc().map_err(asm_err)?;
+    b.asm.shl(rdx, 32).map_err(asm_err)?;
+    b.asm.or(rax, rdx).map_err(asm_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_phase_scripts() {
+        let s = Script::parse_phases("compute:200ms,pio-user:10000,io-bound:50").unwrap();
+        assert_eq!(s.phases.len(), 3);
+        assert_eq!(s.phases[0].bound, Bound::Duration { ns: 200_000_000 });
+        assert_eq!(
+            s.phases[1],
+            Phase {
+                workload: Workload::PioUser,
+                bound: Bound::Iterations(10_000)
+            }
+        );
+        assert_eq!(s.marker_exits(), 4);
+        assert_eq!(s.to_string(), "compute:200ms,pio-user:10000,io-bound:50");
+    }
+
+    #[test]
+    fn rejects_bad_phase_scripts() {
+        assert!(Script::parse_phases("compute")
+            .unwrap_err()
+            .contains("lacks a bound"));
+        assert!(Script::parse_phases("bogus:5")
+            .unwrap_err()
+            .contains("unknown workload 'bogus'"));
+        assert!(Script::parse_phases("compute:5parsecs").is_err());
+    }
+
+    #[test]
+    fn assembles_with_symbols_for_every_phase() {
+        let s = Script::parse_phases("compute:1ms,pio-kernel:3,cpuid:2").unwrap();
+        let p = s.assemble(2_000_000).unwrap();
+        assert_eq!(p.symbol_addr("_start"), Some(layout::CODE_ADDR));
+        for name in [
+            "phase0_compute_loop",
+            "phase1_pio_kernel",
+            "phase2_cpuid_loop",
+            "done",
+            "fault_vector_13",
+        ] {
+            assert!(p.symbol_addr(name).is_some(), "missing {name}");
+        }
+        let addr = p.symbol_addr("phase1_pio_kernel").unwrap() + 2;
+        assert!(p.describe(addr).contains("phase1_pio_kernel+0x2"));
+        assert!(p.system_map().contains(" t done\n"));
+    }
+}

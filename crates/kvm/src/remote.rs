@@ -1,0 +1,157 @@
+//! Borrow the KVM file descriptors of another process (any VMM: QEMU, Firecracker, ours) to read
+//! its binary stats. `/proc/PID/fd` names them `anon_inode:kvm-vm` and `anon_inode:kvm-vcpu:N`;
+//! `pidfd_open` + `pidfd_getfd` (Linux ≥ 5.6, needs ptrace rights over the target) duplicate
+//! them into this process without disturbing the VMM.
+
+use std::fs::{self, File};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::error::StatsError;
+use crate::stats::StatsFd;
+
+/// A KVM fd seen in another process's fd table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvmFdKind {
+    /// `anon_inode:kvm-vm`.
+    Vm,
+    /// `anon_inode:kvm-vcpu:N`, with N the vCPU index.
+    Vcpu(u32),
+}
+
+/// One KVM fd of a process: its number there and what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteKvmFd {
+    /// The fd number inside the target process.
+    pub fd: i32,
+    /// VM or vCPU.
+    pub kind: KvmFdKind,
+}
+
+/// Classify a `/proc/PID/fd/N` link target.
+pub fn classify_fd_link(target: &str) -> Option<KvmFdKind> {
+    if target == "anon_inode:kvm-vm" {
+        return Some(KvmFdKind::Vm);
+    }
+    target
+        .strip_prefix("anon_inode:kvm-vcpu:")?
+        .parse()
+        .ok()
+        .map(KvmFdKind::Vcpu)
+}
+
+/// List the KVM fds of process `pid` by reading `<proc_root>/PID/fd`.
+pub fn list_kvm_fds(proc_root: &Path, pid: u32) -> Result<Vec<RemoteKvmFd>, StatsError> {
+    let dir = proc_root.join(pid.to_string()).join("fd");
+    let entries = fs::read_dir(&dir).map_err(|e| StatsError::Proc {
+        path: dir.clone(),
+        source: e,
+    })?;
+    let mut fds: Vec<RemoteKvmFd> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let fd = entry.file_name().to_str()?.parse().ok()?;
+            let target = fs::read_link(entry.path()).ok()?;
+            let kind = classify_fd_link(target.to_str()?)?;
+            Some(RemoteKvmFd { fd, kind })
+        })
+        .collect();
+    fds.sort_by_key(|f| (matches!(f.kind, KvmFdKind::Vcpu(_)), f.kind_index(), f.fd));
+    Ok(fds)
+}
+
+impl RemoteKvmFd {
+    fn kind_index(&self) -> u32 {
+        match self.kind {
+            KvmFdKind::Vm => 0,
+            KvmFdKind::Vcpu(i) => i,
+        }
+    }
+}
+
+/// A handle on another process through which its fds can be duplicated.
+#[derive(Debug)]
+pub struct PidFd(OwnedFd);
+
+impl PidFd {
+    /// `pidfd_open(pid)`.
+    pub fn open(pid: u32) -> Result<Self, StatsError> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return Err(StatsError::Borrow {
+                pid,
+                fd: None,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: the kernel just returned this fd to us; nobody else owns it.
+        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// `pidfd_getfd(pidfd, target_fd)`: a duplicate of the target's fd in this process.
+    pub fn get_fd(&self, pid: u32, target_fd: i32) -> Result<File, StatsError> {
+        // SAFETY: pidfd_getfd takes our pidfd, a fd number in the target and flags; returns a
+        // new fd in this process or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.0.as_raw_fd(), target_fd, 0) };
+        if fd < 0 {
+            return Err(StatsError::Borrow {
+                pid,
+                fd: Some(target_fd),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: a fresh duplicate that only we own.
+        Ok(unsafe { File::from_raw_fd(fd as i32) })
+    }
+}
+
+/// Stats fds of one VMM process: the VM's and each vCPU's.
+#[derive(Debug)]
+pub struct RemoteVmStats {
+    /// The VMM's pid.
+    pub pid: u32,
+    /// VM-wide stats (None if the process holds no VM fd, e.g. it already closed it).
+    pub vm: Option<StatsFd>,
+    /// (vCPU index, stats fd), sorted by index.
+    pub vcpus: Vec<(u32, StatsFd)>,
+}
+
+impl RemoteVmStats {
+    /// Borrow every KVM fd of `pid` and open their stats fds.
+    pub fn attach(pid: u32) -> Result<Self, StatsError> {
+        let fds = list_kvm_fds(Path::new("/proc"), pid)?;
+        if fds.is_empty() {
+            return Err(StatsError::NoKvmFds { pid });
+        }
+        let pidfd = PidFd::open(pid)?;
+        let mut vm = None;
+        let mut vcpus = Vec::new();
+        for remote in fds {
+            let file = pidfd.get_fd(pid, remote.fd)?;
+            let stats = StatsFd::open(file.as_raw_fd())?;
+            match remote.kind {
+                KvmFdKind::Vm => vm = vm.or(Some(stats)),
+                KvmFdKind::Vcpu(index) => vcpus.push((index, stats)),
+            }
+        }
+        Ok(RemoteVmStats { pid, vm, vcpus })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_kvm_fd_links() {
+        assert_eq!(classify_fd_link("anon_inode:kvm-vm"), Some(KvmFdKind::Vm));
+        assert_eq!(
+            classify_fd_link("anon_inode:kvm-vcpu:12"),
+            Some(KvmFdKind::Vcpu(12))
+        );
+        assert_eq!(classify_fd_link("anon_inode:[eventfd]"), None);
+        assert_eq!(classify_fd_link("anon_inode:kvm-vcpu:x"), None);
+        assert_eq!(classify_fd_link("/dev/kvm"), None);
+    }
+}

@@ -1,0 +1,290 @@
+//! The micro-VMM: one VM per process, one thread per vCPU, raw KVM ioctls.
+//!
+//! Setup in [`Vm::new`] follows the kvm-ioctls walk-through: open `/dev/kvm`, create the VM,
+//! back guest RAM with anonymous memory, write the descriptor tables and the program, create
+//! vCPUs in long mode at CPL3, register ioeventfds, enable steal time. [`Vm::run`] then runs
+//! every vCPU on its own named thread and gathers the ground truth.
+
+mod exits;
+mod host;
+mod shared_page;
+mod vcpu;
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use virtprof_model::testvm::VmReport;
+
+use crate::error::VmmError;
+use crate::guest::layout::{self, ports, shared};
+use crate::guest::{GuestProgram, Script};
+use crate::stats::StatsFd;
+
+pub use exits::exit_reason_name;
+pub use host::{allowed_cpus, monotonic_ns, read_schedstat, Schedstat};
+use shared_page::SharedPage;
+
+/// `MSR_KVM_STEAL_TIME`: the guest-physical address of the steal-time record, bit 0 enables.
+const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+
+/// Set by SIGINT/SIGTERM: every vCPU is asked to stop at its next iteration.
+pub static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// What one VMM process runs. Serialized to the child process on its stdin.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmConfig {
+    /// Index of this VM within the run.
+    pub index: u32,
+    /// The program every vCPU runs.
+    pub script: Script,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// Host CPU for each vCPU (None: not pinned).
+    pub pin: Vec<Option<u32>>,
+    /// How long the VMM sleeps per `io-bound` request.
+    pub io_latency_ns: u64,
+    /// Enable the KVM steal-time record in guest memory.
+    pub steal_time: bool,
+    /// Keep the VM (and its fds) alive this long after the guest finished, for inspection.
+    pub linger_ns: u64,
+}
+
+/// A VM ready to run.
+pub struct Vm {
+    config: VmConfig,
+    vm: VmFd,
+    memory: GuestMemoryMmap,
+    program: GuestProgram,
+    vcpus: Vec<VcpuFd>,
+    doorbells: Vec<[EventFd; 2]>,
+}
+
+impl Vm {
+    /// Create and set up the VM described by `config`.
+    pub fn new(config: VmConfig) -> Result<Self, VmmError> {
+        if config.vcpus == 0 || config.vcpus > layout::MAX_VCPUS {
+            return Err(VmmError::Memory(format!(
+                "{} vCPUs requested; 1 to {} supported",
+                config.vcpus,
+                layout::MAX_VCPUS
+            )));
+        }
+        let kvm = Kvm::new().map_err(VmmError::OpenKvm)?;
+        let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+        // Intel VMX needs a TSS area below 4 GiB for real-mode emulation; other hosts ignore
+        // or reject it, and we never enter real mode.
+        let _ = vm.set_tss_address(0xfffb_d000);
+
+        let memory =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), layout::RAM_SIZE as usize)])
+                .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let host_addr = memory
+            .get_host_address(GuestAddress(0))
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: layout::RAM_SIZE,
+            userspace_addr: host_addr as u64,
+        };
+        // SAFETY: `memory` maps RAM_SIZE bytes at `host_addr` and lives as long as `self`,
+        // which owns both the mapping and the VM fd.
+        unsafe { vm.set_user_memory_region(region) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+
+        let supported_cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let mut vcpus = Vec::with_capacity(config.vcpus as usize);
+        for index in 0..config.vcpus {
+            let vcpu = vm
+                .create_vcpu(u64::from(index))
+                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu.set_cpuid2(&supported_cpuid)
+                .map_err(kvm_err("KVM_SET_CPUID2"))?;
+            vcpus.push(vcpu);
+        }
+        let tsc_khz = u64::from(vcpus[0].get_tsc_khz().map_err(kvm_err("KVM_GET_TSC_KHZ"))?);
+        let program = config.script.assemble(tsc_khz)?;
+
+        let mut image = vec![0u8; layout::CODE_ADDR as usize];
+        layout::write_system_tables(&mut image, &program)?;
+        memory
+            .write_slice(&image, GuestAddress(0))
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        memory
+            .write_slice(&program.code, GuestAddress(program.base))
+            .map_err(|e| VmmError::Memory(e.to_string()))?;
+
+        let mut doorbells = Vec::with_capacity(vcpus.len());
+        for (index, vcpu) in (0u32..).zip(&vcpus) {
+            let page = SharedPage::new(&memory, index)?;
+            page.store(shared::MAGIC, shared::MAGIC_VALUE);
+            page.store(shared::TSC_KHZ, tsc_khz);
+            page.store(shared::VCPU_INDEX, u64::from(index));
+            page.store(shared::PIO_KERNEL_PORT, u64::from(pio_doorbell(index)));
+            page.store(shared::MMIO_KERNEL_ADDR, mmio_doorbell(index));
+            doorbells.push(register_doorbells(&vm, index)?);
+            init_vcpu_registers(vcpu, &program, index)?;
+            if config.steal_time {
+                let gpa = layout::shared_page(index) + shared::STEAL_TIME;
+                let msrs = Msrs::from_entries(&[kvm_msr_entry {
+                    index: MSR_KVM_STEAL_TIME,
+                    data: gpa | 1,
+                    ..Default::default()
+                }])
+                .map_err(|e| VmmError::Memory(format!("MSR list: {e:?}")))?;
+                let written = vcpu
+                    .set_msrs(&msrs)
+                    .map_err(kvm_err("KVM_SET_MSRS (steal time)"))?;
+                if written != 1 {
+                    return Err(VmmError::Memory(
+                        "the host refused MSR_KVM_STEAL_TIME (is CONFIG_SCHED_INFO off?)".into(),
+                    ));
+                }
+            }
+        }
+        Ok(Vm {
+            config,
+            vm,
+            memory,
+            program,
+            vcpus,
+            doorbells,
+        })
+    }
+
+    /// The assembled guest program (for symbols).
+    pub fn program(&self) -> &GuestProgram {
+        &self.program
+    }
+
+    /// Run every vCPU to completion and report what happened.
+    pub fn run(self) -> Result<VmReport, VmmError> {
+        let Vm {
+            config,
+            vm,
+            memory,
+            program,
+            vcpus,
+            doorbells,
+        } = self;
+        let vm_stats = StatsFd::open(vm.as_raw_fd())?;
+        let vm_before = vm_stats.read()?;
+        let pages: Vec<SharedPage> = (0..config.vcpus)
+            .map(|i| SharedPage::new(&memory, i))
+            .collect::<Result<_, _>>()?;
+
+        let results = std::thread::scope(|scope| {
+            let mut handles = Vec::new();
+            for ((index, vcpu), page) in (0u32..).zip(vcpus).zip(pages.iter().cloned()) {
+                let ctx = vcpu::VcpuContext {
+                    index,
+                    pin: config.pin.get(index as usize).copied().flatten(),
+                    io_latency: Duration::from_nanos(config.io_latency_ns),
+                    steal_time: config.steal_time,
+                    script: &config.script,
+                    program: &program,
+                    memory: &memory,
+                    page,
+                };
+                let handle = std::thread::Builder::new()
+                    .name(format!("vcpu{index}"))
+                    .spawn_scoped(scope, move || vcpu::run_vcpu(vcpu, ctx))
+                    .map_err(|e| VmmError::Os {
+                        what: format!("spawning thread vcpu{index}"),
+                        source: e,
+                    })?;
+                handles.push(handle);
+            }
+            // Forward a stop request (SIGINT/SIGTERM) into every guest's shared page; the guest
+            // loops check it each iteration and finish through their "done" marker.
+            while !handles.iter().all(|h| h.is_finished()) {
+                if STOP_REQUESTED.load(Ordering::Relaxed) {
+                    pages.iter().for_each(|p| p.store(shared::STOP, 1));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(VmmError::Memory("a vCPU thread panicked".into())))
+                })
+                .collect::<Result<Vec<_>, VmmError>>()
+        })?;
+
+        let mut vcpu_reports = Vec::with_capacity(results.len());
+        for (mut report, bells) in results.into_iter().zip(&doorbells) {
+            report.ioeventfd_signals = bells.iter().map(|fd| fd.read().unwrap_or(0)).sum();
+            vcpu_reports.push(report);
+        }
+        let kvm_vm_stats = vm_stats
+            .read()?
+            .delta(&vm_before, vm_stats.cumulative_names());
+        if config.linger_ns > 0 {
+            std::thread::sleep(Duration::from_nanos(config.linger_ns));
+        }
+        Ok(VmReport {
+            index: config.index,
+            pid: std::process::id(),
+            kvm_vm_stats,
+            vcpus: vcpu_reports,
+        })
+    }
+}
+
+fn pio_doorbell(index: u32) -> u16 {
+    ports::PIO_KERNEL_BASE + index as u16
+}
+
+fn mmio_doorbell(index: u32) -> u64 {
+    layout::MMIO_KERNEL_BASE + 8 * u64::from(index)
+}
+
+fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
+    let new_fd = || {
+        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Os {
+            what: "eventfd".into(),
+            source: e.into(),
+        })
+    };
+    let (pio, mmio) = (new_fd()?, new_fd()?);
+    vm.register_ioevent(
+        &pio,
+        &IoEventAddress::Pio(u64::from(pio_doorbell(index))),
+        NoDatamatch,
+    )
+    .map_err(kvm_err("KVM_IOEVENTFD (PIO)"))?;
+    vm.register_ioevent(
+        &mmio,
+        &IoEventAddress::Mmio(mmio_doorbell(index)),
+        NoDatamatch,
+    )
+    .map_err(kvm_err("KVM_IOEVENTFD (MMIO)"))?;
+    Ok([pio, mmio])
+}
+
+fn init_vcpu_registers(vcpu: &VcpuFd, program: &GuestProgram, index: u32) -> Result<(), VmmError> {
+    let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+    vcpu.set_sregs(&layout::long_mode_sregs(sregs))
+        .map_err(kvm_err("KVM_SET_SREGS"))?;
+    let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
+    regs.rip = program.base;
+    regs.rsp = layout::stack_top(index);
+    regs.rflags = layout::USER_RFLAGS;
+    regs.r15 = layout::shared_page(index);
+    vcpu.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))
+}
+
+pub(crate) fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {
+    move |source| VmmError::Kvm { what, source }
+}

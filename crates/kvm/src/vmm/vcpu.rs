@@ -1,0 +1,316 @@
+//! One vCPU thread: pin, snapshot schedstat and KVM stats, run `KVM_RUN` until the guest's
+//! "done" marker, then report. Exit classification is the free function [`classify`], so tests
+//! can feed it fabricated exits.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use kvm_ioctls::{VcpuExit, VcpuFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use virtprof_model::testvm::{PhaseReport, VcpuReport};
+
+use super::exits::exit_reason_name;
+use super::host::{monotonic_ns, read_schedstat};
+use super::kvm_err;
+use super::shared_page::SharedPage;
+use crate::error::VmmError;
+use crate::guest::layout::{self, ports, shared};
+use crate::guest::{GuestProgram, Script};
+use crate::stats::StatsFd;
+
+/// Everything a vCPU thread borrows from its VM.
+pub(crate) struct VcpuContext<'a> {
+    pub index: u32,
+    pub pin: Option<u32>,
+    pub io_latency: Duration,
+    pub steal_time: bool,
+    pub script: &'a Script,
+    pub program: &'a GuestProgram,
+    pub memory: &'a GuestMemoryMmap,
+    pub page: SharedPage,
+}
+
+/// What the VMM does about one return from `KVM_RUN`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Count it and re-enter the guest.
+    Resume,
+    /// A phase marker: the guest starts phase N.
+    Phase(u32),
+    /// The guest finished.
+    Done,
+    /// An `io-bound` request: sleep, then resume.
+    Block,
+    /// An exception reached a fault stub (vector).
+    Fault(u32),
+    /// Something the test bed never asks for.
+    Unexpected(String),
+}
+
+/// Decide what an exit means for the test bed.
+pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
+    let first_u32 = |data: &[u8]| {
+        data.iter()
+            .take(4)
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (8 * i))
+    };
+    match exit {
+        VcpuExit::IoOut(ports::PIO_USER, _) | VcpuExit::Intr => Action::Resume,
+        VcpuExit::IoOut(ports::PHASE, data) => Action::Phase(first_u32(data)),
+        VcpuExit::IoOut(ports::DONE, _) => Action::Done,
+        VcpuExit::IoOut(ports::IO_BLOCK, _) => Action::Block,
+        VcpuExit::IoOut(ports::FAULT, data) => Action::Fault(first_u32(data)),
+        VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, _) => Action::Resume,
+        VcpuExit::IoOut(port, _) => Action::Unexpected(format!("OUT to unexpected port {port:#x}")),
+        VcpuExit::IoIn(port, _) => Action::Unexpected(format!("IN from unexpected port {port:#x}")),
+        VcpuExit::MmioWrite(addr, _) => {
+            Action::Unexpected(format!("MMIO write to unexpected address {addr:#x}"))
+        }
+        VcpuExit::MmioRead(addr, _) => {
+            Action::Unexpected(format!("MMIO read from unexpected address {addr:#x}"))
+        }
+        VcpuExit::Hlt => {
+            Action::Unexpected("HLT (guest programs end through the done port)".into())
+        }
+        VcpuExit::Shutdown => {
+            Action::Unexpected("KVM_EXIT_SHUTDOWN: the guest triple-faulted".into())
+        }
+        VcpuExit::FailEntry(reason, cpu) => Action::Unexpected(format!(
+            "KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"
+        )),
+        VcpuExit::InternalError => Action::Unexpected(
+            "KVM_EXIT_INTERNAL_ERROR: KVM could not emulate an instruction".into(),
+        ),
+        other => Action::Unexpected(format!("unexpected exit {other:?}")),
+    }
+}
+
+/// Phase-marker bookkeeping: when each phase began and how many iterations were done then.
+struct PhaseClock {
+    starts: Vec<(u64, u64)>,
+    done: Option<(u64, u64)>,
+}
+
+pub(crate) fn run_vcpu(mut vcpu: VcpuFd, ctx: VcpuContext<'_>) -> Result<VcpuReport, VmmError> {
+    if let Some(cpu) = ctx.pin {
+        pin_current_thread(cpu).map_err(|source| VmmError::Os {
+            what: format!("pinning vcpu{} to CPU {cpu}", ctx.index),
+            source,
+        })?;
+    }
+    let stats = StatsFd::open(vcpu.as_raw_fd())?;
+    let stats_before = stats.read()?;
+    let sched_before = read_schedstat();
+    let mut exits_by_reason = [0u64; 64];
+    let mut clock = PhaseClock {
+        starts: Vec::with_capacity(ctx.script.phases.len()),
+        done: None,
+    };
+    let (mut io_exits, mut mmio_exits, mut total) = (0u64, 0u64, 0u64);
+
+    while clock.done.is_none() {
+        let action = match vcpu.run() {
+            Ok(exit) => classify(&exit),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Action::Resume,
+            Err(e) => return Err(kvm_err("KVM_RUN")(e)),
+        };
+        let reason = vcpu.get_kvm_run().exit_reason;
+        exits_by_reason[(reason as usize).min(63)] += 1;
+        total += 1;
+        match reason {
+            kvm_bindings::KVM_EXIT_IO => io_exits += 1,
+            kvm_bindings::KVM_EXIT_MMIO => mmio_exits += 1,
+            _ => {}
+        }
+        ctx.page.store(shared::VMM_USERSPACE_EXITS, total);
+        ctx.page.store(shared::VMM_IO_EXITS, io_exits);
+        ctx.page.store(shared::VMM_MMIO_EXITS, mmio_exits);
+        match action {
+            Action::Resume => {}
+            Action::Block => std::thread::sleep(ctx.io_latency),
+            Action::Phase(_) => clock
+                .starts
+                .push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
+            Action::Done => clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
+            Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
+            Action::Unexpected(what) => {
+                let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                return Err(VmmError::Guest {
+                    vcpu: ctx.index,
+                    message: format!(
+                        "{what} (exit reason {}) at RIP {}",
+                        exit_reason_name(reason),
+                        ctx.program.describe(rip)
+                    ),
+                });
+            }
+        }
+    }
+
+    let sched = read_schedstat().since(sched_before);
+    let kvm_stats = stats.read()?.delta(&stats_before, stats.cumulative_names());
+    let (done_ns, iterations) = clock.done.unwrap_or_default();
+    let start_ns = clock.starts.first().map_or(done_ns, |s| s.0);
+    let phases = ctx
+        .script
+        .phases
+        .iter()
+        .zip(clock.starts.iter().enumerate())
+        .map(|(phase, (i, &(start, iters_at_start)))| {
+            let (end, iters_at_end) = clock
+                .starts
+                .get(i + 1)
+                .copied()
+                .unwrap_or((done_ns, iterations));
+            PhaseReport {
+                workload: phase.workload.name().to_string(),
+                iterations: iters_at_end - iters_at_start,
+                start_monotonic_ns: start,
+                end_monotonic_ns: end,
+            }
+        })
+        .collect();
+    let wall_ns = done_ns - start_ns;
+    let userspace_exits = (0u32..)
+        .zip(exits_by_reason)
+        .filter(|&(_, n)| n > 0)
+        .map(|(reason, n)| (exit_reason_name(reason).to_string(), n))
+        .collect();
+    Ok(VcpuReport {
+        index: ctx.index,
+        tid: current_tid(),
+        pinned_cpu: ctx.pin,
+        completed: true,
+        iterations,
+        userspace_exits,
+        ioeventfd_signals: 0,
+        run_ns: sched.run_ns,
+        wait_ns: sched.wait_ns,
+        timeslices: sched.timeslices,
+        wall_ns,
+        ns_per_iteration: if iterations == 0 {
+            0.0
+        } else {
+            wall_ns as f64 / iterations as f64
+        },
+        steal_ns: ctx.steal_time.then(|| ctx.page.load(shared::STEAL_TIME)),
+        start_monotonic_ns: start_ns,
+        phases,
+        kvm_stats,
+    })
+}
+
+const VECTOR_NAMES: [&str; 22] = [
+    "#DE",
+    "#DB",
+    "NMI",
+    "#BP",
+    "#OF",
+    "#BR",
+    "#UD",
+    "#NM",
+    "#DF",
+    "coprocessor overrun",
+    "#TS",
+    "#NP",
+    "#SS",
+    "#GP",
+    "#PF",
+    "reserved",
+    "#MF",
+    "#AC",
+    "#MC",
+    "#XM",
+    "#VE",
+    "#CP",
+];
+
+/// Read the exception frame the fault stub left on the CPL0 stack and describe it.
+fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
+    let rsp = vcpu.get_regs().map(|r| r.rsp).unwrap_or(0);
+    let word = |i: u64| {
+        ctx.memory
+            .read_obj::<u64>(GuestAddress(rsp + 8 * i))
+            .unwrap_or(0)
+    };
+    let (error_code, rip) = (word(1), word(2));
+    let name = VECTOR_NAMES
+        .get(vector as usize)
+        .copied()
+        .unwrap_or("exception");
+    let cr2 = if vector == 14 {
+        vcpu.get_sregs()
+            .map(|s| format!(", CR2 {:#x}", s.cr2))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    VmmError::Guest {
+        vcpu: ctx.index,
+        message: format!(
+            "guest exception {name} (vector {vector}, error code {error_code:#x}{cr2}) at RIP {} (reported through an IO exit on the fault port)",
+            ctx.program.describe(rip)
+        ),
+    }
+}
+
+fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes one bit inside `set`; `cpu` is bounds-checked against CPU_SETSIZE.
+    if cpu as usize >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: see above; the index is in range.
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    // SAFETY: sched_setaffinity reads `set` for the calling thread (pid 0).
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn current_tid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u32 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_test_bed_ports() {
+        assert_eq!(
+            classify(&VcpuExit::IoOut(ports::PIO_USER, &[0])),
+            Action::Resume
+        );
+        assert_eq!(
+            classify(&VcpuExit::IoOut(ports::PHASE, &[2, 0, 0, 0])),
+            Action::Phase(2)
+        );
+        assert_eq!(classify(&VcpuExit::IoOut(ports::DONE, &[0])), Action::Done);
+        assert_eq!(
+            classify(&VcpuExit::IoOut(ports::IO_BLOCK, &[0])),
+            Action::Block
+        );
+        assert_eq!(
+            classify(&VcpuExit::IoOut(ports::FAULT, &[6, 0, 0, 0])),
+            Action::Fault(6)
+        );
+        assert_eq!(
+            classify(&VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, &[0; 4])),
+            Action::Resume
+        );
+        assert_eq!(classify(&VcpuExit::Intr), Action::Resume);
+        match classify(&VcpuExit::IoOut(0x3f8, &[0])) {
+            Action::Unexpected(m) => assert!(m.contains("0x3f8")),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(classify(&VcpuExit::Shutdown), Action::Unexpected(m) if m.contains("triple-faulted"))
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! virtprof's data model: the entities (hosts, VMs, vCPUs) and records every other crate
+//! exchanges. This crate does no I/O; it only names things.
+//!
+//! Serialization is behind the `serde` feature so analyzers can use the model without it.
+#![deny(missing_docs)]
+
+pub mod ids;
+pub mod testvm;
+pub mod units;
+pub mod vmm;
+
+pub use ids::{Cpu, Pid, Tid};
+pub use vmm::VmmKind;

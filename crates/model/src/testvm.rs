@@ -1,0 +1,105 @@
+//! Ground truth emitted by `virtprof testvm`: what the micro-VMs did, counted by the VMM itself,
+//! by the kernel's schedstat and by the KVM binary stats fd. Every later analyzer is tested
+//! against these numbers, so the schema is stable (see `docs/testvm.md`).
+
+use std::collections::BTreeMap;
+
+/// The whole run: one or more VMs, each a separate VMM process.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct TestvmReport {
+    /// The workload as given on the command line (`pio-user`, or the phase script).
+    pub workload: String,
+    /// Wall time of the whole run in nanoseconds, launch to last VM exit.
+    pub wall_ns: u64,
+    /// Marker exits each vCPU makes besides its workload: one `IO` exit per phase start plus
+    /// one for "done". A single-workload run has 2.
+    pub marker_io_exits_per_vcpu: u64,
+    /// One entry per VMM process.
+    pub vms: Vec<VmReport>,
+}
+
+/// One VM, run by one VMM process named `virtprof-vm`.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct VmReport {
+    /// Index of this VM within the run (0-based).
+    pub index: u32,
+    /// Process id of the VMM.
+    pub pid: u32,
+    /// VM-wide KVM binary stats deltas over the run, by the kernel's stat name.
+    pub kvm_vm_stats: BTreeMap<String, u64>,
+    /// The VM's vCPUs.
+    pub vcpus: Vec<VcpuReport>,
+}
+
+/// One vCPU: its thread, what its guest program did, and what the host saw.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct VcpuReport {
+    /// vCPU index within its VM.
+    pub index: u32,
+    /// Thread id of the vCPU thread (named `vcpuN`).
+    pub tid: u32,
+    /// The host CPU the thread was pinned to, if any.
+    pub pinned_cpu: Option<u32>,
+    /// Whether the guest reached its "done" port.
+    pub completed: bool,
+    /// Workload iterations the guest reported in the shared page.
+    pub iterations: u64,
+    /// Returns from `KVM_RUN` handled by the VMM, by KVM exit name (`IO`, `MMIO`, `INTR`, ...).
+    pub userspace_exits: BTreeMap<String, u64>,
+    /// Signals received on this vCPU's ioeventfds (in-kernel PIO/MMIO doorbells).
+    pub ioeventfd_signals: u64,
+    /// CPU time of the vCPU thread over the run, from its schedstat.
+    pub run_ns: u64,
+    /// Time the vCPU thread spent runnable but not running, from its schedstat.
+    pub wait_ns: u64,
+    /// Times the thread was scheduled in, from its schedstat.
+    pub timeslices: u64,
+    /// Wall time from the first phase marker to the done marker.
+    pub wall_ns: u64,
+    /// `wall_ns / iterations` (0 when no iterations ran).
+    pub ns_per_iteration: f64,
+    /// Steal time the kernel wrote into the guest's steal-time record, when enabled.
+    pub steal_ns: Option<u64>,
+    /// CLOCK_MONOTONIC of the first phase marker, for aligning with host traces.
+    pub start_monotonic_ns: u64,
+    /// Per phase: name, iterations and CLOCK_MONOTONIC span.
+    pub phases: Vec<PhaseReport>,
+    /// The vCPU's KVM binary stats deltas over the run, by the kernel's stat name.
+    pub kvm_stats: BTreeMap<String, u64>,
+}
+
+/// One scripted phase as the VMM observed it through the phase markers.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PhaseReport {
+    /// The phase's workload name.
+    pub workload: String,
+    /// Iterations the guest completed in this phase.
+    pub iterations: u64,
+    /// CLOCK_MONOTONIC when the phase's marker exit arrived.
+    pub start_monotonic_ns: u64,
+    /// CLOCK_MONOTONIC when the next marker (or done) arrived.
+    pub end_monotonic_ns: u64,
+}
+
+impl VcpuReport {
+    /// Userspace exits of one kind (0 if none).
+    pub fn exits(&self, name: &str) -> u64 {
+        self.userspace_exits.get(name).copied().unwrap_or(0)
+    }
+
+    /// A KVM stat delta by name (0 if the kernel does not export it).
+    pub fn stat(&self, name: &str) -> u64 {
+        self.kvm_stats.get(name).copied().unwrap_or(0)
+    }
+}
+
+impl TestvmReport {
+    /// All vCPUs of all VMs, in order.
+    pub fn vcpus(&self) -> impl Iterator<Item = &VcpuReport> {
+        self.vms.iter().flat_map(|vm| vm.vcpus.iter())
+    }
+}

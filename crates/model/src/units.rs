@@ -1,0 +1,112 @@
+//! Parsing and printing of the units people type: durations (`200ms`, `1.5s`) and CPU lists
+//! (`0-3,8`). Errors say what was expected.
+
+/// Parse a duration with a unit suffix (`ns`, `us`, `ms`, `s`, `m`, `h`) into nanoseconds.
+/// A bare number is seconds, as in `perf stat -I`-less tools like `sleep`.
+pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale: f64 = match unit {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "" | "s" => 1e9,
+        "m" => 60e9,
+        "h" => 3600e9,
+        _ => {
+            return Err(format!(
+                "invalid duration '{text}': unknown unit '{unit}' (use ns, us, ms, s, m or h)"
+            ))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("invalid duration '{text}': expected a number followed by a unit, e.g. '200ms'")
+    })?;
+    let ns = value * scale;
+    if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
+        return Err(format!("invalid duration '{text}': out of range"));
+    }
+    Ok(ns.round() as u64)
+}
+
+/// Print nanoseconds with the largest unit that keeps an integer (`200ms`, `1500us`).
+pub fn format_duration_ns(ns: u64) -> String {
+    for (unit, scale) in [
+        ("h", 3_600_000_000_000),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if ns >= scale && ns % scale == 0 {
+            return format!("{}{unit}", ns / scale);
+        }
+    }
+    format!("{ns}ns")
+}
+
+/// Parse a CPU list such as `0-3,8,10-11` into CPU numbers, in the order given.
+pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
+    let bad = |why: &str| {
+        format!("invalid CPU list '{text}': {why} (expected e.g. '0', '0-3' or '0,2-3')")
+    };
+    let mut cpus = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(bad("empty element"));
+        }
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo, hi),
+            None => (part, part),
+        };
+        let lo: u32 = lo
+            .trim()
+            .parse()
+            .map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
+        let hi: u32 = hi
+            .trim()
+            .parse()
+            .map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
+        if hi < lo {
+            return Err(bad(&format!("range '{part}' runs backwards")));
+        }
+        if hi - lo > 4096 {
+            return Err(bad(&format!("range '{part}' is too large")));
+        }
+        cpus.extend(lo..=hi);
+    }
+    Ok(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ns("200ms"), Ok(200_000_000));
+        assert_eq!(parse_duration_ns("1.5s"), Ok(1_500_000_000));
+        assert_eq!(parse_duration_ns("3"), Ok(3_000_000_000));
+        assert_eq!(parse_duration_ns("250us"), Ok(250_000));
+        assert!(parse_duration_ns("5 parsecs").is_err());
+        assert!(parse_duration_ns("ms").is_err());
+        assert_eq!(format_duration_ns(200_000_000), "200ms");
+        assert_eq!(format_duration_ns(1_500_000), "1500us");
+        assert_eq!(format_duration_ns(7), "7ns");
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-2,5"), Ok(vec![0, 1, 2, 5]));
+        assert_eq!(parse_cpu_list("1"), Ok(vec![1]));
+        assert!(parse_cpu_list("3-1").unwrap_err().contains("backwards"));
+        assert!(parse_cpu_list("a")
+            .unwrap_err()
+            .contains("invalid CPU list 'a'"));
+        assert!(parse_cpu_list("1,,2").is_err());
+    }
+}
