@@ -41,6 +41,9 @@ pub struct DoctorArgs {
     /// Skip the live probe that runs a micro-VM to see which kvm events fire.
     #[arg(long)]
     pub no_probe: bool,
+    /// Remove tracefs instances left behind by virtprof processes that no longer exist.
+    #[arg(long)]
+    pub cleanup: bool,
 }
 
 #[derive(Debug, Args)]

@@ -35,6 +35,12 @@ pub enum StatsError {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel refuses KVM ioctls from a process other than the VM's creator.
+    #[error("process {pid} holds no open KVM stats fds, and the kernel answers KVM_GET_STATS_FD only to the VM's own process; for QEMU, run one QMP `query-stats` (QEMU then keeps its stats fds open); virtprof testvm VMs always hold theirs")]
+    ForeignVm {
+        /// The VMM process.
+        pid: u32,
+    },
     /// The process holds no `kvm-vm` / `kvm-vcpu` fds.
     #[error("process {pid} holds no KVM VM or vCPU file descriptors; is it a VMM?")]
     NoKvmFds {

@@ -1,7 +1,14 @@
 //! Borrow the KVM file descriptors of another process (any VMM: QEMU, Firecracker, ours) to read
-//! its binary stats. `/proc/PID/fd` names them `anon_inode:kvm-vm` and `anon_inode:kvm-vcpu:N`;
-//! `pidfd_open` + `pidfd_getfd` (Linux ≥ 5.6, needs ptrace rights over the target) duplicate
-//! them into this process without disturbing the VMM.
+//! its binary stats. `/proc/PID/fd` names them; `pidfd_open` + `pidfd_getfd` (Linux ≥ 5.6,
+//! needs ptrace rights over the target) duplicate them into this process without disturbing
+//! the VMM.
+//!
+//! The kernel answers KVM ioctls only from the process that created the VM (`kvm->mm !=
+//! current->mm` gives EIO), so a borrowed `kvm-vm` / `kvm-vcpu:N` fd cannot produce a stats fd
+//! here. Stats fds the VMM already opened (`kvm-vm-stats`, `kvm-vcpu-stats:N`) have no such
+//! check: reading them is a plain `pread`. virtprof's own VMM keeps them open for its lifetime;
+//! QEMU opens and keeps them after its first QMP `query-stats`. For a VMM holding none, we still
+//! try the ioctl (a future kernel may allow it) and otherwise say why it cannot work.
 
 use std::fs::{self, File};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -17,6 +24,10 @@ pub enum KvmFdKind {
     Vm,
     /// `anon_inode:kvm-vcpu:N`, with N the vCPU index.
     Vcpu(u32),
+    /// `anon_inode:kvm-vm-stats`: an open VM stats fd.
+    VmStats,
+    /// `anon_inode:kvm-vcpu-stats:N`: an open vCPU stats fd.
+    VcpuStats(u32),
 }
 
 /// One KVM fd of a process: its number there and what it is.
@@ -30,14 +41,18 @@ pub struct RemoteKvmFd {
 
 /// Classify a `/proc/PID/fd/N` link target.
 pub fn classify_fd_link(target: &str) -> Option<KvmFdKind> {
-    if target == "anon_inode:kvm-vm" {
-        return Some(KvmFdKind::Vm);
+    let name = target.strip_prefix("anon_inode:")?;
+    if let Some(index) = name.strip_prefix("kvm-vcpu-stats:") {
+        return index.parse().ok().map(KvmFdKind::VcpuStats);
     }
-    target
-        .strip_prefix("anon_inode:kvm-vcpu:")?
-        .parse()
-        .ok()
-        .map(KvmFdKind::Vcpu)
+    if let Some(index) = name.strip_prefix("kvm-vcpu:") {
+        return index.parse().ok().map(KvmFdKind::Vcpu);
+    }
+    match name {
+        "kvm-vm" => Some(KvmFdKind::Vm),
+        "kvm-vm-stats" => Some(KvmFdKind::VmStats),
+        _ => None,
+    }
 }
 
 /// List the KVM fds of process `pid` by reading `<proc_root>/PID/fd`.
@@ -56,17 +71,8 @@ pub fn list_kvm_fds(proc_root: &Path, pid: u32) -> Result<Vec<RemoteKvmFd>, Stat
             Some(RemoteKvmFd { fd, kind })
         })
         .collect();
-    fds.sort_by_key(|f| (matches!(f.kind, KvmFdKind::Vcpu(_)), f.kind_index(), f.fd));
+    fds.sort_by_key(|f| f.fd);
     Ok(fds)
-}
-
-impl RemoteKvmFd {
-    fn kind_index(&self) -> u32 {
-        match self.kind {
-            KvmFdKind::Vm => 0,
-            KvmFdKind::Vcpu(i) => i,
-        }
-    }
 }
 
 /// A handle on another process through which its fds can be duplicated.
@@ -118,23 +124,48 @@ pub struct RemoteVmStats {
 }
 
 impl RemoteVmStats {
-    /// Borrow every KVM fd of `pid` and open their stats fds.
+    /// Borrow the KVM fds of `pid` and open their stats: the VMM's own stats fds where it holds
+    /// them, otherwise `KVM_GET_STATS_FD` on its VM/vCPU fds (refused by current kernels).
     pub fn attach(pid: u32) -> Result<Self, StatsError> {
         let fds = list_kvm_fds(Path::new("/proc"), pid)?;
         if fds.is_empty() {
             return Err(StatsError::NoKvmFds { pid });
         }
         let pidfd = PidFd::open(pid)?;
+        let borrow_stats = |fd: i32| StatsFd::from_file(pidfd.get_fd(pid, fd)?);
+        let via_ioctl = |fd: i32| {
+            let file = pidfd.get_fd(pid, fd)?;
+            StatsFd::open(file.as_raw_fd()).map_err(|e| match e {
+                StatsError::Ioctl(source) if source.raw_os_error() == Some(libc::EIO) => {
+                    StatsError::ForeignVm { pid }
+                }
+                other => other,
+            })
+        };
         let mut vm = None;
-        let mut vcpus = Vec::new();
-        for remote in fds {
-            let file = pidfd.get_fd(pid, remote.fd)?;
-            let stats = StatsFd::open(file.as_raw_fd())?;
-            match remote.kind {
-                KvmFdKind::Vm => vm = vm.or(Some(stats)),
-                KvmFdKind::Vcpu(index) => vcpus.push((index, stats)),
+        let mut vcpus: Vec<(u32, StatsFd)> = Vec::new();
+        for f in fds
+            .iter()
+            .filter(|f| matches!(f.kind, KvmFdKind::VmStats | KvmFdKind::VcpuStats(_)))
+        {
+            match f.kind {
+                KvmFdKind::VmStats if vm.is_none() => vm = Some(borrow_stats(f.fd)?),
+                KvmFdKind::VcpuStats(i) if !vcpus.iter().any(|(j, _)| *j == i) => {
+                    vcpus.push((i, borrow_stats(f.fd)?))
+                }
+                _ => {}
             }
         }
+        for f in &fds {
+            match f.kind {
+                KvmFdKind::Vm if vm.is_none() => vm = Some(via_ioctl(f.fd)?),
+                KvmFdKind::Vcpu(i) if !vcpus.iter().any(|(j, _)| *j == i) => {
+                    vcpus.push((i, via_ioctl(f.fd)?))
+                }
+                _ => {}
+            }
+        }
+        vcpus.sort_by_key(|(i, _)| *i);
         Ok(RemoteVmStats { pid, vm, vcpus })
     }
 }
@@ -152,6 +183,14 @@ mod tests {
         );
         assert_eq!(classify_fd_link("anon_inode:[eventfd]"), None);
         assert_eq!(classify_fd_link("anon_inode:kvm-vcpu:x"), None);
+        assert_eq!(
+            classify_fd_link("anon_inode:kvm-vm-stats"),
+            Some(KvmFdKind::VmStats)
+        );
+        assert_eq!(
+            classify_fd_link("anon_inode:kvm-vcpu-stats:3"),
+            Some(KvmFdKind::VcpuStats(3))
+        );
         assert_eq!(classify_fd_link("/dev/kvm"), None);
     }
 }

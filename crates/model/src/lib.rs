@@ -4,10 +4,12 @@
 //! Serialization is behind the `serde` feature so analyzers can use the model without it.
 #![deny(missing_docs)]
 
+pub mod host;
 pub mod ids;
 pub mod testvm;
 pub mod units;
 pub mod vmm;
 
+pub use host::HostKind;
 pub use ids::{Cpu, Pid, Tid};
 pub use vmm::VmmKind;

@@ -29,6 +29,8 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
     if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
         return Err(format!("invalid duration '{text}': out of range"));
     }
+    // In range: checked against u64::MAX just above.
+    #[allow(clippy::cast_possible_truncation)]
     Ok(ns.round() as u64)
 }
 

@@ -1,1 +1,12 @@
-//! placeholder
+//! virtprof's kernel event sources: tracefs control (mounting, private instances, event
+//! enabling) and, in later modules, the ftrace ring-buffer decoder.
+//!
+//! Only [`tracefs`] touches files; decoding stays sans-IO.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod perf;
+pub mod tracefs;
+
+pub use error::TraceError;
+pub use tracefs::{Instance, Tracefs};

@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+mod doctor;
 mod stats;
 mod testvm;
 
@@ -9,7 +10,7 @@ use crate::args::{Cli, Command};
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Doctor(_args) => anyhow::bail!("doctor: not yet"),
+        Command::Doctor(args) => doctor::run(&args),
         Command::Testvm(args) => testvm::run(&args),
         Command::Stats(args) => stats::run(&args),
         Command::Vmm => {

@@ -183,9 +183,19 @@ impl Vm {
             .map(|i| SharedPage::new(&memory, i))
             .collect::<Result<_, _>>()?;
 
+        // Opened here and kept until the process exits, so other tools (`virtprof stats`) can
+        // borrow them: the kernel serves KVM_GET_STATS_FD only to this process.
+        let vcpu_stats: Vec<StatsFd> = vcpus
+            .iter()
+            .map(|v| StatsFd::open(v.as_raw_fd()))
+            .collect::<Result<_, _>>()?;
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
-            for ((index, vcpu), page) in (0u32..).zip(vcpus).zip(pages.iter().cloned()) {
+            for (((index, vcpu), page), stats) in (0u32..)
+                .zip(vcpus)
+                .zip(pages.iter().cloned())
+                .zip(&vcpu_stats)
+            {
                 let ctx = vcpu::VcpuContext {
                     index,
                     pin: config.pin.get(index as usize).copied().flatten(),
@@ -198,7 +208,7 @@ impl Vm {
                 };
                 let handle = std::thread::Builder::new()
                     .name(format!("vcpu{index}"))
-                    .spawn_scoped(scope, move || vcpu::run_vcpu(vcpu, ctx))
+                    .spawn_scoped(scope, move || vcpu::run_vcpu(vcpu, stats, ctx))
                     .map_err(|e| VmmError::Os {
                         what: format!("spawning thread vcpu{index}"),
                         source: e,
@@ -223,9 +233,11 @@ impl Vm {
         })?;
 
         let mut vcpu_reports = Vec::with_capacity(results.len());
-        for (mut report, bells) in results.into_iter().zip(&doorbells) {
+        let mut finished_vcpus = Vec::with_capacity(results.len());
+        for ((mut report, vcpu), bells) in results.into_iter().zip(&doorbells) {
             report.ioeventfd_signals = bells.iter().map(|fd| fd.read().unwrap_or(0)).sum();
             vcpu_reports.push(report);
+            finished_vcpus.push(vcpu);
         }
         let kvm_vm_stats = vm_stats
             .read()?
@@ -233,6 +245,7 @@ impl Vm {
         if config.linger_ns > 0 {
             std::thread::sleep(Duration::from_nanos(config.linger_ns));
         }
+        drop((finished_vcpus, vcpu_stats, vm_stats));
         Ok(VmReport {
             index: config.index,
             pid: std::process::id(),
@@ -254,7 +267,7 @@ fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
     let new_fd = || {
         EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Os {
             what: "eventfd".into(),
-            source: e.into(),
+            source: e,
         })
     };
     let (pio, mmio) = (new_fd()?, new_fd()?);

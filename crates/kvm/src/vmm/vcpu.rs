@@ -2,7 +2,6 @@
 //! "done" marker, then report. Exit classification is the free function [`classify`], so tests
 //! can feed it fabricated exits.
 
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use kvm_ioctls::{VcpuExit, VcpuFd};
@@ -93,14 +92,18 @@ struct PhaseClock {
     done: Option<(u64, u64)>,
 }
 
-pub(crate) fn run_vcpu(mut vcpu: VcpuFd, ctx: VcpuContext<'_>) -> Result<VcpuReport, VmmError> {
+/// Run one vCPU to its done marker; returns its report and the fd (kept open by the caller).
+pub(crate) fn run_vcpu(
+    mut vcpu: VcpuFd,
+    stats: &StatsFd,
+    ctx: VcpuContext<'_>,
+) -> Result<(VcpuReport, VcpuFd), VmmError> {
     if let Some(cpu) = ctx.pin {
         pin_current_thread(cpu).map_err(|source| VmmError::Os {
             what: format!("pinning vcpu{} to CPU {cpu}", ctx.index),
             source,
         })?;
     }
-    let stats = StatsFd::open(vcpu.as_raw_fd())?;
     let stats_before = stats.read()?;
     let sched_before = read_schedstat();
     let mut exits_by_reason = [0u64; 64];
@@ -178,7 +181,7 @@ pub(crate) fn run_vcpu(mut vcpu: VcpuFd, ctx: VcpuContext<'_>) -> Result<VcpuRep
         .filter(|&(_, n)| n > 0)
         .map(|(reason, n)| (exit_reason_name(reason).to_string(), n))
         .collect();
-    Ok(VcpuReport {
+    let report = VcpuReport {
         index: ctx.index,
         tid: current_tid(),
         pinned_cpu: ctx.pin,
@@ -199,7 +202,8 @@ pub(crate) fn run_vcpu(mut vcpu: VcpuFd, ctx: VcpuContext<'_>) -> Result<VcpuRep
         start_monotonic_ns: start_ns,
         phases,
         kvm_stats,
-    })
+    };
+    Ok((report, vcpu))
 }
 
 const VECTOR_NAMES: [&str; 22] = [

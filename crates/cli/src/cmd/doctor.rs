@@ -1,0 +1,547 @@
+//! `virtprof doctor`: what this host offers, what each virtprof feature will therefore do, and
+//! how to fix what is missing. Probes are read-only except the live probe, which runs one
+//! micro-VM under a private tracefs instance (removed afterwards) to see which kvm events fire.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use virtprof_kvm::caps::KvmCaps;
+use virtprof_kvm::guest::Script;
+use virtprof_kvm::launcher::{self, TestvmConfig};
+use virtprof_model::HostKind;
+use virtprof_store::Table;
+use virtprof_trace::perf::{self, Availability};
+use virtprof_trace::{tracefs, Tracefs};
+
+use crate::args::DoctorArgs;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Status {
+    Ok,
+    Warn,
+    Missing,
+}
+
+#[derive(Debug, Serialize)]
+struct Check {
+    name: &'static str,
+    status: Status,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fix: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Feature {
+    feature: &'static str,
+    mode: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    host_kind: Option<HostKind>,
+    checks: Vec<Check>,
+    features: Vec<Feature>,
+}
+
+/// Events the live probe counted, by name.
+type EventCounts = BTreeMap<String, u64>;
+
+/// The guest work of the live probe: each kind of exit our test bed can make.
+const PROBE_SCRIPT: &str = "pio-user:200,mmio-user:200,pio-kernel:200,cpuid:200";
+
+fn check(
+    name: &'static str,
+    status: Status,
+    detail: impl Into<String>,
+    fix: Option<&str>,
+) -> Check {
+    Check {
+        name,
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_string),
+    }
+}
+
+pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    let mut checks = Vec::new();
+    let root = geteuid() == 0;
+    checks.push(if root {
+        check("privileges", Status::Ok, "running as root", None)
+    } else {
+        check(
+            "privileges",
+            Status::Warn,
+            "not root: tracefs and other VMMs' fds may be refused",
+            Some("run as root (sudo virtprof ...)"),
+        )
+    });
+    checks.push(check("kernel", Status::Ok, kernel_release(), None));
+
+    let tracefs = if root {
+        Tracefs::locate_or_mount().ok()
+    } else {
+        Tracefs::locate()
+    };
+    match &tracefs {
+        Some(t) => checks.push(check(
+            "tracefs",
+            Status::Ok,
+            format!("mounted at {}", t.root().display()),
+            None,
+        )),
+        None => checks.push(check(
+            "tracefs",
+            Status::Missing,
+            "not mounted",
+            Some(
+                "mount -t tracefs nodev /sys/kernel/tracing (virtprof does this itself when root)",
+            ),
+        )),
+    }
+    if args.cleanup {
+        if let Some(t) = &tracefs {
+            for (path, result) in tracefs::cleanup_stale(t) {
+                let detail = match result {
+                    Ok(()) => format!("removed {}", path.display()),
+                    Err(e) => format!("could not remove: {e}"),
+                };
+                checks.push(check("cleanup", Status::Ok, detail, None));
+            }
+        }
+    }
+    let stale = tracefs
+        .as_ref()
+        .map(Tracefs::stale_instances)
+        .unwrap_or_default();
+    if !stale.is_empty() {
+        checks.push(check(
+            "stale instances",
+            Status::Warn,
+            format!("{} left by dead virtprof processes", stale.len()),
+            Some("virtprof doctor --cleanup"),
+        ));
+    }
+
+    let kvm = KvmCaps::probe();
+    match &kvm.api_version {
+        Ok(v) => checks.push(check(
+            "/dev/kvm",
+            Status::Ok,
+            format!(
+                "KVM API {v}, host kind {}",
+                kvm.kind.map_or("unknown", HostKind::as_str)
+            ),
+            None,
+        )),
+        Err(e) => checks.push(check(
+            "/dev/kvm",
+            Status::Missing,
+            e.clone(),
+            Some("load kvm_intel/kvm_amd (or kvm_pvm), and run as root or in group 'kvm'"),
+        )),
+    }
+    match &kvm.stats {
+        Ok((vm, vcpu)) => checks.push(check(
+            "KVM stats fd",
+            Status::Ok,
+            format!("{vm} VM stats, {vcpu} vCPU stats"),
+            None,
+        )),
+        Err(e) => checks.push(check(
+            "KVM stats fd",
+            Status::Missing,
+            e.clone(),
+            Some("needs Linux 5.14 or newer"),
+        )),
+    }
+    checks.push(debugfs_kvm_check());
+
+    let kvm_events = tracefs
+        .as_ref()
+        .map(|t| t.events("kvm"))
+        .unwrap_or_default();
+    if tracefs.is_some() {
+        let has = |e: &str| kvm_events.iter().any(|k| k == e);
+        let status = if has("kvm_exit") && has("kvm_entry") {
+            Status::Ok
+        } else {
+            Status::Warn
+        };
+        checks.push(check(
+            "kvm tracepoints",
+            status,
+            format!(
+                "{} kvm events{}",
+                kvm_events.len(),
+                if has("kvm_exit") {
+                    ", kvm_exit and kvm_entry defined"
+                } else {
+                    ", no kvm_exit"
+                }
+            ),
+            None,
+        ));
+    }
+
+    let probe = match (&tracefs, &kvm.api_version, args.no_probe) {
+        (Some(t), Ok(_), false) => Some(live_probe(t)),
+        _ => None,
+    };
+    match &probe {
+        Some(Ok(counts)) => checks.extend(probe_checks(counts)),
+        Some(Err(e)) => checks.push(check(
+            "live probe",
+            Status::Warn,
+            format!("failed: {e:#}"),
+            None,
+        )),
+        None => checks.push(check(
+            "live probe",
+            Status::Warn,
+            if args.no_probe {
+                "skipped (--no-probe)"
+            } else {
+                "needs tracefs and /dev/kvm"
+            },
+            None,
+        )),
+    }
+
+    let software = perf::probe_software();
+    let hardware = perf::probe_hardware();
+    let paranoid = perf::paranoid_level();
+    checks.push(match &software {
+        Availability::Available => check(
+            "perf software events",
+            Status::Ok,
+            "task-clock counts",
+            None,
+        ),
+        Availability::Unavailable(e) => check(
+            "perf software events",
+            Status::Missing,
+            format!(
+                "{e} (perf_event_paranoid={})",
+                paranoid.map_or("?".into(), |p| p.to_string())
+            ),
+            Some("sysctl kernel.perf_event_paranoid=1, or run as root"),
+        ),
+    });
+    checks.push(match &hardware {
+        Availability::Available => {
+            check("perf hardware counters", Status::Ok, "cycles counts", None)
+        }
+        Availability::Unavailable(e) => check(
+            "perf hardware counters",
+            Status::Missing,
+            format!("cycles: {e}"),
+            Some("on a VM, enable the vPMU (QEMU -cpu host,pmu=on; Firecracker has none)"),
+        ),
+    });
+    let rapl = Path::new("/sys/class/powercap/intel-rapl:0").exists()
+        || Path::new("/sys/class/powercap/intel-rapl").exists();
+    checks.push(if rapl {
+        check(
+            "RAPL / powercap",
+            Status::Ok,
+            "/sys/class/powercap/intel-rapl present",
+            None,
+        )
+    } else {
+        check(
+            "RAPL / powercap",
+            Status::Missing,
+            "no /sys/class/powercap/intel-rapl*",
+            Some("bare-metal Intel/AMD with intel_rapl_common loaded"),
+        )
+    });
+    let tracers = tracefs
+        .as_ref()
+        .map(Tracefs::available_tracers)
+        .unwrap_or_default();
+    let osnoise = tracers.iter().any(|t| t == "osnoise");
+    checks.push(if osnoise {
+        check("osnoise tracer", Status::Ok, "available", None)
+    } else {
+        check(
+            "osnoise tracer",
+            Status::Missing,
+            format!("available tracers: {}", tracers.join(" ")),
+            Some("CONFIG_OSNOISE_TRACER=y (virtprof noise does not need it)"),
+        )
+    });
+    let in_vm = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .contains(" hypervisor");
+    checks.push(check(
+        "running in a VM",
+        Status::Ok,
+        if in_vm {
+            "yes (hypervisor CPU flag): noise splits steal/hypervisor"
+        } else {
+            "no (bare metal)"
+        },
+        None,
+    ));
+    for (tool, package) in [
+        ("qemu-system-x86_64", "qemu-system-x86"),
+        ("trace-cmd", "trace-cmd"),
+        ("perf", "linux-perf"),
+    ] {
+        checks.push(if which(tool) {
+            check(tool_check_name(tool), Status::Ok, "found in PATH", None)
+        } else {
+            check(
+                tool_check_name(tool),
+                Status::Warn,
+                "not found (only needed for comparisons and QEMU guests)",
+                Some(&format!("apt-get install {package}")),
+            )
+        });
+    }
+
+    let exits_live = probe
+        .as_ref()
+        .and_then(|p| p.as_ref().ok())
+        .map(|c| c.get("kvm_exit").copied().unwrap_or(0) > 0);
+    let features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
+    let report = Report {
+        host_kind: kvm.kind,
+        checks,
+        features,
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+    } else {
+        write_human(&report, &mut out)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tool_check_name(tool: &str) -> &'static str {
+    match tool {
+        "qemu-system-x86_64" => "qemu",
+        "trace-cmd" => "trace-cmd",
+        _ => "perf tool",
+    }
+}
+
+/// Run one micro-VM with every kvm event enabled in a private instance and count what fired.
+fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
+    let mut instance = tracefs.create_instance("doctor")?;
+    instance.write("buffer_size_kb", "4096")?;
+    instance.enable("kvm", None)?;
+    instance.write("tracing_on", "1")?;
+    let config = TestvmConfig {
+        script: Script::parse_phases(PROBE_SCRIPT).map_err(anyhow::Error::msg)?,
+        vms: 1,
+        vcpus: 1,
+        pin: Vec::new(),
+        io_latency_ns: 0,
+        steal_time: false,
+        linger_ns: 0,
+    };
+    let exe = std::env::current_exe()?;
+    let result = launcher::run_testvm(&exe, &config);
+    instance.write("tracing_on", "0")?;
+    let report = result?;
+    // The instance sees every VM on the host; count only the probe VM's vCPU threads.
+    let tids: Vec<u32> = report.vcpus().map(|v| v.tid).collect();
+    Ok(count_text_events(&instance.read("trace")?, &tids))
+}
+
+/// Count events by name in ftrace text output (`comm-pid [cpu] flags ts: name: fields`),
+/// keeping only lines from the threads in `tids`.
+fn count_text_events(text: &str, tids: &[u32]) -> EventCounts {
+    let mut counts = EventCounts::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let tid = line
+            .split(" [")
+            .next()
+            .and_then(|task| task.rsplit('-').next())
+            .and_then(|t| t.trim().parse().ok());
+        if !tid.is_some_and(|t| tids.contains(&t)) {
+            continue;
+        }
+        if let Some(name) = line.split(": ").nth(1) {
+            *counts.entry(name.to_string()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+fn probe_checks(counts: &EventCounts) -> Vec<Check> {
+    let n = |e: &str| counts.get(e).copied().unwrap_or(0);
+    let mut checks = Vec::new();
+    checks.push(if n("kvm_exit") > 0 && n("kvm_entry") > 0 {
+        check("kvm_exit/kvm_entry", Status::Ok, format!("emitted ({} exits in the probe VM)", n("kvm_exit")), None)
+    } else {
+        check(
+            "kvm_exit/kvm_entry",
+            Status::Missing,
+            "not emitted by this host's KVM (e.g. PVM): per-exit durations come from userspace round trips",
+            Some("use a VMX/SVM host for per-exit durations of lightweight exits"),
+        )
+    });
+    let evidence: Vec<String> = counts
+        .iter()
+        .filter(|(k, _)| k.starts_with("kvm_"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    checks.push(check(
+        "kvm events in probe",
+        if evidence.is_empty() {
+            Status::Missing
+        } else {
+            Status::Ok
+        },
+        if evidence.is_empty() {
+            "none fired".to_string()
+        } else {
+            evidence.join(" ")
+        },
+        None,
+    ));
+    checks
+}
+
+fn features(
+    kvm: &KvmCaps,
+    tracefs: bool,
+    exits_live: Option<bool>,
+    hardware: &Availability,
+    rapl: bool,
+) -> Vec<Feature> {
+    let f = |feature, mode: &str| Feature {
+        feature,
+        mode: mode.to_string(),
+    };
+    let testvm = if kvm.api_version.is_ok() {
+        "available"
+    } else {
+        "unavailable: no /dev/kvm"
+    };
+    let exits = match (tracefs, exits_live) {
+        (false, _) => "unavailable: needs tracefs",
+        (true, Some(true)) => "per-exit durations from kvm_exit/kvm_entry, light/heavy split, vm_noise rows",
+        (true, Some(false)) => "heavyweight round trips from kvm_userspace_exit/kvm_fpu; lightweight counts from evidence events and the KVM stats fd; per-exit durations of lightweight exits unavailable",
+        (true, None) => "depends on kvm_exit (run doctor without --no-probe to find out)",
+    };
+    let counters = match hardware {
+        Availability::Available => "software and hardware counters",
+        Availability::Unavailable(_) => {
+            "software counters and tracepoint counts only (no hardware PMU)"
+        }
+    };
+    let energy = if rapl {
+        "model calibrated against RAPL"
+    } else {
+        "model only (default weights; no RAPL to calibrate against)"
+    };
+    vec![
+        f("testvm", testvm),
+        f("exits", exits),
+        f(
+            "sched/top",
+            if tracefs {
+                "exact, from sched_switch/sched_wakeup"
+            } else {
+                "approximate, from schedstat and KVM stats polling"
+            },
+        ),
+        f("counters", counters),
+        f("energy", energy),
+        f(
+            "stats",
+            if kvm.stats.is_ok() {
+                "KVM binary stats of any VMM via pidfd_getfd"
+            } else {
+                "unavailable"
+            },
+        ),
+    ]
+}
+
+fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
+    let mut table = Table::new(["CHECK", "STATUS", "DETAIL"]);
+    let mut fixes = Vec::new();
+    for c in &report.checks {
+        let status = match c.status {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Missing => "missing",
+        };
+        table.row([c.name.to_string(), status.to_string(), c.detail.clone()]);
+        if let (Some(fix), false) = (&c.fix, c.status == Status::Ok) {
+            fixes.push(format!("  {}: {fix}", c.name));
+        }
+    }
+    table.write_text(&mut *out)?;
+    writeln!(out, "\nWHAT VIRTPROF WILL DO HERE")?;
+    let mut features = Table::new(["FEATURE", "MODE"]);
+    for f in &report.features {
+        features.row([f.feature.to_string(), f.mode.clone()]);
+    }
+    features.write_text(&mut *out)?;
+    if !fixes.is_empty() {
+        writeln!(out, "\nTO FIX")?;
+        for line in fixes {
+            writeln!(out, "{line}")?;
+        }
+    }
+    Ok(())
+}
+
+fn debugfs_kvm_check() -> Check {
+    match std::fs::read_dir("/sys/kernel/debug/kvm") {
+        Ok(_) => check(
+            "debugfs kvm stats",
+            Status::Ok,
+            "/sys/kernel/debug/kvm readable (kvm_stat works)",
+            None,
+        ),
+        Err(e) => check(
+            "debugfs kvm stats",
+            Status::Warn,
+            format!("{e} (not needed: virtprof reads the stats fd)"),
+            None,
+        ),
+    }
+}
+
+fn kernel_release() -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("Linux {} {}", release.trim(), std::env::consts::ARCH)
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+}
+
+fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_ftrace_text_lines() {
+        let text = "# tracer: nop\n#\n vcpu0-12 [001] ..... 10.000001: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n vcpu0-12 [001] ..... 10.000002: kvm_userspace_exit: reason KVM_EXIT_IO (2)\n vcpu0-12 [001] ..... 10.000003: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n vcpu0-99 [000] ..... 10.000004: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n";
+        let counts = count_text_events(text, &[12]);
+        assert_eq!(counts.get("kvm_pio"), Some(&2));
+        assert_eq!(counts.get("kvm_userspace_exit"), Some(&1));
+        assert_eq!(counts.len(), 2);
+    }
+}

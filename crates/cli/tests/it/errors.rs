@@ -1,0 +1,116 @@
+//! Bad input gets one clear line on stderr and exit code 2; runtime failures exit 1; never a
+//! panic.
+
+use super::util::{have_kvm, virtprof};
+
+fn assert_usage_error(args: &[&str], needle: &str) {
+    let out = virtprof().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: stderr lacks {needle:?}:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "{args:?}: one line expected:\n{stderr}"
+    );
+}
+
+#[test]
+fn unknown_workload() {
+    assert_usage_error(
+        &["testvm", "--workload", "bogus"],
+        "unknown workload 'bogus'",
+    );
+}
+
+#[test]
+fn bad_cpu_lists() {
+    assert_usage_error(&["testvm", "--pin", "3-1"], "runs backwards");
+    assert_usage_error(&["testvm", "--pin", "x"], "invalid CPU list 'x'");
+    assert_usage_error(
+        &["testvm", "--pin", "4095"],
+        "CPU 4095 is not available here",
+    );
+}
+
+#[test]
+fn bad_durations_and_phases() {
+    assert_usage_error(
+        &["testvm", "--duration", "5parsecs"],
+        "unknown unit 'parsecs'",
+    );
+    assert_usage_error(&["testvm", "--workload", "phases"], "needs --phases");
+    assert_usage_error(
+        &["testvm", "--workload", "phases", "--phases", "compute"],
+        "lacks a bound",
+    );
+    assert_usage_error(
+        &["testvm", "--workload", "pio-user", "--phases", "compute:1"],
+        "--phases goes with --workload phases",
+    );
+    assert_usage_error(&["testvm", "--vcpus", "0"], "--vcpus 0");
+}
+
+#[test]
+fn clap_errors_exit_2() {
+    let out = virtprof()
+        .args(["testvm", "--iterations", "many"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = virtprof().args(["no-such-command"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn guest_fault_reports_exception_and_rip() {
+    let Some(_vms) = have_kvm("guest_fault_reports_exception_and_rip") else {
+        return;
+    };
+    let out = virtprof()
+        .args(["testvm", "--workload", "fault", "-n", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("#UD (vector 6"), "{stderr}");
+    assert!(
+        stderr.contains("at RIP 0x") && stderr.contains("phase0_fault_loop+0x0"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"));
+}
+
+#[test]
+fn missing_dev_kvm_is_a_usage_error() {
+    let test = "missing_dev_kvm_is_a_usage_error";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("unshare")
+            .arg("--help")
+            .output()
+            .is_err()
+    {
+        eprintln!("SKIP {test}: needs root and unshare to hide /dev/kvm in a mount namespace");
+        return;
+    }
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let script = format!(
+        "mount -t tmpfs none /dev && exec {} testvm -n 1",
+        exe.display()
+    );
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot open /dev/kvm") && stderr.contains("load kvm_intel"),
+        "{stderr}"
+    );
+}

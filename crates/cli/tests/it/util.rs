@@ -1,0 +1,78 @@
+//! Helpers: run the binary, parse its JSON, and skip (loudly) where the host lacks a facility.
+
+use std::process::Output;
+use std::sync::{Mutex, MutexGuard};
+
+use assert_cmd::cargo::CommandCargoExt;
+use virtprof_model::testvm::TestvmReport;
+
+/// `virtprof` built by cargo for this test run.
+pub fn virtprof() -> std::process::Command {
+    std::process::Command::cargo_bin("virtprof").expect("virtprof binary")
+}
+
+/// Tests that run VMs hold this, so scheduling-share assertions never compete with another
+/// test's VMs for the same CPU.
+static VM_LOCK: Mutex<()> = Mutex::new(());
+
+/// If /dev/kvm can be opened, the exclusive right to run VMs; otherwise print why the test is
+/// skipped and return None.
+pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => Some(
+            VM_LOCK
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        ),
+        Err(e) => {
+            eprintln!("SKIP {test}: /dev/kvm unavailable ({e})");
+            None
+        }
+    }
+}
+
+/// True if we are root with tracefs mounted (or mountable); otherwise print why not.
+pub fn have_tracefs(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP {test}: needs root for tracefs");
+        return false;
+    }
+    match virtprof_trace::Tracefs::locate_or_mount() {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIP {test}: {e}");
+            false
+        }
+    }
+}
+
+/// Run `virtprof testvm ARGS --json` and parse the report; panics with stderr on failure.
+pub fn testvm(args: &[&str]) -> TestvmReport {
+    let output = virtprof()
+        .arg("testvm")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run virtprof");
+    parse_report(&output, args)
+}
+
+pub fn parse_report(output: &Output, args: &[&str]) -> TestvmReport {
+    assert!(
+        output.status.success(),
+        "virtprof testvm {args:?} failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("testvm --json output parses as a TestvmReport")
+}
+
+/// The host kind doctor would report.
+pub fn host_kind() -> Option<virtprof_model::HostKind> {
+    virtprof_kvm::caps::KvmCaps::probe().kind
+}

@@ -1,0 +1,266 @@
+//! tracefs: find or mount it, list events and tracers, and run a private instance
+//! (`instances/virtprof-<pid>`) that is torn down on drop — events disabled, directory removed —
+//! so a run never leaves tracing state behind.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::TraceError;
+
+/// Where tracefs is mounted on modern kernels.
+pub const DEFAULT_MOUNT: &str = "/sys/kernel/tracing";
+/// The old debugfs location.
+const DEBUGFS_MOUNT: &str = "/sys/kernel/debug/tracing";
+/// Prefix of every instance virtprof creates (`doctor --cleanup` removes leftovers).
+pub const INSTANCE_PREFIX: &str = "virtprof-";
+
+/// A mounted tracefs.
+#[derive(Debug, Clone)]
+pub struct Tracefs {
+    root: PathBuf,
+}
+
+impl Tracefs {
+    /// Use tracefs at `root` (tests point this at a fake tree).
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Tracefs { root: root.into() }
+    }
+
+    /// Find a mounted tracefs through /proc/mounts.
+    pub fn locate() -> Option<Tracefs> {
+        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        find_tracefs_mount(&mounts)
+            .or_else(|| {
+                Path::new(DEBUGFS_MOUNT)
+                    .join("events")
+                    .is_dir()
+                    .then(|| PathBuf::from(DEBUGFS_MOUNT))
+            })
+            .map(Tracefs::at)
+    }
+
+    /// Find tracefs, mounting it at [`DEFAULT_MOUNT`] if it is not mounted (needs root).
+    pub fn locate_or_mount() -> Result<Tracefs, TraceError> {
+        if let Some(t) = Self::locate() {
+            return Ok(t);
+        }
+        mount_tracefs(Path::new(DEFAULT_MOUNT)).map_err(|e| TraceError::NotMounted(Some(e)))?;
+        Self::locate().ok_or(TraceError::NotMounted(None))
+    }
+
+    /// The mount point.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Event names of one system (`kvm`, `sched`, ...), sorted; empty if the system is absent.
+    pub fn events(&self, system: &str) -> Vec<String> {
+        let dir = self.root.join("events").join(system);
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("format").is_file())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Whether `system:name` exists.
+    pub fn has_event(&self, system: &str, name: &str) -> bool {
+        self.root
+            .join("events")
+            .join(system)
+            .join(name)
+            .join("format")
+            .is_file()
+    }
+
+    /// The tracers this kernel offers (`nop`, `function`, `osnoise`, ...).
+    pub fn available_tracers(&self) -> Vec<String> {
+        fs::read_to_string(self.root.join("available_tracers"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Instances left behind by earlier virtprof runs whose process is gone.
+    pub fn stale_instances(&self) -> Vec<PathBuf> {
+        fs::read_dir(self.root.join("instances"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let pid: u32 = name
+                    .strip_prefix(INSTANCE_PREFIX)?
+                    .rsplit('-')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                (!Path::new("/proc").join(pid.to_string()).exists()).then(|| e.path())
+            })
+            .collect()
+    }
+
+    /// Create the private instance `virtprof-<purpose>-<pid>` with tracing off.
+    pub fn create_instance(&self, purpose: &str) -> Result<Instance, TraceError> {
+        let name = format!("{INSTANCE_PREFIX}{purpose}-{}", std::process::id());
+        let path = self.root.join("instances").join(&name);
+        if path.exists() {
+            Instance::remove_dir(&path)?;
+        }
+        fs::create_dir(&path).map_err(TraceError::file(&path))?;
+        let instance = Instance {
+            root: self.root.clone(),
+            path,
+            enabled: Vec::new(),
+        };
+        instance.write("tracing_on", "0")?;
+        Ok(instance)
+    }
+}
+
+fn find_tracefs_mount(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (_dev, dir, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        (kind == "tracefs").then(|| PathBuf::from(dir))
+    })
+}
+
+fn mount_tracefs(target: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    let c = |s: &str| CString::new(s).expect("no NUL in constant");
+    let dir = CString::new(target.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: all pointers are valid NUL-terminated strings or null for the data argument.
+    let rc = unsafe {
+        libc::mount(
+            c("nodev").as_ptr(),
+            dir.as_ptr(),
+            c("tracefs").as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A private tracefs instance. Dropping it disables what it enabled and removes it.
+#[derive(Debug)]
+pub struct Instance {
+    root: PathBuf,
+    path: PathBuf,
+    enabled: Vec<PathBuf>,
+}
+
+impl Instance {
+    /// The instance directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Write a control file of the instance (`tracing_on`, `buffer_size_kb`, `trace_clock`...).
+    pub fn write(&self, file: &str, value: &str) -> Result<(), TraceError> {
+        let path = self.path.join(file);
+        fs::write(&path, value).map_err(TraceError::file(path))
+    }
+
+    /// Read a file of the instance.
+    pub fn read(&self, file: &str) -> Result<String, TraceError> {
+        let path = self.path.join(file);
+        fs::read_to_string(&path).map_err(TraceError::file(path))
+    }
+
+    /// Enable one event (`kvm`, `kvm_exit`) or a whole system (`kvm`, `None`).
+    pub fn enable(&mut self, system: &str, name: Option<&str>) -> Result<(), TraceError> {
+        let mut dir = self.path.join("events").join(system);
+        if let Some(name) = name {
+            if !self.root.join("events").join(system).join(name).is_dir() {
+                return Err(TraceError::NoSuchEvent {
+                    root: self.root.clone(),
+                    system: system.into(),
+                    name: name.into(),
+                });
+            }
+            dir = dir.join(name);
+        }
+        let file = dir.join("enable");
+        fs::write(&file, "1").map_err(TraceError::file(&file))?;
+        self.enabled.push(file);
+        Ok(())
+    }
+
+    /// Clear the instance's ring buffers.
+    pub fn clear(&self) -> Result<(), TraceError> {
+        self.write("trace", "")
+    }
+
+    fn remove_dir(path: &Path) -> Result<(), TraceError> {
+        // The kernel refuses rmdir while a reader holds trace_pipe_raw open; callers close
+        // readers before dropping the instance.
+        fs::remove_dir(path).map_err(TraceError::file(path))
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.write("tracing_on", "0");
+        for file in &self.enabled {
+            let _ = fs::write(file, "0");
+        }
+        if let Err(e) = Self::remove_dir(&self.path) {
+            log::warn!("could not remove tracefs instance: {e}");
+        }
+    }
+}
+
+/// Remove leftover instances of dead virtprof processes; returns what was removed.
+pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)> {
+    tracefs
+        .stale_instances()
+        .into_iter()
+        .map(|p| {
+            let r = Instance::remove_dir(&p);
+            (p, r)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_tracefs_in_proc_mounts() {
+        let mounts = "proc /proc proc rw 0 0\nnodev /sys/kernel/tracing tracefs rw,relatime 0 0\n";
+        assert_eq!(
+            find_tracefs_mount(mounts),
+            Some(PathBuf::from("/sys/kernel/tracing"))
+        );
+        assert_eq!(find_tracefs_mount("proc /proc proc rw 0 0\n"), None);
+    }
+
+    #[test]
+    fn lists_events_of_a_fake_tree() {
+        let root =
+            std::env::temp_dir().join(format!("virtprof-fake-tracefs-{}", std::process::id()));
+        for ev in ["kvm_exit", "kvm_pio"] {
+            let dir = root.join("events/kvm").join(ev);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("format"), "name: x\n").unwrap();
+        }
+        let t = Tracefs::at(&root);
+        assert_eq!(t.events("kvm"), ["kvm_exit", "kvm_pio"]);
+        assert!(t.has_event("kvm", "kvm_pio"));
+        assert!(!t.has_event("kvm", "kvm_entry"));
+        assert!(t.events("sched").is_empty());
+        fs::remove_dir_all(root).unwrap();
+    }
+}

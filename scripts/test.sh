@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install what the tests need, prepare the host, and run every check CI runs:
+# cargo fmt --check, clippy with -D warnings, and the whole test suite.
+# Tests that need /dev/kvm, tracefs or root skip (saying why) only where those are absent.
+set -euo pipefail
+shopt -s lastpipe
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ]; then
+    need=()
+    # perf: the tests compare our counts with `perf stat -e kvm:*`; unshare hides /dev/kvm.
+    dpkg -s linux-perf >/dev/null 2>&1 || need+=(linux-perf)
+    command -v unshare >/dev/null || need+=(util-linux)
+    if [ ${#need[@]} -gt 0 ]; then
+        echo "test.sh: installing ${need[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    fi
+    if ! grep -q ' tracefs ' /proc/mounts; then
+        mount -t tracefs nodev /sys/kernel/tracing || echo "test.sh: could not mount tracefs; tracefs tests will skip"
+    fi
+else
+    echo "test.sh: not root: apt installs and tracefs/pidfd tests are skipped"
+fi
+
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+echo "test.sh: cargo fmt --check"
+cargo fmt --all -- --check
+echo "test.sh: cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "test.sh: cargo test"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace --locked 2>&1 | tee "$log"
+# One closing line for the whole suite (cargo prints one per test binary, the last often a
+# doc-test binary with 0 tests).
+awk '/^test result:/ { p += $4; f += $6; s += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
