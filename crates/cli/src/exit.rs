@@ -33,8 +33,25 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
         // `virtprof ... | head` closing the pipe is not a failure.
         return ExitCode::SUCCESS;
     }
-    eprintln!("virtprof: {err:#}");
+    eprintln!("virtprof: {}", one_line(err));
     ExitCode::from(classify(err))
+}
+
+/// The error chain on one line, `outer: inner: ...`, leaving out a cause whose text the line
+/// already contains (library errors often embed their OS error in their own message).
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn classify(err: &anyhow::Error) -> u8 {
@@ -54,4 +71,23 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_drops_repeated_causes() {
+        let os = std::io::Error::from_raw_os_error(libc::EACCES);
+        let err = anyhow::Error::new(VmmError::Os {
+            what: "pinning".into(),
+            source: os,
+        })
+        .context("running VM 0");
+        assert_eq!(
+            one_line(&err),
+            "running VM 0: pinning: Permission denied (os error 13)"
+        );
+    }
 }

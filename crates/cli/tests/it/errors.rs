@@ -114,3 +114,41 @@ fn missing_dev_kvm_is_a_usage_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn no_permission_on_dev_kvm_is_a_usage_error() {
+    let test = "no_permission_on_dev_kvm_is_a_usage_error";
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let kvm_world_accessible = std::fs::metadata("/dev/kvm").is_ok_and(|m| {
+        use std::os::unix::fs::PermissionsExt;
+        m.permissions().mode() & 0o006 != 0
+    });
+    if !root
+        || kvm_world_accessible
+        || std::process::Command::new("setpriv")
+            .arg("--help")
+            .output()
+            .is_err()
+    {
+        eprintln!("SKIP {test}: needs root, setpriv, and a /dev/kvm that 'nobody' cannot open");
+        return;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&exe)
+        .args(["testvm", "-n", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("Permission denied") && !stderr.contains("/dev/kvm") {
+        eprintln!("SKIP {test}: 'nobody' cannot execute the test binary here: {stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot open /dev/kvm") && stderr.contains("group 'kvm'"),
+        "{stderr}"
+    );
+}
