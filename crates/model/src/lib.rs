@@ -4,12 +4,14 @@
 //! Serialization is behind the `serde` feature so analyzers can use the model without it.
 #![deny(missing_docs)]
 
+pub mod event;
 pub mod host;
 pub mod ids;
 pub mod testvm;
 pub mod units;
 pub mod vmm;
 
+pub use event::{Event, EventKind, StrId, Timestamp};
 pub use host::HostKind;
 pub use ids::{Cpu, Pid, Tid};
 pub use vmm::VmmKind;

@@ -5,6 +5,8 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod format;
+pub mod page;
 pub mod perf;
 pub mod tracefs;
 

@@ -1,0 +1,321 @@
+//! Decoding of one raw ring-buffer page (`trace_pipe_raw`): the page header (base timestamp,
+//! commit word with the missed-events flags), then compressed event headers — data records,
+//! padding, time extends and absolute timestamps. Sans-IO: a `&[u8]` in, borrowed records out,
+//! nothing allocated.
+
+use crate::format::PageHeader;
+
+/// Type codes of the compressed event header (`events/header_event`).
+const TYPE_PADDING: u32 = 29;
+const TYPE_TIME_EXTEND: u32 = 30;
+const TYPE_TIME_STAMP: u32 = 31;
+/// Commit-word flags: events were lost before this page, and their count is stored after the
+/// data (kernel `RB_MISSED_EVENTS`, `RB_MISSED_STORED`).
+const MISSED_EVENTS: u64 = 1 << 31;
+const MISSED_STORED: u64 = 1 << 30;
+/// Absolute timestamps carry 59 bits; the page base supplies the rest.
+const ABS_TS_MASK: u64 = (1 << 59) - 1;
+
+/// A decoding problem, with its byte offset inside the page.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("at byte {offset} of the page: {message}")]
+pub struct PageError {
+    /// Offset inside the page.
+    pub offset: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Events the kernel dropped before a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// Nothing lost.
+    None,
+    /// Events lost; the count when the kernel stored it.
+    Lost(Option<u64>),
+}
+
+/// One data record: its timestamp and its bytes (starting with `common_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRecord<'a> {
+    /// Timestamp in the trace clock.
+    pub ts: u64,
+    /// The event's bytes.
+    pub data: &'a [u8],
+}
+
+impl RawRecord<'_> {
+    /// The tracefs event id (`common_type`), or None for a record too short to hold one.
+    pub fn event_id(&self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.data.get(..2)?.try_into().ok()?))
+    }
+}
+
+/// A page ready to iterate.
+#[derive(Debug, Clone, Copy)]
+pub struct Page<'a> {
+    data: &'a [u8],
+    data_offset: usize,
+    base_ts: u64,
+    /// Events lost before this page.
+    pub missed: Missed,
+}
+
+impl<'a> Page<'a> {
+    /// Parse the page header. `page` is one whole page as `trace_pipe_raw` returns it.
+    pub fn parse(page: &'a [u8], header: &PageHeader) -> Result<Page<'a>, PageError> {
+        let err = |offset, message: String| PageError { offset, message };
+        if page.len() < header.data_offset {
+            return Err(err(
+                0,
+                format!(
+                    "page of {} bytes is shorter than its {}-byte header",
+                    page.len(),
+                    header.data_offset
+                ),
+            ));
+        }
+        let base_ts = read_u64(page, header.timestamp_offset);
+        let commit = match header.commit_size {
+            8 => read_u64(page, header.commit_offset),
+            _ => u64::from(read_u32(page, header.commit_offset)),
+        };
+        let size = (commit & !(MISSED_EVENTS | MISSED_STORED)) as usize;
+        let end = header.data_offset + size;
+        if end > page.len() {
+            return Err(err(
+                header.commit_offset,
+                format!("commit size {size} runs past the {}-byte page", page.len()),
+            ));
+        }
+        let missed = if commit & MISSED_EVENTS == 0 {
+            Missed::None
+        } else if commit & MISSED_STORED != 0 && end + header.commit_size <= page.len() {
+            let count = match header.commit_size {
+                8 => read_u64(page, end),
+                _ => u64::from(read_u32(page, end)),
+            };
+            Missed::Lost(Some(count))
+        } else {
+            Missed::Lost(None)
+        };
+        Ok(Page {
+            data: &page[header.data_offset..end],
+            data_offset: header.data_offset,
+            base_ts,
+            missed,
+        })
+    }
+
+    /// The page's base timestamp.
+    pub fn base_ts(&self) -> u64 {
+        self.base_ts
+    }
+
+    /// The data records, in order.
+    pub fn records(&self) -> Records<'a> {
+        Records {
+            data: self.data,
+            data_offset: self.data_offset,
+            pos: 0,
+            ts: self.base_ts,
+            base_ts: self.base_ts,
+            failed: false,
+        }
+    }
+}
+
+/// Iterator over a page's data records; stops at the first error (after yielding it).
+#[derive(Debug, Clone)]
+pub struct Records<'a> {
+    data: &'a [u8],
+    data_offset: usize,
+    pos: usize,
+    ts: u64,
+    base_ts: u64,
+    failed: bool,
+}
+
+impl<'a> Records<'a> {
+    fn fail(&mut self, message: String) -> Option<Result<RawRecord<'a>, PageError>> {
+        self.failed = true;
+        Some(Err(PageError {
+            offset: self.data_offset + self.pos,
+            message,
+        }))
+    }
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Result<RawRecord<'a>, PageError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.failed || self.pos + 4 > self.data.len() {
+                return None;
+            }
+            let word = read_u32(self.data, self.pos);
+            let (type_len, delta) = (word & 0x1f, u64::from(word >> 5));
+            let array0 =
+                || (self.pos + 8 <= self.data.len()).then(|| read_u32(self.data, self.pos + 4));
+            match type_len {
+                TYPE_PADDING => {
+                    let Some(len) = array0() else { return None };
+                    if delta == 0 {
+                        // A null padding event: the rest of the page is unused.
+                        return None;
+                    }
+                    self.pos += 4 + len as usize;
+                }
+                TYPE_TIME_EXTEND => {
+                    let Some(high) = array0() else {
+                        return self.fail("truncated time extend".into());
+                    };
+                    self.ts = self.ts.wrapping_add(delta | (u64::from(high) << 27));
+                    self.pos += 8;
+                }
+                TYPE_TIME_STAMP => {
+                    let Some(high) = array0() else {
+                        return self.fail("truncated absolute timestamp".into());
+                    };
+                    let abs = delta | (u64::from(high) << 27);
+                    self.ts = (self.base_ts & !ABS_TS_MASK) | (abs & ABS_TS_MASK);
+                    self.pos += 8;
+                }
+                0 => {
+                    let Some(len) = array0() else {
+                        return self.fail("truncated length word".into());
+                    };
+                    let (start, len) = (self.pos + 8, (len as usize).saturating_sub(4));
+                    if len == 0 || start + len > self.data.len() {
+                        return self.fail(format!("record length {len} does not fit the page"));
+                    }
+                    self.ts = self.ts.wrapping_add(delta);
+                    self.pos = start + align4(len);
+                    return Some(Ok(RawRecord {
+                        ts: self.ts,
+                        data: &self.data[start..start + len],
+                    }));
+                }
+                n => {
+                    let (start, len) = (self.pos + 4, n as usize * 4);
+                    if start + len > self.data.len() {
+                        return self.fail(format!("record of {len} bytes does not fit the page"));
+                    }
+                    self.ts = self.ts.wrapping_add(delta);
+                    self.pos = start + len;
+                    return Some(Ok(RawRecord {
+                        ts: self.ts,
+                        data: &self.data[start..start + len],
+                    }));
+                }
+            }
+        }
+    }
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+pub(crate) fn read_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+pub(crate) fn read_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: PageHeader = PageHeader {
+        timestamp_offset: 0,
+        commit_offset: 8,
+        commit_size: 8,
+        data_offset: 16,
+        page_size: 4096,
+    };
+
+    fn page(base: u64, commit_flags: u64, events: &[u32]) -> Vec<u8> {
+        let mut p = vec![0u8; 4096];
+        p[0..8].copy_from_slice(&base.to_le_bytes());
+        let size = (events.len() * 4) as u64;
+        p[8..16].copy_from_slice(&(size | commit_flags).to_le_bytes());
+        for (i, w) in events.iter().enumerate() {
+            p[16 + 4 * i..20 + 4 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        p
+    }
+
+    fn header(type_len: u32, delta: u32) -> u32 {
+        type_len | (delta << 5)
+    }
+
+    #[test]
+    fn decodes_data_extends_and_absolute_stamps() {
+        let events = [
+            header(2, 10),
+            0x0000_0007,
+            0xaaaa_aaaa, // 8-byte record, +10
+            header(TYPE_TIME_EXTEND, 5),
+            1, // +5 + (1 << 27)
+            header(1, 3),
+            0x0000_0009, // 4-byte record, +3
+            header(TYPE_TIME_STAMP, 42),
+            0, // absolute 42
+            header(0, 1),
+            12,
+            0x0000_000b,
+            0xbbbb_bbbb, // long form: len word 12 = 8 data bytes + 4
+        ];
+        let p = page(1000, 0, &events);
+        let page = Page::parse(&p, &HEADER).unwrap();
+        assert_eq!(page.missed, Missed::None);
+        let recs: Vec<_> = page.records().map(Result::unwrap).collect();
+        assert_eq!(recs.len(), 3);
+        assert_eq!(
+            (recs[0].ts, recs[0].event_id(), recs[0].data.len()),
+            (1010, Some(7), 8)
+        );
+        assert_eq!(recs[1].ts, 1010 + 5 + (1 << 27) + 3);
+        assert_eq!(
+            (recs[2].ts, recs[2].event_id(), recs[2].data.len()),
+            (43, Some(11), 8)
+        );
+    }
+
+    #[test]
+    fn reports_missed_events() {
+        let mut p = page(0, MISSED_EVENTS | MISSED_STORED, &[header(1, 1), 5]);
+        p[16 + 8..16 + 16].copy_from_slice(&77u64.to_le_bytes());
+        assert_eq!(
+            Page::parse(&p, &HEADER).unwrap().missed,
+            Missed::Lost(Some(77))
+        );
+        let p = page(0, MISSED_EVENTS, &[header(1, 1), 5]);
+        assert_eq!(Page::parse(&p, &HEADER).unwrap().missed, Missed::Lost(None));
+    }
+
+    #[test]
+    fn padding_and_corruption() {
+        let p = page(0, 0, &[header(TYPE_PADDING, 7), 4, 0xdead, header(1, 1), 5]);
+        assert_eq!(Page::parse(&p, &HEADER).unwrap().records().count(), 1);
+        let p = page(0, 0, &[header(28, 1), 5]);
+        let mut recs = Page::parse(&p, &HEADER).unwrap().records();
+        assert!(recs
+            .next()
+            .unwrap()
+            .unwrap_err()
+            .message
+            .contains("does not fit"));
+        assert!(recs.next().is_none());
+        let mut p = page(0, 0, &[]);
+        p[8..16].copy_from_slice(&5000u64.to_le_bytes());
+        assert!(Page::parse(&p, &HEADER)
+            .unwrap_err()
+            .message
+            .contains("runs past"));
+    }
+}
