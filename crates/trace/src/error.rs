@@ -18,6 +18,15 @@ pub enum TraceError {
         #[source]
         source: std::io::Error,
     },
+    /// A format file could not be parsed.
+    #[error("'{}': {source}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// Where and what.
+        #[source]
+        source: crate::format::FormatError,
+    },
     /// An event the caller asked for does not exist on this kernel.
     #[error("event '{system}:{name}' does not exist on this kernel (see {}/events/{system}/)", root.display())]
     NoSuchEvent {

@@ -174,7 +174,7 @@ pub fn parse_event_format(system: &str, text: &str) -> Result<EventFormat, Forma
     })
 }
 
-/// `field:unsigned int exit_reason;	offset:8;	size:4;	signed:0;`
+/// `field:unsigned int exit_reason; offset:8; size:4; signed:0;`
 fn parse_field(line: &str) -> Result<Field, String> {
     let mut decl = None;
     let (mut offset, mut size, mut signed) = (None, None, false);
@@ -219,7 +219,7 @@ fn parse_field(line: &str) -> Result<Field, String> {
     } else if c_type.starts_with("__rel_loc") {
         FieldKind::RelLoc { is_char }
     } else if let Some(len) = array {
-        let elem_size = if len > 0 { size / len } else { 1 };
+        let elem_size = size.checked_div(len).unwrap_or(1);
         FieldKind::Array {
             elem_size: elem_size.max(1),
             is_char,
@@ -463,7 +463,7 @@ mod tests {
             (1422, "kvm_pio", 8)
         );
         assert_eq!(f.field("port").unwrap().offset, 12);
-        assert_eq!(f.field("common_pid").unwrap().signed, true);
+        assert!(f.field("common_pid").unwrap().signed);
         assert_eq!(
             f.field("comm").unwrap().kind,
             FieldKind::Array {

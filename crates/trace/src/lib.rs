@@ -4,6 +4,8 @@
 //! Only [`tracefs`] touches files; decoding stays sans-IO.
 #![deny(missing_docs)]
 
+pub mod decode;
+pub mod dump;
 pub mod error;
 pub mod format;
 pub mod page;

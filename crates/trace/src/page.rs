@@ -80,7 +80,8 @@ impl<'a> Page<'a> {
             8 => read_u64(page, header.commit_offset),
             _ => u64::from(read_u32(page, header.commit_offset)),
         };
-        let size = (commit & !(MISSED_EVENTS | MISSED_STORED)) as usize;
+        // The commit word counts bytes within one page, so it always fits a usize.
+        let size = usize::try_from(commit & !(MISSED_EVENTS | MISSED_STORED)).unwrap_or(usize::MAX);
         let end = header.data_offset + size;
         if end > page.len() {
             return Err(err(
@@ -160,7 +161,7 @@ impl<'a> Iterator for Records<'a> {
                 || (self.pos + 8 <= self.data.len()).then(|| read_u32(self.data, self.pos + 4));
             match type_len {
                 TYPE_PADDING => {
-                    let Some(len) = array0() else { return None };
+                    let len = array0()?;
                     if delta == 0 {
                         // A null padding event: the rest of the page is unused.
                         return None;

@@ -5,7 +5,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::decode::Layout;
 use crate::error::TraceError;
+use crate::format::{parse_event_format, parse_header_page};
 
 /// Where tracefs is mounted on modern kernels.
 pub const DEFAULT_MOUNT: &str = "/sys/kernel/tracing";
@@ -231,6 +233,57 @@ pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)
             (p, r)
         })
         .collect()
+}
+
+/// Load the page header and the formats of `systems` (all systems when empty) from a tracefs
+/// tree: the live mount, an instance's parent, or a dump with the same layout.
+pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> {
+    let events = root.join("events");
+    let header_path = events.join("header_page");
+    let header_text = fs::read_to_string(&header_path).map_err(TraceError::file(&header_path))?;
+    let header = parse_header_page(&header_text).map_err(|e| TraceError::Format {
+        path: header_path,
+        source: e,
+    })?;
+    let mut formats = Vec::new();
+    let mut system_dirs: Vec<PathBuf> = fs::read_dir(&events)
+        .map_err(TraceError::file(&events))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter(|p| {
+            systems.is_empty()
+                || p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| systems.contains(&n))
+        })
+        .collect();
+    system_dirs.sort();
+    for dir in system_dirs {
+        let system = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let mut event_dirs: Vec<PathBuf> = fs::read_dir(&dir)
+            .map_err(TraceError::file(&dir))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .collect();
+        event_dirs.sort();
+        for event_dir in event_dirs {
+            let path = event_dir.join("format");
+            let Ok(text) = fs::read_to_string(&path) else {
+                continue;
+            };
+            let format = parse_event_format(&system, &text).map_err(|e| TraceError::Format {
+                path: path.clone(),
+                source: e,
+            })?;
+            formats.push(format);
+        }
+    }
+    Ok(Layout::new(header, formats))
 }
 
 #[cfg(test)]

@@ -1,0 +1,508 @@
+//! From raw records to typed [`Event`]s. Field offsets are looked up once per event id when the
+//! [`Decoder`] is built; decoding a record is then a table index and a few little-endian reads.
+//! Events virtprof does not model become [`EventKind::Other`], with the generic
+//! [`field_value`] reader for anyone who wants their fields.
+
+use std::collections::HashMap;
+
+use virtprof_model::{Event, EventKind, StrId};
+
+use crate::format::{Condition, EventFormat, Field, FieldKind, PageHeader};
+use crate::page::RawRecord;
+
+/// Everything needed to decode one kernel's trace: the page header and every event format.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Ring-buffer page layout.
+    pub header: PageHeader,
+    formats: Vec<EventFormat>,
+    by_id: HashMap<u16, usize>,
+}
+
+impl Layout {
+    /// Build from a parsed header page and event formats.
+    pub fn new(header: PageHeader, formats: Vec<EventFormat>) -> Self {
+        let by_id = formats.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
+        Layout {
+            header,
+            formats,
+            by_id,
+        }
+    }
+
+    /// The format of an event id.
+    pub fn format(&self, id: u16) -> Option<&EventFormat> {
+        self.by_id.get(&id).map(|&i| &self.formats[i])
+    }
+
+    /// The format of `system:name`.
+    pub fn format_by_name(&self, system: &str, name: &str) -> Option<&EventFormat> {
+        self.formats
+            .iter()
+            .find(|f| f.name == name && (system.is_empty() || f.system == system))
+    }
+
+    /// All formats.
+    pub fn formats(&self) -> &[EventFormat] {
+        &self.formats
+    }
+}
+
+/// Offset and size of an integer field (size 0: the kernel lacks it; reads give 0).
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    offset: usize,
+    size: usize,
+}
+
+impl Slot {
+    fn of(format: &EventFormat, name: &str) -> Slot {
+        format.field(name).map_or(Slot::default(), |f| Slot {
+            offset: f.offset,
+            size: f.size,
+        })
+    }
+
+    fn read(self, data: &[u8]) -> u64 {
+        match data.get(self.offset..self.offset + self.size) {
+            Some(b) if self.size == 8 => u64::from_le_bytes(b.try_into().expect("8")),
+            Some(b) if self.size == 4 => u64::from(u32::from_le_bytes(b.try_into().expect("4"))),
+            Some(b) if self.size == 2 => u64::from(u16::from_le_bytes(b.try_into().expect("2"))),
+            Some(b) if self.size == 1 => u64::from(b[0]),
+            _ => 0,
+        }
+    }
+
+    fn bytes(self, data: &[u8]) -> &[u8] {
+        data.get(self.offset..self.offset + self.size)
+            .unwrap_or(&[])
+    }
+}
+
+/// Per event id: how to build its [`EventKind`].
+#[derive(Debug, Clone, Copy)]
+enum Typed {
+    KvmExit {
+        reason: Slot,
+        isa: Slot,
+        rip: Slot,
+        vcpu: Slot,
+        info1: Slot,
+        info2: Slot,
+    },
+    KvmEntry {
+        vcpu: Slot,
+        rip: Slot,
+    },
+    KvmUserspaceExit {
+        reason: Slot,
+        errno: Slot,
+    },
+    KvmPio {
+        rw: Slot,
+        port: Slot,
+        size: Slot,
+        count: Slot,
+    },
+    KvmMmio {
+        kind: Slot,
+        len: Slot,
+        gpa: Slot,
+    },
+    KvmEmulateInsn {
+        rip: Slot,
+        failed: Slot,
+    },
+    KvmFpu {
+        load: Slot,
+    },
+    SchedSwitch {
+        prev_pid: Slot,
+        prev_state: Slot,
+        prev_comm: Slot,
+        next_pid: Slot,
+        next_comm: Slot,
+    },
+    SchedWakeup {
+        pid: Slot,
+        target_cpu: Slot,
+    },
+    SchedMigrate {
+        pid: Slot,
+        orig: Slot,
+        dest: Slot,
+    },
+    IrqEntry {
+        irq: Slot,
+    },
+    IrqExit {
+        irq: Slot,
+    },
+    Softirq {
+        vec: Slot,
+        phase: SoftirqPhase,
+    },
+    Vector {
+        vector: Slot,
+        entry: bool,
+        id: u16,
+    },
+    Other {
+        id: u16,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum SoftirqPhase {
+    Entry,
+    Exit,
+    Raise,
+}
+
+impl Typed {
+    fn for_format(f: &EventFormat) -> Typed {
+        let s = |name| Slot::of(f, name);
+        match (f.system.as_str(), f.name.as_str()) {
+            ("kvm", "kvm_exit") => Typed::KvmExit {
+                reason: s("exit_reason"),
+                isa: s("isa"),
+                rip: s("guest_rip"),
+                vcpu: s("vcpu_id"),
+                info1: s("info1"),
+                info2: s("info2"),
+            },
+            ("kvm", "kvm_entry") => Typed::KvmEntry {
+                vcpu: s("vcpu_id"),
+                rip: s("rip"),
+            },
+            ("kvm", "kvm_userspace_exit") => Typed::KvmUserspaceExit {
+                reason: s("reason"),
+                errno: s("errno"),
+            },
+            ("kvm", "kvm_pio") => Typed::KvmPio {
+                rw: s("rw"),
+                port: s("port"),
+                size: s("size"),
+                count: s("count"),
+            },
+            ("kvm", "kvm_mmio") => Typed::KvmMmio {
+                kind: s("type"),
+                len: s("len"),
+                gpa: s("gpa"),
+            },
+            ("kvm", "kvm_emulate_insn") => Typed::KvmEmulateInsn {
+                rip: s("rip"),
+                failed: s("failed"),
+            },
+            ("kvm", "kvm_fpu") => Typed::KvmFpu { load: s("load") },
+            ("sched", "sched_switch") => Typed::SchedSwitch {
+                prev_pid: s("prev_pid"),
+                prev_state: s("prev_state"),
+                prev_comm: s("prev_comm"),
+                next_pid: s("next_pid"),
+                next_comm: s("next_comm"),
+            },
+            ("sched", "sched_wakeup" | "sched_wakeup_new") => Typed::SchedWakeup {
+                pid: s("pid"),
+                target_cpu: s("target_cpu"),
+            },
+            ("sched", "sched_migrate_task") => Typed::SchedMigrate {
+                pid: s("pid"),
+                orig: s("orig_cpu"),
+                dest: s("dest_cpu"),
+            },
+            ("irq", "irq_handler_entry") => Typed::IrqEntry { irq: s("irq") },
+            ("irq", "irq_handler_exit") => Typed::IrqExit { irq: s("irq") },
+            ("irq", "softirq_entry") => Typed::Softirq {
+                vec: s("vec"),
+                phase: SoftirqPhase::Entry,
+            },
+            ("irq", "softirq_exit") => Typed::Softirq {
+                vec: s("vec"),
+                phase: SoftirqPhase::Exit,
+            },
+            ("irq", "softirq_raise") => Typed::Softirq {
+                vec: s("vec"),
+                phase: SoftirqPhase::Raise,
+            },
+            ("irq_vectors", name) if name.ends_with("_entry") => Typed::Vector {
+                vector: s("vector"),
+                entry: true,
+                id: f.id,
+            },
+            ("irq_vectors", name) if name.ends_with("_exit") => Typed::Vector {
+                vector: s("vector"),
+                entry: false,
+                id: f.id,
+            },
+            _ => Typed::Other { id: f.id },
+        }
+    }
+}
+
+/// A record the decoder could not use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Shorter than the common header.
+    #[error("record of {0} bytes is too short for the common fields")]
+    Short(usize),
+}
+
+/// Interned task names.
+#[derive(Debug, Default)]
+pub struct StringTable {
+    ids: HashMap<Vec<u8>, StrId>,
+    names: Vec<String>,
+}
+
+impl StringTable {
+    /// The id of `bytes` (a NUL-padded C string), interning it on first sight.
+    pub fn intern(&mut self, bytes: &[u8]) -> StrId {
+        let bytes = &bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())];
+        if let Some(&id) = self.ids.get(bytes) {
+            return id;
+        }
+        let id = StrId(u32::try_from(self.names.len()).expect("fewer than 4 billion task names"));
+        self.names.push(String::from_utf8_lossy(bytes).into_owned());
+        self.ids.insert(bytes.to_vec(), id);
+        id
+    }
+
+    /// The string of an id.
+    pub fn resolve(&self, id: StrId) -> &str {
+        self.names.get(id.0 as usize).map_or("?", String::as_str)
+    }
+}
+
+/// Decodes records of one layout into typed events.
+#[derive(Debug)]
+pub struct Decoder {
+    layout: Layout,
+    typed: Vec<Typed>,
+    common_pid: Slot,
+    /// Task names seen in the events.
+    pub strings: StringTable,
+}
+
+impl Decoder {
+    /// Precompute the field offsets of every event in `layout`.
+    pub fn new(layout: Layout) -> Self {
+        let max_id = layout.formats().iter().map(|f| f.id).max().unwrap_or(0);
+        let mut typed: Vec<Typed> = (0..=max_id)
+            .map(|id| Typed::Other { id: id as u16 })
+            .collect();
+        for f in layout.formats() {
+            typed[f.id as usize] = Typed::for_format(f);
+        }
+        let common_pid = layout
+            .formats()
+            .first()
+            .map_or(Slot { offset: 4, size: 4 }, |f| Slot::of(f, "common_pid"));
+        Decoder {
+            layout,
+            typed,
+            common_pid,
+            strings: StringTable::default(),
+        }
+    }
+
+    /// The layout decoded.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Decode one record seen on `cpu`.
+    // Each field is read at its declared width and stored in the model's type for it, so the
+    // narrowing casts below keep every value the kernel can write.
+    #[allow(clippy::cast_possible_truncation)]
+    pub fn decode(&mut self, cpu: u32, rec: &RawRecord<'_>) -> Result<Event, DecodeError> {
+        let d = rec.data;
+        if d.len() < 8 {
+            return Err(DecodeError::Short(d.len()));
+        }
+        let id = u16::from_le_bytes([d[0], d[1]]);
+        let tid = self.common_pid.read(d) as u32;
+        let kind = match self
+            .typed
+            .get(id as usize)
+            .copied()
+            .unwrap_or(Typed::Other { id })
+        {
+            Typed::KvmExit {
+                reason,
+                isa,
+                rip,
+                vcpu,
+                info1,
+                info2,
+            } => EventKind::KvmExit {
+                reason: reason.read(d) as u32,
+                isa: isa.read(d) as u32,
+                guest_rip: rip.read(d),
+                vcpu_id: vcpu.read(d) as u32,
+                info1: info1.read(d),
+                info2: info2.read(d),
+            },
+            Typed::KvmEntry { vcpu, rip } => EventKind::KvmEntry {
+                vcpu_id: vcpu.read(d) as u32,
+                rip: rip.read(d),
+            },
+            Typed::KvmUserspaceExit { reason, errno } => EventKind::KvmUserspaceExit {
+                reason: reason.read(d) as u32,
+                errno: errno.read(d) as u32 as i32,
+            },
+            Typed::KvmPio {
+                rw,
+                port,
+                size,
+                count,
+            } => EventKind::KvmPio {
+                write: rw.read(d) != 0,
+                port: port.read(d) as u16,
+                size: size.read(d) as u8,
+                count: count.read(d) as u32,
+            },
+            Typed::KvmMmio { kind, len, gpa } => EventKind::KvmMmio {
+                kind: kind.read(d) as u8,
+                len: len.read(d) as u8,
+                gpa: gpa.read(d),
+            },
+            Typed::KvmEmulateInsn { rip, failed } => EventKind::KvmEmulateInsn {
+                rip: rip.read(d),
+                failed: failed.read(d) != 0,
+            },
+            Typed::KvmFpu { load } => EventKind::KvmFpu {
+                load: load.read(d) != 0,
+            },
+            Typed::SchedSwitch {
+                prev_pid,
+                prev_state,
+                prev_comm,
+                next_pid,
+                next_comm,
+            } => EventKind::SchedSwitch {
+                prev_tid: prev_pid.read(d) as u32,
+                prev_state: prev_state.read(d),
+                prev_comm: self.strings.intern(prev_comm.bytes(d)),
+                next_tid: next_pid.read(d) as u32,
+                next_comm: self.strings.intern(next_comm.bytes(d)),
+            },
+            Typed::SchedWakeup { pid, target_cpu } => EventKind::SchedWakeup {
+                tid: pid.read(d) as u32,
+                target_cpu: target_cpu.read(d) as u32,
+            },
+            Typed::SchedMigrate { pid, orig, dest } => EventKind::SchedMigrate {
+                tid: pid.read(d) as u32,
+                orig_cpu: orig.read(d) as u32,
+                dest_cpu: dest.read(d) as u32,
+            },
+            Typed::IrqEntry { irq } => EventKind::IrqEntry {
+                irq: irq.read(d) as u32,
+            },
+            Typed::IrqExit { irq } => EventKind::IrqExit {
+                irq: irq.read(d) as u32,
+            },
+            Typed::Softirq { vec, phase } => {
+                let vec = vec.read(d) as u32;
+                match phase {
+                    SoftirqPhase::Entry => EventKind::SoftirqEntry { vec },
+                    SoftirqPhase::Exit => EventKind::SoftirqExit { vec },
+                    SoftirqPhase::Raise => EventKind::SoftirqRaise { vec },
+                }
+            }
+            Typed::Vector {
+                vector,
+                entry: true,
+                id,
+            } => EventKind::IrqVectorEntry {
+                vector: vector.read(d) as u32,
+                event: id,
+            },
+            Typed::Vector {
+                vector,
+                entry: false,
+                id,
+            } => EventKind::IrqVectorExit {
+                vector: vector.read(d) as u32,
+                event: id,
+            },
+            Typed::Other { id } => EventKind::Other { event: id },
+        };
+        Ok(Event {
+            ts: rec.ts,
+            cpu,
+            tid,
+            kind,
+        })
+    }
+
+    /// The kernel's name for a `kvm_exit` reason, from the recorded print fmt's tables.
+    pub fn exit_reason_name(&self, reason: u32, isa: u32) -> Option<&str> {
+        let format = self.layout.format_by_name("kvm", "kvm_exit")?;
+        format.tables_for("exit_reason").find_map(|t| {
+            let applies = match &t.condition {
+                Condition::Always => true,
+                Condition::FieldEq(f, v) => f == "isa" && i64::from(isa) == *v,
+                Condition::FieldNe(f, v) => f == "isa" && i64::from(isa) != *v,
+            };
+            if applies {
+                t.lookup(u64::from(reason))
+            } else {
+                None
+            }
+        })
+    }
+}
+
+/// A field's value, generically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldValue<'a> {
+    /// Signed integer.
+    Signed(i64),
+    /// Unsigned integer.
+    Unsigned(u64),
+    /// A C string (char array or `__data_loc char[]`), up to its NUL.
+    Str(&'a [u8]),
+    /// Any other array.
+    Bytes(&'a [u8]),
+}
+
+/// Read `field` out of a record's bytes.
+pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
+    let slot = Slot {
+        offset: field.offset,
+        size: field.size,
+    };
+    let c_string = |b: &'a [u8]| &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())];
+    match field.kind {
+        FieldKind::Int => {
+            let raw = slot.read(data);
+            if field.signed {
+                let bits = 8 * field.size.clamp(1, 8);
+                let shift = 64 - u32::try_from(bits).expect("at most 64");
+                FieldValue::Signed(((raw << shift) as i64) >> shift)
+            } else {
+                FieldValue::Unsigned(raw)
+            }
+        }
+        FieldKind::Array { is_char: true, .. } => FieldValue::Str(c_string(slot.bytes(data))),
+        FieldKind::Array { is_char: false, .. } => FieldValue::Bytes(slot.bytes(data)),
+        FieldKind::DataLoc { is_char } | FieldKind::RelLoc { is_char } => {
+            let loc = Slot {
+                offset: field.offset,
+                size: 4,
+            }
+            .read(data);
+            let mut start = (loc & 0xffff) as usize;
+            if matches!(field.kind, FieldKind::RelLoc { .. }) {
+                start += field.offset + 4;
+            }
+            let bytes = data.get(start..start + (loc >> 16) as usize).unwrap_or(&[]);
+            if is_char {
+                FieldValue::Str(c_string(bytes))
+            } else {
+                FieldValue::Bytes(bytes)
+            }
+        }
+    }
+}
