@@ -288,9 +288,7 @@ impl Decoder {
     /// Precompute the field offsets of every event in `layout`.
     pub fn new(layout: Layout) -> Self {
         let max_id = layout.formats().iter().map(|f| f.id).max().unwrap_or(0);
-        let mut typed: Vec<Typed> = (0..=max_id)
-            .map(|id| Typed::Other { id: id as u16 })
-            .collect();
+        let mut typed: Vec<Typed> = (0..=max_id).map(|id| Typed::Other { id }).collect();
         for f in layout.formats() {
             typed[f.id as usize] = Typed::for_format(f);
         }
