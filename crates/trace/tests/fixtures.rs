@@ -33,7 +33,7 @@ struct Flat {
 
 /// Decode every CPU's pages into flat events (per CPU, in ring-buffer order).
 fn decode_flat(run: &str) -> (Dump, Vec<Flat>) {
-    let mut dump = Dump::open(&fixture(run).join("tracefs")).unwrap();
+    let dump = Dump::open(&fixture(run).join("tracefs")).unwrap();
     let mut flat = Vec::new();
     for cpu in dump.cpus.clone() {
         let layout = dump.decoder.layout().clone();
