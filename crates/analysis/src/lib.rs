@@ -1,5 +1,22 @@
 //! virtprof's analyzers: pure functions from the event stream to tables. They never touch the
 //! system (no clocks, files or threads), so every analyzer runs identically live, on a
-//! recording, or in a test. The first analyzer (exits) arrives with the trace pipeline; the
-//! test bed's ground truth (`virtprof_model::testvm`) is what they are checked against.
+//! recording, or in a test. Names (exit reasons, task names) come through [`Names`], which the
+//! caller implements over its decoder.
 #![deny(missing_docs)]
+
+pub mod exits;
+pub mod hist;
+
+use virtprof_model::StrId;
+
+/// How analyzers turn raw codes into the names the recorded kernel uses.
+pub trait Names {
+    /// Name of a `kvm_exit` reason (`npf`, `EPT_VIOLATION`, ...).
+    fn exit_reason(&self, reason: u32, isa: u32) -> String;
+    /// Name of a `kvm_userspace_exit` reason (`KVM_EXIT_IO`, ...).
+    fn userspace_reason(&self, reason: u32) -> String;
+    /// Name of an event id (`kvm_cpuid`).
+    fn event(&self, id: u16) -> String;
+    /// A task name.
+    fn task(&self, id: StrId) -> String;
+}

@@ -1,0 +1,674 @@
+//! Exit analysis: which VM exits happen, how long each takes, and why.
+//!
+//! Two paths, chosen by what the host emitted:
+//! - **kvm_exit / kvm_entry** (VMX, SVM): each exit is paired with the next entry on the same
+//!   thread. It is heavyweight if a `kvm_userspace_exit` lies between (the VMM handled it).
+//!   Its duration splits into VMM time (userspace exit → next `kvm_fpu` load, else entry),
+//!   time preempted (switched out runnable), time blocked (switched out sleeping) and
+//!   hypervisor overhead (the rest). IRQs, softirqs and threads that ran on the exit's CPU
+//!   meanwhile are counted (seed 004's `vm_noise`).
+//! - **userspace round trips** (hosts without kvm_exit, e.g. PVM): each `kvm_userspace_exit`
+//!   up to the next `kvm_fpu` load (or entry) on the thread is one heavyweight exit with a
+//!   duration. Lightweight work is counted from the evidence events (`kvm_pio`, `kvm_mmio`,
+//!   other kvm events) that no userspace exit followed; its durations are unavailable.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+use virtprof_model::{Event, EventKind, StrId};
+
+use crate::hist::Histogram;
+use crate::Names;
+
+/// What to keep besides the per-reason tables.
+#[derive(Debug, Clone, Default)]
+pub struct ExitOptions {
+    /// Keep per-exit rows (`--noise`).
+    pub rows: bool,
+    /// Keep only rows of exits longer than this (`--threshold-us`).
+    pub min_row_ns: u64,
+    /// Only these threads (vCPU threads of the selected VMs/vCPUs); empty = all.
+    pub tids: Vec<u32>,
+}
+
+/// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Key {
+    /// A `kvm_exit` reason.
+    Exit { reason: u32, isa: u32 },
+    /// A `kvm_userspace_exit` reason (round-trip path).
+    Userspace { reason: u32 },
+    /// Lightweight evidence without a duration.
+    Evidence(Evidence),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Evidence {
+    Pio,
+    Mmio,
+    Event(u16),
+}
+
+/// One exit being timed.
+#[derive(Debug, Clone)]
+struct InFlight {
+    start: u64,
+    cpu: u32,
+    key: Key,
+    userspace_at: Option<u64>,
+    heavy: bool,
+    vmm_ns: u64,
+    preempted_ns: u64,
+    blocked_ns: u64,
+    irqs_at_start: u64,
+    softirqs_at_start: u64,
+    threads: Vec<StrId>,
+}
+
+#[derive(Debug, Default)]
+struct Thread {
+    exit: Option<InFlight>,
+    /// Switched out at (ts, blocked?) while an exit was in flight.
+    off_cpu: Option<(u64, bool)>,
+    /// The last evidence event not yet known to be light or heavy.
+    pending: Option<Evidence>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Stats {
+    hist: Histogram,
+    light: u64,
+    heavy: u64,
+    descheduled: u64,
+    preempted_ns: u64,
+    blocked_ns: u64,
+    vmm_ns: u64,
+    evidence_only: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct CpuCounters {
+    irqs: u64,
+    softirqs: u64,
+    /// The vCPU thread switched out of this CPU during an exit, whose interference we collect.
+    watching: Option<u32>,
+}
+
+/// One per-exit row (`vm_noise`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ExitRow {
+    /// vCPU thread.
+    pub tid: u32,
+    /// Reason name.
+    pub reason: String,
+    /// CPU where the exit happened.
+    pub exit_cpu: u32,
+    /// Timestamp of the exit.
+    pub exit_ts: u64,
+    /// CPU of the next entry.
+    pub entry_cpu: u32,
+    /// Exit to entry.
+    pub duration_ns: u64,
+    /// The VMM handled it.
+    pub heavyweight: bool,
+    /// Hypervisor overhead: duration minus VMM, preempted and blocked time.
+    pub overhead_ns: u64,
+    /// In the VMM (userspace).
+    pub vmm_ns: u64,
+    /// Switched out, runnable.
+    pub preempted_ns: u64,
+    /// Switched out, sleeping.
+    pub blocked_ns: u64,
+    /// IRQs on the exit CPU meanwhile.
+    pub irqs: u64,
+    /// Softirqs on the exit CPU meanwhile.
+    pub softirqs: u64,
+    /// Threads that ran on the exit CPU while the vCPU was off it.
+    pub threads: Vec<String>,
+}
+
+/// Totals (`totals` in the JSON).
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct Totals {
+    /// Exits with a duration plus lightweight evidence events.
+    pub exits: u64,
+    /// Exits handled in the kernel.
+    pub lightweight: u64,
+    /// Exits handled by the VMM.
+    pub heavyweight: u64,
+    /// Events the kernel dropped (a recording's loss).
+    pub lost_events: u64,
+    /// Exits whose end or start was never seen (trace edges, losses).
+    pub incomplete: u64,
+}
+
+/// One reason's row (`by_reason[]`). Duration fields are None where the host emits no timing.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReasonRow {
+    /// The kernel's name for the reason.
+    pub reason: String,
+    /// Number of exits.
+    pub count: u64,
+    /// Handled in the kernel.
+    pub lightweight: u64,
+    /// Handled by the VMM.
+    pub heavyweight: u64,
+    /// Exits that were switched out at least once.
+    pub descheduled: u64,
+    /// Share of all exits, percent.
+    pub count_pct: f64,
+    /// Share of all exit time, percent.
+    pub time_pct: Option<f64>,
+    /// Sum of durations.
+    pub total_ns: Option<u64>,
+    /// Shortest.
+    pub min_ns: Option<u64>,
+    /// Mean.
+    pub avg_ns: Option<u64>,
+    /// Median.
+    pub p50_ns: Option<u64>,
+    /// 99th percentile.
+    pub p99_ns: Option<u64>,
+    /// Longest.
+    pub max_ns: Option<u64>,
+    /// Sum of VMM time.
+    pub vmm_ns: Option<u64>,
+    /// Sum of time preempted.
+    pub preempted_ns: Option<u64>,
+    /// Sum of time blocked.
+    pub blocked_ns: Option<u64>,
+}
+
+/// One vCPU thread's totals (`by_vcpu[]`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct VcpuRow {
+    /// vCPU thread.
+    pub tid: u32,
+    /// Exits.
+    pub exits: u64,
+    /// Handled in the kernel.
+    pub lightweight: u64,
+    /// Handled by the VMM.
+    pub heavyweight: u64,
+    /// Time in timed exits.
+    pub total_ns: u64,
+}
+
+/// Which path produced the figures and what is missing (`source`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Source {
+    /// `kvm_exit` or `userspace_round_trips`.
+    pub path: String,
+    /// Events seen, by name, with counts.
+    pub events: BTreeMap<String, u64>,
+    /// Figures this trace cannot give, and why.
+    pub unavailable: Vec<String>,
+}
+
+/// The analysis result.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ExitReport {
+    /// What the host emitted and which path was used.
+    pub source: Source,
+    /// Totals.
+    pub totals: Totals,
+    /// Per reason, most frequent first.
+    pub by_reason: Vec<ReasonRow>,
+    /// Per vCPU thread.
+    pub by_vcpu: Vec<VcpuRow>,
+    /// Per-exit rows, when asked for.
+    pub rows: Vec<ExitRow>,
+}
+
+/// Push-fed exit analyzer.
+#[derive(Debug, Default)]
+pub struct ExitAnalyzer {
+    options: ExitOptions,
+    threads: HashMap<u32, Thread>,
+    cpus: Vec<CpuCounters>,
+    stats: HashMap<Key, Stats>,
+    per_vcpu: BTreeMap<u32, (u64, u64, u64)>,
+    rows: Vec<(Key, RowDraft)>,
+    event_counts: HashMap<EventTag, u64>,
+    saw_kvm_exit: bool,
+    lost: u64,
+    incomplete: u64,
+}
+
+#[derive(Debug, Clone)]
+struct RowDraft {
+    tid: u32,
+    exit: InFlight,
+    entry_cpu: u32,
+    duration: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum EventTag {
+    Named(&'static str),
+    Id(u16),
+}
+
+impl ExitAnalyzer {
+    /// A new analyzer.
+    pub fn new(options: ExitOptions) -> Self {
+        ExitAnalyzer { options, ..Default::default() }
+    }
+
+    fn wanted(&self, tid: u32) -> bool {
+        self.options.tids.is_empty() || self.options.tids.contains(&tid)
+    }
+
+    fn cpu(&mut self, cpu: u32) -> &mut CpuCounters {
+        let i = cpu as usize;
+        if self.cpus.len() <= i {
+            self.cpus.resize(i + 1, CpuCounters::default());
+        }
+        &mut self.cpus[i]
+    }
+
+    fn count(&mut self, tag: EventTag) {
+        *self.event_counts.entry(tag).or_insert(0) += 1;
+    }
+
+    /// Feed one event (events must arrive in timestamp order).
+    pub fn on_event(&mut self, e: &Event) {
+        match e.kind {
+            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => self.cpu(e.cpu).irqs += 1,
+            EventKind::SoftirqEntry { .. } => self.cpu(e.cpu).softirqs += 1,
+            EventKind::SchedSwitch { prev_tid, prev_state, next_tid, next_comm, .. } => {
+                self.on_switch(e, prev_tid, prev_state, next_tid, next_comm)
+            }
+            EventKind::Lost { count } => {
+                self.lost += count.unwrap_or(0);
+                // Pairing across a gap would invent durations: drop what was in flight there.
+                for t in self.threads.values_mut() {
+                    if t.exit.as_ref().is_some_and(|x| x.cpu == e.cpu) {
+                        t.exit = None;
+                        self.incomplete += 1;
+                    }
+                }
+            }
+            _ if !self.wanted(e.tid) => {}
+            EventKind::KvmExit { reason, isa, .. } => {
+                self.count(EventTag::Named("kvm_exit"));
+                self.saw_kvm_exit = true;
+                let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
+                let thread = self.threads.entry(e.tid).or_default();
+                if thread.exit.is_some() {
+                    self.incomplete += 1;
+                }
+                thread.pending = None;
+                thread.exit = Some(InFlight {
+                    start: e.ts,
+                    cpu: e.cpu,
+                    key: Key::Exit { reason, isa },
+                    userspace_at: None,
+                    heavy: false,
+                    vmm_ns: 0,
+                    preempted_ns: 0,
+                    blocked_ns: 0,
+                    irqs_at_start: irqs,
+                    softirqs_at_start: softirqs,
+                    threads: Vec::new(),
+                });
+            }
+            EventKind::KvmUserspaceExit { reason, .. } => {
+                self.count(EventTag::Named("kvm_userspace_exit"));
+                let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
+                let saw_kvm_exit = self.saw_kvm_exit;
+                let thread = self.threads.entry(e.tid).or_default();
+                // The evidence right before a userspace exit is what the VMM handles.
+                thread.pending = None;
+                match &mut thread.exit {
+                    Some(x) => {
+                        x.heavy = true;
+                        x.userspace_at = Some(e.ts);
+                    }
+                    None if !saw_kvm_exit => {
+                        thread.exit = Some(InFlight {
+                            start: e.ts,
+                            cpu: e.cpu,
+                            key: Key::Userspace { reason },
+                            userspace_at: Some(e.ts),
+                            heavy: true,
+                            vmm_ns: 0,
+                            preempted_ns: 0,
+                            blocked_ns: 0,
+                            irqs_at_start: irqs,
+                            softirqs_at_start: softirqs,
+                            threads: Vec::new(),
+                        });
+                    }
+                    None => {}
+                }
+            }
+            EventKind::KvmFpu { load } => {
+                self.count(EventTag::Named("kvm_fpu"));
+                if load {
+                    self.vmm_done(e);
+                    let round_trip = self.threads.get(&e.tid).is_some_and(|t| matches!(t.exit, Some(InFlight { key: Key::Userspace { .. }, .. })));
+                    if round_trip {
+                        self.finish_exit(e);
+                    }
+                }
+            }
+            EventKind::KvmEntry { .. } => {
+                self.count(EventTag::Named("kvm_entry"));
+                self.vmm_done(e);
+                self.settle_pending(e.tid);
+                self.finish_exit(e);
+            }
+            EventKind::KvmPio { .. } => {
+                self.count(EventTag::Named("kvm_pio"));
+                self.evidence(e.tid, Evidence::Pio);
+            }
+            EventKind::KvmMmio { .. } => {
+                self.count(EventTag::Named("kvm_mmio"));
+                self.evidence(e.tid, Evidence::Mmio);
+            }
+            EventKind::KvmEmulateInsn { .. } => self.count(EventTag::Named("kvm_emulate_insn")),
+            EventKind::Other { event } => {
+                // Other events on a thread that runs KVM are evidence (kvm_cpuid, kvm_msr...).
+                if self.threads.contains_key(&e.tid) {
+                    self.count(EventTag::Id(event));
+                    self.evidence(e.tid, Evidence::Event(event));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Evidence of KVM work on a thread: the previous pending one, not followed by a userspace
+    /// exit, was lightweight.
+    fn evidence(&mut self, tid: u32, what: Evidence) {
+        self.settle_pending(tid);
+        self.threads.entry(tid).or_default().pending = Some(what);
+    }
+
+    fn settle_pending(&mut self, tid: u32) {
+        if let Some(what) = self.threads.get_mut(&tid).and_then(|t| t.pending.take()) {
+            if !self.saw_kvm_exit {
+                let s = self.stats.entry(Key::Evidence(what)).or_default();
+                s.light += 1;
+                s.evidence_only += 1;
+                self.per_vcpu.entry(tid).or_default().0 += 1;
+            }
+        }
+    }
+
+    fn vmm_done(&mut self, e: &Event) {
+        if let Some(x) = self.threads.get_mut(&e.tid).and_then(|t| t.exit.as_mut()) {
+            if let Some(at) = x.userspace_at.take() {
+                x.vmm_ns += e.ts.saturating_sub(at);
+            }
+        }
+    }
+
+    fn on_switch(&mut self, e: &Event, prev: u32, prev_state: u64, next: u32, next_comm: StrId) {
+        if let Some(t) = self.threads.get_mut(&prev).filter(|t| t.exit.is_some()) {
+            // Low byte 0 is TASK_RUNNING (0x100 marks preemption on newer kernels): runnable.
+            let blocked = prev_state & 0xff != 0;
+            t.off_cpu = Some((e.ts, blocked));
+            self.cpu(e.cpu).watching = Some(prev);
+        }
+        let watching = self.cpus.get(e.cpu as usize).and_then(|c| c.watching);
+        if let Some(w) = watching.filter(|&w| w != next) {
+            if let Some(x) = self.threads.get_mut(&w).and_then(|t| t.exit.as_mut()) {
+                if x.threads.len() < 4 && !x.threads.contains(&next_comm) && next != 0 {
+                    x.threads.push(next_comm);
+                }
+            }
+        }
+        if let Some(t) = self.threads.get_mut(&next) {
+            if let Some((since, blocked)) = t.off_cpu.take() {
+                if let Some(x) = t.exit.as_mut() {
+                    let gap = e.ts.saturating_sub(since);
+                    if blocked {
+                        x.blocked_ns += gap;
+                    } else {
+                        x.preempted_ns += gap;
+                    }
+                }
+            }
+            for c in &mut self.cpus {
+                if c.watching == Some(next) {
+                    c.watching = None;
+                }
+            }
+        }
+    }
+
+    fn finish_exit(&mut self, e: &Event) {
+        let Some(x) = self.threads.get_mut(&e.tid).and_then(|t| t.exit.take()) else { return };
+        let duration = e.ts.saturating_sub(x.start);
+        let s = self.stats.entry(x.key).or_default();
+        s.hist.record(duration);
+        if x.heavy {
+            s.heavy += 1;
+        } else {
+            s.light += 1;
+        }
+        if x.preempted_ns + x.blocked_ns > 0 {
+            s.descheduled += 1;
+        }
+        s.preempted_ns += x.preempted_ns;
+        s.blocked_ns += x.blocked_ns;
+        s.vmm_ns += x.vmm_ns;
+        let v = self.per_vcpu.entry(e.tid).or_default();
+        if x.heavy {
+            v.1 += 1;
+        } else {
+            v.0 += 1;
+        }
+        v.2 += duration;
+        if self.options.rows && duration >= self.options.min_row_ns {
+            self.rows.push((x.key, RowDraft { tid: e.tid, exit: x, entry_cpu: e.cpu, duration }));
+        }
+    }
+
+    /// Name everything and build the report.
+    pub fn finish(mut self, names: &dyn Names) -> ExitReport {
+        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        for tid in tids {
+            self.settle_pending(tid);
+        }
+        self.incomplete += self.threads.values().filter(|t| t.exit.is_some()).count() as u64;
+        let name = |k: Key| match k {
+            Key::Exit { reason, isa } => names.exit_reason(reason, isa),
+            Key::Userspace { reason } => names.userspace_reason(reason),
+            Key::Evidence(Evidence::Pio) => "pio (in kernel)".to_string(),
+            Key::Evidence(Evidence::Mmio) => "mmio (in kernel)".to_string(),
+            Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
+        };
+        // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
+        if self.saw_kvm_exit {
+            self.stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
+        }
+        let total_count: u64 = self.stats.values().map(|s| s.light + s.heavy).sum();
+        let total_time: u64 = self.stats.values().map(|s| s.hist.sum()).sum();
+        let mut by_reason: Vec<ReasonRow> = self
+            .stats
+            .iter()
+            .map(|(&k, s)| {
+                let count = s.light + s.heavy;
+                let timed = s.hist.count() > 0;
+                let t = |v: Option<u64>| if timed { v } else { None };
+                ReasonRow {
+                    reason: name(k),
+                    count,
+                    lightweight: s.light,
+                    heavyweight: s.heavy,
+                    descheduled: s.descheduled,
+                    count_pct: pct(count, total_count),
+                    time_pct: timed.then(|| pct(s.hist.sum(), total_time)),
+                    total_ns: t(Some(s.hist.sum())),
+                    min_ns: t(s.hist.min()),
+                    avg_ns: t(s.hist.mean()),
+                    p50_ns: t(s.hist.quantile(0.5)),
+                    p99_ns: t(s.hist.quantile(0.99)),
+                    max_ns: t(s.hist.max()),
+                    vmm_ns: t(Some(s.vmm_ns)),
+                    preempted_ns: t(Some(s.preempted_ns)),
+                    blocked_ns: t(Some(s.blocked_ns)),
+                }
+            })
+            .collect();
+        by_reason.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+        let totals = Totals {
+            exits: total_count,
+            lightweight: self.stats.values().map(|s| s.light).sum(),
+            heavyweight: self.stats.values().map(|s| s.heavy).sum(),
+            lost_events: self.lost,
+            incomplete: self.incomplete,
+        };
+        let by_vcpu = self
+            .per_vcpu
+            .iter()
+            .map(|(&tid, &(light, heavy, total_ns))| VcpuRow { tid, exits: light + heavy, lightweight: light, heavyweight: heavy, total_ns })
+            .collect();
+        let rows = self
+            .rows
+            .into_iter()
+            .map(|(k, r)| {
+                let (irqs, softirqs) = self.cpus.get(r.exit.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
+                let x = &r.exit;
+                ExitRow {
+                    tid: r.tid,
+                    reason: name(k),
+                    exit_cpu: x.cpu,
+                    exit_ts: x.start,
+                    entry_cpu: r.entry_cpu,
+                    duration_ns: r.duration,
+                    heavyweight: x.heavy,
+                    overhead_ns: r.duration.saturating_sub(x.vmm_ns + x.preempted_ns + x.blocked_ns),
+                    vmm_ns: x.vmm_ns,
+                    preempted_ns: x.preempted_ns,
+                    blocked_ns: x.blocked_ns,
+                    irqs: irqs.saturating_sub(x.irqs_at_start).min(u64::from(u32::MAX)),
+                    softirqs: softirqs.saturating_sub(x.softirqs_at_start),
+                    threads: x.threads.iter().map(|&s| names.task(s)).collect(),
+                }
+            })
+            .collect();
+        let events = self
+            .event_counts
+            .iter()
+            .map(|(tag, n)| {
+                let key = match tag {
+                    EventTag::Named(s) => s.to_string(),
+                    EventTag::Id(id) => names.event(*id),
+                };
+                (key, *n)
+            })
+            .collect();
+        let (path, unavailable) = if self.saw_kvm_exit {
+            ("kvm_exit".to_string(), Vec::new())
+        } else {
+            (
+                "userspace_round_trips".to_string(),
+                vec![
+                    "durations of lightweight exits: this host emits no kvm_exit/kvm_entry".to_string(),
+                    "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
+                ],
+            )
+        };
+        ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
+    }
+}
+
+fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (part as f64 * 10_000.0 / whole as f64).round() / 100.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct TestNames;
+    impl Names for TestNames {
+        fn exit_reason(&self, reason: u32, _isa: u32) -> String {
+            format!("r{reason}")
+        }
+        fn userspace_reason(&self, reason: u32) -> String {
+            format!("KVM_EXIT_{reason}")
+        }
+        fn event(&self, id: u16) -> String {
+            format!("ev{id}")
+        }
+        fn task(&self, id: StrId) -> String {
+            format!("task{}", id.0)
+        }
+    }
+
+    fn ev(ts: u64, cpu: u32, tid: u32, kind: EventKind) -> Event {
+        Event { ts, cpu, tid, kind }
+    }
+
+    fn exit(ts: u64, tid: u32, reason: u32) -> Event {
+        ev(ts, 0, tid, EventKind::KvmExit { reason, isa: 2, guest_rip: 0, vcpu_id: 0, info1: 0, info2: 0 })
+    }
+
+    fn entry(ts: u64, tid: u32) -> Event {
+        ev(ts, 0, tid, EventKind::KvmEntry { vcpu_id: 0, rip: 0 })
+    }
+
+    #[test]
+    fn pairs_exits_and_splits_heavyweight_time() {
+        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, ..Default::default() });
+        let events = [
+            exit(100, 7, 1),
+            entry(150, 7),
+            exit(200, 7, 2),
+            ev(210, 0, 7, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
+            ev(260, 0, 7, EventKind::KvmFpu { load: true }),
+            entry(300, 7),
+            exit(400, 7, 1),
+            ev(410, 0, 7, EventKind::SchedSwitch { prev_tid: 7, prev_state: 0, prev_comm: StrId(0), next_tid: 9, next_comm: StrId(5) }),
+            ev(415, 0, 9, EventKind::IrqEntry { irq: 3 }),
+            ev(450, 0, 9, EventKind::SchedSwitch { prev_tid: 9, prev_state: 1, prev_comm: StrId(5), next_tid: 7, next_comm: StrId(0) }),
+            entry(470, 7),
+        ];
+        events.iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&TestNames);
+        assert_eq!(r.source.path, "kvm_exit");
+        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete), (3, 2, 1, 0));
+        let r1 = r.by_reason.iter().find(|x| x.reason == "r1").unwrap();
+        assert_eq!((r1.count, r1.min_ns, r1.max_ns, r1.total_ns, r1.descheduled), (2, Some(50), Some(70), Some(120), 1));
+        assert_eq!(r1.preempted_ns, Some(40));
+        let r2 = r.by_reason.iter().find(|x| x.reason == "r2").unwrap();
+        assert_eq!((r2.heavyweight, r2.vmm_ns, r2.total_ns), (1, Some(50), Some(100)));
+        let preempted = r.rows.iter().find(|x| x.exit_ts == 400).unwrap();
+        assert_eq!((preempted.overhead_ns, preempted.irqs, preempted.threads.clone()), (30, 1, vec!["task5".to_string()]));
+        assert_eq!(r.by_vcpu, vec![VcpuRow { tid: 7, exits: 3, lightweight: 2, heavyweight: 1, total_ns: 220 }]);
+    }
+
+    #[test]
+    fn round_trips_and_evidence_without_kvm_exit() {
+        let mut a = ExitAnalyzer::new(ExitOptions::default());
+        let pio = |ts| ev(ts, 1, 5, EventKind::KvmPio { write: true, port: 0xe0, size: 1, count: 1 });
+        let events = [
+            pio(10), // in kernel: followed by more evidence, no userspace exit
+            pio(20),
+            ev(21, 1, 5, EventKind::KvmFpu { load: false }),
+            ev(22, 1, 5, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
+            ev(90, 1, 5, EventKind::KvmFpu { load: true }),
+            ev(95, 1, 5, EventKind::Other { event: 33 }),
+            ev(99, 1, 5, EventKind::Lost { count: Some(4) }),
+        ];
+        events.iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&TestNames);
+        assert_eq!(r.source.path, "userspace_round_trips");
+        assert!(!r.source.unavailable.is_empty());
+        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (1, 2, 4));
+        let heavy = r.by_reason.iter().find(|x| x.reason == "KVM_EXIT_2").unwrap();
+        assert_eq!((heavy.count, heavy.total_ns, heavy.vmm_ns), (1, Some(68), Some(68)));
+        let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
+        assert_eq!((light.count, light.total_ns), (1, None));
+        assert!(r.by_reason.iter().any(|x| x.reason == "ev33 (in kernel)"));
+    }
+}
