@@ -17,7 +17,13 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram { buckets: vec![0; 64 * SUB], count: 0, sum: 0, min: u64::MAX, max: 0 }
+        Histogram {
+            buckets: vec![0; 64 * SUB],
+            count: 0,
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
     }
 }
 
@@ -73,7 +79,8 @@ impl Histogram {
 
     /// Mean (None when empty).
     pub fn mean(&self) -> Option<u64> {
-        (self.count > 0).then(|| u64::try_from(self.sum / u128::from(self.count)).unwrap_or(u64::MAX))
+        (self.count > 0)
+            .then(|| u64::try_from(self.sum / u128::from(self.count)).unwrap_or(u64::MAX))
     }
 
     /// The `q` quantile (0..=1), the midpoint of its bucket clamped to [min, max].
@@ -124,11 +131,17 @@ mod tests {
         for v in 1..=10_000u64 {
             h.record(v * 100);
         }
-        assert_eq!((h.count(), h.min(), h.max()), (10_000, Some(100), Some(1_000_000)));
+        assert_eq!(
+            (h.count(), h.min(), h.max()),
+            (10_000, Some(100), Some(1_000_000))
+        );
         assert_eq!(h.mean(), Some(500_050));
         for (q, exact) in [(0.5, 500_000.0), (0.99, 990_000.0)] {
             let got = h.quantile(q).unwrap() as f64;
-            assert!((got - exact).abs() / exact < 1.0 / 32.0, "q{q}: {got} vs {exact}");
+            assert!(
+                (got - exact).abs() / exact < 1.0 / 32.0,
+                "q{q}: {got} vs {exact}"
+            );
         }
         assert_eq!(Histogram::default().quantile(0.5), None);
     }

@@ -3,6 +3,7 @@
 //! tests render into a `Vec<u8>`.
 #![deny(missing_docs)]
 
+pub mod recording;
 pub mod table;
 
 pub use table::Table;

@@ -1,0 +1,374 @@
+//! The recording container (`.vprec`), documented in `docs/format.md`.
+//!
+//! A file is the 8-byte magic `VPROFREC`, a u32 version, then chunks. Each chunk is framed as
+//! `kind: u32, length: u64, crc32: u32, payload[length]` (little endian), so a reader can stop
+//! cleanly at the last whole chunk of a file cut short by SIGKILL or a full disk. Chunks:
+//! one [`Metadata`] (JSON) first, any number of per-CPU page batches, and a [`Footer`] (JSON)
+//! with the loss figures last. The container knows bytes and strings only; parsing formats and
+//! pages is the trace crate's job.
+
+use std::io::{self, Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"VPROFREC";
+/// Container version.
+pub const VERSION: u32 = 1;
+const CHUNK_HEADER: usize = 16;
+/// Refuse chunks larger than this (a corrupt length must not make us allocate gigabytes).
+const MAX_CHUNK: u64 = 1 << 30;
+
+/// Chunk kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ChunkKind {
+    /// [`Metadata`] as JSON.
+    Metadata = 1,
+    /// `cpu: u32` then whole raw pages.
+    Pages = 2,
+    /// [`Footer`] as JSON.
+    Footer = 3,
+}
+
+/// One event format as the kernel printed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FormatText {
+    /// Event system.
+    pub system: String,
+    /// The `format` file's text.
+    pub text: String,
+}
+
+/// A process and its threads at recording time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    /// Thread id.
+    pub tid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Thread name.
+    pub comm: String,
+}
+
+/// Everything needed to decode and interpret the pages.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Metadata {
+    /// How the recording was made (`virtprof record`, `import tracefs-dump`, ...).
+    pub origin: String,
+    /// The trace clock of the timestamps (`local`, `mono`, ...).
+    pub trace_clock: String,
+    /// `events/header_page` text.
+    pub header_page: String,
+    /// Formats of the recorded events.
+    pub formats: Vec<FormatText>,
+    /// CPUs recorded.
+    pub cpus: Vec<u32>,
+    /// Host facts (kernel release, host kind, ...).
+    pub host: std::collections::BTreeMap<String, String>,
+    /// Threads known at recording time (vCPU threads among them).
+    pub tasks: Vec<Task>,
+}
+
+/// Per-CPU loss figures and totals, written last.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Footer {
+    /// Per CPU: (cpu, overrun, dropped events) from `per_cpu/cpuN/stats`.
+    pub cpu_loss: Vec<(u32, u64, u64)>,
+    /// Pages written.
+    pub pages: u64,
+    /// Recording length in ns of the trace clock.
+    pub duration_ns: u64,
+}
+
+/// Container errors, with the byte offset.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordingError {
+    /// Not a recording.
+    #[error("not a virtprof recording: bad magic at byte 0 (expected 'VPROFREC'); use `virtprof import` for other formats")]
+    BadMagic,
+    /// A version this build does not read.
+    #[error("recording version {0} is not supported (this virtprof reads version {VERSION})")]
+    Version(u32),
+    /// A chunk failed its checksum.
+    #[error("chunk at byte {offset} is corrupt (checksum mismatch)")]
+    Checksum {
+        /// Offset of the chunk header.
+        offset: u64,
+    },
+    /// A chunk's header makes no sense.
+    #[error("chunk at byte {offset}: {message}")]
+    Malformed {
+        /// Offset of the chunk header.
+        offset: u64,
+        /// What is wrong.
+        message: String,
+    },
+    /// Metadata or footer JSON is invalid.
+    #[error("chunk at byte {offset}: invalid JSON: {source}")]
+    Json {
+        /// Offset of the chunk header.
+        offset: u64,
+        /// Parser error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// I/O.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Writes a recording.
+#[derive(Debug)]
+pub struct Writer<W: Write> {
+    out: W,
+    written: u64,
+}
+
+impl<W: Write> Writer<W> {
+    /// Start a recording with its metadata.
+    pub fn new(mut out: W, metadata: &Metadata) -> io::Result<Self> {
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        let mut w = Writer { out, written: 12 };
+        w.chunk(
+            ChunkKind::Metadata,
+            &[&serde_json::to_vec(metadata).map_err(io::Error::other)?],
+        )?;
+        Ok(w)
+    }
+
+    /// Append whole raw pages of one CPU.
+    pub fn pages(&mut self, cpu: u32, pages: &[u8]) -> io::Result<()> {
+        self.chunk(ChunkKind::Pages, &[&cpu.to_le_bytes(), pages])
+    }
+
+    /// Write the footer and flush.
+    pub fn finish(mut self, footer: &Footer) -> io::Result<W> {
+        self.chunk(
+            ChunkKind::Footer,
+            &[&serde_json::to_vec(footer).map_err(io::Error::other)?],
+        )?;
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    fn chunk(&mut self, kind: ChunkKind, parts: &[&[u8]]) -> io::Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut crc = crc32fast::Hasher::new();
+        parts.iter().for_each(|p| crc.update(p));
+        let mut header = [0u8; CHUNK_HEADER];
+        header[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
+        header[4..12].copy_from_slice(&(len as u64).to_le_bytes());
+        header[12..16].copy_from_slice(&crc.finalize().to_le_bytes());
+        self.out.write_all(&header)?;
+        for p in parts {
+            self.out.write_all(p)?;
+        }
+        // Flushed per chunk so a killed recorder leaves every chunk it wrote readable.
+        self.out.flush()?;
+        self.written += (CHUNK_HEADER + len) as u64;
+        Ok(())
+    }
+}
+
+/// One chunk read back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Chunk {
+    /// The metadata.
+    Metadata(Box<Metadata>),
+    /// Raw pages of one CPU.
+    Pages {
+        /// CPU.
+        cpu: u32,
+        /// Whole pages.
+        data: Vec<u8>,
+    },
+    /// The footer.
+    Footer(Footer),
+}
+
+/// Reads a recording chunk by chunk.
+#[derive(Debug)]
+pub struct Reader<R: Read> {
+    input: R,
+    offset: u64,
+    /// Set when the file ended inside a chunk: the recording was cut short there.
+    pub truncated_at: Option<u64>,
+}
+
+impl<R: Read> Reader<R> {
+    /// Check the magic and version.
+    pub fn new(mut input: R) -> Result<Self, RecordingError> {
+        let mut head = [0u8; 12];
+        input
+            .read_exact(&mut head)
+            .map_err(|_| RecordingError::BadMagic)?;
+        if &head[..8] != MAGIC {
+            return Err(RecordingError::BadMagic);
+        }
+        let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(RecordingError::Version(version));
+        }
+        Ok(Reader {
+            input,
+            offset: 12,
+            truncated_at: None,
+        })
+    }
+
+    /// Byte offset of the next chunk.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// The next chunk; None at the end, or where the file was cut short (see `truncated_at`).
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk>, RecordingError> {
+        let at = self.offset;
+        let mut header = [0u8; CHUNK_HEADER];
+        match read_full(&mut self.input, &mut header)? {
+            0 => return Ok(None),
+            n if n < CHUNK_HEADER => {
+                self.truncated_at = Some(at);
+                return Ok(None);
+            }
+            _ => {}
+        }
+        let kind = u32::from_le_bytes(header[0..4].try_into().expect("4"));
+        let len = u64::from_le_bytes(header[4..12].try_into().expect("8"));
+        let crc = u32::from_le_bytes(header[12..16].try_into().expect("4"));
+        if len > MAX_CHUNK {
+            return Err(RecordingError::Malformed {
+                offset: at,
+                message: format!("chunk length {len} is implausible"),
+            });
+        }
+        let len = usize::try_from(len).expect("checked against MAX_CHUNK");
+        let mut payload = vec![0u8; len];
+        if read_full(&mut self.input, &mut payload)? < len {
+            self.truncated_at = Some(at);
+            return Ok(None);
+        }
+        if crc32fast::hash(&payload) != crc {
+            return Err(RecordingError::Checksum { offset: at });
+        }
+        self.offset += (CHUNK_HEADER + len) as u64;
+        let json = |source| RecordingError::Json { offset: at, source };
+        Ok(Some(match kind {
+            1 => Chunk::Metadata(Box::new(serde_json::from_slice(&payload).map_err(json)?)),
+            2 => {
+                if payload.len() < 4 {
+                    return Err(RecordingError::Malformed {
+                        offset: at,
+                        message: "page chunk without a CPU number".into(),
+                    });
+                }
+                let cpu = u32::from_le_bytes(payload[0..4].try_into().expect("4"));
+                payload.drain(..4);
+                Chunk::Pages { cpu, data: payload }
+            }
+            3 => Chunk::Footer(serde_json::from_slice(&payload).map_err(json)?),
+            other => {
+                return Err(RecordingError::Malformed {
+                    offset: at,
+                    message: format!("unknown chunk kind {other}"),
+                })
+            }
+        }))
+    }
+}
+
+/// Read until `buf` is full or EOF; returns bytes read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let meta = Metadata {
+            origin: "test".into(),
+            trace_clock: "mono".into(),
+            cpus: vec![0, 1],
+            ..Default::default()
+        };
+        let mut w = Writer::new(Vec::new(), &meta).unwrap();
+        w.pages(0, &[1u8; 4096]).unwrap();
+        w.pages(1, &[2u8; 8192]).unwrap();
+        w.finish(&Footer {
+            pages: 3,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    fn read_all(bytes: &[u8]) -> (Vec<Chunk>, Option<u64>) {
+        let mut r = Reader::new(bytes).unwrap();
+        let mut chunks = Vec::new();
+        while let Some(c) = r.next_chunk().unwrap() {
+            chunks.push(c);
+        }
+        (chunks, r.truncated_at)
+    }
+
+    #[test]
+    fn round_trips() {
+        let (chunks, truncated) = read_all(&sample());
+        assert_eq!(truncated, None);
+        assert_eq!(chunks.len(), 4);
+        assert!(matches!(&chunks[0], Chunk::Metadata(m) if m.cpus == vec![0, 1]));
+        assert!(matches!(&chunks[2], Chunk::Pages { cpu: 1, data } if data.len() == 8192));
+        assert!(matches!(&chunks[3], Chunk::Footer(f) if f.pages == 3));
+    }
+
+    #[test]
+    fn a_cut_file_reads_up_to_its_last_whole_chunk() {
+        let full = sample();
+        let cut = &full[..full.len() - 10]; // inside the footer
+        let (chunks, truncated) = read_all(cut);
+        assert_eq!(chunks.len(), 3);
+        assert!(truncated.is_some());
+    }
+
+    #[test]
+    fn corruption_is_reported_with_its_offset() {
+        let mut bad = sample();
+        bad[200] ^= 0xff; // inside the first page chunk
+        let mut r = Reader::new(bad.as_slice()).unwrap();
+        let mut err = None;
+        while err.is_none() {
+            match r.next_chunk() {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => err = Some(e),
+            }
+        }
+        let msg = err.expect("corruption detected").to_string();
+        assert!(
+            msg.starts_with("chunk at byte ") && msg.contains("checksum"),
+            "{msg}"
+        );
+        assert!(matches!(
+            Reader::new(&b"NOTAREC!...."[..]),
+            Err(RecordingError::BadMagic)
+        ));
+    }
+}
