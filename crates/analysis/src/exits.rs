@@ -241,6 +241,8 @@ struct RowDraft {
     exit: InFlight,
     entry_cpu: u32,
     duration: u64,
+    irqs: u64,
+    softirqs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -252,10 +254,7 @@ enum EventTag {
 impl ExitAnalyzer {
     /// A new analyzer.
     pub fn new(options: ExitOptions) -> Self {
-        ExitAnalyzer {
-            options,
-            ..Default::default()
-        }
+        ExitAnalyzer { options, ..Default::default() }
     }
 
     fn wanted(&self, tid: u32) -> bool {
@@ -277,17 +276,11 @@ impl ExitAnalyzer {
     /// Feed one event (events must arrive in timestamp order).
     pub fn on_event(&mut self, e: &Event) {
         match e.kind {
-            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => {
-                self.cpu(e.cpu).irqs += 1
-            }
+            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => self.cpu(e.cpu).irqs += 1,
             EventKind::SoftirqEntry { .. } => self.cpu(e.cpu).softirqs += 1,
-            EventKind::SchedSwitch {
-                prev_tid,
-                prev_state,
-                next_tid,
-                next_comm,
-                ..
-            } => self.on_switch(e, prev_tid, prev_state, next_tid, next_comm),
+            EventKind::SchedSwitch { prev_tid, prev_state, next_tid, next_comm, .. } => {
+                self.on_switch(e, prev_tid, prev_state, next_tid, next_comm)
+            }
             EventKind::Lost { count } => {
                 self.lost += count.unwrap_or(0);
                 // Pairing across a gap would invent durations: drop what was in flight there.
@@ -302,10 +295,7 @@ impl ExitAnalyzer {
             EventKind::KvmExit { reason, isa, .. } => {
                 self.count(EventTag::Named("kvm_exit"));
                 self.saw_kvm_exit = true;
-                let (irqs, softirqs) = self
-                    .cpus
-                    .get(e.cpu as usize)
-                    .map_or((0, 0), |c| (c.irqs, c.softirqs));
+                let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid).or_default();
                 if thread.exit.is_some() {
                     self.incomplete += 1;
@@ -327,10 +317,7 @@ impl ExitAnalyzer {
             }
             EventKind::KvmUserspaceExit { reason, .. } => {
                 self.count(EventTag::Named("kvm_userspace_exit"));
-                let (irqs, softirqs) = self
-                    .cpus
-                    .get(e.cpu as usize)
-                    .map_or((0, 0), |c| (c.irqs, c.softirqs));
+                let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let saw_kvm_exit = self.saw_kvm_exit;
                 let thread = self.threads.entry(e.tid).or_default();
                 // The evidence right before a userspace exit is what the VMM handles.
@@ -362,15 +349,10 @@ impl ExitAnalyzer {
                 self.count(EventTag::Named("kvm_fpu"));
                 if load {
                     self.vmm_done(e);
-                    let round_trip = self.threads.get(&e.tid).is_some_and(|t| {
-                        matches!(
-                            t.exit,
-                            Some(InFlight {
-                                key: Key::Userspace { .. },
-                                ..
-                            })
-                        )
-                    });
+                    let round_trip = self
+                        .threads
+                        .get(&e.tid)
+                        .is_some_and(|t| matches!(t.exit, Some(InFlight { key: Key::Userspace { .. }, .. })));
                     if round_trip {
                         self.finish_exit(e);
                     }
@@ -391,12 +373,10 @@ impl ExitAnalyzer {
                 self.evidence(e.tid, Evidence::Mmio);
             }
             EventKind::KvmEmulateInsn { .. } => self.count(EventTag::Named("kvm_emulate_insn")),
-            EventKind::Other { event } => {
-                // Other events on a thread that runs KVM are evidence (kvm_cpuid, kvm_msr...).
-                if self.threads.contains_key(&e.tid) {
-                    self.count(EventTag::Id(event));
-                    self.evidence(e.tid, Evidence::Event(event));
-                }
+            // Other events on a thread that runs KVM are evidence (kvm_cpuid, kvm_msr...).
+            EventKind::Other { event } if self.threads.contains_key(&e.tid) => {
+                self.count(EventTag::Id(event));
+                self.evidence(e.tid, Evidence::Event(event));
             }
             _ => {}
         }
@@ -488,15 +468,9 @@ impl ExitAnalyzer {
         }
         v.2 += duration;
         if self.options.rows && duration >= self.options.min_row_ns {
-            self.rows.push((
-                x.key,
-                RowDraft {
-                    tid: e.tid,
-                    exit: x,
-                    entry_cpu: e.cpu,
-                    duration,
-                },
-            ));
+            let (irqs, softirqs) = self.cpus.get(x.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
+            let (irqs, softirqs) = (irqs - x.irqs_at_start, softirqs - x.softirqs_at_start);
+            self.rows.push((x.key, RowDraft { tid: e.tid, exit: x, entry_cpu: e.cpu, duration, irqs, softirqs }));
         }
     }
 
@@ -506,7 +480,19 @@ impl ExitAnalyzer {
         for tid in tids {
             self.settle_pending(tid);
         }
-        self.incomplete += self.threads.values().filter(|t| t.exit.is_some()).count() as u64;
+        // Exits still in flight at the end of the trace (e.g. a final HLT the VMM never
+        // re-entered) count under their reason, without a duration.
+        for t in self.threads.values_mut() {
+            if let Some(x) = t.exit.take() {
+                self.incomplete += 1;
+                let s = self.stats.entry(x.key).or_default();
+                if x.heavy {
+                    s.heavy += 1;
+                } else {
+                    s.light += 1;
+                }
+            }
+        }
         let name = |k: Key| match k {
             Key::Exit { reason, isa } => names.exit_reason(reason, isa),
             Key::Userspace { reason } => names.userspace_reason(reason),
@@ -570,10 +556,6 @@ impl ExitAnalyzer {
             .rows
             .into_iter()
             .map(|(k, r)| {
-                let (irqs, softirqs) = self
-                    .cpus
-                    .get(r.exit.cpu as usize)
-                    .map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let x = &r.exit;
                 ExitRow {
                     tid: r.tid,
@@ -583,16 +565,12 @@ impl ExitAnalyzer {
                     entry_cpu: r.entry_cpu,
                     duration_ns: r.duration,
                     heavyweight: x.heavy,
-                    overhead_ns: r
-                        .duration
-                        .saturating_sub(x.vmm_ns + x.preempted_ns + x.blocked_ns),
+                    overhead_ns: r.duration.saturating_sub(x.vmm_ns + x.preempted_ns + x.blocked_ns),
                     vmm_ns: x.vmm_ns,
                     preempted_ns: x.preempted_ns,
                     blocked_ns: x.blocked_ns,
-                    irqs: irqs
-                        .saturating_sub(x.irqs_at_start)
-                        .min(u64::from(u32::MAX)),
-                    softirqs: softirqs.saturating_sub(x.softirqs_at_start),
+                    irqs: r.irqs,
+                    softirqs: r.softirqs,
                     threads: x.threads.iter().map(|&s| names.task(s)).collect(),
                 }
             })
@@ -619,17 +597,7 @@ impl ExitAnalyzer {
                 ],
             )
         };
-        ExitReport {
-            source: Source {
-                path,
-                events,
-                unavailable,
-            },
-            totals,
-            by_reason,
-            by_vcpu,
-            rows,
-        }
+        ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
     }
 }
 
@@ -666,19 +634,7 @@ mod tests {
     }
 
     fn exit(ts: u64, tid: u32, reason: u32) -> Event {
-        ev(
-            ts,
-            0,
-            tid,
-            EventKind::KvmExit {
-                reason,
-                isa: 2,
-                guest_rip: 0,
-                vcpu_id: 0,
-                info1: 0,
-                info2: 0,
-            },
-        )
+        ev(ts, 0, tid, EventKind::KvmExit { reason, isa: 2, guest_rip: 0, vcpu_id: 0, info1: 0, info2: 0 })
     }
 
     fn entry(ts: u64, tid: u32) -> Event {
@@ -687,23 +643,12 @@ mod tests {
 
     #[test]
     fn pairs_exits_and_splits_heavyweight_time() {
-        let mut a = ExitAnalyzer::new(ExitOptions {
-            rows: true,
-            ..Default::default()
-        });
+        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, ..Default::default() });
         let events = [
             exit(100, 7, 1),
             entry(150, 7),
             exit(200, 7, 2),
-            ev(
-                210,
-                0,
-                7,
-                EventKind::KvmUserspaceExit {
-                    reason: 2,
-                    errno: 0,
-                },
-            ),
+            ev(210, 0, 7, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
             ev(260, 0, 7, EventKind::KvmFpu { load: true }),
             entry(300, 7),
             exit(400, 7, 1),
@@ -737,15 +682,7 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "kvm_exit");
-        assert_eq!(
-            (
-                r.totals.exits,
-                r.totals.lightweight,
-                r.totals.heavyweight,
-                r.totals.incomplete
-            ),
-            (3, 2, 1, 0)
-        );
+        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete), (3, 2, 1, 0));
         let r1 = r.by_reason.iter().find(|x| x.reason == "r1").unwrap();
         assert_eq!(
             (r1.count, r1.min_ns, r1.max_ns, r1.total_ns, r1.descheduled),
@@ -753,60 +690,24 @@ mod tests {
         );
         assert_eq!(r1.preempted_ns, Some(40));
         let r2 = r.by_reason.iter().find(|x| x.reason == "r2").unwrap();
-        assert_eq!(
-            (r2.heavyweight, r2.vmm_ns, r2.total_ns),
-            (1, Some(50), Some(100))
-        );
+        assert_eq!((r2.heavyweight, r2.vmm_ns, r2.total_ns), (1, Some(50), Some(100)));
         let preempted = r.rows.iter().find(|x| x.exit_ts == 400).unwrap();
         assert_eq!(
-            (
-                preempted.overhead_ns,
-                preempted.irqs,
-                preempted.threads.clone()
-            ),
+            (preempted.overhead_ns, preempted.irqs, preempted.threads.clone()),
             (30, 1, vec!["task5".to_string()])
         );
-        assert_eq!(
-            r.by_vcpu,
-            vec![VcpuRow {
-                tid: 7,
-                exits: 3,
-                lightweight: 2,
-                heavyweight: 1,
-                total_ns: 220
-            }]
-        );
+        assert_eq!(r.by_vcpu, vec![VcpuRow { tid: 7, exits: 3, lightweight: 2, heavyweight: 1, total_ns: 220 }]);
     }
 
     #[test]
     fn round_trips_and_evidence_without_kvm_exit() {
         let mut a = ExitAnalyzer::new(ExitOptions::default());
-        let pio = |ts| {
-            ev(
-                ts,
-                1,
-                5,
-                EventKind::KvmPio {
-                    write: true,
-                    port: 0xe0,
-                    size: 1,
-                    count: 1,
-                },
-            )
-        };
+        let pio = |ts| ev(ts, 1, 5, EventKind::KvmPio { write: true, port: 0xe0, size: 1, count: 1 });
         let events = [
             pio(10), // in kernel: followed by more evidence, no userspace exit
             pio(20),
             ev(21, 1, 5, EventKind::KvmFpu { load: false }),
-            ev(
-                22,
-                1,
-                5,
-                EventKind::KvmUserspaceExit {
-                    reason: 2,
-                    errno: 0,
-                },
-            ),
+            ev(22, 1, 5, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
             ev(90, 1, 5, EventKind::KvmFpu { load: true }),
             ev(95, 1, 5, EventKind::Other { event: 33 }),
             ev(99, 1, 5, EventKind::Lost { count: Some(4) }),
@@ -815,28 +716,10 @@ mod tests {
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "userspace_round_trips");
         assert!(!r.source.unavailable.is_empty());
-        assert_eq!(
-            (
-                r.totals.heavyweight,
-                r.totals.lightweight,
-                r.totals.lost_events
-            ),
-            (1, 2, 4)
-        );
-        let heavy = r
-            .by_reason
-            .iter()
-            .find(|x| x.reason == "KVM_EXIT_2")
-            .unwrap();
-        assert_eq!(
-            (heavy.count, heavy.total_ns, heavy.vmm_ns),
-            (1, Some(68), Some(68))
-        );
-        let light = r
-            .by_reason
-            .iter()
-            .find(|x| x.reason == "pio (in kernel)")
-            .unwrap();
+        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (1, 2, 4));
+        let heavy = r.by_reason.iter().find(|x| x.reason == "KVM_EXIT_2").unwrap();
+        assert_eq!((heavy.count, heavy.total_ns, heavy.vmm_ns), (1, Some(68), Some(68)));
+        let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
         assert_eq!((light.count, light.total_ns), (1, None));
         assert!(r.by_reason.iter().any(|x| x.reason == "ev33 (in kernel)"));
     }

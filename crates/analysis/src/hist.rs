@@ -17,16 +17,12 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Self {
-        Histogram {
-            buckets: vec![0; 64 * SUB],
-            count: 0,
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
-        }
+        Histogram { buckets: vec![0; 64 * SUB], count: 0, sum: 0, min: u64::MAX, max: 0 }
     }
 }
 
+// Bucket arithmetic stays below 64 · SUB, so the narrowing casts here are exact.
+#[allow(clippy::cast_possible_truncation)]
 fn bucket_of(v: u64) -> usize {
     if v < SUB as u64 {
         return v as usize;
@@ -37,6 +33,7 @@ fn bucket_of(v: u64) -> usize {
 }
 
 /// The smallest and largest value that land in bucket `b`.
+#[allow(clippy::cast_possible_truncation)]
 fn bucket_range(b: usize) -> (u64, u64) {
     if b < SUB {
         return (b as u64, b as u64);
@@ -79,8 +76,7 @@ impl Histogram {
 
     /// Mean (None when empty).
     pub fn mean(&self) -> Option<u64> {
-        (self.count > 0)
-            .then(|| u64::try_from(self.sum / u128::from(self.count)).unwrap_or(u64::MAX))
+        (self.count > 0).then(|| u64::try_from(self.sum / u128::from(self.count)).unwrap_or(u64::MAX))
     }
 
     /// The `q` quantile (0..=1), the midpoint of its bucket clamped to [min, max].
@@ -88,7 +84,8 @@ impl Histogram {
         if self.count == 0 {
             return None;
         }
-        // Rank of the sample, 1-based: the ceil(q·n)-th smallest.
+        // Rank of the sample, 1-based: the ceil(q·n)-th smallest; q·n lies in [0, count].
+        #[allow(clippy::cast_possible_truncation)]
         let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
         let mut seen = 0u64;
         for (b, &n) in self.buckets.iter().enumerate() {
@@ -131,17 +128,11 @@ mod tests {
         for v in 1..=10_000u64 {
             h.record(v * 100);
         }
-        assert_eq!(
-            (h.count(), h.min(), h.max()),
-            (10_000, Some(100), Some(1_000_000))
-        );
+        assert_eq!((h.count(), h.min(), h.max()), (10_000, Some(100), Some(1_000_000)));
         assert_eq!(h.mean(), Some(500_050));
         for (q, exact) in [(0.5, 500_000.0), (0.99, 990_000.0)] {
             let got = h.quantile(q).unwrap() as f64;
-            assert!(
-                (got - exact).abs() / exact < 1.0 / 32.0,
-                "q{q}: {got} vs {exact}"
-            );
+            assert!((got - exact).abs() / exact < 1.0 / 32.0, "q{q}: {got} vs {exact}");
         }
         assert_eq!(Histogram::default().quantile(0.5), None);
     }

@@ -1,6 +1,8 @@
 //! Command-line syntax. Parsed arguments are turned into library configs in `cmd/*`.
 
-use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 const EXAMPLES: &str = "\
 EXAMPLES:
@@ -28,6 +30,10 @@ pub enum Command {
     Testvm(TestvmArgs),
     /// Show the KVM binary statistics of a VMM process (QEMU, Firecracker, virtprof-vm, ...).
     Stats(StatsArgs),
+    /// Turn a capture made elsewhere (a tracefs dump directory) into a recording.
+    Import(ImportArgs),
+    /// VM exits: per reason count, time, min/avg/p50/p99/max, lightweight vs heavyweight.
+    Exits(ExitsArgs),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm,
@@ -112,4 +118,61 @@ pub struct StatsArgs {
     /// Show every statistic, not only the non-zero ones.
     #[arg(long)]
     pub all: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+EXAMPLES:
+  virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing")]
+pub struct ImportArgs {
+    /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines).
+    pub src: PathBuf,
+    /// The recording to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GroupBy {
+    Reason,
+    Vcpu,
+    Vm,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+On hosts with kvm_exit/kvm_entry (VMX, SVM) every exit is timed and split into hypervisor
+overhead, VMM time, preempted and blocked. On hosts without them (PVM) heavyweight exits are
+timed as userspace round trips and lightweight work is counted from evidence events; the
+footer names what is unavailable.
+
+EXAMPLES:
+  virtprof exits run.vprec                       per reason
+  virtprof exits run.vprec --by vcpu --json
+  virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
+  virtprof exits run.vprec --noise --csv         one vm_noise row per exit")]
+pub struct ExitsArgs {
+    /// A recording (from `virtprof record` or `virtprof import`).
+    pub file: Option<PathBuf>,
+    /// Only the VM whose VMM has this pid (repeatable).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
+    /// Only this vCPU index (from the vCPU thread names).
+    #[arg(long, value_name = "N")]
+    pub vcpu: Option<u32>,
+    /// Group the table by exit reason, vCPU thread or VM.
+    #[arg(long, value_enum, default_value = "reason")]
+    pub by: GroupBy,
+    /// One row per exit (seed 004's vm_noise): cpus, duration, reason, overhead, interference.
+    #[arg(long)]
+    pub noise: bool,
+    /// Only exits longer than this many microseconds (implies per-exit rows).
+    #[arg(long, value_name = "US")]
+    pub threshold_us: Option<f64>,
+    /// Print JSON (schema in docs/exits.md).
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print the table as CSV.
+    #[arg(long)]
+    pub csv: bool,
 }

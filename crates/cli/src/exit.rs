@@ -67,10 +67,7 @@ fn classify(err: &anyhow::Error) -> u8 {
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 #[cfg(test)]
@@ -80,14 +77,7 @@ mod tests {
     #[test]
     fn one_line_drops_repeated_causes() {
         let os = std::io::Error::from_raw_os_error(libc::EACCES);
-        let err = anyhow::Error::new(VmmError::Os {
-            what: "pinning".into(),
-            source: os,
-        })
-        .context("running VM 0");
-        assert_eq!(
-            one_line(&err),
-            "running VM 0: pinning: Permission denied (os error 13)"
-        );
+        let err = anyhow::Error::new(VmmError::Os { what: "pinning".into(), source: os }).context("running VM 0");
+        assert_eq!(one_line(&err), "running VM 0: pinning: Permission denied (os error 13)");
     }
 }

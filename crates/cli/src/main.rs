@@ -3,6 +3,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod recording;
 
 use std::process::ExitCode;
 
@@ -14,11 +15,7 @@ fn main() -> ExitCode {
         Err(e) => {
             // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(exit::USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
         }
     };
     match cmd::run(args) {

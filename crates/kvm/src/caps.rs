@@ -33,28 +33,19 @@ impl KvmCaps {
             (has("vmx").then_some(HostKind::Vmx)).or(has("svm").then_some(HostKind::Svm))
         });
         let kvm = Kvm::new();
-        let api_version = kvm
-            .as_ref()
-            .map(Kvm::get_api_version)
-            .map_err(|e| e.to_string());
+        let api_version = kvm.as_ref().map(Kvm::get_api_version).map_err(|e| e.to_string());
         let kind = kind.or(api_version.is_ok().then_some(HostKind::Unknown));
         let stats = match &kvm {
             Err(e) => Err(format!("/dev/kvm: {e}")),
             Ok(kvm) => probe_stats(kvm),
         };
-        KvmCaps {
-            kind,
-            api_version,
-            stats,
-        }
+        KvmCaps { kind, api_version, stats }
     }
 }
 
 fn probe_stats(kvm: &Kvm) -> Result<(usize, usize), String> {
     let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
-    let vcpu = vm
-        .create_vcpu(0)
-        .map_err(|e| format!("KVM_CREATE_VCPU: {e}"))?;
+    let vcpu = vm.create_vcpu(0).map_err(|e| format!("KVM_CREATE_VCPU: {e}"))?;
     let vm_stats = StatsFd::open(vm.as_raw_fd()).map_err(|e| e.to_string())?;
     let vcpu_stats = StatsFd::open(vcpu.as_raw_fd()).map_err(|e| e.to_string())?;
     Ok((vm_stats.descriptors().len(), vcpu_stats.descriptors().len()))

@@ -76,19 +76,13 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|source| VmmError::Os {
-                what: format!("starting VMM process '{}'", exe.display()),
-                source,
-            })?;
+            .map_err(|source| VmmError::Os { what: format!("starting VMM process '{}'", exe.display()), source })?;
         child
             .stdin
             .take()
             .expect("stdin is piped")
             .write_all(&json)
-            .map_err(|source| VmmError::Os {
-                what: format!("sending the configuration to VM {index}"),
-                source,
-            })?;
+            .map_err(|source| VmmError::Os { what: format!("sending the configuration to VM {index}"), source })?;
         let pid = child.id();
         let waiter = std::thread::spawn(move || child.wait_with_output());
         children.push((index, pid, waiter));
@@ -110,15 +104,8 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
     for (index, pid, waiter) in children {
         let output = waiter
             .join()
-            .map_err(|_| VmmError::Child {
-                index,
-                pid,
-                message: "waiter thread panicked".into(),
-            })?
-            .map_err(|source| VmmError::Os {
-                what: format!("waiting for VM {index}"),
-                source,
-            })?;
+            .map_err(|_| VmmError::Child { index, pid, message: "waiter thread panicked".into() })?
+            .map_err(|source| VmmError::Os { what: format!("waiting for VM {index}"), source })?;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let message = stderr
@@ -128,18 +115,13 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
                 .unwrap_or("exited without a message")
                 .trim_start_matches("virtprof: ")
                 .to_string();
-            return Err(VmmError::Child {
-                index,
-                pid,
-                message: format!("{message} ({})", output.status),
-            });
+            return Err(VmmError::Child { index, pid, message: format!("{message} ({})", output.status) });
         }
-        let report: VmReport =
-            serde_json::from_slice(&output.stdout).map_err(|e| VmmError::Child {
-                index,
-                pid,
-                message: format!("unreadable report: {e}"),
-            })?;
+        let report: VmReport = serde_json::from_slice(&output.stdout).map_err(|e| VmmError::Child {
+            index,
+            pid,
+            message: format!("unreadable report: {e}"),
+        })?;
         vms.push(report);
     }
     Ok(TestvmReport {
@@ -157,18 +139,12 @@ pub fn serve_child(mut input: impl Read, mut output: impl Write) -> Result<(), V
     let mut json = Vec::new();
     input
         .read_to_end(&mut json)
-        .map_err(|source| VmmError::Os {
-            what: "reading the VM configuration".into(),
-            source,
-        })?;
-    let config: VmConfig = serde_json::from_slice(&json)
-        .map_err(|e| VmmError::Memory(format!("bad VM configuration on stdin: {e}")))?;
+        .map_err(|source| VmmError::Os { what: "reading the VM configuration".into(), source })?;
+    let config: VmConfig =
+        serde_json::from_slice(&json).map_err(|e| VmmError::Memory(format!("bad VM configuration on stdin: {e}")))?;
     let report = Vm::new(config)?.run()?;
     serde_json::to_writer(&mut output, &report).expect("VmReport serializes");
-    output.flush().map_err(|source| VmmError::Os {
-        what: "writing the report".into(),
-        source,
-    })
+    output.flush().map_err(|source| VmmError::Os { what: "writing the report".into(), source })
 }
 
 /// Set the calling thread's `comm` (for the main thread, the process name `ps` shows).
@@ -187,12 +163,7 @@ pub fn install_stop_handler() {
     }
     for signal in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe {
-            libc::signal(
-                signal,
-                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            )
-        };
+        unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }
 }
 
@@ -214,10 +185,7 @@ mod tests {
         };
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);
         assert_eq!(config.vm_config(1).pin, vec![Some(2), Some(0)]);
-        let unpinned = TestvmConfig {
-            pin: vec![],
-            ..config
-        };
+        let unpinned = TestvmConfig { pin: vec![], ..config };
         assert_eq!(unpinned.vm_config(1).pin, vec![None, None]);
     }
 }

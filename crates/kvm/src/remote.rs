@@ -58,10 +58,7 @@ pub fn classify_fd_link(target: &str) -> Option<KvmFdKind> {
 /// List the KVM fds of process `pid` by reading `<proc_root>/PID/fd`.
 pub fn list_kvm_fds(proc_root: &Path, pid: u32) -> Result<Vec<RemoteKvmFd>, StatsError> {
     let dir = proc_root.join(pid.to_string()).join("fd");
-    let entries = fs::read_dir(&dir).map_err(|e| StatsError::Proc {
-        path: dir.clone(),
-        source: e,
-    })?;
+    let entries = fs::read_dir(&dir).map_err(|e| StatsError::Proc { path: dir.clone(), source: e })?;
     let mut fds: Vec<RemoteKvmFd> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| {
@@ -85,11 +82,7 @@ impl PidFd {
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
-            return Err(StatsError::Borrow {
-                pid,
-                fd: None,
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(StatsError::Borrow { pid, fd: None, source: std::io::Error::last_os_error() });
         }
         // SAFETY: the kernel just returned this fd to us; nobody else owns it.
         Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
@@ -101,11 +94,7 @@ impl PidFd {
         // new fd in this process or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, self.0.as_raw_fd(), target_fd, 0) };
         if fd < 0 {
-            return Err(StatsError::Borrow {
-                pid,
-                fd: Some(target_fd),
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(StatsError::Borrow { pid, fd: Some(target_fd), source: std::io::Error::last_os_error() });
         }
         // SAFETY: a fresh duplicate that only we own.
         Ok(unsafe { File::from_raw_fd(fd as i32) })
@@ -136,32 +125,23 @@ impl RemoteVmStats {
         let via_ioctl = |fd: i32| {
             let file = pidfd.get_fd(pid, fd)?;
             StatsFd::open(file.as_raw_fd()).map_err(|e| match e {
-                StatsError::Ioctl(source) if source.raw_os_error() == Some(libc::EIO) => {
-                    StatsError::ForeignVm { pid }
-                }
+                StatsError::Ioctl(source) if source.raw_os_error() == Some(libc::EIO) => StatsError::ForeignVm { pid },
                 other => other,
             })
         };
         let mut vm = None;
         let mut vcpus: Vec<(u32, StatsFd)> = Vec::new();
-        for f in fds
-            .iter()
-            .filter(|f| matches!(f.kind, KvmFdKind::VmStats | KvmFdKind::VcpuStats(_)))
-        {
+        for f in fds.iter().filter(|f| matches!(f.kind, KvmFdKind::VmStats | KvmFdKind::VcpuStats(_))) {
             match f.kind {
                 KvmFdKind::VmStats if vm.is_none() => vm = Some(borrow_stats(f.fd)?),
-                KvmFdKind::VcpuStats(i) if !vcpus.iter().any(|(j, _)| *j == i) => {
-                    vcpus.push((i, borrow_stats(f.fd)?))
-                }
+                KvmFdKind::VcpuStats(i) if !vcpus.iter().any(|(j, _)| *j == i) => vcpus.push((i, borrow_stats(f.fd)?)),
                 _ => {}
             }
         }
         for f in &fds {
             match f.kind {
                 KvmFdKind::Vm if vm.is_none() => vm = Some(via_ioctl(f.fd)?),
-                KvmFdKind::Vcpu(i) if !vcpus.iter().any(|(j, _)| *j == i) => {
-                    vcpus.push((i, via_ioctl(f.fd)?))
-                }
+                KvmFdKind::Vcpu(i) if !vcpus.iter().any(|(j, _)| *j == i) => vcpus.push((i, via_ioctl(f.fd)?)),
                 _ => {}
             }
         }
@@ -177,20 +157,11 @@ mod tests {
     #[test]
     fn classifies_kvm_fd_links() {
         assert_eq!(classify_fd_link("anon_inode:kvm-vm"), Some(KvmFdKind::Vm));
-        assert_eq!(
-            classify_fd_link("anon_inode:kvm-vcpu:12"),
-            Some(KvmFdKind::Vcpu(12))
-        );
+        assert_eq!(classify_fd_link("anon_inode:kvm-vcpu:12"), Some(KvmFdKind::Vcpu(12)));
         assert_eq!(classify_fd_link("anon_inode:[eventfd]"), None);
         assert_eq!(classify_fd_link("anon_inode:kvm-vcpu:x"), None);
-        assert_eq!(
-            classify_fd_link("anon_inode:kvm-vm-stats"),
-            Some(KvmFdKind::VmStats)
-        );
-        assert_eq!(
-            classify_fd_link("anon_inode:kvm-vcpu-stats:3"),
-            Some(KvmFdKind::VcpuStats(3))
-        );
+        assert_eq!(classify_fd_link("anon_inode:kvm-vm-stats"), Some(KvmFdKind::VmStats));
+        assert_eq!(classify_fd_link("anon_inode:kvm-vcpu-stats:3"), Some(KvmFdKind::VcpuStats(3)));
         assert_eq!(classify_fd_link("/dev/kvm"), None);
     }
 }

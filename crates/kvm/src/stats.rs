@@ -72,30 +72,18 @@ impl StatsFd {
     /// Parse header and descriptors from an already opened stats fd.
     pub fn from_file(file: File) -> Result<Self, StatsError> {
         let mut header = [0u8; HEADER_SIZE];
-        file.read_exact_at(&mut header, 0)
-            .map_err(StatsError::Read)?;
+        file.read_exact_at(&mut header, 0).map_err(StatsError::Read)?;
         let word = |i: usize| u32::from_ne_bytes(header[i * 4..i * 4 + 4].try_into().unwrap());
-        let (name_size, num_desc, desc_offset, data_offset) = (
-            word(1) as usize,
-            word(2) as usize,
-            word(4) as u64,
-            word(5) as u64,
-        );
+        let (name_size, num_desc, desc_offset, data_offset) =
+            (word(1) as usize, word(2) as usize, word(4) as u64, word(5) as u64);
         if num_desc > 65_536 || name_size > 4096 {
-            return Err(StatsError::Malformed(format!(
-                "header says {num_desc} descriptors of name size {name_size}"
-            )));
+            return Err(StatsError::Malformed(format!("header says {num_desc} descriptors of name size {name_size}")));
         }
         let desc_size = DESC_FIXED_SIZE + name_size;
         let mut raw = vec![0u8; desc_size * num_desc];
-        file.read_exact_at(&mut raw, desc_offset)
-            .map_err(StatsError::Read)?;
+        file.read_exact_at(&mut raw, desc_offset).map_err(StatsError::Read)?;
         let descs = raw.chunks_exact(desc_size).map(parse_desc).collect();
-        Ok(StatsFd {
-            file,
-            data_offset,
-            descs,
-        })
+        Ok(StatsFd { file, data_offset, descs })
     }
 
     /// The statistics this kernel exports, in the kernel's order.
@@ -105,25 +93,16 @@ impl StatsFd {
 
     /// Read every scalar statistic (histograms are summed over their buckets).
     pub fn read(&self) -> Result<StatsSnapshot, StatsError> {
-        let words: usize = self
-            .descs
-            .iter()
-            .map(|d| d.offset as usize / 8 + d.size as usize)
-            .max()
-            .unwrap_or(0);
+        let words: usize = self.descs.iter().map(|d| d.offset as usize / 8 + d.size as usize).max().unwrap_or(0);
         let mut buf = vec![0u8; words * 8];
-        self.file
-            .read_exact_at(&mut buf, self.data_offset)
-            .map_err(StatsError::Read)?;
+        self.file.read_exact_at(&mut buf, self.data_offset).map_err(StatsError::Read)?;
         let value = |i: usize| u64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
         let values = self
             .descs
             .iter()
             .map(|d| {
                 let first = d.offset as usize / 8;
-                let sum = (first..first + d.size as usize)
-                    .map(value)
-                    .fold(0u64, u64::wrapping_add);
+                let sum = (first..first + d.size as usize).map(value).fold(0u64, u64::wrapping_add);
                 (d.name.clone(), sum)
             })
             .collect();
@@ -132,10 +111,7 @@ impl StatsFd {
 
     /// Names of the cumulative statistics (the ones whose deltas mean "how many happened").
     pub fn cumulative_names(&self) -> impl Iterator<Item = &str> {
-        self.descs
-            .iter()
-            .filter(|d| d.kind == StatKind::Cumulative)
-            .map(|d| d.name.as_str())
+        self.descs.iter().filter(|d| d.kind == StatKind::Cumulative).map(|d| d.name.as_str())
     }
 }
 
@@ -151,10 +127,7 @@ fn parse_desc(raw: &[u8]) -> StatDesc {
     let size = u16::from_ne_bytes(raw[6..8].try_into().unwrap());
     let offset = u32::from_ne_bytes(raw[8..12].try_into().unwrap());
     let name_bytes = &raw[DESC_FIXED_SIZE..];
-    let len = name_bytes
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(name_bytes.len());
+    let len = name_bytes.iter().position(|&b| b == 0).unwrap_or(name_bytes.len());
     let kind = match flags & 0xf {
         0 => StatKind::Cumulative,
         1 => StatKind::Instant,
@@ -163,13 +136,7 @@ fn parse_desc(raw: &[u8]) -> StatDesc {
         4 => StatKind::LogHistogram,
         other => StatKind::Other(other),
     };
-    StatDesc {
-        name: String::from_utf8_lossy(&name_bytes[..len]).into_owned(),
-        kind,
-        exponent,
-        size,
-        offset,
-    }
+    StatDesc { name: String::from_utf8_lossy(&name_bytes[..len]).into_owned(), kind, exponent, size, offset }
 }
 
 /// Values of every statistic at one moment, by name.
@@ -186,11 +153,7 @@ impl StatsSnapshot {
     }
 
     /// `self - earlier` for the cumulative statistics named in `names`.
-    pub fn delta<'a>(
-        &self,
-        earlier: &StatsSnapshot,
-        names: impl Iterator<Item = &'a str>,
-    ) -> BTreeMap<String, u64> {
+    pub fn delta<'a>(&self, earlier: &StatsSnapshot, names: impl Iterator<Item = &'a str>) -> BTreeMap<String, u64> {
         names
             .filter_map(|name| {
                 let now = self.get(name)?;
@@ -221,10 +184,7 @@ mod tests {
     #[test]
     fn parses_a_synthetic_stats_file() {
         let name_size = 48;
-        let descs = [
-            desc_bytes(0, 1, 0, "exits", name_size),
-            desc_bytes(4, 2, 8, "halt_wait_hist", name_size),
-        ];
+        let descs = [desc_bytes(0, 1, 0, "exits", name_size), desc_bytes(4, 2, 8, "halt_wait_hist", name_size)];
         let desc_offset = 24u32;
         let data_offset = desc_offset + (descs.len() * (16 + name_size)) as u32;
         let mut file = Vec::new();

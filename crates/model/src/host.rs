@@ -6,11 +6,7 @@ use std::fmt;
 /// exists: VMX and SVM emit `kvm_exit`/`kvm_entry`; PVM (guest CPL0 emulated, no VM exits in
 /// the hardware sense) does not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(rename_all = "lowercase")
-)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "lowercase"))]
 pub enum HostKind {
     /// Intel VT-x (`kvm_intel`).
     Vmx,
@@ -56,14 +52,8 @@ mod tests {
 
     #[test]
     fn detects_from_module_list() {
-        assert_eq!(
-            HostKind::from_modules(["kvm", "kvm_pvm"]),
-            Some(HostKind::Pvm)
-        );
-        assert_eq!(
-            HostKind::from_modules(["kvm_amd", "kvm"]),
-            Some(HostKind::Svm)
-        );
+        assert_eq!(HostKind::from_modules(["kvm", "kvm_pvm"]), Some(HostKind::Pvm));
+        assert_eq!(HostKind::from_modules(["kvm_amd", "kvm"]), Some(HostKind::Svm));
         assert_eq!(HostKind::from_modules(["ext4"]), None);
     }
 }

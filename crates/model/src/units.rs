@@ -5,9 +5,7 @@
 /// A bare number is seconds, as in `perf stat -I`-less tools like `sleep`.
 pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let scale: f64 = match unit {
         "ns" => 1.0,
@@ -16,15 +14,11 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
         "" | "s" => 1e9,
         "m" => 60e9,
         "h" => 3600e9,
-        _ => {
-            return Err(format!(
-                "invalid duration '{text}': unknown unit '{unit}' (use ns, us, ms, s, m or h)"
-            ))
-        }
+        _ => return Err(format!("invalid duration '{text}': unknown unit '{unit}' (use ns, us, ms, s, m or h)")),
     };
-    let value: f64 = number.parse().map_err(|_| {
-        format!("invalid duration '{text}': expected a number followed by a unit, e.g. '200ms'")
-    })?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration '{text}': expected a number followed by a unit, e.g. '200ms'"))?;
     let ns = value * scale;
     if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
         return Err(format!("invalid duration '{text}': out of range"));
@@ -36,13 +30,9 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
 
 /// Print nanoseconds with the largest unit that keeps an integer (`200ms`, `1500us`).
 pub fn format_duration_ns(ns: u64) -> String {
-    for (unit, scale) in [
-        ("h", 3_600_000_000_000),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-        ("us", 1_000),
-    ] {
+    for (unit, scale) in
+        [("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)]
+    {
         if ns >= scale && ns % scale == 0 {
             return format!("{}{unit}", ns / scale);
         }
@@ -52,9 +42,7 @@ pub fn format_duration_ns(ns: u64) -> String {
 
 /// Parse a CPU list such as `0-3,8,10-11` into CPU numbers, in the order given.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
-    let bad = |why: &str| {
-        format!("invalid CPU list '{text}': {why} (expected e.g. '0', '0-3' or '0,2-3')")
-    };
+    let bad = |why: &str| format!("invalid CPU list '{text}': {why} (expected e.g. '0', '0-3' or '0,2-3')");
     let mut cpus = Vec::new();
     for part in text.split(',') {
         let part = part.trim();
@@ -65,14 +53,8 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
             Some((lo, hi)) => (lo, hi),
             None => (part, part),
         };
-        let lo: u32 = lo
-            .trim()
-            .parse()
-            .map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
-        let hi: u32 = hi
-            .trim()
-            .parse()
-            .map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
+        let lo: u32 = lo.trim().parse().map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
+        let hi: u32 = hi.trim().parse().map_err(|_| bad(&format!("'{part}' is not a CPU number or range")))?;
         if hi < lo {
             return Err(bad(&format!("range '{part}' runs backwards")));
         }
@@ -106,9 +88,7 @@ mod tests {
         assert_eq!(parse_cpu_list("0-2,5"), Ok(vec![0, 1, 2, 5]));
         assert_eq!(parse_cpu_list("1"), Ok(vec![1]));
         assert!(parse_cpu_list("3-1").unwrap_err().contains("backwards"));
-        assert!(parse_cpu_list("a")
-            .unwrap_err()
-            .contains("invalid CPU list 'a'"));
+        assert!(parse_cpu_list("a").unwrap_err().contains("invalid CPU list 'a'"));
         assert!(parse_cpu_list("1,,2").is_err());
     }
 }

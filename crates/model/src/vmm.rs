@@ -4,11 +4,7 @@ use std::fmt;
 
 /// The kind of virtual machine monitor behind a KVM VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize, serde::Deserialize),
-    serde(rename_all = "kebab-case")
-)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "kebab-case"))]
 pub enum VmmKind {
     /// QEMU (`qemu-system-*`).
     Qemu,

@@ -86,7 +86,9 @@ pub struct Footer {
 #[non_exhaustive]
 pub enum RecordingError {
     /// Not a recording.
-    #[error("not a virtprof recording: bad magic at byte 0 (expected 'VPROFREC'); use `virtprof import` for other formats")]
+    #[error(
+        "not a virtprof recording: bad magic at byte 0 (expected 'VPROFREC'); use `virtprof import` for other formats"
+    )]
     BadMagic,
     /// A version this build does not read.
     #[error("recording version {0} is not supported (this virtprof reads version {VERSION})")]
@@ -132,10 +134,7 @@ impl<W: Write> Writer<W> {
         out.write_all(MAGIC)?;
         out.write_all(&VERSION.to_le_bytes())?;
         let mut w = Writer { out, written: 12 };
-        w.chunk(
-            ChunkKind::Metadata,
-            &[&serde_json::to_vec(metadata).map_err(io::Error::other)?],
-        )?;
+        w.chunk(ChunkKind::Metadata, &[&serde_json::to_vec(metadata).map_err(io::Error::other)?])?;
         Ok(w)
     }
 
@@ -146,10 +145,7 @@ impl<W: Write> Writer<W> {
 
     /// Write the footer and flush.
     pub fn finish(mut self, footer: &Footer) -> io::Result<W> {
-        self.chunk(
-            ChunkKind::Footer,
-            &[&serde_json::to_vec(footer).map_err(io::Error::other)?],
-        )?;
+        self.chunk(ChunkKind::Footer, &[&serde_json::to_vec(footer).map_err(io::Error::other)?])?;
         self.out.flush()?;
         Ok(self.out)
     }
@@ -207,9 +203,7 @@ impl<R: Read> Reader<R> {
     /// Check the magic and version.
     pub fn new(mut input: R) -> Result<Self, RecordingError> {
         let mut head = [0u8; 12];
-        input
-            .read_exact(&mut head)
-            .map_err(|_| RecordingError::BadMagic)?;
+        input.read_exact(&mut head).map_err(|_| RecordingError::BadMagic)?;
         if &head[..8] != MAGIC {
             return Err(RecordingError::BadMagic);
         }
@@ -217,11 +211,7 @@ impl<R: Read> Reader<R> {
         if version != VERSION {
             return Err(RecordingError::Version(version));
         }
-        Ok(Reader {
-            input,
-            offset: 12,
-            truncated_at: None,
-        })
+        Ok(Reader { input, offset: 12, truncated_at: None })
     }
 
     /// Byte offset of the next chunk.
@@ -276,10 +266,7 @@ impl<R: Read> Reader<R> {
             }
             3 => Chunk::Footer(serde_json::from_slice(&payload).map_err(json)?),
             other => {
-                return Err(RecordingError::Malformed {
-                    offset: at,
-                    message: format!("unknown chunk kind {other}"),
-                })
+                return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }
         }))
     }
@@ -304,20 +291,12 @@ mod tests {
     use super::*;
 
     fn sample() -> Vec<u8> {
-        let meta = Metadata {
-            origin: "test".into(),
-            trace_clock: "mono".into(),
-            cpus: vec![0, 1],
-            ..Default::default()
-        };
+        let meta =
+            Metadata { origin: "test".into(), trace_clock: "mono".into(), cpus: vec![0, 1], ..Default::default() };
         let mut w = Writer::new(Vec::new(), &meta).unwrap();
         w.pages(0, &[1u8; 4096]).unwrap();
         w.pages(1, &[2u8; 8192]).unwrap();
-        w.finish(&Footer {
-            pages: 3,
-            ..Default::default()
-        })
-        .unwrap()
+        w.finish(&Footer { pages: 3, ..Default::default() }).unwrap()
     }
 
     fn read_all(bytes: &[u8]) -> (Vec<Chunk>, Option<u64>) {
@@ -362,13 +341,7 @@ mod tests {
             }
         }
         let msg = err.expect("corruption detected").to_string();
-        assert!(
-            msg.starts_with("chunk at byte ") && msg.contains("checksum"),
-            "{msg}"
-        );
-        assert!(matches!(
-            Reader::new(&b"NOTAREC!...."[..]),
-            Err(RecordingError::BadMagic)
-        ));
+        assert!(msg.starts_with("chunk at byte ") && msg.contains("checksum"), "{msg}");
+        assert!(matches!(Reader::new(&b"NOTAREC!...."[..]), Err(RecordingError::BadMagic)));
     }
 }

@@ -14,10 +14,7 @@ pub struct Table {
 impl Table {
     /// A table with these column headers.
     pub fn new<S: Into<String>>(headers: impl IntoIterator<Item = S>) -> Self {
-        Table {
-            headers: headers.into_iter().map(Into::into).collect(),
-            ..Default::default()
-        }
+        Table { headers: headers.into_iter().map(Into::into).collect(), ..Default::default() }
     }
 
     /// Append a row; missing cells are padded, extra ones dropped.
@@ -53,12 +50,7 @@ impl Table {
         };
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
         let numeric: Vec<bool> = (0..self.headers.len())
-            .map(|i| {
-                self.rows
-                    .iter()
-                    .all(|r| r[i].is_empty() || looks_numeric(&r[i]))
-                    && !self.rows.is_empty()
-            })
+            .map(|i| self.rows.iter().all(|r| r[i].is_empty() || looks_numeric(&r[i])) && !self.rows.is_empty())
             .collect();
         for row in &self.rows {
             for (i, c) in row.iter().enumerate() {
@@ -105,22 +97,14 @@ impl Table {
             }
         };
         for row in std::iter::once(&self.headers).chain(&self.rows) {
-            writeln!(
-                w,
-                "{}",
-                row.iter().map(|c| quote(c)).collect::<Vec<_>>().join(",")
-            )?;
+            writeln!(w, "{}", row.iter().map(|c| quote(c)).collect::<Vec<_>>().join(","))?;
         }
         Ok(())
     }
 }
 
 fn looks_numeric(s: &str) -> bool {
-    let s = s
-        .trim_end_matches(['%', 's'])
-        .trim_end_matches("m")
-        .trim_end_matches("µ")
-        .trim_end_matches('n');
+    let s = s.trim_end_matches(['%', 's']).trim_end_matches("m").trim_end_matches("µ").trim_end_matches('n');
     !s.is_empty() && s.parse::<f64>().is_ok()
 }
 
@@ -149,9 +133,6 @@ mod tests {
         t.row(["1,2", "say \"hi\""]);
         let mut out = Vec::new();
         t.write_csv(&mut out).unwrap();
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "a,b\n\"1,2\",\"say \"\"hi\"\"\"\n"
-        );
+        assert_eq!(String::from_utf8(out).unwrap(), "a,b\n\"1,2\",\"say \"\"hi\"\"\"\n");
     }
 }

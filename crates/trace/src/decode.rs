@@ -23,11 +23,7 @@ impl Layout {
     /// Build from a parsed header page and event formats.
     pub fn new(header: PageHeader, formats: Vec<EventFormat>) -> Self {
         let by_id = formats.iter().enumerate().map(|(i, f)| (f.id, i)).collect();
-        Layout {
-            header,
-            formats,
-            by_id,
-        }
+        Layout { header, formats, by_id }
     }
 
     /// The format of an event id.
@@ -37,9 +33,7 @@ impl Layout {
 
     /// The format of `system:name`.
     pub fn format_by_name(&self, system: &str, name: &str) -> Option<&EventFormat> {
-        self.formats
-            .iter()
-            .find(|f| f.name == name && (system.is_empty() || f.system == system))
+        self.formats.iter().find(|f| f.name == name && (system.is_empty() || f.system == system))
     }
 
     /// All formats.
@@ -57,10 +51,7 @@ struct Slot {
 
 impl Slot {
     fn of(format: &EventFormat, name: &str) -> Slot {
-        format.field(name).map_or(Slot::default(), |f| Slot {
-            offset: f.offset,
-            size: f.size,
-        })
+        format.field(name).map_or(Slot::default(), |f| Slot { offset: f.offset, size: f.size })
     }
 
     fn read(self, data: &[u8]) -> u64 {
@@ -74,82 +65,28 @@ impl Slot {
     }
 
     fn bytes(self, data: &[u8]) -> &[u8] {
-        data.get(self.offset..self.offset + self.size)
-            .unwrap_or(&[])
+        data.get(self.offset..self.offset + self.size).unwrap_or(&[])
     }
 }
 
 /// Per event id: how to build its [`EventKind`].
 #[derive(Debug, Clone, Copy)]
 enum Typed {
-    KvmExit {
-        reason: Slot,
-        isa: Slot,
-        rip: Slot,
-        vcpu: Slot,
-        info1: Slot,
-        info2: Slot,
-    },
-    KvmEntry {
-        vcpu: Slot,
-        rip: Slot,
-    },
-    KvmUserspaceExit {
-        reason: Slot,
-        errno: Slot,
-    },
-    KvmPio {
-        rw: Slot,
-        port: Slot,
-        size: Slot,
-        count: Slot,
-    },
-    KvmMmio {
-        kind: Slot,
-        len: Slot,
-        gpa: Slot,
-    },
-    KvmEmulateInsn {
-        rip: Slot,
-        failed: Slot,
-    },
-    KvmFpu {
-        load: Slot,
-    },
-    SchedSwitch {
-        prev_pid: Slot,
-        prev_state: Slot,
-        prev_comm: Slot,
-        next_pid: Slot,
-        next_comm: Slot,
-    },
-    SchedWakeup {
-        pid: Slot,
-        target_cpu: Slot,
-    },
-    SchedMigrate {
-        pid: Slot,
-        orig: Slot,
-        dest: Slot,
-    },
-    IrqEntry {
-        irq: Slot,
-    },
-    IrqExit {
-        irq: Slot,
-    },
-    Softirq {
-        vec: Slot,
-        phase: SoftirqPhase,
-    },
-    Vector {
-        vector: Slot,
-        entry: bool,
-        id: u16,
-    },
-    Other {
-        id: u16,
-    },
+    KvmExit { reason: Slot, isa: Slot, rip: Slot, vcpu: Slot, info1: Slot, info2: Slot },
+    KvmEntry { vcpu: Slot, rip: Slot },
+    KvmUserspaceExit { reason: Slot, errno: Slot },
+    KvmPio { rw: Slot, port: Slot, size: Slot, count: Slot },
+    KvmMmio { kind: Slot, len: Slot, gpa: Slot },
+    KvmEmulateInsn { rip: Slot, failed: Slot },
+    KvmFpu { load: Slot },
+    SchedSwitch { prev_pid: Slot, prev_state: Slot, prev_comm: Slot, next_pid: Slot, next_comm: Slot },
+    SchedWakeup { pid: Slot, target_cpu: Slot },
+    SchedMigrate { pid: Slot, orig: Slot, dest: Slot },
+    IrqEntry { irq: Slot },
+    IrqExit { irq: Slot },
+    Softirq { vec: Slot, phase: SoftirqPhase },
+    Vector { vector: Slot, entry: bool, id: u16 },
+    Other { id: u16 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -171,29 +108,11 @@ impl Typed {
                 info1: s("info1"),
                 info2: s("info2"),
             },
-            ("kvm", "kvm_entry") => Typed::KvmEntry {
-                vcpu: s("vcpu_id"),
-                rip: s("rip"),
-            },
-            ("kvm", "kvm_userspace_exit") => Typed::KvmUserspaceExit {
-                reason: s("reason"),
-                errno: s("errno"),
-            },
-            ("kvm", "kvm_pio") => Typed::KvmPio {
-                rw: s("rw"),
-                port: s("port"),
-                size: s("size"),
-                count: s("count"),
-            },
-            ("kvm", "kvm_mmio") => Typed::KvmMmio {
-                kind: s("type"),
-                len: s("len"),
-                gpa: s("gpa"),
-            },
-            ("kvm", "kvm_emulate_insn") => Typed::KvmEmulateInsn {
-                rip: s("rip"),
-                failed: s("failed"),
-            },
+            ("kvm", "kvm_entry") => Typed::KvmEntry { vcpu: s("vcpu_id"), rip: s("rip") },
+            ("kvm", "kvm_userspace_exit") => Typed::KvmUserspaceExit { reason: s("reason"), errno: s("errno") },
+            ("kvm", "kvm_pio") => Typed::KvmPio { rw: s("rw"), port: s("port"), size: s("size"), count: s("count") },
+            ("kvm", "kvm_mmio") => Typed::KvmMmio { kind: s("type"), len: s("len"), gpa: s("gpa") },
+            ("kvm", "kvm_emulate_insn") => Typed::KvmEmulateInsn { rip: s("rip"), failed: s("failed") },
             ("kvm", "kvm_fpu") => Typed::KvmFpu { load: s("load") },
             ("sched", "sched_switch") => Typed::SchedSwitch {
                 prev_pid: s("prev_pid"),
@@ -202,39 +121,23 @@ impl Typed {
                 next_pid: s("next_pid"),
                 next_comm: s("next_comm"),
             },
-            ("sched", "sched_wakeup" | "sched_wakeup_new") => Typed::SchedWakeup {
-                pid: s("pid"),
-                target_cpu: s("target_cpu"),
-            },
-            ("sched", "sched_migrate_task") => Typed::SchedMigrate {
-                pid: s("pid"),
-                orig: s("orig_cpu"),
-                dest: s("dest_cpu"),
-            },
+            ("sched", "sched_wakeup" | "sched_wakeup_new") => {
+                Typed::SchedWakeup { pid: s("pid"), target_cpu: s("target_cpu") }
+            }
+            ("sched", "sched_migrate_task") => {
+                Typed::SchedMigrate { pid: s("pid"), orig: s("orig_cpu"), dest: s("dest_cpu") }
+            }
             ("irq", "irq_handler_entry") => Typed::IrqEntry { irq: s("irq") },
             ("irq", "irq_handler_exit") => Typed::IrqExit { irq: s("irq") },
-            ("irq", "softirq_entry") => Typed::Softirq {
-                vec: s("vec"),
-                phase: SoftirqPhase::Entry,
-            },
-            ("irq", "softirq_exit") => Typed::Softirq {
-                vec: s("vec"),
-                phase: SoftirqPhase::Exit,
-            },
-            ("irq", "softirq_raise") => Typed::Softirq {
-                vec: s("vec"),
-                phase: SoftirqPhase::Raise,
-            },
-            ("irq_vectors", name) if name.ends_with("_entry") => Typed::Vector {
-                vector: s("vector"),
-                entry: true,
-                id: f.id,
-            },
-            ("irq_vectors", name) if name.ends_with("_exit") => Typed::Vector {
-                vector: s("vector"),
-                entry: false,
-                id: f.id,
-            },
+            ("irq", "softirq_entry") => Typed::Softirq { vec: s("vec"), phase: SoftirqPhase::Entry },
+            ("irq", "softirq_exit") => Typed::Softirq { vec: s("vec"), phase: SoftirqPhase::Exit },
+            ("irq", "softirq_raise") => Typed::Softirq { vec: s("vec"), phase: SoftirqPhase::Raise },
+            ("irq_vectors", name) if name.ends_with("_entry") => {
+                Typed::Vector { vector: s("vector"), entry: true, id: f.id }
+            }
+            ("irq_vectors", name) if name.ends_with("_exit") => {
+                Typed::Vector { vector: s("vector"), entry: false, id: f.id }
+            }
             _ => Typed::Other { id: f.id },
         }
     }
@@ -292,16 +195,8 @@ impl Decoder {
         for f in layout.formats() {
             typed[f.id as usize] = Typed::for_format(f);
         }
-        let common_pid = layout
-            .formats()
-            .first()
-            .map_or(Slot { offset: 4, size: 4 }, |f| Slot::of(f, "common_pid"));
-        Decoder {
-            layout,
-            typed,
-            common_pid,
-            strings: StringTable::default(),
-        }
+        let common_pid = layout.formats().first().map_or(Slot { offset: 4, size: 4 }, |f| Slot::of(f, "common_pid"));
+        Decoder { layout, typed, common_pid, strings: StringTable::default() }
     }
 
     /// The layout decoded.
@@ -320,20 +215,8 @@ impl Decoder {
         }
         let id = u16::from_le_bytes([d[0], d[1]]);
         let tid = self.common_pid.read(d) as u32;
-        let kind = match self
-            .typed
-            .get(id as usize)
-            .copied()
-            .unwrap_or(Typed::Other { id })
-        {
-            Typed::KvmExit {
-                reason,
-                isa,
-                rip,
-                vcpu,
-                info1,
-                info2,
-            } => EventKind::KvmExit {
+        let kind = match self.typed.get(id as usize).copied().unwrap_or(Typed::Other { id }) {
+            Typed::KvmExit { reason, isa, rip, vcpu, info1, info2 } => EventKind::KvmExit {
                 reason: reason.read(d) as u32,
                 isa: isa.read(d) as u32,
                 guest_rip: rip.read(d),
@@ -341,65 +224,40 @@ impl Decoder {
                 info1: info1.read(d),
                 info2: info2.read(d),
             },
-            Typed::KvmEntry { vcpu, rip } => EventKind::KvmEntry {
-                vcpu_id: vcpu.read(d) as u32,
-                rip: rip.read(d),
-            },
-            Typed::KvmUserspaceExit { reason, errno } => EventKind::KvmUserspaceExit {
-                reason: reason.read(d) as u32,
-                errno: errno.read(d) as u32 as i32,
-            },
-            Typed::KvmPio {
-                rw,
-                port,
-                size,
-                count,
-            } => EventKind::KvmPio {
+            Typed::KvmEntry { vcpu, rip } => EventKind::KvmEntry { vcpu_id: vcpu.read(d) as u32, rip: rip.read(d) },
+            Typed::KvmUserspaceExit { reason, errno } => {
+                EventKind::KvmUserspaceExit { reason: reason.read(d) as u32, errno: errno.read(d) as u32 as i32 }
+            }
+            Typed::KvmPio { rw, port, size, count } => EventKind::KvmPio {
                 write: rw.read(d) != 0,
                 port: port.read(d) as u16,
                 size: size.read(d) as u8,
                 count: count.read(d) as u32,
             },
-            Typed::KvmMmio { kind, len, gpa } => EventKind::KvmMmio {
-                kind: kind.read(d) as u8,
-                len: len.read(d) as u8,
-                gpa: gpa.read(d),
-            },
-            Typed::KvmEmulateInsn { rip, failed } => EventKind::KvmEmulateInsn {
-                rip: rip.read(d),
-                failed: failed.read(d) != 0,
-            },
-            Typed::KvmFpu { load } => EventKind::KvmFpu {
-                load: load.read(d) != 0,
-            },
-            Typed::SchedSwitch {
-                prev_pid,
-                prev_state,
-                prev_comm,
-                next_pid,
-                next_comm,
-            } => EventKind::SchedSwitch {
+            Typed::KvmMmio { kind, len, gpa } => {
+                EventKind::KvmMmio { kind: kind.read(d) as u8, len: len.read(d) as u8, gpa: gpa.read(d) }
+            }
+            Typed::KvmEmulateInsn { rip, failed } => {
+                EventKind::KvmEmulateInsn { rip: rip.read(d), failed: failed.read(d) != 0 }
+            }
+            Typed::KvmFpu { load } => EventKind::KvmFpu { load: load.read(d) != 0 },
+            Typed::SchedSwitch { prev_pid, prev_state, prev_comm, next_pid, next_comm } => EventKind::SchedSwitch {
                 prev_tid: prev_pid.read(d) as u32,
                 prev_state: prev_state.read(d),
                 prev_comm: self.strings.intern(prev_comm.bytes(d)),
                 next_tid: next_pid.read(d) as u32,
                 next_comm: self.strings.intern(next_comm.bytes(d)),
             },
-            Typed::SchedWakeup { pid, target_cpu } => EventKind::SchedWakeup {
-                tid: pid.read(d) as u32,
-                target_cpu: target_cpu.read(d) as u32,
-            },
+            Typed::SchedWakeup { pid, target_cpu } => {
+                EventKind::SchedWakeup { tid: pid.read(d) as u32, target_cpu: target_cpu.read(d) as u32 }
+            }
             Typed::SchedMigrate { pid, orig, dest } => EventKind::SchedMigrate {
                 tid: pid.read(d) as u32,
                 orig_cpu: orig.read(d) as u32,
                 dest_cpu: dest.read(d) as u32,
             },
-            Typed::IrqEntry { irq } => EventKind::IrqEntry {
-                irq: irq.read(d) as u32,
-            },
-            Typed::IrqExit { irq } => EventKind::IrqExit {
-                irq: irq.read(d) as u32,
-            },
+            Typed::IrqEntry { irq } => EventKind::IrqEntry { irq: irq.read(d) as u32 },
+            Typed::IrqExit { irq } => EventKind::IrqExit { irq: irq.read(d) as u32 },
             Typed::Softirq { vec, phase } => {
                 let vec = vec.read(d) as u32;
                 match phase {
@@ -408,30 +266,22 @@ impl Decoder {
                     SoftirqPhase::Raise => EventKind::SoftirqRaise { vec },
                 }
             }
-            Typed::Vector {
-                vector,
-                entry: true,
-                id,
-            } => EventKind::IrqVectorEntry {
-                vector: vector.read(d) as u32,
-                event: id,
-            },
-            Typed::Vector {
-                vector,
-                entry: false,
-                id,
-            } => EventKind::IrqVectorExit {
-                vector: vector.read(d) as u32,
-                event: id,
-            },
+            Typed::Vector { vector, entry: true, id } => {
+                EventKind::IrqVectorEntry { vector: vector.read(d) as u32, event: id }
+            }
+            Typed::Vector { vector, entry: false, id } => {
+                EventKind::IrqVectorExit { vector: vector.read(d) as u32, event: id }
+            }
             Typed::Other { id } => EventKind::Other { event: id },
         };
-        Ok(Event {
-            ts: rec.ts,
-            cpu,
-            tid,
-            kind,
-        })
+        Ok(Event { ts: rec.ts, cpu, tid, kind })
+    }
+
+    /// The name `value` of `field` has in `system:event`'s unconditional symbol tables
+    /// (e.g. `kvm_userspace_exit` reason 2 → `KVM_EXIT_IO`).
+    pub fn symbol<'a>(&'a self, system: &str, event: &str, field: &'a str, value: u64) -> Option<&'a str> {
+        let format = self.layout.format_by_name(system, event)?;
+        format.tables_for(field).filter(|t| t.condition == Condition::Always).find_map(|t| t.lookup(value))
     }
 
     /// The kernel's name for a `kvm_exit` reason, from the recorded print fmt's tables.
@@ -467,10 +317,7 @@ pub enum FieldValue<'a> {
 
 /// Read `field` out of a record's bytes.
 pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
-    let slot = Slot {
-        offset: field.offset,
-        size: field.size,
-    };
+    let slot = Slot { offset: field.offset, size: field.size };
     let c_string = |b: &'a [u8]| &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())];
     match field.kind {
         FieldKind::Int => {
@@ -486,11 +333,7 @@ pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
         FieldKind::Array { is_char: true, .. } => FieldValue::Str(c_string(slot.bytes(data))),
         FieldKind::Array { is_char: false, .. } => FieldValue::Bytes(slot.bytes(data)),
         FieldKind::DataLoc { is_char } | FieldKind::RelLoc { is_char } => {
-            let loc = Slot {
-                offset: field.offset,
-                size: 4,
-            }
-            .read(data);
+            let loc = Slot { offset: field.offset, size: 4 }.read(data);
             let mut start = (loc & 0xffff) as usize;
             if matches!(field.kind, FieldKind::RelLoc { .. }) {
                 start += field.offset + 4;

@@ -39,16 +39,9 @@ impl Dump {
         let layout = load_layout(root, &[])?;
         let per_cpu = root.join("per_cpu");
         let mut cpus = Vec::new();
-        for entry in fs::read_dir(&per_cpu)
-            .map_err(TraceError::file(&per_cpu))?
-            .filter_map(Result::ok)
-        {
+        for entry in fs::read_dir(&per_cpu).map_err(TraceError::file(&per_cpu))?.filter_map(Result::ok) {
             let name = entry.file_name();
-            let Some(cpu) = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("cpu"))
-                .and_then(|n| n.parse().ok())
-            else {
+            let Some(cpu) = name.to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse().ok()) else {
                 continue;
             };
             let path = entry.path().join("trace_pipe_raw");
@@ -56,10 +49,7 @@ impl Dump {
             cpus.push(CpuPages { cpu, raw, path });
         }
         cpus.sort_by_key(|c| c.cpu);
-        Ok(Dump {
-            decoder: Decoder::new(layout),
-            cpus,
-        })
+        Ok(Dump { decoder: Decoder::new(layout), cpus })
     }
 }
 
@@ -108,10 +98,7 @@ pub fn walk_pages(
             message,
         };
         if bytes.len() < page_size {
-            return Err(fail(
-                0,
-                format!("truncated page: {} of {page_size} bytes", bytes.len()),
-            ));
+            return Err(fail(0, format!("truncated page: {} of {page_size} bytes", bytes.len())));
         }
         let page = Page::parse(bytes, &header).map_err(|e| fail(e.offset, e.message))?;
         stats.pages += 1;
@@ -120,18 +107,11 @@ pub fn walk_pages(
                 Some(n) => stats.lost += n,
                 None => stats.lost_unknown += 1,
             }
-            sink(Event {
-                ts: page.base_ts(),
-                cpu,
-                tid: 0,
-                kind: EventKind::Lost { count },
-            });
+            sink(Event { ts: page.base_ts(), cpu, tid: 0, kind: EventKind::Lost { count } });
         }
         for record in page.records() {
             let record = record.map_err(|e| fail(e.offset, e.message))?;
-            let event = decoder
-                .decode(cpu, &record)
-                .map_err(|e| fail(0, e.to_string()))?;
+            let event = decoder.decode(cpu, &record).map_err(|e| fail(0, e.to_string()))?;
             stats.events += 1;
             sink(event);
         }

@@ -41,9 +41,7 @@ pub enum TraceError {
 
 fn hint(e: &std::io::Error) -> &'static str {
     match e.raw_os_error() {
-        Some(libc::EACCES) | Some(libc::EPERM) => {
-            " (tracing needs root or CAP_SYS_ADMIN/CAP_PERFMON)"
-        }
+        Some(libc::EACCES) | Some(libc::EPERM) => " (tracing needs root or CAP_SYS_ADMIN/CAP_PERFMON)",
         _ => "",
     }
 }

@@ -133,11 +133,7 @@ impl fmt::Display for EventFormat {
 /// Parse one `format` file of event system `system`.
 pub fn parse_event_format(system: &str, text: &str) -> Result<EventFormat, FormatError> {
     let what = || format!("{system}/format");
-    let err = |line: usize, message: String| FormatError {
-        what: what(),
-        line,
-        message,
-    };
+    let err = |line: usize, message: String| FormatError { what: what(), line, message };
     let (mut name, mut id, mut print_fmt) = (None, None, None);
     let mut fields = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -146,11 +142,7 @@ pub fn parse_event_format(system: &str, text: &str) -> Result<EventFormat, Forma
         if let Some(v) = t.strip_prefix("name:") {
             name = Some(v.trim().to_string());
         } else if let Some(v) = t.strip_prefix("ID:") {
-            id = Some(
-                v.trim()
-                    .parse::<u16>()
-                    .map_err(|e| err(n, format!("bad ID '{}': {e}", v.trim())))?,
-            );
+            id = Some(v.trim().parse::<u16>().map_err(|e| err(n, format!("bad ID '{}': {e}", v.trim())))?);
         } else if t.starts_with("field:") {
             fields.push(parse_field(t).map_err(|m| err(n, m))?);
         } else if let Some(v) = line.strip_prefix("print fmt:") {
@@ -164,14 +156,7 @@ pub fn parse_event_format(system: &str, text: &str) -> Result<EventFormat, Forma
     }
     let print_fmt = print_fmt.unwrap_or_default();
     let symbols = parse_symbol_tables(&print_fmt);
-    Ok(EventFormat {
-        id,
-        system: system.to_string(),
-        name,
-        fields,
-        print_fmt,
-        symbols,
-    })
+    Ok(EventFormat { id, system: system.to_string(), name, fields, print_fmt, symbols })
 }
 
 /// `field:unsigned int exit_reason; offset:8; size:4; signed:0;`
@@ -179,27 +164,11 @@ fn parse_field(line: &str) -> Result<Field, String> {
     let mut decl = None;
     let (mut offset, mut size, mut signed) = (None, None, false);
     for part in line.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-        let (key, value) = part
-            .split_once(':')
-            .ok_or_else(|| format!("'{part}' is not key:value"))?;
+        let (key, value) = part.split_once(':').ok_or_else(|| format!("'{part}' is not key:value"))?;
         match key.trim() {
             "field" => decl = Some(value.trim().to_string()),
-            "offset" => {
-                offset = Some(
-                    value
-                        .trim()
-                        .parse::<usize>()
-                        .map_err(|e| format!("bad offset '{value}': {e}"))?,
-                )
-            }
-            "size" => {
-                size = Some(
-                    value
-                        .trim()
-                        .parse::<usize>()
-                        .map_err(|e| format!("bad size '{value}': {e}"))?,
-                )
-            }
+            "offset" => offset = Some(value.trim().parse::<usize>().map_err(|e| format!("bad offset '{value}': {e}"))?),
+            "size" => size = Some(value.trim().parse::<usize>().map_err(|e| format!("bad size '{value}': {e}"))?),
             "signed" => signed = value.trim() == "1",
             _ => {}
         }
@@ -210,31 +179,18 @@ fn parse_field(line: &str) -> Result<Field, String> {
         return Err(format!("field '{decl}' has size 0"));
     }
     let (c_type, name, array) = split_declaration(&decl)?;
-    let is_char = c_type
-        .replace("[]", " ")
-        .split_whitespace()
-        .any(|w| w == "char");
+    let is_char = c_type.replace("[]", " ").split_whitespace().any(|w| w == "char");
     let kind = if c_type.starts_with("__data_loc") {
         FieldKind::DataLoc { is_char }
     } else if c_type.starts_with("__rel_loc") {
         FieldKind::RelLoc { is_char }
     } else if let Some(len) = array {
         let elem_size = size.checked_div(len).unwrap_or(1);
-        FieldKind::Array {
-            elem_size: elem_size.max(1),
-            is_char,
-        }
+        FieldKind::Array { elem_size: elem_size.max(1), is_char }
     } else {
         FieldKind::Int
     };
-    Ok(Field {
-        name,
-        c_type,
-        offset,
-        size,
-        signed,
-        kind,
-    })
+    Ok(Field { name, c_type, offset, size, signed, kind })
 }
 
 /// `unsigned int exit_reason` → ("unsigned int", "exit_reason", None);
@@ -242,19 +198,15 @@ fn parse_field(line: &str) -> Result<Field, String> {
 fn split_declaration(decl: &str) -> Result<(String, String, Option<usize>), String> {
     let (head, array) = match decl.find('[') {
         Some(open) if !decl.starts_with("__data_loc") && !decl.starts_with("__rel_loc") => {
-            let close = decl[open..]
-                .find(']')
-                .ok_or_else(|| format!("unclosed '[' in '{decl}'"))?
-                + open;
+            let close = decl[open..].find(']').ok_or_else(|| format!("unclosed '[' in '{decl}'"))? + open;
             let len = decl[open + 1..close].trim();
             (decl[..open].trim(), Some(len.parse::<usize>().unwrap_or(0)))
         }
         _ => (decl, None),
     };
     let head = head.trim();
-    let split = head
-        .rfind(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .ok_or_else(|| format!("no type in '{decl}'"))?;
+    let split =
+        head.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).ok_or_else(|| format!("no type in '{decl}'"))?;
     let (c_type, name) = (head[..=split].trim(), &head[split + 1..]);
     if name.is_empty() {
         return Err(format!("no field name in '{decl}'"));
@@ -283,12 +235,7 @@ pub fn parse_symbol_tables(print_fmt: &str) -> Vec<SymbolTable> {
             continue;
         };
         let condition = condition_before(&print_fmt[..start], tables.last());
-        tables.push(SymbolTable {
-            field,
-            mask,
-            condition,
-            entries: parse_entries(rest),
-        });
+        tables.push(SymbolTable { field, mask, condition, entries: parse_entries(rest) });
     }
     tables
 }
@@ -320,10 +267,7 @@ fn parse_target(target: &str) -> Option<(String, u64)> {
         None => (target.trim(), u64::MAX),
     };
     let field = field.strip_prefix("REC->")?;
-    field
-        .chars()
-        .all(|c| c.is_alphanumeric() || c == '_')
-        .then(|| (field.to_string(), mask))
+    field.chars().all(|c| c.is_alphanumeric() || c == '_').then(|| (field.to_string(), mask))
 }
 
 /// The condition of a table: `(REC->f == N) ?` just before it, or `:` just before it (the
@@ -332,14 +276,9 @@ fn condition_before(prefix: &str, previous: Option<&SymbolTable>) -> Condition {
     let p = prefix.trim_end();
     if let Some(before_q) = p.strip_suffix('?') {
         let before_q = before_q.trim_end();
-        if let Some(inner) = before_q
-            .strip_suffix(')')
-            .and_then(|s| s.rfind('(').map(|i| &s[i + 1..]))
-        {
+        if let Some(inner) = before_q.strip_suffix(')').and_then(|s| s.rfind('(').map(|i| &s[i + 1..])) {
             if let Some((lhs, rhs)) = inner.split_once("==") {
-                if let (Some(f), Some(v)) =
-                    (lhs.trim().strip_prefix("REC->"), parse_int(rhs.trim()))
-                {
+                if let (Some(f), Some(v)) = (lhs.trim().strip_prefix("REC->"), parse_int(rhs.trim())) {
                     return Condition::FieldEq(f.to_string(), v);
                 }
             }
@@ -365,10 +304,11 @@ fn parse_entries(s: &str) -> Vec<(i64, String)> {
         let Some((value, name)) = item.split_once(',') else {
             continue;
         };
-        let name = name.trim().trim_matches('"');
+        // Adjacent C string literals concatenate: `"KVM_EXIT_" "IO"` is `KVM_EXIT_IO`.
+        let name: String = name.split('"').skip(1).step_by(2).collect();
         let value: Option<i64> = value.split('+').map(|t| parse_int(t.trim())).sum();
         if let Some(value) = value {
-            entries.push((value, name.to_string()));
+            entries.push((value, name));
         }
     }
     entries
@@ -381,10 +321,7 @@ fn parse_int(s: &str) -> Option<i64> {
         Some(d) => (true, d.trim()),
         None => (false, s),
     };
-    let value = match digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
+    let value = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16).ok()? as i64,
         None => digits.parse::<i64>().ok()?,
     };
@@ -408,11 +345,7 @@ pub struct PageHeader {
 
 /// Parse `events/header_page`.
 pub fn parse_header_page(text: &str) -> Result<PageHeader, FormatError> {
-    let err = |line: usize, message: String| FormatError {
-        what: "header_page".into(),
-        line,
-        message,
-    };
+    let err = |line: usize, message: String| FormatError { what: "header_page".into(), line, message };
     let mut found: [Option<Field>; 3] = [None, None, None];
     for (i, line) in text.lines().enumerate() {
         let t = line.trim();
@@ -432,13 +365,7 @@ pub fn parse_header_page(text: &str) -> Result<PageHeader, FormatError> {
         return Err(err(0, "needs timestamp, commit and data fields".into()));
     };
     if ts.size != 8 || !(commit.size == 4 || commit.size == 8) {
-        return Err(err(
-            0,
-            format!(
-                "unsupported sizes: timestamp {} commit {}",
-                ts.size, commit.size
-            ),
-        ));
+        return Err(err(0, format!("unsupported sizes: timestamp {} commit {}", ts.size, commit.size)));
     }
     Ok(PageHeader {
         timestamp_offset: ts.offset,
@@ -458,23 +385,11 @@ mod tests {
     #[test]
     fn parses_fields_of_every_kind() {
         let f = parse_event_format("kvm", KVM_PIO).unwrap();
-        assert_eq!(
-            (f.id, f.name.as_str(), f.fields.len()),
-            (1422, "kvm_pio", 8)
-        );
+        assert_eq!((f.id, f.name.as_str(), f.fields.len()), (1422, "kvm_pio", 8));
         assert_eq!(f.field("port").unwrap().offset, 12);
         assert!(f.field("common_pid").unwrap().signed);
-        assert_eq!(
-            f.field("comm").unwrap().kind,
-            FieldKind::Array {
-                elem_size: 1,
-                is_char: true
-            }
-        );
-        assert_eq!(
-            f.field("name").unwrap().kind,
-            FieldKind::DataLoc { is_char: true }
-        );
+        assert_eq!(f.field("comm").unwrap().kind, FieldKind::Array { elem_size: 1, is_char: true });
+        assert_eq!(f.field("name").unwrap().kind, FieldKind::DataLoc { is_char: true });
         assert_eq!(f.field("rw").unwrap().c_type, "unsigned int");
     }
 
@@ -484,10 +399,7 @@ mod tests {
         let e = parse_event_format("kvm", &bad).unwrap_err();
         assert_eq!(e.line, 10);
         assert!(e.to_string().contains("bad offset"), "{e}");
-        assert!(parse_event_format("kvm", "name: x\n")
-            .unwrap_err()
-            .message
-            .contains("ID"));
+        assert!(parse_event_format("kvm", "name: x\n").unwrap_err().message.contains("ID"));
     }
 
     #[test]
@@ -506,18 +418,21 @@ mod tests {
     }
 
     #[test]
+    fn concatenates_adjacent_string_literals() {
+        let fmt = r#""reason %s (%d)", REC->errno < 0 ? (REC->errno == -4 ? "restart" : "error") : __print_symbolic(REC->reason, { 0, "KVM_EXIT_" "UNKNOWN" }, { 2, "KVM_EXIT_" "IO" }), REC->errno"#;
+        let t = parse_symbol_tables(fmt);
+        assert_eq!(t.len(), 1);
+        assert_eq!((t[0].field.as_str(), &t[0].condition), ("reason", &Condition::Always));
+        assert_eq!(t[0].lookup(2), Some("KVM_EXIT_IO"));
+    }
+
+    #[test]
     fn parses_header_page() {
         let text = "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n\tfield: char data;\toffset:16;\tsize:4080;\tsigned:1;\n";
         let h = parse_header_page(text).unwrap();
         assert_eq!(
             h,
-            PageHeader {
-                timestamp_offset: 0,
-                commit_offset: 8,
-                commit_size: 8,
-                data_offset: 16,
-                page_size: 4096
-            }
+            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 }
         );
     }
 }

@@ -8,6 +8,7 @@ pub mod decode;
 pub mod dump;
 pub mod error;
 pub mod format;
+pub mod merge;
 pub mod page;
 pub mod perf;
 pub mod tracefs;

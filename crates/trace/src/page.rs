@@ -68,11 +68,7 @@ impl<'a> Page<'a> {
         if page.len() < header.data_offset {
             return Err(err(
                 0,
-                format!(
-                    "page of {} bytes is shorter than its {}-byte header",
-                    page.len(),
-                    header.data_offset
-                ),
+                format!("page of {} bytes is shorter than its {}-byte header", page.len(), header.data_offset),
             ));
         }
         let base_ts = read_u64(page, header.timestamp_offset);
@@ -100,12 +96,7 @@ impl<'a> Page<'a> {
         } else {
             Missed::Lost(None)
         };
-        Ok(Page {
-            data: &page[header.data_offset..end],
-            data_offset: header.data_offset,
-            base_ts,
-            missed,
-        })
+        Ok(Page { data: &page[header.data_offset..end], data_offset: header.data_offset, base_ts, missed })
     }
 
     /// The page's base timestamp.
@@ -140,10 +131,7 @@ pub struct Records<'a> {
 impl<'a> Records<'a> {
     fn fail(&mut self, message: String) -> Option<Result<RawRecord<'a>, PageError>> {
         self.failed = true;
-        Some(Err(PageError {
-            offset: self.data_offset + self.pos,
-            message,
-        }))
+        Some(Err(PageError { offset: self.data_offset + self.pos, message }))
     }
 }
 
@@ -157,8 +145,7 @@ impl<'a> Iterator for Records<'a> {
             }
             let word = read_u32(self.data, self.pos);
             let (type_len, delta) = (word & 0x1f, u64::from(word >> 5));
-            let array0 =
-                || (self.pos + 8 <= self.data.len()).then(|| read_u32(self.data, self.pos + 4));
+            let array0 = || (self.pos + 8 <= self.data.len()).then(|| read_u32(self.data, self.pos + 4));
             match type_len {
                 TYPE_PADDING => {
                     let len = array0()?;
@@ -193,10 +180,7 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + align4(len);
-                    return Some(Ok(RawRecord {
-                        ts: self.ts,
-                        data: &self.data[start..start + len],
-                    }));
+                    return Some(Ok(RawRecord { ts: self.ts, data: &self.data[start..start + len] }));
                 }
                 n => {
                     let (start, len) = (self.pos + 4, n as usize * 4);
@@ -205,10 +189,7 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + len;
-                    return Some(Ok(RawRecord {
-                        ts: self.ts,
-                        data: &self.data[start..start + len],
-                    }));
+                    return Some(Ok(RawRecord { ts: self.ts, data: &self.data[start..start + len] }));
                 }
             }
         }
@@ -231,13 +212,8 @@ pub(crate) fn read_u64(b: &[u8], at: usize) -> u64 {
 mod tests {
     use super::*;
 
-    const HEADER: PageHeader = PageHeader {
-        timestamp_offset: 0,
-        commit_offset: 8,
-        commit_size: 8,
-        data_offset: 16,
-        page_size: 4096,
-    };
+    const HEADER: PageHeader =
+        PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 };
 
     fn page(base: u64, commit_flags: u64, events: &[u32]) -> Vec<u8> {
         let mut p = vec![0u8; 4096];
@@ -276,25 +252,16 @@ mod tests {
         assert_eq!(page.missed, Missed::None);
         let recs: Vec<_> = page.records().map(Result::unwrap).collect();
         assert_eq!(recs.len(), 3);
-        assert_eq!(
-            (recs[0].ts, recs[0].event_id(), recs[0].data.len()),
-            (1010, Some(7), 8)
-        );
+        assert_eq!((recs[0].ts, recs[0].event_id(), recs[0].data.len()), (1010, Some(7), 8));
         assert_eq!(recs[1].ts, 1010 + 5 + (1 << 27) + 3);
-        assert_eq!(
-            (recs[2].ts, recs[2].event_id(), recs[2].data.len()),
-            (43, Some(11), 8)
-        );
+        assert_eq!((recs[2].ts, recs[2].event_id(), recs[2].data.len()), (43, Some(11), 8));
     }
 
     #[test]
     fn reports_missed_events() {
         let mut p = page(0, MISSED_EVENTS | MISSED_STORED, &[header(1, 1), 5]);
         p[16 + 8..16 + 16].copy_from_slice(&77u64.to_le_bytes());
-        assert_eq!(
-            Page::parse(&p, &HEADER).unwrap().missed,
-            Missed::Lost(Some(77))
-        );
+        assert_eq!(Page::parse(&p, &HEADER).unwrap().missed, Missed::Lost(Some(77)));
         let p = page(0, MISSED_EVENTS, &[header(1, 1), 5]);
         assert_eq!(Page::parse(&p, &HEADER).unwrap().missed, Missed::Lost(None));
     }
@@ -305,18 +272,10 @@ mod tests {
         assert_eq!(Page::parse(&p, &HEADER).unwrap().records().count(), 1);
         let p = page(0, 0, &[header(28, 1), 5]);
         let mut recs = Page::parse(&p, &HEADER).unwrap().records();
-        assert!(recs
-            .next()
-            .unwrap()
-            .unwrap_err()
-            .message
-            .contains("does not fit"));
+        assert!(recs.next().unwrap().unwrap_err().message.contains("does not fit"));
         assert!(recs.next().is_none());
         let mut p = page(0, 0, &[]);
         p[8..16].copy_from_slice(&5000u64.to_le_bytes());
-        assert!(Page::parse(&p, &HEADER)
-            .unwrap_err()
-            .message
-            .contains("runs past"));
+        assert!(Page::parse(&p, &HEADER).unwrap_err().message.contains("runs past"));
     }
 }

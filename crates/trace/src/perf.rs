@@ -25,15 +25,11 @@ pub fn probe_hardware() -> Availability {
 }
 
 fn probe(mut builder: Builder<'_>) -> Availability {
-    let result = builder
-        .observe_self()
-        .any_cpu()
-        .build()
-        .and_then(|mut counter| {
-            counter.enable()?;
-            std::hint::black_box((0..10_000u64).sum::<u64>());
-            counter.read()
-        });
+    let result = builder.observe_self().any_cpu().build().and_then(|mut counter| {
+        counter.enable()?;
+        std::hint::black_box((0..10_000u64).sum::<u64>());
+        counter.read()
+    });
     match result {
         Ok(_) => Availability::Available,
         Err(e) => Availability::Unavailable(e.to_string()),
@@ -42,11 +38,7 @@ fn probe(mut builder: Builder<'_>) -> Availability {
 
 /// `/proc/sys/kernel/perf_event_paranoid` (None if unreadable).
 pub fn paranoid_level() -> Option<i32> {
-    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]

@@ -32,12 +32,7 @@ impl Tracefs {
     pub fn locate() -> Option<Tracefs> {
         let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
         find_tracefs_mount(&mounts)
-            .or_else(|| {
-                Path::new(DEBUGFS_MOUNT)
-                    .join("events")
-                    .is_dir()
-                    .then(|| PathBuf::from(DEBUGFS_MOUNT))
-            })
+            .or_else(|| Path::new(DEBUGFS_MOUNT).join("events").is_dir().then(|| PathBuf::from(DEBUGFS_MOUNT)))
             .map(Tracefs::at)
     }
 
@@ -71,12 +66,7 @@ impl Tracefs {
 
     /// Whether `system:name` exists.
     pub fn has_event(&self, system: &str, name: &str) -> bool {
-        self.root
-            .join("events")
-            .join(system)
-            .join(name)
-            .join("format")
-            .is_file()
+        self.root.join("events").join(system).join(name).join("format").is_file()
     }
 
     /// The tracers this kernel offers (`nop`, `function`, `osnoise`, ...).
@@ -96,12 +86,7 @@ impl Tracefs {
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                let pid: u32 = name
-                    .strip_prefix(INSTANCE_PREFIX)?
-                    .rsplit('-')
-                    .next()?
-                    .parse()
-                    .ok()?;
+                let pid: u32 = name.strip_prefix(INSTANCE_PREFIX)?.rsplit('-').next()?.parse().ok()?;
                 (!Path::new("/proc").join(pid.to_string()).exists()).then(|| e.path())
             })
             .collect()
@@ -115,11 +100,7 @@ impl Tracefs {
             Instance::remove_dir(&path)?;
         }
         fs::create_dir(&path).map_err(TraceError::file(&path))?;
-        let instance = Instance {
-            root: self.root.clone(),
-            path,
-            enabled: Vec::new(),
-        };
+        let instance = Instance { root: self.root.clone(), path, enabled: Vec::new() };
         instance.write("tracing_on", "0")?;
         Ok(instance)
     }
@@ -138,15 +119,7 @@ fn mount_tracefs(target: &Path) -> std::io::Result<()> {
     let c = |s: &str| CString::new(s).expect("no NUL in constant");
     let dir = CString::new(target.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: all pointers are valid NUL-terminated strings or null for the data argument.
-    let rc = unsafe {
-        libc::mount(
-            c("nodev").as_ptr(),
-            dir.as_ptr(),
-            c("tracefs").as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let rc = unsafe { libc::mount(c("nodev").as_ptr(), dir.as_ptr(), c("tracefs").as_ptr(), 0, std::ptr::null()) };
     if rc == 0 {
         Ok(())
     } else {
@@ -241,45 +214,28 @@ pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> 
     let events = root.join("events");
     let header_path = events.join("header_page");
     let header_text = fs::read_to_string(&header_path).map_err(TraceError::file(&header_path))?;
-    let header = parse_header_page(&header_text).map_err(|e| TraceError::Format {
-        path: header_path,
-        source: e,
-    })?;
+    let header = parse_header_page(&header_text).map_err(|e| TraceError::Format { path: header_path, source: e })?;
     let mut formats = Vec::new();
     let mut system_dirs: Vec<PathBuf> = fs::read_dir(&events)
         .map_err(TraceError::file(&events))?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.is_dir())
-        .filter(|p| {
-            systems.is_empty()
-                || p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| systems.contains(&n))
-        })
+        .filter(|p| systems.is_empty() || p.file_name().and_then(|n| n.to_str()).is_some_and(|n| systems.contains(&n)))
         .collect();
     system_dirs.sort();
     for dir in system_dirs {
-        let system = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
-        let mut event_dirs: Vec<PathBuf> = fs::read_dir(&dir)
-            .map_err(TraceError::file(&dir))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .collect();
+        let system = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+        let mut event_dirs: Vec<PathBuf> =
+            fs::read_dir(&dir).map_err(TraceError::file(&dir))?.filter_map(Result::ok).map(|e| e.path()).collect();
         event_dirs.sort();
         for event_dir in event_dirs {
             let path = event_dir.join("format");
             let Ok(text) = fs::read_to_string(&path) else {
                 continue;
             };
-            let format = parse_event_format(&system, &text).map_err(|e| TraceError::Format {
-                path: path.clone(),
-                source: e,
-            })?;
+            let format =
+                parse_event_format(&system, &text).map_err(|e| TraceError::Format { path: path.clone(), source: e })?;
             formats.push(format);
         }
     }
@@ -293,17 +249,13 @@ mod tests {
     #[test]
     fn finds_tracefs_in_proc_mounts() {
         let mounts = "proc /proc proc rw 0 0\nnodev /sys/kernel/tracing tracefs rw,relatime 0 0\n";
-        assert_eq!(
-            find_tracefs_mount(mounts),
-            Some(PathBuf::from("/sys/kernel/tracing"))
-        );
+        assert_eq!(find_tracefs_mount(mounts), Some(PathBuf::from("/sys/kernel/tracing")));
         assert_eq!(find_tracefs_mount("proc /proc proc rw 0 0\n"), None);
     }
 
     #[test]
     fn lists_events_of_a_fake_tree() {
-        let root =
-            std::env::temp_dir().join(format!("virtprof-fake-tracefs-{}", std::process::id()));
+        let root = std::env::temp_dir().join(format!("virtprof-fake-tracefs-{}", std::process::id()));
         for ev in ["kvm_exit", "kvm_pio"] {
             let dir = root.join("events/kvm").join(ev);
             fs::create_dir_all(&dir).unwrap();

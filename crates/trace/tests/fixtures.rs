@@ -10,15 +10,10 @@ use virtprof_trace::decode::{field_value, FieldValue};
 use virtprof_trace::dump::{walk_pages, Dump};
 use virtprof_trace::page::Page;
 
-const RUNS: [&str; 2] = [
-    "kvm-amd-run1_1vcpu_clock-local",
-    "kvm-amd-run3_2vcpu_2cpu_pinned",
-];
+const RUNS: [&str; 2] = ["kvm-amd-run1_1vcpu_clock-local", "kvm-amd-run3_2vcpu_2cpu_pinned"];
 
 fn fixture(run: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(run)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(run)
 }
 
 /// One event as both sides can state it: cpu, ts, name, pid, and field=value text.
@@ -41,9 +36,7 @@ fn decode_flat(run: &str) -> (Dump, Vec<Flat>) {
             let page = Page::parse(bytes, &layout.header).unwrap();
             for rec in page.records() {
                 let rec = rec.unwrap();
-                let format = layout
-                    .format(rec.event_id().unwrap())
-                    .expect("every record has a format");
+                let format = layout.format(rec.event_id().unwrap()).expect("every record has a format");
                 let mut fields = BTreeMap::new();
                 let mut pid = 0;
                 for f in &format.fields {
@@ -60,13 +53,7 @@ fn decode_flat(run: &str) -> (Dump, Vec<Flat>) {
                         fields.insert(f.name.clone(), value);
                     }
                 }
-                flat.push(Flat {
-                    ts: rec.ts,
-                    cpu: cpu.cpu,
-                    name: format.name.clone(),
-                    pid,
-                    fields,
-                });
+                flat.push(Flat { ts: rec.ts, cpu: cpu.cpu, name: format.name.clone(), pid, fields });
             }
         }
     }
@@ -85,12 +72,7 @@ fn tsv(run: &str) -> Vec<Flat> {
             let name = cols.next().unwrap().to_string();
             let mut fields = BTreeMap::new();
             let mut pid = 0;
-            for kv in cols
-                .next()
-                .unwrap_or("")
-                .split(' ')
-                .filter(|s| !s.is_empty())
-            {
+            for kv in cols.next().unwrap_or("").split(' ').filter(|s| !s.is_empty()) {
                 let (k, v) = kv.split_once('=').unwrap();
                 let v = match v.strip_prefix("0x") {
                     Some(hex) => u64::from_str_radix(hex, 16).unwrap().to_string(),
@@ -102,13 +84,7 @@ fn tsv(run: &str) -> Vec<Flat> {
                     fields.insert(k.to_string(), v);
                 }
             }
-            Flat {
-                ts,
-                cpu,
-                name,
-                pid,
-                fields,
-            }
+            Flat { ts, cpu, name, pid, fields }
         })
         .collect()
 }
@@ -127,34 +103,21 @@ fn raw_pages_equal_the_independent_decoding_field_by_field() {
             let (a, b) = (per_cpu(&ours, cpu), per_cpu(&theirs, cpu));
             assert_eq!(a.len(), b.len(), "{run} cpu{cpu}");
             for (x, y) in a.iter().zip(&b) {
-                assert_eq!(
-                    (x.ts, &x.name, x.pid),
-                    (y.ts, &y.name, y.pid),
-                    "{run} cpu{cpu}"
-                );
+                assert_eq!((x.ts, &x.name, x.pid), (y.ts, &y.name, y.pid), "{run} cpu{cpu}");
                 for (k, v) in &y.fields {
                     if k == "exit_reason_name" {
                         let reason = x.fields["exit_reason"].parse().unwrap();
                         let isa = x.fields["isa"].parse().unwrap();
-                        assert_eq!(
-                            dump.decoder.exit_reason_name(reason, isa),
-                            Some(v.as_str()),
-                            "{run} {x:?}"
-                        );
+                        assert_eq!(dump.decoder.exit_reason_name(reason, isa), Some(v.as_str()), "{run} {x:?}");
                         continue;
                     }
-                    let mine = x
-                        .fields
-                        .get(k)
-                        .unwrap_or_else(|| panic!("{run}: we lack field {k} of {}", x.name));
+                    let mine = x.fields.get(k).unwrap_or_else(|| panic!("{run}: we lack field {k} of {}", x.name));
                     // A signed field may print negative in one decoding and as its two's
                     // complement in the other: compare modulo 2^64.
                     match (mine.parse::<i128>(), v.parse::<i128>()) {
-                        (Ok(m), Ok(t)) => assert!(
-                            m.rem_euclid(1 << 64) == t.rem_euclid(1 << 64),
-                            "{run} {} {k}: {m} vs {t}",
-                            x.name
-                        ),
+                        (Ok(m), Ok(t)) => {
+                            assert!(m.rem_euclid(1 << 64) == t.rem_euclid(1 << 64), "{run} {} {k}: {m} vs {t}", x.name)
+                        }
                         _ => assert_eq!(mine, v, "{run} {} field {k}", x.name),
                     }
                 }
@@ -178,13 +141,7 @@ fn text_trace(run: &str) -> Vec<(u32, u64, i64, String, String)> {
             let (secs, usecs) = ts.split_once('.').unwrap();
             let us = secs.parse::<u64>().unwrap() * 1_000_000 + usecs.parse::<u64>().unwrap();
             let (name, fields) = rest.split_once(": ").unwrap_or((rest, ""));
-            (
-                cpu.parse().unwrap(),
-                us,
-                pid,
-                name.to_string(),
-                fields.to_string(),
-            )
+            (cpu.parse().unwrap(), us, pid, name.to_string(), fields.to_string())
         })
         .collect()
 }
@@ -201,11 +158,7 @@ fn raw_pages_equal_the_kernels_text_trace() {
             assert_eq!(mine.len(), theirs.len(), "{run} cpu{cpu}");
             for (m, t) in mine.iter().zip(theirs) {
                 // ftrace prints microseconds rounded to nearest.
-                assert_eq!(
-                    ((m.ts + 500) / 1000, m.pid, m.name.as_str()),
-                    (t.1, t.2, t.3.as_str()),
-                    "{run} cpu{cpu}"
-                );
+                assert_eq!(((m.ts + 500) / 1000, m.pid, m.name.as_str()), (t.1, t.2, t.3.as_str()), "{run} cpu{cpu}");
                 match m.name.as_str() {
                     "kvm_exit" => {
                         let name = dump
@@ -215,34 +168,20 @@ fn raw_pages_equal_the_kernels_text_trace() {
                                 m.fields["isa"].parse().unwrap(),
                             )
                             .unwrap();
-                        assert!(
-                            t.4.contains(&format!(" reason {name} ")),
-                            "{run}: '{name}' not in '{}'",
-                            t.4
-                        );
-                        let rip =
-                            format!("rip 0x{:x}", m.fields["guest_rip"].parse::<u64>().unwrap());
+                        assert!(t.4.contains(&format!(" reason {name} ")), "{run}: '{name}' not in '{}'", t.4);
+                        let rip = format!("rip 0x{:x}", m.fields["guest_rip"].parse::<u64>().unwrap());
                         assert!(t.4.contains(&rip), "{run}: '{rip}' not in '{}'", t.4);
                     }
                     "sched_switch" => {
                         for k in ["prev_comm", "prev_pid", "next_comm", "next_pid"] {
-                            assert!(
-                                t.4.contains(&format!("{k}={} ", m.fields[k])),
-                                "{run}: {k} in '{}'",
-                                t.4
-                            );
+                            assert!(t.4.contains(&format!("{k}={} ", m.fields[k])), "{run}: {k} in '{}'", t.4);
                         }
                     }
-                    "local_timer_entry" | "local_timer_exit" | "reschedule_entry"
-                    | "reschedule_exit" => {
+                    "local_timer_entry" | "local_timer_exit" | "reschedule_entry" | "reschedule_exit" => {
                         assert_eq!(t.4, format!("vector={}", m.fields["vector"]));
                     }
                     "softirq_entry" | "softirq_exit" | "softirq_raise" => {
-                        assert!(
-                            t.4.starts_with(&format!("vec={} ", m.fields["vec"])),
-                            "{}",
-                            t.4
-                        );
+                        assert!(t.4.starts_with(&format!("vec={} ", m.fields["vec"])), "{}", t.4);
                     }
                     _ => {}
                 }
@@ -259,8 +198,7 @@ fn kvm_exits_match_the_probe_ground_truth() {
         let mut dump = Dump::open(&fixture(run).join("tracefs")).unwrap();
         let mut events: Vec<Event> = Vec::new();
         for cpu in dump.cpus.clone() {
-            let stats =
-                walk_pages(&mut dump.decoder, cpu.cpu, &cpu.raw, |e| events.push(e)).unwrap();
+            let stats = walk_pages(&mut dump.decoder, cpu.cpu, &cpu.raw, |e| events.push(e)).unwrap();
             assert_eq!(stats.lost, 0);
         }
         let mut per_tid: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
@@ -269,11 +207,7 @@ fn kvm_exits_match_the_probe_ground_truth() {
             match e.kind {
                 EventKind::KvmExit { reason, isa, .. } => {
                     exits += 1;
-                    let name = dump
-                        .decoder
-                        .exit_reason_name(reason, isa)
-                        .unwrap()
-                        .to_string();
+                    let name = dump.decoder.exit_reason_name(reason, isa).unwrap().to_string();
                     *per_tid.entry(e.tid).or_default().entry(name).or_default() += 1;
                 }
                 EventKind::KvmEntry { .. } => entries += 1,
@@ -289,10 +223,7 @@ fn kvm_exits_match_the_probe_ground_truth() {
             assert_eq!(reasons["msr"], n, "{run} tid {tid}");
             assert_eq!(reasons["hlt"], 1, "{run} tid {tid}");
             let npf = reasons["npf"];
-            assert!(
-                (2 * n..2 * n + 16).contains(&npf),
-                "{run} tid {tid}: npf {npf}"
-            );
+            assert!((2 * n..2 * n + 16).contains(&npf), "{run} tid {tid}: npf {npf}");
         }
     }
 }

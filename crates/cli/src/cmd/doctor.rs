@@ -54,18 +54,8 @@ type EventCounts = BTreeMap<String, u64>;
 /// The guest work of the live probe: each kind of exit our test bed can make.
 const PROBE_SCRIPT: &str = "pio-user:200,mmio-user:200,pio-kernel:200,cpuid:200";
 
-fn check(
-    name: &'static str,
-    status: Status,
-    detail: impl Into<String>,
-    fix: Option<&str>,
-) -> Check {
-    Check {
-        name,
-        status,
-        detail: detail.into(),
-        fix: fix.map(str::to_string),
-    }
+fn check(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
+    Check { name, status, detail: detail.into(), fix: fix.map(str::to_string) }
 }
 
 pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
@@ -83,25 +73,14 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     });
     checks.push(check("kernel", Status::Ok, kernel_release(), None));
 
-    let tracefs = if root {
-        Tracefs::locate_or_mount().ok()
-    } else {
-        Tracefs::locate()
-    };
+    let tracefs = if root { Tracefs::locate_or_mount().ok() } else { Tracefs::locate() };
     match &tracefs {
-        Some(t) => checks.push(check(
-            "tracefs",
-            Status::Ok,
-            format!("mounted at {}", t.root().display()),
-            None,
-        )),
+        Some(t) => checks.push(check("tracefs", Status::Ok, format!("mounted at {}", t.root().display()), None)),
         None => checks.push(check(
             "tracefs",
             Status::Missing,
             "not mounted",
-            Some(
-                "mount -t tracefs nodev /sys/kernel/tracing (virtprof does this itself when root)",
-            ),
+            Some("mount -t tracefs nodev /sys/kernel/tracing (virtprof does this itself when root)"),
         )),
     }
     if args.cleanup {
@@ -115,10 +94,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let stale = tracefs
-        .as_ref()
-        .map(Tracefs::stale_instances)
-        .unwrap_or_default();
+    let stale = tracefs.as_ref().map(Tracefs::stale_instances).unwrap_or_default();
     if !stale.is_empty() {
         checks.push(check(
             "stale instances",
@@ -133,10 +109,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         Ok(v) => checks.push(check(
             "/dev/kvm",
             Status::Ok,
-            format!(
-                "KVM API {v}, host kind {}",
-                kvm.kind.map_or("unknown", HostKind::as_str)
-            ),
+            format!("KVM API {v}, host kind {}", kvm.kind.map_or("unknown", HostKind::as_str)),
             None,
         )),
         Err(e) => checks.push(check(
@@ -147,43 +120,24 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         )),
     }
     match &kvm.stats {
-        Ok((vm, vcpu)) => checks.push(check(
-            "KVM stats fd",
-            Status::Ok,
-            format!("{vm} VM stats, {vcpu} vCPU stats"),
-            None,
-        )),
-        Err(e) => checks.push(check(
-            "KVM stats fd",
-            Status::Missing,
-            e.clone(),
-            Some("needs Linux 5.14 or newer"),
-        )),
+        Ok((vm, vcpu)) => {
+            checks.push(check("KVM stats fd", Status::Ok, format!("{vm} VM stats, {vcpu} vCPU stats"), None))
+        }
+        Err(e) => checks.push(check("KVM stats fd", Status::Missing, e.clone(), Some("needs Linux 5.14 or newer"))),
     }
     checks.push(debugfs_kvm_check());
 
-    let kvm_events = tracefs
-        .as_ref()
-        .map(|t| t.events("kvm"))
-        .unwrap_or_default();
+    let kvm_events = tracefs.as_ref().map(|t| t.events("kvm")).unwrap_or_default();
     if tracefs.is_some() {
         let has = |e: &str| kvm_events.iter().any(|k| k == e);
-        let status = if has("kvm_exit") && has("kvm_entry") {
-            Status::Ok
-        } else {
-            Status::Warn
-        };
+        let status = if has("kvm_exit") && has("kvm_entry") { Status::Ok } else { Status::Warn };
         checks.push(check(
             "kvm tracepoints",
             status,
             format!(
                 "{} kvm events{}",
                 kvm_events.len(),
-                if has("kvm_exit") {
-                    ", kvm_exit and kvm_entry defined"
-                } else {
-                    ", no kvm_exit"
-                }
+                if has("kvm_exit") { ", kvm_exit and kvm_entry defined" } else { ", no kvm_exit" }
             ),
             None,
         ));
@@ -195,20 +149,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     match &probe {
         Some(Ok(counts)) => checks.extend(probe_checks(counts)),
-        Some(Err(e)) => checks.push(check(
-            "live probe",
-            Status::Warn,
-            format!("failed: {e:#}"),
-            None,
-        )),
+        Some(Err(e)) => checks.push(check("live probe", Status::Warn, format!("failed: {e:#}"), None)),
         None => checks.push(check(
             "live probe",
             Status::Warn,
-            if args.no_probe {
-                "skipped (--no-probe)"
-            } else {
-                "needs tracefs and /dev/kvm"
-            },
+            if args.no_probe { "skipped (--no-probe)" } else { "needs tracefs and /dev/kvm" },
             None,
         )),
     }
@@ -217,26 +162,16 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let hardware = perf::probe_hardware();
     let paranoid = perf::paranoid_level();
     checks.push(match &software {
-        Availability::Available => check(
-            "perf software events",
-            Status::Ok,
-            "task-clock counts",
-            None,
-        ),
+        Availability::Available => check("perf software events", Status::Ok, "task-clock counts", None),
         Availability::Unavailable(e) => check(
             "perf software events",
             Status::Missing,
-            format!(
-                "{e} (perf_event_paranoid={})",
-                paranoid.map_or("?".into(), |p| p.to_string())
-            ),
+            format!("{e} (perf_event_paranoid={})", paranoid.map_or("?".into(), |p| p.to_string())),
             Some("sysctl kernel.perf_event_paranoid=1, or run as root"),
         ),
     });
     checks.push(match &hardware {
-        Availability::Available => {
-            check("perf hardware counters", Status::Ok, "cycles counts", None)
-        }
+        Availability::Available => check("perf hardware counters", Status::Ok, "cycles counts", None),
         Availability::Unavailable(e) => check(
             "perf hardware counters",
             Status::Missing,
@@ -244,15 +179,10 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("on a VM, enable the vPMU (QEMU -cpu host,pmu=on; Firecracker has none)"),
         ),
     });
-    let rapl = Path::new("/sys/class/powercap/intel-rapl:0").exists()
-        || Path::new("/sys/class/powercap/intel-rapl").exists();
+    let rapl =
+        Path::new("/sys/class/powercap/intel-rapl:0").exists() || Path::new("/sys/class/powercap/intel-rapl").exists();
     checks.push(if rapl {
-        check(
-            "RAPL / powercap",
-            Status::Ok,
-            "/sys/class/powercap/intel-rapl present",
-            None,
-        )
+        check("RAPL / powercap", Status::Ok, "/sys/class/powercap/intel-rapl present", None)
     } else {
         check(
             "RAPL / powercap",
@@ -261,10 +191,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("bare-metal Intel/AMD with intel_rapl_common loaded"),
         )
     });
-    let tracers = tracefs
-        .as_ref()
-        .map(Tracefs::available_tracers)
-        .unwrap_or_default();
+    let tracers = tracefs.as_ref().map(Tracefs::available_tracers).unwrap_or_default();
     let osnoise = tracers.iter().any(|t| t == "osnoise");
     checks.push(if osnoise {
         check("osnoise tracer", Status::Ok, "available", None)
@@ -276,24 +203,16 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("CONFIG_OSNOISE_TRACER=y (virtprof noise does not need it)"),
         )
     });
-    let in_vm = std::fs::read_to_string("/proc/cpuinfo")
-        .unwrap_or_default()
-        .contains(" hypervisor");
+    let in_vm = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default().contains(" hypervisor");
     checks.push(check(
         "running in a VM",
         Status::Ok,
-        if in_vm {
-            "yes (hypervisor CPU flag): noise splits steal/hypervisor"
-        } else {
-            "no (bare metal)"
-        },
+        if in_vm { "yes (hypervisor CPU flag): noise splits steal/hypervisor" } else { "no (bare metal)" },
         None,
     ));
-    for (tool, package) in [
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("trace-cmd", "trace-cmd"),
-        ("perf", "linux-perf"),
-    ] {
+    for (tool, package) in
+        [("qemu-system-x86_64", "qemu-system-x86"), ("trace-cmd", "trace-cmd"), ("perf", "linux-perf")]
+    {
         checks.push(if which(tool) {
             check(tool_check_name(tool), Status::Ok, "found in PATH", None)
         } else {
@@ -306,16 +225,9 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let exits_live = probe
-        .as_ref()
-        .and_then(|p| p.as_ref().ok())
-        .map(|c| c.get("kvm_exit").copied().unwrap_or(0) > 0);
+    let exits_live = probe.as_ref().and_then(|p| p.as_ref().ok()).map(|c| c.get("kvm_exit").copied().unwrap_or(0) > 0);
     let features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
-    let report = Report {
-        host_kind: kvm.kind,
-        checks,
-        features,
-    };
+    let report = Report { host_kind: kvm.kind, checks, features };
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -363,11 +275,7 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
 fn count_text_events(text: &str, tids: &[u32]) -> EventCounts {
     let mut counts = EventCounts::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let tid = line
-            .split(" [")
-            .next()
-            .and_then(|task| task.rsplit('-').next())
-            .and_then(|t| t.trim().parse().ok());
+        let tid = line.split(" [").next().and_then(|task| task.rsplit('-').next()).and_then(|t| t.trim().parse().ok());
         if !tid.is_some_and(|t| tids.contains(&t)) {
             continue;
         }
@@ -391,23 +299,12 @@ fn probe_checks(counts: &EventCounts) -> Vec<Check> {
             Some("use a VMX/SVM host for per-exit durations of lightweight exits"),
         )
     });
-    let evidence: Vec<String> = counts
-        .iter()
-        .filter(|(k, _)| k.starts_with("kvm_"))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let evidence: Vec<String> =
+        counts.iter().filter(|(k, _)| k.starts_with("kvm_")).map(|(k, v)| format!("{k}={v}")).collect();
     checks.push(check(
         "kvm events in probe",
-        if evidence.is_empty() {
-            Status::Missing
-        } else {
-            Status::Ok
-        },
-        if evidence.is_empty() {
-            "none fired".to_string()
-        } else {
-            evidence.join(" ")
-        },
+        if evidence.is_empty() { Status::Missing } else { Status::Ok },
+        if evidence.is_empty() { "none fired".to_string() } else { evidence.join(" ") },
         None,
     ));
     checks
@@ -420,15 +317,8 @@ fn features(
     hardware: &Availability,
     rapl: bool,
 ) -> Vec<Feature> {
-    let f = |feature, mode: &str| Feature {
-        feature,
-        mode: mode.to_string(),
-    };
-    let testvm = if kvm.api_version.is_ok() {
-        "available"
-    } else {
-        "unavailable: no /dev/kvm"
-    };
+    let f = |feature, mode: &str| Feature { feature, mode: mode.to_string() };
+    let testvm = if kvm.api_version.is_ok() { "available" } else { "unavailable: no /dev/kvm" };
     let exits = match (tracefs, exits_live) {
         (false, _) => "unavailable: needs tracefs",
         (true, Some(true)) => "per-exit durations from kvm_exit/kvm_entry, light/heavy split, vm_noise rows",
@@ -437,9 +327,7 @@ fn features(
     };
     let counters = match hardware {
         Availability::Available => "software and hardware counters",
-        Availability::Unavailable(_) => {
-            "software counters and tracepoint counts only (no hardware PMU)"
-        }
+        Availability::Unavailable(_) => "software counters and tracepoint counts only (no hardware PMU)",
     };
     let energy = if rapl {
         "model calibrated against RAPL"
@@ -459,14 +347,7 @@ fn features(
         ),
         f("counters", counters),
         f("energy", energy),
-        f(
-            "stats",
-            if kvm.stats.is_ok() {
-                "KVM binary stats of any VMM via pidfd_getfd"
-            } else {
-                "unavailable"
-            },
-        ),
+        f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
 }
 
@@ -502,18 +383,10 @@ fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
 
 fn debugfs_kvm_check() -> Check {
     match std::fs::read_dir("/sys/kernel/debug/kvm") {
-        Ok(_) => check(
-            "debugfs kvm stats",
-            Status::Ok,
-            "/sys/kernel/debug/kvm readable (kvm_stat works)",
-            None,
-        ),
-        Err(e) => check(
-            "debugfs kvm stats",
-            Status::Warn,
-            format!("{e} (not needed: virtprof reads the stats fd)"),
-            None,
-        ),
+        Ok(_) => check("debugfs kvm stats", Status::Ok, "/sys/kernel/debug/kvm readable (kvm_stat works)", None),
+        Err(e) => {
+            check("debugfs kvm stats", Status::Warn, format!("{e} (not needed: virtprof reads the stats fd)"), None)
+        }
     }
 }
 
@@ -523,8 +396,7 @@ fn kernel_release() -> String {
 }
 
 fn which(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(tool).is_file()))
 }
 
 fn geteuid() -> u32 {

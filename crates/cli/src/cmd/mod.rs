@@ -1,6 +1,8 @@
 //! One module per subcommand; `run` dispatches.
 
 mod doctor;
+mod exits;
+mod import;
 mod stats;
 mod testvm;
 
@@ -13,6 +15,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => doctor::run(&args),
         Command::Testvm(args) => testvm::run(&args),
         Command::Stats(args) => stats::run(&args),
+        Command::Import(args) => import::run(&args),
+        Command::Exits(args) => exits::run(&args),
         Command::Vmm => {
             virtprof_kvm::launcher::install_stop_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

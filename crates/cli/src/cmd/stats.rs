@@ -31,9 +31,7 @@ struct VcpuStats {
 pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
     let remote = match RemoteVmStats::attach(args.pid) {
         Err(e @ (StatsError::Proc { .. } | StatsError::NoKvmFds { .. })) => {
-            return Err(usage(format!(
-                "{e}; list VMs with `ps -C qemu-system-x86_64,firecracker,virtprof-vm`"
-            )))
+            return Err(usage(format!("{e}; list VMs with `ps -C qemu-system-x86_64,firecracker,virtprof-vm`")))
         }
         other => other.with_context(|| format!("reading KVM stats of process {}", args.pid))?,
     };
@@ -46,12 +44,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
         vcpus: remote
             .vcpus
             .iter()
-            .map(|(index, fd)| {
-                Ok(VcpuStats {
-                    index: *index,
-                    stats: fd.read()?.values,
-                })
-            })
+            .map(|(index, fd)| Ok(VcpuStats { index: *index, stats: fd.read()?.values }))
             .collect::<Result<_, StatsError>>()?,
     };
     let mut out = std::io::stdout().lock();
@@ -63,11 +56,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
     let mut headers = vec!["STAT".to_string(), "VM".to_string()];
     headers.extend(output.vcpus.iter().map(|v| format!("VCPU{}", v.index)));
     let mut table = Table::new(headers);
-    let mut names: Vec<&String> = output
-        .vm
-        .keys()
-        .chain(output.vcpus.iter().flat_map(|v| v.stats.keys()))
-        .collect();
+    let mut names: Vec<&String> = output.vm.keys().chain(output.vcpus.iter().flat_map(|v| v.stats.keys())).collect();
     names.sort();
     names.dedup();
     for name in names {
@@ -78,11 +67,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         let mut row = vec![name.clone()];
-        row.extend(
-            cells
-                .iter()
-                .map(|c| c.map(|v| v.to_string()).unwrap_or_default()),
-        );
+        row.extend(cells.iter().map(|c| c.map(|v| v.to_string()).unwrap_or_default()));
         table.row(row);
     }
     writeln!(
@@ -90,11 +75,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
         "KVM binary stats of process {} ({} vCPUs){}",
         output.pid,
         output.vcpus.len(),
-        if args.all {
-            ""
-        } else {
-            ", non-zero only (--all for every stat)"
-        }
+        if args.all { "" } else { ", non-zero only (--all for every stat)" }
     )?;
     table.write_text(&mut out)?;
     Ok(ExitCode::SUCCESS)

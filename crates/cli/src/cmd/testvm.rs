@@ -16,8 +16,7 @@ use crate::exit::usage;
 pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
     let config = config_from_args(args)?;
     launcher::install_stop_handler();
-    let exe = std::env::current_exe()
-        .context("locating the virtprof executable to start VMM processes")?;
+    let exe = std::env::current_exe().context("locating the virtprof executable to start VMM processes")?;
     let report = launcher::run_testvm(&exe, &config)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -27,51 +26,32 @@ pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
         write_human(&report, &config, &mut out)?;
     }
     let incomplete = report.vcpus().any(|v| !v.completed);
-    Ok(if incomplete {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(if incomplete { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 /// Validate the arguments into a launcher config; every problem is a usage error.
 pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     let bound = match (args.iterations, &args.duration) {
         (Some(n), _) => Bound::Iterations(n),
-        (None, Some(d)) => Bound::Duration {
-            ns: parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
-        },
+        (None, Some(d)) => Bound::Duration { ns: parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))? },
         (None, None) => Bound::Duration { ns: 1_000_000_000 },
     };
     let script = match (args.workload.as_str(), &args.phases) {
-        ("phases", Some(spec)) => {
-            Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?
+        ("phases", Some(spec)) => Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?,
+        ("phases", None) => {
+            return Err(usage("--workload phases needs --phases SCRIPT, e.g. --phases compute:200ms,pio-user:10000"))
         }
-        ("phases", None) => return Err(usage(
-            "--workload phases needs --phases SCRIPT, e.g. --phases compute:200ms,pio-user:10000",
-        )),
         (_, Some(_)) if args.workload != "compute" => {
-            return Err(usage(format!(
-                "--phases goes with --workload phases, not '{}'",
-                args.workload
-            )))
+            return Err(usage(format!("--phases goes with --workload phases, not '{}'", args.workload)))
         }
-        (_, Some(spec)) => {
-            Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?
-        }
+        (_, Some(spec)) => Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?,
         (name, None) => Script::single(name.parse::<Workload>().map_err(usage)?, bound),
     };
     if args.phases.is_some() && (args.iterations.is_some() || args.duration.is_some()) {
-        return Err(usage(
-            "--phases gives each phase its own bound; drop --iterations/--duration",
-        ));
+        return Err(usage("--phases gives each phase its own bound; drop --iterations/--duration"));
     }
     if args.vcpus == 0 || args.vcpus > virtprof_kvm::guest::layout::MAX_VCPUS {
-        return Err(usage(format!(
-            "--vcpus {}: must be 1 to {}",
-            args.vcpus,
-            virtprof_kvm::guest::layout::MAX_VCPUS
-        )));
+        return Err(usage(format!("--vcpus {}: must be 1 to {}", args.vcpus, virtprof_kvm::guest::layout::MAX_VCPUS)));
     }
     if args.vms == 0 || args.vms > 64 {
         return Err(usage(format!("--vms {}: must be 1 to 64", args.vms)));
@@ -90,8 +70,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
             cpus
         }
     };
-    let io_latency_ns =
-        parse_duration_ns(&args.io_latency).map_err(|e| usage(format!("--io-latency: {e}")))?;
+    let io_latency_ns = parse_duration_ns(&args.io_latency).map_err(|e| usage(format!("--io-latency: {e}")))?;
     let linger_ns = match &args.linger {
         Some(d) => parse_duration_ns(d).map_err(|e| usage(format!("--linger: {e}")))?,
         None => 0,
@@ -108,17 +87,10 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
 }
 
 fn format_cpus(cpus: &[u32]) -> String {
-    cpus.iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
+    cpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-fn write_human(
-    report: &TestvmReport,
-    config: &TestvmConfig,
-    out: &mut impl Write,
-) -> std::io::Result<()> {
+fn write_human(report: &TestvmReport, config: &TestvmConfig, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
         "virtprof testvm: {} on {} VM(s) x {} vCPU(s), {} wall, {} marker IO exits per vCPU",
@@ -147,12 +119,7 @@ fn write_human(
     ]);
     for vm in &report.vms {
         for v in &vm.vcpus {
-            let other: u64 = v
-                .userspace_exits
-                .iter()
-                .filter(|(k, _)| *k != "IO" && *k != "MMIO")
-                .map(|(_, n)| n)
-                .sum();
+            let other: u64 = v.userspace_exits.iter().filter(|(k, _)| *k != "IO" && *k != "MMIO").map(|(_, n)| n).sum();
             let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
             table.row([
                 vm.index.to_string(),
@@ -168,10 +135,7 @@ fn write_human(
                 v.exits("MMIO").to_string(),
                 other.to_string(),
                 v.ioeventfd_signals.to_string(),
-                v.kvm_stats
-                    .get("exits")
-                    .map(u64::to_string)
-                    .unwrap_or_default(),
+                v.kvm_stats.get("exits").map(u64::to_string).unwrap_or_default(),
                 v.steal_ns.map(ms).unwrap_or_default(),
             ]);
         }

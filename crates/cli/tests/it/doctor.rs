@@ -7,35 +7,13 @@ use super::util::{have_kvm, have_tracefs, host_kind, virtprof};
 fn doctor_json_reports_kvm_and_the_live_probe() {
     let test = "doctor_json_reports_kvm_and_the_live_probe";
     let out = virtprof().args(["doctor", "--json"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let check = |name: &str| {
-        report["checks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .cloned()
-    };
-    for name in [
-        "/dev/kvm",
-        "KVM stats fd",
-        "perf hardware counters",
-        "RAPL / powercap",
-        "osnoise tracer",
-        "tracefs",
-    ] {
+    let check = |name: &str| report["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).cloned();
+    for name in ["/dev/kvm", "KVM stats fd", "perf hardware counters", "RAPL / powercap", "osnoise tracer", "tracefs"] {
         assert!(check(name).is_some(), "doctor lacks check {name}");
     }
-    assert!(report["features"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|f| f["feature"] == "exits"));
+    assert!(report["features"].as_array().unwrap().iter().any(|f| f["feature"] == "exits"));
     let Some(_vms) = have_kvm(test) else {
         return;
     };
@@ -55,13 +33,7 @@ fn doctor_json_reports_kvm_and_the_live_probe() {
     }
     let leftovers = std::fs::read_dir("/sys/kernel/tracing/instances")
         .map(|d| {
-            d.filter_map(Result::ok)
-                .filter(|e| {
-                    e.file_name()
-                        .to_string_lossy()
-                        .starts_with("virtprof-doctor-")
-                })
-                .count()
+            d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with("virtprof-doctor-")).count()
         })
         .unwrap_or(0);
     assert_eq!(leftovers, 0, "doctor left its tracefs instance behind");

@@ -7,47 +7,28 @@ fn assert_usage_error(args: &[&str], needle: &str) {
     let out = virtprof().args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert!(
-        stderr.contains(needle),
-        "{args:?}: stderr lacks {needle:?}:\n{stderr}"
-    );
+    assert!(stderr.contains(needle), "{args:?}: stderr lacks {needle:?}:\n{stderr}");
     assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
-    assert_eq!(
-        stderr.trim().lines().count(),
-        1,
-        "{args:?}: one line expected:\n{stderr}"
-    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: one line expected:\n{stderr}");
 }
 
 #[test]
 fn unknown_workload() {
-    assert_usage_error(
-        &["testvm", "--workload", "bogus"],
-        "unknown workload 'bogus'",
-    );
+    assert_usage_error(&["testvm", "--workload", "bogus"], "unknown workload 'bogus'");
 }
 
 #[test]
 fn bad_cpu_lists() {
     assert_usage_error(&["testvm", "--pin", "3-1"], "runs backwards");
     assert_usage_error(&["testvm", "--pin", "x"], "invalid CPU list 'x'");
-    assert_usage_error(
-        &["testvm", "--pin", "4095"],
-        "CPU 4095 is not available here",
-    );
+    assert_usage_error(&["testvm", "--pin", "4095"], "CPU 4095 is not available here");
 }
 
 #[test]
 fn bad_durations_and_phases() {
-    assert_usage_error(
-        &["testvm", "--duration", "5parsecs"],
-        "unknown unit 'parsecs'",
-    );
+    assert_usage_error(&["testvm", "--duration", "5parsecs"], "unknown unit 'parsecs'");
     assert_usage_error(&["testvm", "--workload", "phases"], "needs --phases");
-    assert_usage_error(
-        &["testvm", "--workload", "phases", "--phases", "compute"],
-        "lacks a bound",
-    );
+    assert_usage_error(&["testvm", "--workload", "phases", "--phases", "compute"], "lacks a bound");
     assert_usage_error(
         &["testvm", "--workload", "pio-user", "--phases", "compute:1"],
         "--phases goes with --workload phases",
@@ -57,10 +38,7 @@ fn bad_durations_and_phases() {
 
 #[test]
 fn clap_errors_exit_2() {
-    let out = virtprof()
-        .args(["testvm", "--iterations", "many"])
-        .output()
-        .unwrap();
+    let out = virtprof().args(["testvm", "--iterations", "many"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let out = virtprof().args(["no-such-command"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -71,17 +49,11 @@ fn guest_fault_reports_exception_and_rip() {
     let Some(_vms) = have_kvm("guest_fault_reports_exception_and_rip") else {
         return;
     };
-    let out = virtprof()
-        .args(["testvm", "--workload", "fault", "-n", "1"])
-        .output()
-        .unwrap();
+    let out = virtprof().args(["testvm", "--workload", "fault", "-n", "1"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("#UD (vector 6"), "{stderr}");
-    assert!(
-        stderr.contains("at RIP 0x") && stderr.contains("phase0_fault_loop+0x0"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("at RIP 0x") && stderr.contains("phase0_fault_loop+0x0"), "{stderr}");
     assert!(!stderr.contains("panicked"));
 }
 
@@ -89,30 +61,16 @@ fn guest_fault_reports_exception_and_rip() {
 fn missing_dev_kvm_is_a_usage_error() {
     let test = "missing_dev_kvm_is_a_usage_error";
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0
-        || std::process::Command::new("unshare")
-            .arg("--help")
-            .output()
-            .is_err()
-    {
+    if unsafe { libc::geteuid() } != 0 || std::process::Command::new("unshare").arg("--help").output().is_err() {
         eprintln!("SKIP {test}: needs root and unshare to hide /dev/kvm in a mount namespace");
         return;
     }
     let exe = assert_cmd::cargo::cargo_bin("virtprof");
-    let script = format!(
-        "mount -t tmpfs none /dev && exec {} testvm -n 1",
-        exe.display()
-    );
-    let out = std::process::Command::new("unshare")
-        .args(["-m", "sh", "-c", &script])
-        .output()
-        .unwrap();
+    let script = format!("mount -t tmpfs none /dev && exec {} testvm -n 1", exe.display());
+    let out = std::process::Command::new("unshare").args(["-m", "sh", "-c", &script]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("cannot open /dev/kvm") && stderr.contains("load kvm_intel"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("cannot open /dev/kvm") && stderr.contains("load kvm_intel"), "{stderr}");
 }
 
 #[test]
@@ -125,13 +83,7 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
         use std::os::unix::fs::PermissionsExt;
         m.permissions().mode() & 0o006 != 0
     });
-    if !root
-        || kvm_world_accessible
-        || std::process::Command::new("setpriv")
-            .arg("--help")
-            .output()
-            .is_err()
-    {
+    if !root || kvm_world_accessible || std::process::Command::new("setpriv").arg("--help").output().is_err() {
         eprintln!("SKIP {test}: needs root, setpriv, and a /dev/kvm that 'nobody' cannot open");
         return;
     }
@@ -147,8 +99,5 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
         return;
     }
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("cannot open /dev/kvm") && stderr.contains("group 'kvm'"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("cannot open /dev/kvm") && stderr.contains("group 'kvm'"), "{stderr}");
 }

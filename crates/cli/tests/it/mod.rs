@@ -1,5 +1,6 @@
 mod doctor;
 mod errors;
+mod exits;
 mod perf_stat;
 mod stats;
 mod testvm;

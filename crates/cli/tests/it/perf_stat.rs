@@ -24,22 +24,9 @@ fn testvm_counts_equal_perf_stat_tracepoint_counts() {
     let output = Command::new("perf")
         .args(["stat", "-x", ",", "-o"])
         .arg(&csv)
-        .args([
-            "-e",
-            "kvm:kvm_pio,kvm:kvm_mmio,kvm:kvm_userspace_exit",
-            "--",
-        ])
+        .args(["-e", "kvm:kvm_pio,kvm:kvm_mmio,kvm:kvm_userspace_exit", "--"])
         .arg(&exe)
-        .args([
-            "testvm",
-            "--workload",
-            "phases",
-            "--phases",
-            script,
-            "--vcpus",
-            "2",
-            "--json",
-        ])
+        .args(["testvm", "--workload", "phases", "--phases", script, "--vcpus", "2", "--json"])
         .output()
         .unwrap();
     let report = parse_report(&output, &[script]);
@@ -53,10 +40,7 @@ fn testvm_counts_equal_perf_stat_tracepoint_counts() {
     };
 
     let vcpus: Vec<_> = report.vcpus().collect();
-    let userspace: u64 = vcpus
-        .iter()
-        .map(|v| v.userspace_exits.values().sum::<u64>())
-        .sum();
+    let userspace: u64 = vcpus.iter().map(|v| v.userspace_exits.values().sum::<u64>()).sum();
     let io: u64 = vcpus.iter().map(|v| v.exits("IO")).sum();
     let mmio: u64 = vcpus.iter().map(|v| v.exits("MMIO")).sum();
     let markers = report.marker_io_exits_per_vcpu * vcpus.len() as u64;

@@ -18,24 +18,8 @@ fn stats_of_another_process_match_its_own_counts() {
         return;
     }
     let n = 800u64;
-    let args = [
-        "testvm",
-        "--workload",
-        "pio-user",
-        "-n",
-        "800",
-        "--vcpus",
-        "2",
-        "--linger",
-        "3s",
-        "--json",
-    ];
-    let mut run = virtprof()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let args = ["testvm", "--workload", "pio-user", "-n", "800", "--vcpus", "2", "--linger", "3s", "--json"];
+    let mut run = virtprof().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let parent = run.id();
 
     // Find the VMM child, then poll its stats until the guests are done (values stop moving).
@@ -46,10 +30,7 @@ fn stats_of_another_process_match_its_own_counts() {
         let Some(vmm) = child_named(parent, "virtprof-vm") else {
             continue;
         };
-        let out = virtprof()
-            .args(["stats", "--pid", &vmm.to_string(), "--json"])
-            .output()
-            .unwrap();
+        let out = virtprof().args(["stats", "--pid", &vmm.to_string(), "--json"]).output().unwrap();
         if !out.status.success() {
             continue;
         }
@@ -73,12 +54,7 @@ fn stats_of_another_process_match_its_own_counts() {
         assert_eq!(remote_vcpu["index"], v.index);
         // A fresh vCPU starts at zero, so the remote absolute values equal the run's deltas.
         for name in ["exits", "insn_emulation", "io_exits", "fpu_reload"] {
-            assert_eq!(
-                remote_vcpu["stats"][name].as_u64(),
-                Some(v.stat(name)),
-                "stat {name} of vcpu{}",
-                v.index
-            );
+            assert_eq!(remote_vcpu["stats"][name].as_u64(), Some(v.stat(name)), "stat {name} of vcpu{}", v.index);
         }
         assert!(v.stat("exits") >= n);
     }
@@ -87,24 +63,16 @@ fn stats_of_another_process_match_its_own_counts() {
 
 #[test]
 fn stats_of_a_non_vmm_process_is_a_usage_error() {
-    let out = virtprof()
-        .args(["stats", "--pid", &std::process::id().to_string()])
-        .output()
-        .unwrap();
+    let out = virtprof().args(["stats", "--pid", &std::process::id().to_string()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("holds no KVM VM or vCPU file descriptors")
-    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no KVM VM or vCPU file descriptors"));
 }
 
 /// The pid of a child of `parent` whose comm is `name`.
 fn child_named(parent: u32, name: &str) -> Option<u32> {
-    let children =
-        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
     children
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
-        .find(|pid: &u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .find(|pid: &u32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == name))
 }

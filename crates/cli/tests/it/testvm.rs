@@ -13,26 +13,13 @@ fn pio_user_makes_one_io_exit_per_iteration_plus_markers() {
         return;
     };
     let n = 1500;
-    let report = testvm(&[
-        "--workload",
-        "pio-user",
-        "--iterations",
-        &n.to_string(),
-        "--vcpus",
-        "2",
-    ]);
+    let report = testvm(&["--workload", "pio-user", "--iterations", &n.to_string(), "--vcpus", "2"]);
     assert_eq!(report.marker_io_exits_per_vcpu, MARKERS);
     assert_eq!(report.vms.len(), 1);
     for v in report.vcpus() {
         assert!(v.completed);
         assert_eq!(v.iterations, n);
-        assert_eq!(
-            v.exits("IO"),
-            n + MARKERS,
-            "vcpu{} userspace exits {:?}",
-            v.index,
-            v.userspace_exits
-        );
+        assert_eq!(v.exits("IO"), n + MARKERS, "vcpu{} userspace exits {:?}", v.index, v.userspace_exits);
         assert_eq!(v.exits("MMIO"), 0);
         assert_eq!(v.ioeventfd_signals, 0);
         assert!(v.tid > 0 && v.ns_per_iteration > 0.0);
@@ -63,17 +50,9 @@ fn kernel_doorbells_signal_ioeventfds_without_userspace_exits() {
         let report = testvm(&["--workload", workload, "-n", &n.to_string(), "--vcpus", "2"]);
         for v in report.vcpus() {
             assert_eq!(v.ioeventfd_signals, n, "{workload} vcpu{}", v.index);
-            assert_eq!(
-                v.exits("IO"),
-                MARKERS,
-                "{workload}: only the markers reach userspace"
-            );
+            assert_eq!(v.exits("IO"), MARKERS, "{workload}: only the markers reach userspace");
             assert_eq!(v.exits("MMIO"), 0, "{workload}");
-            assert!(
-                v.stat("exits") >= n,
-                "{workload}: KVM counted {} exits for {n} doorbells",
-                v.stat("exits")
-            );
+            assert!(v.stat("exits") >= n, "{workload}: KVM counted {} exits for {n} doorbells", v.stat("exits"));
         }
     }
 }
@@ -84,23 +63,11 @@ fn io_bound_vcpu_blocks_for_the_io_latency() {
         return;
     };
     let (n, latency_ms) = (40u64, 10u64);
-    let report = testvm(&[
-        "--workload",
-        "io-bound",
-        "-n",
-        &n.to_string(),
-        "--io-latency",
-        &format!("{latency_ms}ms"),
-    ]);
+    let report = testvm(&["--workload", "io-bound", "-n", &n.to_string(), "--io-latency", &format!("{latency_ms}ms")]);
     let v = report.vcpus().next().unwrap();
     assert_eq!(v.exits("IO"), n + MARKERS);
     let blocked_floor = n * latency_ms * 1_000_000;
-    assert!(
-        v.wall_ns >= blocked_floor,
-        "wall {} < {} requests x {latency_ms} ms",
-        v.wall_ns,
-        n
-    );
+    assert!(v.wall_ns >= blocked_floor, "wall {} < {} requests x {latency_ms} ms", v.wall_ns, n);
     // Sleeping is neither running nor waiting: schedstat run+wait is a small part of the wall.
     let on_cpu_or_queued = v.run_ns + v.wait_ns;
     assert!(
@@ -110,11 +77,7 @@ fn io_bound_vcpu_blocks_for_the_io_latency() {
         v.wait_ns,
         v.wall_ns
     );
-    assert!(
-        v.timeslices >= n,
-        "each request is a switch-in: {} < {n}",
-        v.timeslices
-    );
+    assert!(v.timeslices >= n, "each request is a switch-in: {} < {n}", v.timeslices);
 }
 
 #[test]
@@ -122,30 +85,13 @@ fn two_compute_vms_on_one_cpu_each_wait_about_half_the_time() {
     let Some(_vms) = have_kvm("two_compute_vms_on_one_cpu_each_wait_about_half_the_time") else {
         return;
     };
-    let report = testvm(&[
-        "--workload",
-        "compute",
-        "--vms",
-        "2",
-        "--pin",
-        "0",
-        "--duration",
-        "1500ms",
-    ]);
+    let report = testvm(&["--workload", "compute", "--vms", "2", "--pin", "0", "--duration", "1500ms"]);
     assert_eq!(report.vms.len(), 2);
-    assert_ne!(
-        report.vms[0].pid, report.vms[1].pid,
-        "each VM is its own process"
-    );
+    assert_ne!(report.vms[0].pid, report.vms[1].pid, "each VM is its own process");
     for v in report.vcpus() {
         assert_eq!(v.pinned_cpu, Some(0));
         let share = v.wait_ns as f64 / (v.run_ns + v.wait_ns) as f64;
-        assert!(
-            (0.35..=0.65).contains(&share),
-            "vcpu tid {} waited {:.0}% of its time",
-            v.tid,
-            share * 100.0
-        );
+        assert!((0.35..=0.65).contains(&share), "vcpu tid {} waited {:.0}% of its time", v.tid, share * 100.0);
         assert_eq!(v.exits("IO"), MARKERS);
     }
 }
@@ -155,12 +101,7 @@ fn phases_report_each_phase_with_exact_iterations() {
     let Some(_vms) = have_kvm("phases_report_each_phase_with_exact_iterations") else {
         return;
     };
-    let report = testvm(&[
-        "--workload",
-        "phases",
-        "--phases",
-        "compute:50ms,pio-user:300,io-bound:5,mmio-user:200",
-    ]);
+    let report = testvm(&["--workload", "phases", "--phases", "compute:50ms,pio-user:300,io-bound:5,mmio-user:200"]);
     assert_eq!(report.marker_io_exits_per_vcpu, 5);
     let v = report.vcpus().next().unwrap();
     let names: Vec<&str> = v.phases.iter().map(|p| p.workload.as_str()).collect();
@@ -169,15 +110,9 @@ fn phases_report_each_phase_with_exact_iterations() {
     assert_eq!(v.phases[2].iterations, 5);
     assert_eq!(v.phases[3].iterations, 200);
     assert!(v.phases[0].iterations > 0);
-    assert_eq!(
-        v.iterations,
-        v.phases.iter().map(|p| p.iterations).sum::<u64>()
-    );
+    assert_eq!(v.iterations, v.phases.iter().map(|p| p.iterations).sum::<u64>());
     let compute_ms = (v.phases[0].end_monotonic_ns - v.phases[0].start_monotonic_ns) / 1_000_000;
-    assert!(
-        (50..200).contains(&compute_ms),
-        "compute phase lasted {compute_ms} ms"
-    );
+    assert!((50..200).contains(&compute_ms), "compute phase lasted {compute_ms} ms");
     assert_eq!(v.exits("IO"), 300 + 5 + 5);
     assert_eq!(v.exits("MMIO"), 200);
     for pair in v.phases.windows(2) {
@@ -190,27 +125,13 @@ fn steal_time_record_tracks_run_queue_wait() {
     let Some(_vms) = have_kvm("steal_time_record_tracks_run_queue_wait") else {
         return;
     };
-    let report = testvm(&[
-        "--workload",
-        "compute",
-        "--vms",
-        "2",
-        "--pin",
-        "0",
-        "--duration",
-        "1s",
-        "--steal-time",
-    ]);
+    let report = testvm(&["--workload", "compute", "--vms", "2", "--pin", "0", "--duration", "1s", "--steal-time"]);
     for v in report.vcpus() {
         let steal = v.steal_ns.expect("steal-time enabled");
         // The record is updated on guest entry, so it trails schedstat's wait slightly.
         assert!(steal > 0, "no steal recorded while sharing a CPU");
         let ratio = steal as f64 / v.wait_ns as f64;
-        assert!(
-            (0.8..=1.05).contains(&ratio),
-            "steal {steal} vs schedstat wait {} (ratio {ratio:.3})",
-            v.wait_ns
-        );
+        assert!((0.8..=1.05).contains(&ratio), "steal {steal} vs schedstat wait {} (ratio {ratio:.3})", v.wait_ns);
     }
 }
 
@@ -220,17 +141,9 @@ fn steal_time_record_tracks_run_queue_wait() {
 fn assert_stats_agree(v: &virtprof_model::testvm::VcpuReport) {
     let (io, mmio) = (v.exits("IO"), v.exits("MMIO"));
     let userspace: u64 = v.userspace_exits.values().sum();
-    assert!(
-        v.stat("exits") >= userspace,
-        "KVM exits {} < userspace exits {userspace}",
-        v.stat("exits")
-    );
+    assert!(v.stat("exits") >= userspace, "KVM exits {} < userspace exits {userspace}", v.stat("exits"));
     match host_kind() {
-        Some(HostKind::Pvm) => assert_eq!(
-            v.stat("insn_emulation"),
-            io + mmio,
-            "PVM emulates each CPL3 IN/OUT/MMIO"
-        ),
+        Some(HostKind::Pvm) => assert_eq!(v.stat("insn_emulation"), io + mmio, "PVM emulates each CPL3 IN/OUT/MMIO"),
         Some(HostKind::Vmx | HostKind::Svm) => {
             assert_eq!(v.stat("io_exits"), io);
             assert_eq!(v.stat("mmio_exits"), mmio);

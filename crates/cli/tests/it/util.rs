@@ -18,16 +18,8 @@ static VM_LOCK: Mutex<()> = Mutex::new(());
 /// If /dev/kvm can be opened, the exclusive right to run VMs; otherwise print why the test is
 /// skipped and return None.
 pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => Some(
-            VM_LOCK
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        ),
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        Ok(_) => Some(VM_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())),
         Err(e) => {
             eprintln!("SKIP {test}: /dev/kvm unavailable ({e})");
             None
@@ -53,12 +45,7 @@ pub fn have_tracefs(test: &str) -> bool {
 
 /// Run `virtprof testvm ARGS --json` and parse the report; panics with stderr on failure.
 pub fn testvm(args: &[&str]) -> TestvmReport {
-    let output = virtprof()
-        .arg("testvm")
-        .args(args)
-        .arg("--json")
-        .output()
-        .expect("run virtprof");
+    let output = virtprof().arg("testvm").args(args).arg("--json").output().expect("run virtprof");
     parse_report(&output, args)
 }
 

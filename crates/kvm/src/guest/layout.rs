@@ -151,8 +151,7 @@ pub fn write_system_tables(ram: &mut [u8], program: &GuestProgram) -> Result<(),
     // 64-bit TSS: RSP0 at offset 4, I/O bitmap offset at 102; bitmap bytes stay zero (allowed)
     // and the byte after the bitmap is 0xff as the architecture requires.
     put_u64(ram, TSS_ADDR + 4, KERNEL_STACK_TOP);
-    ram[(TSS_ADDR + 102) as usize..(TSS_ADDR + 104) as usize]
-        .copy_from_slice(&(IO_BITMAP_OFFSET as u16).to_le_bytes());
+    ram[(TSS_ADDR + 102) as usize..(TSS_ADDR + 104) as usize].copy_from_slice(&(IO_BITMAP_OFFSET as u16).to_le_bytes());
     ram[(TSS_ADDR + TSS_LIMIT) as usize] = 0xff;
 
     const PRESENT_RW_USER: u64 = 0b111;
@@ -225,11 +224,7 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
         s: 0,
         ..Default::default()
     };
-    sregs.ldt = kvm_segment {
-        type_: 0x2,
-        unusable: 1,
-        ..Default::default()
-    };
+    sregs.ldt = kvm_segment { type_: 0x2, unusable: 1, ..Default::default() };
     sregs.gdt.base = GDT_ADDR;
     sregs.gdt.limit = 7 * 8 - 1;
     sregs.idt.base = IDT_ADDR;

@@ -39,12 +39,7 @@ impl GuestProgram {
 
     /// `name+0xoff` for an address inside the code, or the bare hex address.
     pub fn describe(&self, addr: u64) -> String {
-        match self
-            .symbols
-            .iter()
-            .rev()
-            .find(|s| s.addr <= addr && addr < s.addr + s.size.max(1))
-        {
+        match self.symbols.iter().rev().find(|s| s.addr <= addr && addr < s.addr + s.size.max(1)) {
             Some(s) => format!("{:#x} ({}+{:#x})", addr, s.name, addr - s.addr),
             None => format!("{addr:#x}"),
         }
@@ -52,10 +47,7 @@ impl GuestProgram {
 
     /// The symbol map in `System.map` form (`addr t name`), for external symbolizers.
     pub fn system_map(&self) -> String {
-        self.symbols
-            .iter()
-            .map(|s| format!("{:016x} t {}\n", s.addr, s.name))
-            .collect()
+        self.symbols.iter().map(|s| format!("{:016x} t {}\n", s.addr, s.name)).collect()
     }
 }
 
@@ -69,10 +61,7 @@ pub struct ProgramBuilder {
 impl ProgramBuilder {
     /// A 64-bit assembler.
     pub fn new() -> Result<Self, VmmError> {
-        Ok(ProgramBuilder {
-            asm: CodeAssembler::new(64).map_err(asm_err)?,
-            named: Vec::new(),
-        })
+        Ok(ProgramBuilder { asm: CodeAssembler::new(64).map_err(asm_err)?, named: Vec::new() })
     }
 
     /// Start a named function here: its label becomes a symbol, and is returned so code can
@@ -86,19 +75,13 @@ impl ProgramBuilder {
 
     /// Assemble at `base` and resolve every named label to an address.
     pub fn finish(mut self, base: u64) -> Result<GuestProgram, VmmError> {
-        let result = self
-            .asm
-            .assemble_options(base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)
-            .map_err(asm_err)?;
+        let result =
+            self.asm.assemble_options(base, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS).map_err(asm_err)?;
         let code = result.inner.code_buffer.clone();
         let mut symbols = Vec::with_capacity(self.named.len());
         for (name, label) in &self.named {
             let addr = result.label_ip(label).map_err(asm_err)?;
-            symbols.push(Symbol {
-                name: name.clone(),
-                addr,
-                size: 0,
-            });
+            symbols.push(Symbol { name: name.clone(), addr, size: 0 });
         }
         symbols.sort_by_key(|s| s.addr);
         let end = base + code.len() as u64;
@@ -106,11 +89,7 @@ impl ProgramBuilder {
             let next = symbols.get(i + 1).map_or(end, |s| s.addr);
             symbols[i].size = next - symbols[i].addr;
         }
-        Ok(GuestProgram {
-            base,
-            code,
-            symbols,
-        })
+        Ok(GuestProgram { base, code, symbols })
     }
 }
 

@@ -80,16 +80,10 @@ impl fmt::Display for Workload {
 impl FromStr for Workload {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Workload::ALL
-            .into_iter()
-            .find(|w| w.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
-                format!(
-                    "unknown workload '{s}' (expected one of: {}, phases)",
-                    names.join(", ")
-                )
-            })
+        Workload::ALL.into_iter().find(|w| w.name() == s).ok_or_else(|| {
+            let names: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
+            format!("unknown workload '{s}' (expected one of: {}, phases)", names.join(", "))
+        })
     }
 }
 
@@ -124,9 +118,7 @@ pub struct Script {
 impl Script {
     /// A single-phase script.
     pub fn single(workload: Workload, bound: Bound) -> Self {
-        Script {
-            phases: vec![Phase { workload, bound }],
-        }
+        Script { phases: vec![Phase { workload, bound }] }
     }
 
     /// Parse `compute:200ms,pio-user:10000,io-bound:50`: a count without a unit is iterations,
@@ -136,14 +128,19 @@ impl Script {
             .split(',')
             .map(|item| {
                 let (name, bound) = item.split_once(':').ok_or_else(|| {
-                    format!("phase '{item}' lacks a bound; write WORKLOAD:COUNT or WORKLOAD:DURATION, e.g. 'compute:200ms'")
+                    format!(
+                        "phase '{item}' lacks a bound; write WORKLOAD:COUNT or WORKLOAD:DURATION, e.g. 'compute:200ms'"
+                    )
                 })?;
                 let workload: Workload = name.trim().parse()?;
                 let bound = bound.trim();
                 let bound = if bound.chars().all(|c| c.is_ascii_digit()) {
                     Bound::Iterations(bound.parse().map_err(|e| format!("phase '{item}': {e}"))?)
                 } else {
-                    Bound::Duration { ns: virtprof_model::units::parse_duration_ns(bound).map_err(|e| format!("phase '{item}': {e}"))? }
+                    Bound::Duration {
+                        ns: virtprof_model::units::parse_duration_ns(bound)
+                            .map_err(|e| format!("phase '{item}': {e}"))?,
+                    }
                 };
                 Ok(Phase { workload, bound })
             })
@@ -193,12 +190,9 @@ impl fmt::Display for Script {
             let sep = if i == 0 { "" } else { "," };
             match p.bound {
                 Bound::Iterations(n) => write!(f, "{sep}{}:{n}", p.workload)?,
-                Bound::Duration { ns } => write!(
-                    f,
-                    "{sep}{}:{}",
-                    p.workload,
-                    virtprof_model::units::format_duration_ns(ns)
-                )?,
+                Bound::Duration { ns } => {
+                    write!(f, "{sep}{}:{}", p.workload, virtprof_model::units::format_duration_ns(ns))?
+                }
             }
         }
         Ok(())
@@ -207,26 +201,16 @@ impl fmt::Display for Script {
 
 /// Registers: r15 = shared page, r14 = iteration counter or TSC deadline, r13 = PIO doorbell
 /// port, rdi = MMIO doorbell address. rax/rbx/rcx/rdx are free for bodies (CPUID clobbers them).
-fn emit_phase(
-    b: &mut ProgramBuilder,
-    index: usize,
-    phase: &Phase,
-    tsc_khz: u64,
-) -> Result<(), VmmError> {
+fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64) -> Result<(), VmmError> {
     let name = format!("phase{index}_{}", phase.workload.symbol());
     let a = |r: Result<(), IcedError>| r.map_err(asm_err);
     b.function(name.clone())?;
     a(b.asm.mov(eax, index as u32))?;
     a(b.asm.out(i32::from(ports::PHASE), eax))?;
-    a(b.asm
-        .mov(qword_ptr(r15 + shared::PHASE as i32), index as i32))?;
+    a(b.asm.mov(qword_ptr(r15 + shared::PHASE as i32), index as i32))?;
     match phase.workload {
-        Workload::PioKernel => a(b
-            .asm
-            .movzx(r13d, word_ptr(r15 + shared::PIO_KERNEL_PORT as i32)))?,
-        Workload::MmioKernel => a(b
-            .asm
-            .mov(rdi, qword_ptr(r15 + shared::MMIO_KERNEL_ADDR as i32)))?,
+        Workload::PioKernel => a(b.asm.movzx(r13d, word_ptr(r15 + shared::PIO_KERNEL_PORT as i32)))?,
+        Workload::MmioKernel => a(b.asm.mov(rdi, qword_ptr(r15 + shared::MMIO_KERNEL_ADDR as i32)))?,
         Workload::MmioUser => a(b.asm.mov(rdi, layout::MMIO_USER_ADDR))?,
         _ => {}
     }
@@ -296,25 +280,15 @@ mod tests {
         let s = Script::parse_phases("compute:200ms,pio-user:10000,io-bound:50").unwrap();
         assert_eq!(s.phases.len(), 3);
         assert_eq!(s.phases[0].bound, Bound::Duration { ns: 200_000_000 });
-        assert_eq!(
-            s.phases[1],
-            Phase {
-                workload: Workload::PioUser,
-                bound: Bound::Iterations(10_000)
-            }
-        );
+        assert_eq!(s.phases[1], Phase { workload: Workload::PioUser, bound: Bound::Iterations(10_000) });
         assert_eq!(s.marker_exits(), 4);
         assert_eq!(s.to_string(), "compute:200ms,pio-user:10000,io-bound:50");
     }
 
     #[test]
     fn rejects_bad_phase_scripts() {
-        assert!(Script::parse_phases("compute")
-            .unwrap_err()
-            .contains("lacks a bound"));
-        assert!(Script::parse_phases("bogus:5")
-            .unwrap_err()
-            .contains("unknown workload 'bogus'"));
+        assert!(Script::parse_phases("compute").unwrap_err().contains("lacks a bound"));
+        assert!(Script::parse_phases("bogus:5").unwrap_err().contains("unknown workload 'bogus'"));
         assert!(Script::parse_phases("compute:5parsecs").is_err());
     }
 
@@ -323,13 +297,7 @@ mod tests {
         let s = Script::parse_phases("compute:1ms,pio-kernel:3,cpuid:2").unwrap();
         let p = s.assemble(2_000_000).unwrap();
         assert_eq!(p.symbol_addr("_start"), Some(layout::CODE_ADDR));
-        for name in [
-            "phase0_compute_loop",
-            "phase1_pio_kernel",
-            "phase2_cpuid_loop",
-            "done",
-            "fault_vector_13",
-        ] {
+        for name in ["phase0_compute_loop", "phase1_pio_kernel", "phase2_cpuid_loop", "done", "fault_vector_13"] {
             assert!(p.symbol_addr(name).is_some(), "missing {name}");
         }
         let addr = p.symbol_addr("phase1_pio_kernel").unwrap() + 2;

@@ -58,14 +58,8 @@ mod tests {
         assert_eq!(exit_reason_name(kvm_bindings::KVM_EXIT_IO), "IO");
         assert_eq!(exit_reason_name(kvm_bindings::KVM_EXIT_MMIO), "MMIO");
         assert_eq!(exit_reason_name(kvm_bindings::KVM_EXIT_INTR), "INTR");
-        assert_eq!(
-            exit_reason_name(kvm_bindings::KVM_EXIT_SYSTEM_EVENT),
-            "SYSTEM_EVENT"
-        );
-        assert_eq!(
-            exit_reason_name(kvm_bindings::KVM_EXIT_MEMORY_FAULT),
-            "MEMORY_FAULT"
-        );
+        assert_eq!(exit_reason_name(kvm_bindings::KVM_EXIT_SYSTEM_EVENT), "SYSTEM_EVENT");
+        assert_eq!(exit_reason_name(kvm_bindings::KVM_EXIT_MEMORY_FAULT), "MEMORY_FAULT");
         assert_eq!(exit_reason_name(9999), "OTHER");
     }
 }

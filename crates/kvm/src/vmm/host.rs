@@ -2,10 +2,7 @@
 
 /// CLOCK_MONOTONIC in nanoseconds (the clock tracefs calls `mono`).
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -26,11 +23,7 @@ impl Schedstat {
     /// Parse the three numbers of a schedstat file.
     pub fn parse(text: &str) -> Option<Schedstat> {
         let mut it = text.split_ascii_whitespace().map(|w| w.parse::<u64>().ok());
-        Some(Schedstat {
-            run_ns: it.next()??,
-            wait_ns: it.next()??,
-            timeslices: it.next()??,
-        })
+        Some(Schedstat { run_ns: it.next()??, wait_ns: it.next()??, timeslices: it.next()?? })
     }
 
     /// `self - earlier`.
@@ -45,10 +38,7 @@ impl Schedstat {
 
 /// The calling thread's schedstat (zeros if the kernel lacks CONFIG_SCHEDSTATS/SCHED_INFO).
 pub fn read_schedstat() -> Schedstat {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|t| Schedstat::parse(&t))
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|t| Schedstat::parse(&t)).unwrap_or_default()
 }
 
 /// The host CPUs this process may run on (its affinity mask).
@@ -56,8 +46,7 @@ pub fn allowed_cpus() -> Vec<u32> {
     // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
-    {
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
         return Vec::new();
     }
     (0..libc::CPU_SETSIZE as u32)
@@ -73,14 +62,7 @@ mod tests {
     #[test]
     fn parses_schedstat() {
         let s = Schedstat::parse("53520923 378447 3\n").unwrap();
-        assert_eq!(
-            s,
-            Schedstat {
-                run_ns: 53_520_923,
-                wait_ns: 378_447,
-                timeslices: 3
-            }
-        );
+        assert_eq!(s, Schedstat { run_ns: 53_520_923, wait_ns: 378_447, timeslices: 3 });
         assert_eq!(Schedstat::parse("1 2"), None);
         assert!(read_schedstat().timeslices > 0);
     }

@@ -82,12 +82,9 @@ impl Vm {
         // or reject it, and we never enter real mode.
         let _ = vm.set_tss_address(0xfffb_d000);
 
-        let memory =
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), layout::RAM_SIZE as usize)])
-                .map_err(|e| VmmError::Memory(e.to_string()))?;
-        let host_addr = memory
-            .get_host_address(GuestAddress(0))
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), layout::RAM_SIZE as usize)])
             .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let host_addr = memory.get_host_address(GuestAddress(0)).map_err(|e| VmmError::Memory(e.to_string()))?;
         let region = kvm_userspace_memory_region {
             slot: 0,
             flags: 0,
@@ -97,19 +94,14 @@ impl Vm {
         };
         // SAFETY: `memory` maps RAM_SIZE bytes at `host_addr` and lives as long as `self`,
         // which owns both the mapping and the VM fd.
-        unsafe { vm.set_user_memory_region(region) }
-            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+        unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
 
-        let supported_cpuid = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+        let supported_cpuid =
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for index in 0..config.vcpus {
-            let vcpu = vm
-                .create_vcpu(u64::from(index))
-                .map_err(kvm_err("KVM_CREATE_VCPU"))?;
-            vcpu.set_cpuid2(&supported_cpuid)
-                .map_err(kvm_err("KVM_SET_CPUID2"))?;
+            let vcpu = vm.create_vcpu(u64::from(index)).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+            vcpu.set_cpuid2(&supported_cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
             vcpus.push(vcpu);
         }
         let tsc_khz = u64::from(vcpus[0].get_tsc_khz().map_err(kvm_err("KVM_GET_TSC_KHZ"))?);
@@ -117,12 +109,8 @@ impl Vm {
 
         let mut image = vec![0u8; layout::CODE_ADDR as usize];
         layout::write_system_tables(&mut image, &program)?;
-        memory
-            .write_slice(&image, GuestAddress(0))
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
-        memory
-            .write_slice(&program.code, GuestAddress(program.base))
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        memory.write_slice(&image, GuestAddress(0)).map_err(|e| VmmError::Memory(e.to_string()))?;
+        memory.write_slice(&program.code, GuestAddress(program.base)).map_err(|e| VmmError::Memory(e.to_string()))?;
 
         let mut doorbells = Vec::with_capacity(vcpus.len());
         for (index, vcpu) in (0u32..).zip(&vcpus) {
@@ -142,9 +130,7 @@ impl Vm {
                     ..Default::default()
                 }])
                 .map_err(|e| VmmError::Memory(format!("MSR list: {e:?}")))?;
-                let written = vcpu
-                    .set_msrs(&msrs)
-                    .map_err(kvm_err("KVM_SET_MSRS (steal time)"))?;
+                let written = vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS (steal time)"))?;
                 if written != 1 {
                     return Err(VmmError::Memory(
                         "the host refused MSR_KVM_STEAL_TIME (is CONFIG_SCHED_INFO off?)".into(),
@@ -152,14 +138,7 @@ impl Vm {
                 }
             }
         }
-        Ok(Vm {
-            config,
-            vm,
-            memory,
-            program,
-            vcpus,
-            doorbells,
-        })
+        Ok(Vm { config, vm, memory, program, vcpus, doorbells })
     }
 
     /// The assembled guest program (for symbols).
@@ -169,33 +148,18 @@ impl Vm {
 
     /// Run every vCPU to completion and report what happened.
     pub fn run(self) -> Result<VmReport, VmmError> {
-        let Vm {
-            config,
-            vm,
-            memory,
-            program,
-            vcpus,
-            doorbells,
-        } = self;
+        let Vm { config, vm, memory, program, vcpus, doorbells } = self;
         let vm_stats = StatsFd::open(vm.as_raw_fd())?;
         let vm_before = vm_stats.read()?;
-        let pages: Vec<SharedPage> = (0..config.vcpus)
-            .map(|i| SharedPage::new(&memory, i))
-            .collect::<Result<_, _>>()?;
+        let pages: Vec<SharedPage> =
+            (0..config.vcpus).map(|i| SharedPage::new(&memory, i)).collect::<Result<_, _>>()?;
 
         // Opened here and kept until the process exits, so other tools (`virtprof stats`) can
         // borrow them: the kernel serves KVM_GET_STATS_FD only to this process.
-        let vcpu_stats: Vec<StatsFd> = vcpus
-            .iter()
-            .map(|v| StatsFd::open(v.as_raw_fd()))
-            .collect::<Result<_, _>>()?;
+        let vcpu_stats: Vec<StatsFd> = vcpus.iter().map(|v| StatsFd::open(v.as_raw_fd())).collect::<Result<_, _>>()?;
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
-            for (((index, vcpu), page), stats) in (0u32..)
-                .zip(vcpus)
-                .zip(pages.iter().cloned())
-                .zip(&vcpu_stats)
-            {
+            for (((index, vcpu), page), stats) in (0u32..).zip(vcpus).zip(pages.iter().cloned()).zip(&vcpu_stats) {
                 let ctx = vcpu::VcpuContext {
                     index,
                     pin: config.pin.get(index as usize).copied().flatten(),
@@ -209,10 +173,7 @@ impl Vm {
                 let handle = std::thread::Builder::new()
                     .name(format!("vcpu{index}"))
                     .spawn_scoped(scope, move || vcpu::run_vcpu(vcpu, stats, ctx))
-                    .map_err(|e| VmmError::Os {
-                        what: format!("spawning thread vcpu{index}"),
-                        source: e,
-                    })?;
+                    .map_err(|e| VmmError::Os { what: format!("spawning thread vcpu{index}"), source: e })?;
                 handles.push(handle);
             }
             // Forward a stop request (SIGINT/SIGTERM) into every guest's shared page; the guest
@@ -225,10 +186,7 @@ impl Vm {
             }
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(VmmError::Memory("a vCPU thread panicked".into())))
-                })
+                .map(|h| h.join().unwrap_or_else(|_| Err(VmmError::Memory("a vCPU thread panicked".into()))))
                 .collect::<Result<Vec<_>, VmmError>>()
         })?;
 
@@ -239,19 +197,12 @@ impl Vm {
             vcpu_reports.push(report);
             finished_vcpus.push(vcpu);
         }
-        let kvm_vm_stats = vm_stats
-            .read()?
-            .delta(&vm_before, vm_stats.cumulative_names());
+        let kvm_vm_stats = vm_stats.read()?.delta(&vm_before, vm_stats.cumulative_names());
         if config.linger_ns > 0 {
             std::thread::sleep(Duration::from_nanos(config.linger_ns));
         }
         drop((finished_vcpus, vcpu_stats, vm_stats));
-        Ok(VmReport {
-            index: config.index,
-            pid: std::process::id(),
-            kvm_vm_stats,
-            vcpus: vcpu_reports,
-        })
+        Ok(VmReport { index: config.index, pid: std::process::id(), kvm_vm_stats, vcpus: vcpu_reports })
     }
 }
 
@@ -264,32 +215,18 @@ fn mmio_doorbell(index: u32) -> u64 {
 }
 
 fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
-    let new_fd = || {
-        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Os {
-            what: "eventfd".into(),
-            source: e,
-        })
-    };
+    let new_fd = || EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Os { what: "eventfd".into(), source: e });
     let (pio, mmio) = (new_fd()?, new_fd()?);
-    vm.register_ioevent(
-        &pio,
-        &IoEventAddress::Pio(u64::from(pio_doorbell(index))),
-        NoDatamatch,
-    )
-    .map_err(kvm_err("KVM_IOEVENTFD (PIO)"))?;
-    vm.register_ioevent(
-        &mmio,
-        &IoEventAddress::Mmio(mmio_doorbell(index)),
-        NoDatamatch,
-    )
-    .map_err(kvm_err("KVM_IOEVENTFD (MMIO)"))?;
+    vm.register_ioevent(&pio, &IoEventAddress::Pio(u64::from(pio_doorbell(index))), NoDatamatch)
+        .map_err(kvm_err("KVM_IOEVENTFD (PIO)"))?;
+    vm.register_ioevent(&mmio, &IoEventAddress::Mmio(mmio_doorbell(index)), NoDatamatch)
+        .map_err(kvm_err("KVM_IOEVENTFD (MMIO)"))?;
     Ok([pio, mmio])
 }
 
 fn init_vcpu_registers(vcpu: &VcpuFd, program: &GuestProgram, index: u32) -> Result<(), VmmError> {
     let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
-    vcpu.set_sregs(&layout::long_mode_sregs(sregs))
-        .map_err(kvm_err("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&layout::long_mode_sregs(sregs)).map_err(kvm_err("KVM_SET_SREGS"))?;
     let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
     regs.rip = program.base;
     regs.rsp = layout::stack_top(index);

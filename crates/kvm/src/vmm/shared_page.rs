@@ -22,9 +22,7 @@ unsafe impl Send for SharedPage {}
 impl SharedPage {
     pub(crate) fn new(memory: &GuestMemoryMmap, index: u32) -> Result<Self, VmmError> {
         let gpa = GuestAddress(layout::shared_page(index));
-        let base = memory
-            .get_host_address(gpa)
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        let base = memory.get_host_address(gpa).map_err(|e| VmmError::Memory(e.to_string()))?;
         Ok(SharedPage { base })
     }
 

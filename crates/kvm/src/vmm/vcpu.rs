@@ -49,12 +49,8 @@ pub(crate) enum Action {
 
 /// Decide what an exit means for the test bed.
 pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
-    let first_u32 = |data: &[u8]| {
-        data.iter()
-            .take(4)
-            .enumerate()
-            .fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (8 * i))
-    };
+    let first_u32 =
+        |data: &[u8]| data.iter().take(4).enumerate().fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (8 * i));
     match exit {
         VcpuExit::IoOut(ports::PIO_USER, _) | VcpuExit::Intr => Action::Resume,
         VcpuExit::IoOut(ports::PHASE, data) => Action::Phase(first_u32(data)),
@@ -64,24 +60,16 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
         VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, _) => Action::Resume,
         VcpuExit::IoOut(port, _) => Action::Unexpected(format!("OUT to unexpected port {port:#x}")),
         VcpuExit::IoIn(port, _) => Action::Unexpected(format!("IN from unexpected port {port:#x}")),
-        VcpuExit::MmioWrite(addr, _) => {
-            Action::Unexpected(format!("MMIO write to unexpected address {addr:#x}"))
+        VcpuExit::MmioWrite(addr, _) => Action::Unexpected(format!("MMIO write to unexpected address {addr:#x}")),
+        VcpuExit::MmioRead(addr, _) => Action::Unexpected(format!("MMIO read from unexpected address {addr:#x}")),
+        VcpuExit::Hlt => Action::Unexpected("HLT (guest programs end through the done port)".into()),
+        VcpuExit::Shutdown => Action::Unexpected("KVM_EXIT_SHUTDOWN: the guest triple-faulted".into()),
+        VcpuExit::FailEntry(reason, cpu) => {
+            Action::Unexpected(format!("KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"))
         }
-        VcpuExit::MmioRead(addr, _) => {
-            Action::Unexpected(format!("MMIO read from unexpected address {addr:#x}"))
+        VcpuExit::InternalError => {
+            Action::Unexpected("KVM_EXIT_INTERNAL_ERROR: KVM could not emulate an instruction".into())
         }
-        VcpuExit::Hlt => {
-            Action::Unexpected("HLT (guest programs end through the done port)".into())
-        }
-        VcpuExit::Shutdown => {
-            Action::Unexpected("KVM_EXIT_SHUTDOWN: the guest triple-faulted".into())
-        }
-        VcpuExit::FailEntry(reason, cpu) => Action::Unexpected(format!(
-            "KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"
-        )),
-        VcpuExit::InternalError => Action::Unexpected(
-            "KVM_EXIT_INTERNAL_ERROR: KVM could not emulate an instruction".into(),
-        ),
         other => Action::Unexpected(format!("unexpected exit {other:?}")),
     }
 }
@@ -99,18 +87,13 @@ pub(crate) fn run_vcpu(
     ctx: VcpuContext<'_>,
 ) -> Result<(VcpuReport, VcpuFd), VmmError> {
     if let Some(cpu) = ctx.pin {
-        pin_current_thread(cpu).map_err(|source| VmmError::Os {
-            what: format!("pinning vcpu{} to CPU {cpu}", ctx.index),
-            source,
-        })?;
+        pin_current_thread(cpu)
+            .map_err(|source| VmmError::Os { what: format!("pinning vcpu{} to CPU {cpu}", ctx.index), source })?;
     }
     let stats_before = stats.read()?;
     let sched_before = read_schedstat();
     let mut exits_by_reason = [0u64; 64];
-    let mut clock = PhaseClock {
-        starts: Vec::with_capacity(ctx.script.phases.len()),
-        done: None,
-    };
+    let mut clock = PhaseClock { starts: Vec::with_capacity(ctx.script.phases.len()), done: None };
     let (mut io_exits, mut mmio_exits, mut total) = (0u64, 0u64, 0u64);
 
     while clock.done.is_none() {
@@ -133,9 +116,7 @@ pub(crate) fn run_vcpu(
         match action {
             Action::Resume => {}
             Action::Block => std::thread::sleep(ctx.io_latency),
-            Action::Phase(_) => clock
-                .starts
-                .push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
+            Action::Phase(_) => clock.starts.push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
             Action::Done => clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
             Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
             Action::Unexpected(what) => {
@@ -162,11 +143,7 @@ pub(crate) fn run_vcpu(
         .iter()
         .zip(clock.starts.iter().enumerate())
         .map(|(phase, (i, &(start, iters_at_start)))| {
-            let (end, iters_at_end) = clock
-                .starts
-                .get(i + 1)
-                .copied()
-                .unwrap_or((done_ns, iterations));
+            let (end, iters_at_end) = clock.starts.get(i + 1).copied().unwrap_or((done_ns, iterations));
             PhaseReport {
                 workload: phase.workload.name().to_string(),
                 iterations: iters_at_end - iters_at_start,
@@ -193,11 +170,7 @@ pub(crate) fn run_vcpu(
         wait_ns: sched.wait_ns,
         timeslices: sched.timeslices,
         wall_ns,
-        ns_per_iteration: if iterations == 0 {
-            0.0
-        } else {
-            wall_ns as f64 / iterations as f64
-        },
+        ns_per_iteration: if iterations == 0 { 0.0 } else { wall_ns as f64 / iterations as f64 },
         steal_ns: ctx.steal_time.then(|| ctx.page.load(shared::STEAL_TIME)),
         start_monotonic_ns: start_ns,
         phases,
@@ -234,20 +207,11 @@ const VECTOR_NAMES: [&str; 22] = [
 /// Read the exception frame the fault stub left on the CPL0 stack and describe it.
 fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
     let rsp = vcpu.get_regs().map(|r| r.rsp).unwrap_or(0);
-    let word = |i: u64| {
-        ctx.memory
-            .read_obj::<u64>(GuestAddress(rsp + 8 * i))
-            .unwrap_or(0)
-    };
+    let word = |i: u64| ctx.memory.read_obj::<u64>(GuestAddress(rsp + 8 * i)).unwrap_or(0);
     let (error_code, rip) = (word(1), word(2));
-    let name = VECTOR_NAMES
-        .get(vector as usize)
-        .copied()
-        .unwrap_or("exception");
+    let name = VECTOR_NAMES.get(vector as usize).copied().unwrap_or("exception");
     let cr2 = if vector == 14 {
-        vcpu.get_sregs()
-            .map(|s| format!(", CR2 {:#x}", s.cr2))
-            .unwrap_or_default()
+        vcpu.get_sregs().map(|s| format!(", CR2 {:#x}", s.cr2)).unwrap_or_default()
     } else {
         String::new()
     };
@@ -287,34 +251,17 @@ mod tests {
 
     #[test]
     fn classifies_the_test_bed_ports() {
-        assert_eq!(
-            classify(&VcpuExit::IoOut(ports::PIO_USER, &[0])),
-            Action::Resume
-        );
-        assert_eq!(
-            classify(&VcpuExit::IoOut(ports::PHASE, &[2, 0, 0, 0])),
-            Action::Phase(2)
-        );
+        assert_eq!(classify(&VcpuExit::IoOut(ports::PIO_USER, &[0])), Action::Resume);
+        assert_eq!(classify(&VcpuExit::IoOut(ports::PHASE, &[2, 0, 0, 0])), Action::Phase(2));
         assert_eq!(classify(&VcpuExit::IoOut(ports::DONE, &[0])), Action::Done);
-        assert_eq!(
-            classify(&VcpuExit::IoOut(ports::IO_BLOCK, &[0])),
-            Action::Block
-        );
-        assert_eq!(
-            classify(&VcpuExit::IoOut(ports::FAULT, &[6, 0, 0, 0])),
-            Action::Fault(6)
-        );
-        assert_eq!(
-            classify(&VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, &[0; 4])),
-            Action::Resume
-        );
+        assert_eq!(classify(&VcpuExit::IoOut(ports::IO_BLOCK, &[0])), Action::Block);
+        assert_eq!(classify(&VcpuExit::IoOut(ports::FAULT, &[6, 0, 0, 0])), Action::Fault(6));
+        assert_eq!(classify(&VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, &[0; 4])), Action::Resume);
         assert_eq!(classify(&VcpuExit::Intr), Action::Resume);
         match classify(&VcpuExit::IoOut(0x3f8, &[0])) {
             Action::Unexpected(m) => assert!(m.contains("0x3f8")),
             other => panic!("{other:?}"),
         }
-        assert!(
-            matches!(classify(&VcpuExit::Shutdown), Action::Unexpected(m) if m.contains("triple-faulted"))
-        );
+        assert!(matches!(classify(&VcpuExit::Shutdown), Action::Unexpected(m) if m.contains("triple-faulted")));
     }
 }

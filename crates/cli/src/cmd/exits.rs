@@ -1,0 +1,256 @@
+//! `virtprof exits FILE`: per-reason exit counts and durations (the columns of
+//! `perf kvm stat report`, plus percentiles, the light/heavy split and descheduling), per vCPU
+//! or per VM, and per-exit `vm_noise` rows.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
+use virtprof_store::recording::Task;
+use virtprof_store::Table;
+use virtprof_trace::merge::merge_cpus;
+
+use crate::args::{ExitsArgs, GroupBy};
+use crate::exit::usage;
+use crate::recording::{DecoderNames, Recording};
+
+/// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
+#[derive(Serialize)]
+struct Output<'a> {
+    #[serde(flatten)]
+    report: &'a ExitReport,
+    by_vm: Vec<VmRow>,
+}
+
+#[derive(Serialize)]
+struct VmRow {
+    pid: u32,
+    vcpus: usize,
+    exits: u64,
+    lightweight: u64,
+    heavyweight: u64,
+    total_ns: u64,
+}
+
+pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
+    let Some(path) = &args.file else {
+        return Err(usage(
+            "live mode is not available yet: record first (`virtprof record -o FILE`) and run `virtprof exits FILE`",
+        ));
+    };
+    let recording = Recording::open(path)?;
+    if let Some(at) = recording.truncated_at {
+        eprintln!("virtprof: warning: '{}' was cut short at byte {at}; analysing what precedes it", path.display());
+    }
+    let tids = selected_tids(&recording.metadata.tasks, &args.vm, args.vcpu)?;
+    let min_row_ns = match args.threshold_us {
+        Some(us) if !(0.0..1e12).contains(&us) => {
+            return Err(usage(format!("--threshold-us {us}: must be between 0 and 1e12")))
+        }
+        // In range: checked just above.
+        #[allow(clippy::cast_possible_truncation)]
+        Some(us) => (us * 1000.0) as u64,
+        None => 0,
+    };
+    let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids };
+    let mut analyzer = ExitAnalyzer::new(options);
+    let mut decoder = recording.decoder()?;
+    let stats = merge_cpus(&mut decoder, &recording.cpu_slices(), |e, _| analyzer.on_event(e))?;
+    let mut report = analyzer.finish(&DecoderNames(&decoder));
+    // Overruns the kernel counted in per-CPU stats are lost too, even without page flags.
+    report.totals.lost_events = report.totals.lost_events.max(stats.lost) + recording.lost_in_footer();
+
+    let by_vm = vm_rows(&report, &recording.metadata.tasks);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &Output { report: &report, by_vm })?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let table = if args.noise || args.threshold_us.is_some() {
+        rows_table(&report)
+    } else {
+        match args.by {
+            GroupBy::Reason => reason_table(&report),
+            GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks),
+            GroupBy::Vm => vm_table(&by_vm),
+        }
+    };
+    if args.csv {
+        table.write_csv(&mut out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    table.write_text(&mut out)?;
+    let t = &report.totals;
+    writeln!(
+        out,
+        "\n{} exits ({} lightweight, {} heavyweight) | source: {} | lost events: {} | incomplete: {}",
+        t.exits, t.lightweight, t.heavyweight, report.source.path, t.lost_events, t.incomplete
+    )?;
+    for note in &report.source.unavailable {
+        writeln!(out, "unavailable: {note}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Threads of the selected VMs (`--vm PID`) and vCPU (`--vcpu N`); empty means all.
+fn selected_tids(tasks: &[Task], vms: &[u32], vcpu: Option<u32>) -> anyhow::Result<Vec<u32>> {
+    if vms.is_empty() && vcpu.is_none() {
+        return Ok(Vec::new());
+    }
+    for pid in vms {
+        if !tasks.iter().any(|t| t.pid == *pid) {
+            return Err(usage(format!("--vm {pid}: no such process in the recording")));
+        }
+    }
+    let tids: Vec<u32> = tasks
+        .iter()
+        .filter(|t| vms.is_empty() || vms.contains(&t.pid))
+        .filter(|t| vcpu.is_none() || vcpu_index(&t.comm) == vcpu)
+        .map(|t| t.tid)
+        .collect();
+    if tids.is_empty() {
+        return Err(usage("no thread matches --vm/--vcpu in this recording"));
+    }
+    Ok(tids)
+}
+
+/// vCPU index from a thread name: `vcpu3`, `CPU 3/KVM`, `fc_vcpu 3`, `crosvm_vcpu3`.
+fn vcpu_index(comm: &str) -> Option<u32> {
+    let lower = comm.to_ascii_lowercase();
+    let rest = &lower[lower.find("cpu")? + 3..];
+    let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn us(ns: Option<u64>) -> String {
+    ns.map(|v| format!("{:.2}", v as f64 / 1000.0)).unwrap_or_default()
+}
+
+fn reason_table(r: &ExitReport) -> Table {
+    let mut t = Table::new([
+        "REASON", "COUNT", "COUNT%", "TIME%", "TOTAL_US", "MIN_US", "AVG_US", "P50_US", "P99_US", "MAX_US", "LIGHT",
+        "HEAVY", "DESCHED",
+    ]);
+    for row in &r.by_reason {
+        t.row([
+            row.reason.clone(),
+            row.count.to_string(),
+            format!("{:.2}", row.count_pct),
+            row.time_pct.map(|p| format!("{p:.2}")).unwrap_or_default(),
+            us(row.total_ns),
+            us(row.min_ns),
+            us(row.avg_ns),
+            us(row.p50_ns),
+            us(row.p99_ns),
+            us(row.max_ns),
+            row.lightweight.to_string(),
+            row.heavyweight.to_string(),
+            row.descheduled.to_string(),
+        ]);
+    }
+    t
+}
+
+fn comm_of(tasks: &[Task], tid: u32) -> String {
+    tasks.iter().find(|t| t.tid == tid).map(|t| t.comm.clone()).unwrap_or_default()
+}
+
+fn vcpu_table(r: &ExitReport, tasks: &[Task]) -> Table {
+    let mut t = Table::new(["TID", "THREAD", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+    for v in &r.by_vcpu {
+        t.row([
+            v.tid.to_string(),
+            comm_of(tasks, v.tid),
+            v.exits.to_string(),
+            v.lightweight.to_string(),
+            v.heavyweight.to_string(),
+            us(Some(v.total_ns)),
+        ]);
+    }
+    t
+}
+
+fn vm_rows(r: &ExitReport, tasks: &[Task]) -> Vec<VmRow> {
+    let mut by_pid: BTreeMap<u32, VmRow> = BTreeMap::new();
+    for v in &r.by_vcpu {
+        let pid = tasks.iter().find(|t| t.tid == v.tid).map_or(v.tid, |t| t.pid);
+        let row =
+            by_pid.entry(pid).or_insert(VmRow { pid, vcpus: 0, exits: 0, lightweight: 0, heavyweight: 0, total_ns: 0 });
+        row.vcpus += 1;
+        row.exits += v.exits;
+        row.lightweight += v.lightweight;
+        row.heavyweight += v.heavyweight;
+        row.total_ns += v.total_ns;
+    }
+    by_pid.into_values().collect()
+}
+
+fn vm_table(rows: &[VmRow]) -> Table {
+    let mut t = Table::new(["PID", "VCPUS", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+    for v in rows {
+        t.row([
+            v.pid.to_string(),
+            v.vcpus.to_string(),
+            v.exits.to_string(),
+            v.lightweight.to_string(),
+            v.heavyweight.to_string(),
+            us(Some(v.total_ns)),
+        ]);
+    }
+    t
+}
+
+fn rows_table(r: &ExitReport) -> Table {
+    let mut t = Table::new([
+        "EXIT_TS",
+        "TID",
+        "EXIT_CPU",
+        "ENTRY_CPU",
+        "REASON",
+        "DURATION_US",
+        "HEAVY",
+        "OVERHEAD_US",
+        "VMM_US",
+        "PREEMPTED_US",
+        "BLOCKED_US",
+        "IRQS",
+        "SOFTIRQS",
+        "THREADS",
+    ]);
+    for x in &r.rows {
+        t.row([
+            format!("{:.6}", x.exit_ts as f64 / 1e9),
+            x.tid.to_string(),
+            x.exit_cpu.to_string(),
+            x.entry_cpu.to_string(),
+            x.reason.clone(),
+            us(Some(x.duration_ns)),
+            if x.heavyweight { "yes" } else { "no" }.to_string(),
+            us(Some(x.overhead_ns)),
+            us(Some(x.vmm_ns)),
+            us(Some(x.preempted_ns)),
+            us(Some(x.blocked_ns)),
+            x.irqs.to_string(),
+            x.softirqs.to_string(),
+            x.threads.join(","),
+        ]);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_vcpu_indices_in_vmm_thread_names() {
+        assert_eq!(vcpu_index("vcpu3"), Some(3));
+        assert_eq!(vcpu_index("CPU 12/KVM"), Some(12));
+        assert_eq!(vcpu_index("fc_vcpu 0"), Some(0));
+        assert_eq!(vcpu_index("crosvm_vcpu7"), Some(7));
+        assert_eq!(vcpu_index("kvm_probe"), None);
+    }
+}

@@ -1,0 +1,128 @@
+//! `virtprof import SRC -o FILE`: turn a capture made elsewhere into a recording. Sources:
+//! a tracefs dump directory (`events/`, `per_cpu/cpuN/trace_pipe_raw`, `saved_cmdlines`...).
+
+use std::fs;
+use std::io::BufWriter;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
+
+use crate::args::ImportArgs;
+use crate::exit::usage;
+
+/// Pages per chunk: 1 MiB, so a cut file loses at most that much per CPU.
+const PAGES_PER_CHUNK: usize = 256;
+
+pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
+    let src = &args.src;
+    if !src.exists() {
+        return Err(usage(format!("'{}' does not exist", src.display())));
+    }
+    if !(src.is_dir() && src.join("events/header_page").is_file()) {
+        return Err(usage(format!(
+            "'{}' is not a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw)",
+            src.display()
+        )));
+    }
+    let (metadata, cpus, footer) = read_tracefs_dump(src)?;
+    let out = fs::File::create(&args.output).with_context(|| format!("creating '{}'", args.output.display()))?;
+    let mut writer = Writer::new(BufWriter::new(out), &metadata)?;
+    let page_size = virtprof_trace::format::parse_header_page(&metadata.header_page)?.page_size;
+    let mut pages = 0u64;
+    for (cpu, raw) in &cpus {
+        for chunk in raw.chunks(page_size * PAGES_PER_CHUNK) {
+            writer.pages(*cpu, chunk)?;
+            pages += (chunk.len() / page_size) as u64;
+        }
+    }
+    writer.finish(&Footer { pages, ..footer })?;
+    eprintln!(
+        "virtprof: imported {} ({} CPUs, {pages} pages) into {}",
+        src.display(),
+        cpus.len(),
+        args.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Raw pages per CPU.
+type CpuPages = Vec<(u32, Vec<u8>)>;
+
+/// Read a tracefs dump into recording metadata, per-CPU pages and loss figures.
+fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
+    let read = |rel: &str| {
+        fs::read_to_string(root.join(rel)).with_context(|| format!("reading '{}'", root.join(rel).display()))
+    };
+    let header_page = read("events/header_page")?;
+    let mut formats = Vec::new();
+    let mut systems: Vec<_> =
+        fs::read_dir(root.join("events"))?.filter_map(Result::ok).filter(|e| e.path().is_dir()).collect();
+    systems.sort_by_key(|e| e.file_name());
+    for system in systems {
+        let mut events: Vec<_> = fs::read_dir(system.path())?.filter_map(Result::ok).collect();
+        events.sort_by_key(|e| e.file_name());
+        for event in events {
+            if let Ok(text) = fs::read_to_string(event.path().join("format")) {
+                formats.push(FormatText { system: system.file_name().to_string_lossy().into_owned(), text });
+            }
+        }
+    }
+    let trace_clock = read("trace_clock").ok().and_then(|t| selected_clock(&t)).unwrap_or_else(|| "unknown".into());
+    let tgids: std::collections::HashMap<u32, u32> = read("saved_tgids")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(' ').and_then(|(t, p)| Some((t.trim().parse().ok()?, p.trim().parse().ok()?))))
+        .collect();
+    let tasks = read("saved_cmdlines")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (tid, comm) = l.split_once(' ')?;
+            let tid = tid.trim().parse().ok()?;
+            Some(Task { tid, pid: tgids.get(&tid).copied().unwrap_or(tid), comm: comm.trim().to_string() })
+        })
+        .collect();
+    let mut cpus = Vec::new();
+    let mut cpu_loss = Vec::new();
+    let per_cpu = root.join("per_cpu");
+    for entry in
+        fs::read_dir(&per_cpu).with_context(|| format!("reading '{}'", per_cpu.display()))?.filter_map(Result::ok)
+    {
+        let Some(cpu) =
+            entry.file_name().to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let raw_path = entry.path().join("trace_pipe_raw");
+        let raw = fs::read(&raw_path).with_context(|| format!("reading '{}'", raw_path.display()))?;
+        let stats = fs::read_to_string(entry.path().join("stats")).unwrap_or_default();
+        cpu_loss.push((cpu, stat_value(&stats, "overrun"), stat_value(&stats, "dropped events")));
+        cpus.push((cpu, raw));
+    }
+    cpus.sort_by_key(|(c, _)| *c);
+    cpu_loss.sort();
+    let metadata = Metadata {
+        origin: format!("import tracefs-dump {}", root.display()),
+        trace_clock,
+        header_page,
+        formats,
+        cpus: cpus.iter().map(|(c, _)| *c).collect(),
+        host: Default::default(),
+        tasks,
+    };
+    Ok((metadata, cpus, Footer { cpu_loss, ..Default::default() }))
+}
+
+/// `[local] global counter` → `local`.
+fn selected_clock(text: &str) -> Option<String> {
+    let start = text.find('[')? + 1;
+    let end = text[start..].find(']')? + start;
+    Some(text[start..end].to_string())
+}
+
+/// A number from a `per_cpu/cpuN/stats` file (`overrun: 0`).
+fn stat_value(stats: &str, key: &str) -> u64 {
+    stats.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':')?.trim().parse().ok()).unwrap_or(0)
+}

@@ -1,0 +1,100 @@
+//! Merging per-CPU event streams into one timestamp-ordered stream, lazily: each CPU keeps one
+//! decoded event pending, so memory is bounded by the CPU count whatever the trace length.
+//! Ties go to the lower CPU number, so every path (live, replay, shuffled input) agrees.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use virtprof_model::{Event, EventKind};
+
+use crate::decode::Decoder;
+use crate::dump::{WalkError, WalkStats};
+use crate::page::{Missed, Page, Records};
+
+/// One CPU's position in its pages.
+struct Cursor<'a> {
+    cpu: u32,
+    raw: &'a [u8],
+    next_page: usize,
+    records: Option<Records<'a>>,
+}
+
+impl<'a> Cursor<'a> {
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+        let page_size = decoder.layout().header.page_size;
+        loop {
+            let page_index = self.next_page.saturating_sub(1);
+            if let Some(records) = &mut self.records {
+                match records.next() {
+                    Some(Ok(rec)) => {
+                        stats.events += 1;
+                        return decoder
+                            .decode(self.cpu, &rec)
+                            .map(Some)
+                            .map_err(|e| self.error(page_index, page_size, 0, e.to_string()));
+                    }
+                    Some(Err(e)) => return Err(self.error(page_index, page_size, e.offset, e.message)),
+                    None => self.records = None,
+                }
+            }
+            let start = self.next_page * page_size;
+            if start >= self.raw.len() {
+                return Ok(None);
+            }
+            let index = self.next_page;
+            self.next_page += 1;
+            let bytes = &self.raw[start..(start + page_size).min(self.raw.len())];
+            if bytes.len() < page_size {
+                return Err(self.error(
+                    index,
+                    page_size,
+                    0,
+                    format!("truncated page: {} of {page_size} bytes", bytes.len()),
+                ));
+            }
+            let page = Page::parse(bytes, &decoder.layout().header)
+                .map_err(|e| self.error(index, page_size, e.offset, e.message))?;
+            stats.pages += 1;
+            self.records = Some(page.records());
+            if let Missed::Lost(count) = page.missed {
+                match count {
+                    Some(n) => stats.lost += n,
+                    None => stats.lost_unknown += 1,
+                }
+                return Ok(Some(Event { ts: page.base_ts(), cpu: self.cpu, tid: 0, kind: EventKind::Lost { count } }));
+            }
+        }
+    }
+
+    fn error(&self, page: usize, page_size: usize, offset: usize, message: String) -> WalkError {
+        WalkError { cpu: self.cpu, page, offset: page * page_size + offset, message }
+    }
+}
+
+/// Decode the pages of every CPU and deliver all events to `sink` in timestamp order.
+pub fn merge_cpus(
+    decoder: &mut Decoder,
+    cpus: &[(u32, &[u8])],
+    mut sink: impl FnMut(&Event, &Decoder),
+) -> Result<WalkStats, WalkError> {
+    let mut stats = WalkStats::default();
+    let mut cursors: Vec<Cursor<'_>> =
+        cpus.iter().map(|&(cpu, raw)| Cursor { cpu, raw, next_page: 0, records: None }).collect();
+    let mut heap = BinaryHeap::with_capacity(cursors.len());
+    let mut pending: Vec<Option<Event>> = vec![None; cursors.len()];
+    for (i, c) in cursors.iter_mut().enumerate() {
+        if let Some(e) = c.next(decoder, &mut stats)? {
+            heap.push(Reverse((e.ts, c.cpu, i)));
+            pending[i] = Some(e);
+        }
+    }
+    while let Some(Reverse((_, _, i))) = heap.pop() {
+        let event = pending[i].take().expect("heap entries have a pending event");
+        sink(&event, decoder);
+        if let Some(e) = cursors[i].next(decoder, &mut stats)? {
+            heap.push(Reverse((e.ts, cursors[i].cpu, i)));
+            pending[i] = Some(e);
+        }
+    }
+    Ok(stats)
+}
