@@ -30,6 +30,8 @@ pub enum Command {
     Testvm(TestvmArgs),
     /// Show the KVM binary statistics of a VMM process (QEMU, Firecracker, virtprof-vm, ...).
     Stats(StatsArgs),
+    /// Record kvm, sched, irq and irq_vectors events into a recording file.
+    Record(RecordArgs),
     /// Turn a capture made elsewhere (a tracefs dump directory) into a recording.
     Import(ImportArgs),
     /// VM exits: per reason count, time, min/avg/p50/p99/max, lightweight vs heavyweight.
@@ -175,4 +177,34 @@ pub struct ExitsArgs {
     /// Print the table as CSV.
     #[arg(long)]
     pub csv: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Records until --duration ends, the COMMAND exits, or Ctrl-C. Reads raw ring-buffer pages from a
+private tracefs instance (removed on exit); per-CPU loss is always reported.
+
+EXAMPLES:
+  virtprof record -o run.vprec --duration 10s
+  virtprof record -o run.vprec -- virtprof testvm --workload pio-user -n 10000
+  virtprof record -o run.vprec --events kvm,sched:sched_switch --buffer-size 16384")]
+pub struct RecordArgs {
+    /// The recording to write.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// Events: systems or system:event, comma-separated [default: kvm, sched switch/wakeup/migrate, irq, irq_vectors].
+    #[arg(long, value_name = "SET")]
+    pub events: Option<String>,
+    /// Stop after this long.
+    #[arg(short, long, value_name = "TIME[ms|s|m]")]
+    pub duration: Option<String>,
+    /// Per-CPU ring buffer size.
+    #[arg(long = "buffer-size", value_name = "KB", default_value_t = 8192)]
+    pub buffer_size_kb: u32,
+    /// Trace clock (mono aligns with CLOCK_MONOTONIC, as testvm reports).
+    #[arg(long, value_name = "CLOCK", default_value = "mono")]
+    pub clock: String,
+    /// Run this command and record until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }

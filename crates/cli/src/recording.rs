@@ -44,7 +44,11 @@ impl Recording {
                 Chunk::Footer(f) => footer = Some(f),
             }
         }
-        let metadata = metadata.ok_or_else(|| usage(format!("'{}' has no metadata chunk", path.display())))?;
+        let mut metadata: Metadata =
+            metadata.ok_or_else(|| usage(format!("'{}' has no metadata chunk", path.display())))?;
+        if let Some(f) = &footer {
+            metadata.tasks.extend(f.tasks.iter().cloned());
+        }
         cpus.sort_by_key(|(c, _)| *c);
         Ok(Recording { metadata, footer, cpus, truncated_at: reader.truncated_at })
     }

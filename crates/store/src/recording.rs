@@ -79,6 +79,9 @@ pub struct Footer {
     pub pages: u64,
     /// Recording length in ns of the trace clock.
     pub duration_ns: u64,
+    /// Threads first seen during the recording (those at the start are in the metadata).
+    #[serde(default)]
+    pub tasks: Vec<Task>,
 }
 
 /// Container errors, with the byte offset.

@@ -16,6 +16,29 @@ const DEBUGFS_MOUNT: &str = "/sys/kernel/debug/tracing";
 /// Prefix of every instance virtprof creates (`doctor --cleanup` removes leftovers).
 pub const INSTANCE_PREFIX: &str = "virtprof-";
 
+/// Read a tracefs file whole. tracefs reports size 0, so `fs::read_to_string` starts with a
+/// 32-byte probe read; some files (`events/header_page`) cannot be read in pieces and return
+/// EOF after it. One large read first avoids that.
+pub fn read_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// A mounted tracefs.
 #[derive(Debug, Clone)]
 pub struct Tracefs {
@@ -30,7 +53,7 @@ impl Tracefs {
 
     /// Find a mounted tracefs through /proc/mounts.
     pub fn locate() -> Option<Tracefs> {
-        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mounts = read_file(Path::new("/proc/mounts")).unwrap_or_default();
         find_tracefs_mount(&mounts)
             .or_else(|| Path::new(DEBUGFS_MOUNT).join("events").is_dir().then(|| PathBuf::from(DEBUGFS_MOUNT)))
             .map(Tracefs::at)
@@ -71,7 +94,7 @@ impl Tracefs {
 
     /// The tracers this kernel offers (`nop`, `function`, `osnoise`, ...).
     pub fn available_tracers(&self) -> Vec<String> {
-        fs::read_to_string(self.root.join("available_tracers"))
+        read_file(&self.root.join("available_tracers"))
             .unwrap_or_default()
             .split_whitespace()
             .map(str::to_string)
@@ -150,7 +173,7 @@ impl Instance {
     /// Read a file of the instance.
     pub fn read(&self, file: &str) -> Result<String, TraceError> {
         let path = self.path.join(file);
-        fs::read_to_string(&path).map_err(TraceError::file(path))
+        read_file(&path).map_err(TraceError::file(path))
     }
 
     /// Enable one event (`kvm`, `kvm_exit`) or a whole system (`kvm`, `None`).
@@ -208,14 +231,10 @@ pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)
         .collect()
 }
 
-/// Load the page header and the formats of `systems` (all systems when empty) from a tracefs
-/// tree: the live mount, an instance's parent, or a dump with the same layout.
-pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> {
+/// The raw `format` texts of `systems` (all when empty) as (system, text), sorted.
+pub fn format_texts(root: &Path, systems: &[&str]) -> Result<Vec<(String, String)>, TraceError> {
     let events = root.join("events");
-    let header_path = events.join("header_page");
-    let header_text = fs::read_to_string(&header_path).map_err(TraceError::file(&header_path))?;
-    let header = parse_header_page(&header_text).map_err(|e| TraceError::Format { path: header_path, source: e })?;
-    let mut formats = Vec::new();
+    let mut out = Vec::new();
     let mut system_dirs: Vec<PathBuf> = fs::read_dir(&events)
         .map_err(TraceError::file(&events))?
         .filter_map(Result::ok)
@@ -230,15 +249,27 @@ pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> 
             fs::read_dir(&dir).map_err(TraceError::file(&dir))?.filter_map(Result::ok).map(|e| e.path()).collect();
         event_dirs.sort();
         for event_dir in event_dirs {
-            let path = event_dir.join("format");
-            let Ok(text) = fs::read_to_string(&path) else {
-                continue;
-            };
-            let format =
-                parse_event_format(&system, &text).map_err(|e| TraceError::Format { path: path.clone(), source: e })?;
-            formats.push(format);
+            if let Ok(text) = read_file(&event_dir.join("format")) {
+                out.push((system.clone(), text));
+            }
         }
     }
+    Ok(out)
+}
+
+/// Load the page header and the formats of `systems` (all systems when empty) from a tracefs
+/// tree: the live mount, an instance's parent, or a dump with the same layout.
+pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> {
+    let header_path = root.join("events").join("header_page");
+    let header_text = read_file(&header_path).map_err(TraceError::file(&header_path))?;
+    let header = parse_header_page(&header_text).map_err(|e| TraceError::Format { path: header_path, source: e })?;
+    let formats = format_texts(root, systems)?
+        .into_iter()
+        .map(|(system, text)| {
+            parse_event_format(&system, &text)
+                .map_err(|e| TraceError::Format { path: root.join("events").join(&system), source: e })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Layout::new(header, formats))
 }
 

@@ -98,7 +98,11 @@ fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)
         let raw_path = entry.path().join("trace_pipe_raw");
         let raw = fs::read(&raw_path).with_context(|| format!("reading '{}'", raw_path.display()))?;
         let stats = fs::read_to_string(entry.path().join("stats")).unwrap_or_default();
-        cpu_loss.push((cpu, stat_value(&stats, "overrun"), stat_value(&stats, "dropped events")));
+        cpu_loss.push((
+            cpu,
+            virtprof_trace::capture::stat_value(&stats, "overrun"),
+            virtprof_trace::capture::stat_value(&stats, "dropped events"),
+        ));
         cpus.push((cpu, raw));
     }
     cpus.sort_by_key(|(c, _)| *c);
@@ -120,9 +124,4 @@ fn selected_clock(text: &str) -> Option<String> {
     let start = text.find('[')? + 1;
     let end = text[start..].find(']')? + start;
     Some(text[start..end].to_string())
-}
-
-/// A number from a `per_cpu/cpuN/stats` file (`overrun: 0`).
-fn stat_value(stats: &str, key: &str) -> u64 {
-    stats.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':')?.trim().parse().ok()).unwrap_or(0)
 }

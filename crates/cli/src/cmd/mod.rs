@@ -3,6 +3,7 @@
 mod doctor;
 mod exits;
 mod import;
+mod record;
 mod stats;
 mod testvm;
 
@@ -16,6 +17,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Testvm(args) => testvm::run(&args),
         Command::Stats(args) => stats::run(&args),
         Command::Import(args) => import::run(&args),
+        Command::Record(args) => record::run(&args),
         Command::Exits(args) => exits::run(&args),
         Command::Vmm => {
             virtprof_kvm::launcher::install_stop_handler();

@@ -1,0 +1,202 @@
+//! `virtprof record -o FILE`: capture raw trace pages from a private tracefs instance into a
+//! recording. The main thread reads pages; a writer thread behind a bounded channel writes them,
+//! so memory stays bounded whatever the duration (a slow disk shows up as kernel-side loss,
+//! which is reported, never hidden).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::sync::mpsc::sync_channel;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use virtprof_kvm::launcher::install_stop_handler;
+use virtprof_kvm::vmm::STOP_REQUESTED;
+use virtprof_model::units::parse_duration_ns;
+use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
+use virtprof_trace::capture::{Capture, CaptureConfig};
+use virtprof_trace::tracefs::{format_texts, Tracefs};
+
+use crate::args::RecordArgs;
+use crate::exit::usage;
+
+/// Batches in flight between reader and writer: at most this × 64 pages (16 MiB) buffered.
+const CHANNEL_BATCHES: usize = 64;
+/// How often the reader rescans /proc for new threads (short-lived VMs come and go).
+const TASK_SCAN: Duration = Duration::from_millis(50);
+
+/// What a finished recording holds.
+pub struct RecordSummary {
+    pub pages: u64,
+    pub bytes: u64,
+    pub lost: u64,
+    pub cpus: usize,
+    pub missing_events: Vec<String>,
+    pub command_status: Option<std::process::ExitStatus>,
+}
+
+pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
+    let summary = record(args, &args.output)?;
+    eprintln!(
+        "virtprof: recorded {} pages ({:.1} MiB) from {} CPUs into {}; lost events: {}",
+        summary.pages,
+        summary.bytes as f64 / (1 << 20) as f64,
+        summary.cpus,
+        args.output.display(),
+        summary.lost
+    );
+    if !summary.missing_events.is_empty() {
+        eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
+    }
+    Ok(match summary.command_status {
+        Some(status) if !status.success() => ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// Record into `output` as `args` say; used by `record` and by the live modes of analyzers.
+pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary> {
+    let duration = match &args.duration {
+        Some(d) => Some(Duration::from_nanos(parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?)),
+        None => None,
+    };
+    let events = match &args.events {
+        Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => CaptureConfig::default_events(),
+    };
+    if events.is_empty() {
+        return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
+    }
+    let tracefs = Tracefs::locate_or_mount().map_err(|e| usage(format!("{e}")))?;
+    let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))
+        .context("reading header_page")?;
+    let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
+    let config = CaptureConfig { events, buffer_size_kb: args.buffer_size_kb, clock: args.clock.clone() };
+
+    install_stop_handler();
+    let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
+    let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
+    let formats =
+        format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
+    let mut tasks = scan_tasks();
+    let metadata = Metadata {
+        origin: "virtprof record".into(),
+        trace_clock: config.clock.clone(),
+        header_page,
+        formats,
+        cpus: capture.cpus(),
+        host: host_facts(),
+        tasks: tasks.values().cloned().collect(),
+    };
+    let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
+
+    let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
+    let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &metadata)?;
+    let (tx, rx) = sync_channel::<(u32, Vec<u8>)>(CHANNEL_BATCHES);
+    let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn(move || {
+        let mut writer = writer;
+        let mut pages = 0u64;
+        for (cpu, data) in rx {
+            writer.pages(cpu, &data)?;
+            pages += (data.len() / page_size) as u64;
+        }
+        Ok::<_, std::io::Error>((writer, pages))
+    })?;
+
+    let mut child = match args.command.split_first() {
+        Some((program, rest)) => {
+            Some(Command::new(program).args(rest).spawn().map_err(|e| usage(format!("cannot run '{program}': {e}")))?)
+        }
+        None => None,
+    };
+    let started = Instant::now();
+    let mut last_scan = Instant::now();
+    let mut command_status = None;
+    let result = capture.run(
+        &STOP_REQUESTED,
+        || {
+            if last_scan.elapsed() >= TASK_SCAN {
+                tasks.extend(scan_tasks());
+                last_scan = Instant::now();
+            }
+            if let Some(c) = child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    command_status = Some(status);
+                    return true;
+                }
+            }
+            duration.is_some_and(|d| started.elapsed() >= d)
+        },
+        |cpu, pages| {
+            // A full channel blocks here; the kernel buffer absorbs the stall or counts loss.
+            let _ = tx.send((cpu, pages.to_vec()));
+        },
+    );
+    if let Some(mut c) = child {
+        if command_status.is_none() {
+            command_status = c.wait().ok();
+        }
+    }
+    tasks.extend(scan_tasks());
+    // Threads that came and went between scans: the kernel's own tid → tgid/comm cache.
+    for (tid, pid, comm) in virtprof_trace::capture::saved_tasks(&tracefs) {
+        tasks.entry(tid).or_insert(Task { tid, pid, comm });
+    }
+    let loss = capture.loss();
+    capture.close();
+    drop(tx);
+    result?;
+    let (writer, pages) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+    let lost: u64 = loss.iter().map(|l| l.overrun + l.dropped).sum();
+    let footer = Footer {
+        cpu_loss: loss.iter().map(|l| (l.cpu, l.overrun, l.dropped)).collect(),
+        pages,
+        duration_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),
+    };
+    let bytes = writer.written();
+    writer.finish(&footer)?;
+    Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, command_status })
+}
+
+/// Every thread on the host: tid → (pid, comm).
+fn scan_tasks() -> BTreeMap<u32, Task> {
+    let mut tasks = BTreeMap::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return tasks };
+    for p in procs.filter_map(Result::ok) {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(threads) = std::fs::read_dir(p.path().join("task")) else { continue };
+        for t in threads.filter_map(Result::ok) {
+            let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            tasks.insert(tid, Task { tid, pid, comm: comm.trim_end().to_string() });
+        }
+    }
+    tasks
+}
+
+fn host_facts() -> BTreeMap<String, String> {
+    let mut host = BTreeMap::new();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    host.insert("kernel".into(), release.trim().to_string());
+    let kind = virtprof_model::HostKind::from_modules(
+        ["kvm_intel", "kvm_amd", "kvm_pvm"].into_iter().filter(|m| Path::new("/sys/module").join(m).is_dir()),
+    );
+    host.insert("host_kind".into(), kind.map_or("none", |k| k.as_str()).to_string());
+    host.insert("cpus".into(), virtprof_trace::capture::online_cpus().len().to_string());
+    host
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_this_process_threads() {
+        let tasks = scan_tasks();
+        let me = std::process::id();
+        assert!(tasks.get(&me).is_some_and(|t| t.pid == me && !t.comm.is_empty()));
+    }
+}

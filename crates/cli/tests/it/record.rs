@@ -1,0 +1,114 @@
+//! `virtprof record` live on this host: a recorded testvm run gives exactly its heavyweight
+//! exits as timed round trips, the same count `perf stat -e kvm:kvm_userspace_exit` sees, and
+//! the tracefs instance is gone afterwards, also after SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use virtprof_model::testvm::TestvmReport;
+
+use super::util::{have_kvm, have_tracefs, virtprof};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
+}
+
+/// Whether the tracefs instance of the recorder with this pid exists.
+fn instance_of(pid: u32) -> bool {
+    std::path::Path::new(&format!("/sys/kernel/tracing/instances/virtprof-record-{pid}")).exists()
+}
+
+#[test]
+fn recorded_pio_run_gives_its_heavyweight_exits_and_perf_agrees() {
+    let test = "recorded_pio_run_gives_its_heavyweight_exits_and_perf_agrees";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    if Command::new("perf").arg("--version").output().is_err() {
+        eprintln!("SKIP {test}: perf is not installed");
+        return;
+    }
+    let n = 1500u64;
+    let (rec, perf_csv) = (temp("pio.vprec"), temp("perf.csv"));
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let perf_cmd = Command::new("perf")
+        .args(["stat", "-x", ",", "-e", "kvm:kvm_userspace_exit", "-o"])
+        .arg(&perf_csv)
+        .arg("--")
+        .arg(&exe)
+        .args(["record", "-o"])
+        .arg(&rec)
+        .arg("--")
+        .arg(&exe)
+        .args(["testvm", "--workload", "pio-user", "-n", &n.to_string(), "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = perf_cmd.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lost events: 0"));
+    let truth: TestvmReport = serde_json::from_slice(&out.stdout).unwrap();
+    let vm = &truth.vms[0];
+    let vcpu = &vm.vcpus[0];
+    assert_eq!(vcpu.exits("IO"), n + 2);
+
+    let report = virtprof().arg("exits").arg(&rec).args(["--json", "--vm", &vm.pid.to_string()]).output().unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let r: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let io = r["by_reason"].as_array().unwrap().iter().find(|x| x["reason"] == "KVM_EXIT_IO").expect("IO row");
+    assert_eq!(io["heavyweight"], n + 2, "every userspace IO exit is a heavyweight exit");
+    assert!(io["min_ns"].as_u64().unwrap() > 0 && io["p50_ns"].as_u64().unwrap() <= io["max_ns"].as_u64().unwrap());
+    assert_eq!(r["totals"]["lost_events"], 0);
+    let userspace: u64 = vcpu.userspace_exits.values().sum();
+    assert_eq!(r["source"]["events"]["kvm_userspace_exit"], userspace);
+
+    // perf counted the same tracepoint over the same process tree.
+    let perf = std::fs::read_to_string(&perf_csv).unwrap();
+    let perf_count: u64 = perf
+        .lines()
+        .find(|l| l.contains("kvm:kvm_userspace_exit"))
+        .and_then(|l| l.split(',').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no perf count in {perf}"));
+    assert_eq!(perf_count, userspace);
+    let leftovers: Vec<_> = std::fs::read_dir("/sys/kernel/tracing/instances")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("virtprof-record-"))
+        .filter(|e| {
+            let pid = e.file_name().to_string_lossy().rsplit('-').next().unwrap().to_string();
+            !std::path::Path::new("/proc").join(pid).exists()
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "instance of a finished recorder left behind: {leftovers:?}");
+    let _ = (std::fs::remove_file(rec), std::fs::remove_file(perf_csv));
+}
+
+#[test]
+fn sigint_and_sigterm_stop_cleanly_and_remove_the_instance() {
+    let test = "sigint_and_sigterm_stop_cleanly_and_remove_the_instance";
+    if !have_tracefs(test) {
+        return;
+    }
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let rec = temp(&format!("sig{signal}.vprec"));
+        let mut child =
+            virtprof().args(["record", "-o"]).arg(&rec).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        assert!(instance_of(child.id()), "instance exists while recording");
+        // SAFETY: kill with our child's pid and a valid signal.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let status = child.wait().unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "signal {signal}: {status} {stderr}");
+        assert!(stderr.contains("lost events:"), "{stderr}");
+        assert!(!instance_of(child.id()), "signal {signal}: instance left behind");
+        let out = virtprof().arg("exits").arg(&rec).output().unwrap();
+        assert!(out.status.success(), "recording after signal {signal} unreadable");
+        let _ = std::fs::remove_file(rec);
+    }
+}

@@ -1,0 +1,258 @@
+//! Live capture from a private tracefs instance: configure it, then read whole raw pages from
+//! every CPU's `trace_pipe_raw` (non-blocking) and hand them to a consumer in batches. Loss
+//! figures come from `per_cpu/cpuN/stats` at the end. Dropping the capture removes the
+//! instance (see [`crate::tracefs::Instance`]).
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::TraceError;
+use crate::tracefs::{Instance, Tracefs};
+
+/// What to trace.
+#[derive(Debug, Clone)]
+pub struct CaptureConfig {
+    /// `system` or `system:event` entries (`kvm`, `sched:sched_switch`).
+    pub events: Vec<String>,
+    /// Per-CPU ring buffer size.
+    pub buffer_size_kb: u32,
+    /// Trace clock; `mono` matches CLOCK_MONOTONIC so guest/VMM timestamps align directly.
+    pub clock: String,
+}
+
+impl CaptureConfig {
+    /// The default event set of `virtprof record`.
+    pub fn default_events() -> Vec<String> {
+        [
+            "kvm",
+            "sched:sched_switch",
+            "sched:sched_wakeup",
+            "sched:sched_wakeup_new",
+            "sched:sched_migrate_task",
+            "irq",
+            "irq_vectors",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+}
+
+/// Per-CPU loss as the kernel counted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CpuLoss {
+    /// CPU.
+    pub cpu: u32,
+    /// Events overwritten before being read.
+    pub overrun: u64,
+    /// Events dropped because the buffer was full.
+    pub dropped: u64,
+}
+
+/// A running capture.
+pub struct Capture {
+    instance: Instance,
+    readers: Vec<(u32, File)>,
+    page_size: usize,
+    /// The systems whose formats the recording needs.
+    pub systems: Vec<String>,
+}
+
+impl Capture {
+    /// Create the instance `virtprof-record-<pid>`, enable the events, open the per-CPU pipes
+    /// and start tracing. Events that do not exist on this kernel are skipped and returned.
+    pub fn start(
+        tracefs: &Tracefs,
+        config: &CaptureConfig,
+        page_size: usize,
+    ) -> Result<(Capture, Vec<String>), TraceError> {
+        let mut instance = tracefs.create_instance("record")?;
+        instance.write("buffer_size_kb", &config.buffer_size_kb.to_string())?;
+        instance.write("trace_clock", &config.clock)?;
+        // Have the kernel remember tid → tgid of traced tasks (`saved_tgids`), so threads of
+        // processes that exit before the recording ends can still be mapped to their VM.
+        let _ = instance.write("options/record-tgid", "1");
+        let mut missing = Vec::new();
+        let mut systems: Vec<String> = Vec::new();
+        for spec in &config.events {
+            let (system, name) = match spec.split_once(':') {
+                Some((s, n)) => (s, Some(n)),
+                None => (spec.as_str(), None),
+            };
+            let exists = match name {
+                Some(n) => tracefs.has_event(system, n),
+                None => !tracefs.events(system).is_empty(),
+            };
+            if !exists {
+                missing.push(spec.clone());
+                continue;
+            }
+            instance.enable(system, name)?;
+            if !systems.iter().any(|s| s == system) {
+                systems.push(system.to_string());
+            }
+        }
+        let mut readers = Vec::new();
+        let per_cpu = instance.path().join("per_cpu");
+        for cpu in online_cpus() {
+            let path = per_cpu.join(format!("cpu{cpu}")).join("trace_pipe_raw");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(TraceError::file(&path))?;
+            readers.push((cpu, file));
+        }
+        instance.write("tracing_on", "1")?;
+        Ok((Capture { instance, readers, page_size, systems }, missing))
+    }
+
+    /// The instance directory.
+    pub fn instance_path(&self) -> &Path {
+        self.instance.path()
+    }
+
+    /// CPUs being read.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.readers.iter().map(|(c, _)| *c).collect()
+    }
+
+    /// Read every available page of every CPU into `sink(cpu, pages)`, at most `max_pages` per
+    /// CPU per call. Returns the number of pages read.
+    pub fn poll(
+        &mut self,
+        max_pages: usize,
+        buf: &mut Vec<u8>,
+        mut sink: impl FnMut(u32, &[u8]),
+    ) -> Result<usize, TraceError> {
+        let mut total = 0;
+        for (cpu, file) in &mut self.readers {
+            buf.clear();
+            let mut page = vec![0u8; self.page_size];
+            while buf.len() < max_pages * self.page_size {
+                match file.read(&mut page) {
+                    Ok(0) => break,
+                    Ok(n) if n == self.page_size => buf.extend_from_slice(&page),
+                    Ok(n) => {
+                        // Never seen in practice (the kernel hands out whole pages); keep the
+                        // page shape so the decoder stays aligned.
+                        page[n..].fill(0);
+                        buf.extend_from_slice(&page);
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        let path = self.instance.path().join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
+                        return Err(TraceError::File { path, source: e });
+                    }
+                }
+            }
+            if !buf.is_empty() {
+                total += buf.len() / self.page_size;
+                sink(*cpu, buf);
+            }
+        }
+        Ok(total)
+    }
+
+    /// Stop tracing (the buffers keep what they hold for a final [`Capture::poll`]).
+    pub fn stop(&self) -> Result<(), TraceError> {
+        self.instance.write("tracing_on", "0")
+    }
+
+    /// Per-CPU overrun and dropped counts.
+    pub fn loss(&self) -> Vec<CpuLoss> {
+        self.readers
+            .iter()
+            .map(|(cpu, _)| {
+                let stats = self.instance.read(&format!("per_cpu/cpu{cpu}/stats")).unwrap_or_default();
+                CpuLoss {
+                    cpu: *cpu,
+                    overrun: stat_value(&stats, "overrun"),
+                    dropped: stat_value(&stats, "dropped events"),
+                }
+            })
+            .collect()
+    }
+
+    /// Run until `stop` is set or `until` says so, feeding pages to `sink`; then drain.
+    pub fn run(
+        &mut self,
+        stop: &AtomicBool,
+        mut until: impl FnMut() -> bool,
+        mut sink: impl FnMut(u32, &[u8]),
+    ) -> Result<(), TraceError> {
+        let mut buf = Vec::new();
+        while !stop.load(Ordering::Relaxed) && !until() {
+            if self.poll(64, &mut buf, &mut sink)? == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.stop()?;
+        while self.poll(256, &mut buf, &mut sink)? > 0 {}
+        Ok(())
+    }
+
+    /// Close the readers and remove the instance (the kernel refuses while readers are open).
+    pub fn close(self) {
+        let Capture { instance, readers, .. } = self;
+        drop(readers);
+        drop(instance);
+    }
+}
+
+/// Tasks the kernel saw while tracing: (tid, tgid, comm) from `saved_tgids` and
+/// `saved_cmdlines` (a bounded kernel cache: recent tasks only).
+pub fn saved_tasks(tracefs: &Tracefs) -> Vec<(u32, u32, String)> {
+    let read = |f: &str| crate::tracefs::read_file(&tracefs.root().join(f)).unwrap_or_default();
+    let pairs = |text: String| -> Vec<(u32, String)> {
+        text.lines()
+            .filter_map(|l| {
+                let (a, b) = l.split_once(' ')?;
+                Some((a.trim().parse().ok()?, b.trim().to_string()))
+            })
+            .collect()
+    };
+    let tgids: std::collections::HashMap<u32, u32> =
+        pairs(read("saved_tgids")).into_iter().filter_map(|(t, p)| Some((t, p.parse().ok()?))).collect();
+    pairs(read("saved_cmdlines"))
+        .into_iter()
+        .filter(|(tid, _)| *tid != 0)
+        .map(|(tid, comm)| (tid, tgids.get(&tid).copied().unwrap_or(tid), comm))
+        .collect()
+}
+
+/// A number from a `per_cpu/cpuN/stats` file (`overrun: 0`, `dropped events: 0`).
+pub fn stat_value(stats: &str, key: &str) -> u64 {
+    stats.lines().find_map(|l| l.strip_prefix(key)?.trim_start().strip_prefix(':')?.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Online CPUs from /sys/devices/system/cpu/online (`0-1`).
+pub fn online_cpus() -> Vec<u32> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_else(|_| "0".into());
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',') {
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(lo), Ok(hi)) = (lo.parse::<u32>(), hi.parse::<u32>()) {
+            cpus.extend(lo..=hi);
+        }
+    }
+    cpus
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpu_stats() {
+        let stats = "entries: 4812\noverrun: 3\ncommit overrun: 0\ndropped events: 7\n";
+        assert_eq!(stat_value(stats, "overrun"), 3);
+        assert_eq!(stat_value(stats, "dropped events"), 7);
+        assert_eq!(stat_value(stats, "missing"), 0);
+        assert!(!online_cpus().is_empty());
+    }
+}
