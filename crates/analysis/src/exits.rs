@@ -29,6 +29,8 @@ pub struct ExitOptions {
     pub min_row_ns: u64,
     /// Only these threads (vCPU threads of the selected VMs/vCPUs); empty = all.
     pub tids: Vec<u32>,
+    /// Ids of other events that stand for one exit each (`kvm_cpuid`, `kvm_msr`, ...).
+    pub evidence_events: Vec<u16>,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -44,6 +46,8 @@ enum Key {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Evidence {
+    /// KVM's instruction emulator ran; refined by the evidence that follows for the same exit.
+    Emulated,
     Pio,
     Mmio,
     Event(u16),
@@ -372,9 +376,11 @@ impl ExitAnalyzer {
                 self.count(EventTag::Named("kvm_mmio"));
                 self.evidence(e.tid, Evidence::Mmio);
             }
-            EventKind::KvmEmulateInsn { .. } => self.count(EventTag::Named("kvm_emulate_insn")),
-            // Other events on a thread that runs KVM are evidence (kvm_cpuid, kvm_msr...).
-            EventKind::Other { event } if self.threads.contains_key(&e.tid) => {
+            EventKind::KvmEmulateInsn { .. } => {
+                self.count(EventTag::Named("kvm_emulate_insn"));
+                self.evidence(e.tid, Evidence::Emulated);
+            }
+            EventKind::Other { event } if self.options.evidence_events.contains(&event) => {
                 self.count(EventTag::Id(event));
                 self.evidence(e.tid, Evidence::Event(event));
             }
@@ -385,6 +391,12 @@ impl ExitAnalyzer {
     /// Evidence of KVM work on a thread: the previous pending one, not followed by a userspace
     /// exit, was lightweight.
     fn evidence(&mut self, tid: u32, what: Evidence) {
+        let thread = self.threads.entry(tid).or_default();
+        if thread.pending == Some(Evidence::Emulated) && what != Evidence::Emulated {
+            // The emulated instruction was this PIO/MMIO/CPUID...: one exit, now named.
+            thread.pending = Some(what);
+            return;
+        }
         self.settle_pending(tid);
         self.threads.entry(tid).or_default().pending = Some(what);
     }
@@ -496,6 +508,7 @@ impl ExitAnalyzer {
         let name = |k: Key| match k {
             Key::Exit { reason, isa } => names.exit_reason(reason, isa),
             Key::Userspace { reason } => names.userspace_reason(reason),
+            Key::Evidence(Evidence::Emulated) => "emulated insn (in kernel)".to_string(),
             Key::Evidence(Evidence::Pio) => "pio (in kernel)".to_string(),
             Key::Evidence(Evidence::Mmio) => "mmio (in kernel)".to_string(),
             Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
@@ -701,7 +714,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_evidence_without_kvm_exit() {
-        let mut a = ExitAnalyzer::new(ExitOptions::default());
+        let mut a = ExitAnalyzer::new(ExitOptions { evidence_events: vec![33], ..Default::default() });
         let pio = |ts| ev(ts, 1, 5, EventKind::KvmPio { write: true, port: 0xe0, size: 1, count: 1 });
         let events = [
             pio(10), // in kernel: followed by more evidence, no userspace exit
@@ -709,7 +722,9 @@ mod tests {
             ev(21, 1, 5, EventKind::KvmFpu { load: false }),
             ev(22, 1, 5, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
             ev(90, 1, 5, EventKind::KvmFpu { load: true }),
-            ev(95, 1, 5, EventKind::Other { event: 33 }),
+            ev(93, 1, 5, EventKind::KvmEmulateInsn { rip: 0, failed: false }),
+            ev(95, 1, 5, EventKind::Other { event: 33 }), // refines the emulated insn: one exit
+            ev(96, 1, 5, EventKind::Other { event: 34 }), // not exit evidence: ignored
             ev(99, 1, 5, EventKind::Lost { count: Some(4) }),
         ];
         events.iter().for_each(|e| a.on_event(e));

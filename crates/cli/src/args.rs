@@ -149,13 +149,17 @@ timed as userspace round trips and lightweight work is counted from evidence eve
 footer names what is unavailable.
 
 EXAMPLES:
+  virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
   virtprof exits run.vprec                       per reason
   virtprof exits run.vprec --by vcpu --json
   virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
   virtprof exits run.vprec --noise --csv         one vm_noise row per exit")]
 pub struct ExitsArgs {
-    /// A recording (from `virtprof record` or `virtprof import`).
+    /// A recording (from `virtprof record` or `virtprof import`); without it, record live.
     pub file: Option<PathBuf>,
+    /// Live mode: how long to record before analysing.
+    #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file")]
+    pub duration: String,
     /// Only the VM whose VMM has this pid (repeatable).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,

@@ -205,9 +205,13 @@ fn split_declaration(decl: &str) -> Result<(String, String, Option<usize>), Stri
         _ => (decl, None),
     };
     let head = head.trim();
-    let split =
-        head.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).ok_or_else(|| format!("no type in '{decl}'"))?;
-    let (c_type, name) = (head[..=split].trim(), &head[split + 1..]);
+    let (split, sep) = head
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_alphanumeric() || c == '_'))
+        .ok_or_else(|| format!("no type in '{decl}'"))?;
+    let end = split + sep.len_utf8();
+    let (c_type, name) = (head[..end].trim(), &head[end..]);
     if name.is_empty() {
         return Err(format!("no field name in '{decl}'"));
     }
@@ -366,6 +370,14 @@ pub fn parse_header_page(text: &str) -> Result<PageHeader, FormatError> {
     };
     if ts.size != 8 || !(commit.size == 4 || commit.size == 8) {
         return Err(err(0, format!("unsupported sizes: timestamp {} commit {}", ts.size, commit.size)));
+    }
+    if ts.offset + 8 > data.offset || commit.offset + commit.size > data.offset || data.size == 0 || data.size > 1 << 20
+    {
+        let layout = format!(
+            "timestamp at {}, commit at {}, data at {} size {}",
+            ts.offset, commit.offset, data.offset, data.size
+        );
+        return Err(err(0, format!("inconsistent layout: {layout}")));
     }
     Ok(PageHeader {
         timestamp_offset: ts.offset,

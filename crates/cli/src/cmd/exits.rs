@@ -12,9 +12,13 @@ use virtprof_store::recording::Task;
 use virtprof_store::Table;
 use virtprof_trace::merge::merge_cpus;
 
-use crate::args::{ExitsArgs, GroupBy};
+use crate::args::{ExitsArgs, GroupBy, RecordArgs};
 use crate::exit::usage;
 use crate::recording::{DecoderNames, Recording};
+
+/// kvm events that each stand for one exit handled in the kernel (besides kvm_pio/kvm_mmio).
+const EVIDENCE_EVENTS: [&str; 6] =
+    ["kvm_cpuid", "kvm_msr", "kvm_hypercall", "kvm_hv_hypercall", "kvm_cr", "kvm_xsetbv"];
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
 #[derive(Serialize)]
@@ -35,12 +39,30 @@ struct VmRow {
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
-    let Some(path) = &args.file else {
-        return Err(usage(
-            "live mode is not available yet: record first (`virtprof record -o FILE`) and run `virtprof exits FILE`",
-        ));
+    let live = args.file.is_none();
+    let path = match &args.file {
+        Some(path) => path.clone(),
+        None => {
+            let path = std::env::temp_dir().join(format!("virtprof-exits-{}.vprec", std::process::id()));
+            eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", args.duration);
+            let record_args = RecordArgs {
+                output: path.clone(),
+                events: None,
+                duration: Some(args.duration.clone()),
+                buffer_size_kb: 8192,
+                clock: "mono".into(),
+                command: Vec::new(),
+            };
+            let summary = crate::cmd::record::record(&record_args, &path)?;
+            eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
+            path
+        }
     };
-    let recording = Recording::open(path)?;
+    let recording = Recording::open(&path);
+    if live {
+        let _ = std::fs::remove_file(&path);
+    }
+    let recording = recording?;
     if let Some(at) = recording.truncated_at {
         eprintln!("virtprof: warning: '{}' was cut short at byte {at}; analysing what precedes it", path.display());
     }
@@ -54,9 +76,11 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         Some(us) => (us * 1000.0) as u64,
         None => 0,
     };
-    let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids };
-    let mut analyzer = ExitAnalyzer::new(options);
     let mut decoder = recording.decoder()?;
+    let evidence_events =
+        EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect();
+    let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
+    let mut analyzer = ExitAnalyzer::new(options);
     let stats = merge_cpus(&mut decoder, &recording.cpu_slices(), |e, _| analyzer.on_event(e))?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     // Overruns the kernel counted in per-CPU stats are lost too, even without page flags.

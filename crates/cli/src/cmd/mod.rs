@@ -3,7 +3,7 @@
 mod doctor;
 mod exits;
 mod import;
-mod record;
+pub mod record;
 mod stats;
 mod testvm;
 

@@ -112,3 +112,48 @@ fn sigint_and_sigterm_stop_cleanly_and_remove_the_instance() {
         let _ = std::fs::remove_file(rec);
     }
 }
+
+#[test]
+fn recorded_phases_count_every_exit_kind_exactly() {
+    let test = "recorded_phases_count_every_exit_kind_exactly";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let rec = temp("phases.vprec");
+    let script = "pio-user:300,mmio-user:200,pio-kernel:400,mmio-kernel:100,cpuid:250";
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["--", assert_cmd::cargo::cargo_bin("virtprof").to_str().unwrap()])
+        .args(["testvm", "--workload", "phases", "--phases", script, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let truth: TestvmReport = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = truth.vms[0].pid.to_string();
+    let r: Value = serde_json::from_slice(
+        &virtprof().arg("exits").arg(&rec).args(["--json", "--vm", &pid]).output().unwrap().stdout,
+    )
+    .unwrap();
+    let count = |name: &str| {
+        r["by_reason"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["reason"] == name)
+            .map_or(0, |x| x["count"].as_u64().unwrap())
+    };
+    let heavy_io = 300 + truth.marker_io_exits_per_vcpu;
+    if r["source"]["path"] == "userspace_round_trips" {
+        assert_eq!(count("KVM_EXIT_IO"), heavy_io);
+        assert_eq!(count("KVM_EXIT_MMIO"), 200);
+        assert_eq!(count("pio (in kernel)"), 400);
+        assert_eq!(count("mmio (in kernel)"), 100);
+        assert_eq!(count("kvm_cpuid (in kernel)"), 250);
+    } else {
+        // VMX/SVM: every exit is timed; the light/heavy split must match the VMM's counts.
+        assert_eq!(r["totals"]["heavyweight"], heavy_io + 200);
+    }
+    let _ = std::fs::remove_file(rec);
+}
