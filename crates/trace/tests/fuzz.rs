@@ -6,6 +6,9 @@
 //! `VIRTPROF_FUZZ_ITERS=1000000 cargo test --release -p virtprof-trace --test fuzz`.
 //! A failure prints the seed and iteration to replay it.
 
+// Random bytes and indices are made by truncating random u64s on purpose.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
@@ -132,7 +135,7 @@ fn decoders_never_panic_on_mutated_input() {
             .join("tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs/events/header_page"),
     )
     .unwrap();
-    let seed = 0x5eed_0f_f022_u64;
+    let seed = 0x5e_ed0f_f022_u64;
     let mut rng = Rng(seed);
     let n = iterations();
     for iteration in 0..n {
