@@ -12,7 +12,9 @@
 //!   duration. Lightweight work is counted from the evidence events (`kvm_pio`, `kvm_mmio`,
 //!   other kvm events) that no userspace exit followed; its durations are unavailable.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
 use virtprof_model::{Event, EventKind, StrId};
@@ -231,9 +233,10 @@ pub struct ExitAnalyzer {
     threads: HashMap<u32, Thread>,
     cpus: Vec<CpuCounters>,
     stats: HashMap<Key, Stats>,
-    per_vcpu: BTreeMap<u32, (u64, u64, u64)>,
+    per_vcpu: HashMap<u32, (u64, u64, u64)>,
     rows: Vec<(Key, RowDraft)>,
-    event_counts: HashMap<EventTag, u64>,
+    seen: [u64; SEEN_NAMES.len()],
+    seen_ids: HashMap<u16, u64>,
     saw_kvm_exit: bool,
     lost: u64,
     incomplete: u64,
@@ -249,11 +252,20 @@ struct RowDraft {
     softirqs: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum EventTag {
-    Named(&'static str),
-    Id(u16),
+/// The typed kvm events the analyzer counts for `source.events`, in [`SEEN_NAMES`] order.
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    KvmExit,
+    KvmEntry,
+    KvmUserspaceExit,
+    KvmFpu,
+    KvmPio,
+    KvmMmio,
+    KvmEmulateInsn,
 }
+
+const SEEN_NAMES: [&str; 7] =
+    ["kvm_exit", "kvm_entry", "kvm_userspace_exit", "kvm_fpu", "kvm_pio", "kvm_mmio", "kvm_emulate_insn"];
 
 impl ExitAnalyzer {
     /// A new analyzer.
@@ -273,8 +285,8 @@ impl ExitAnalyzer {
         &mut self.cpus[i]
     }
 
-    fn count(&mut self, tag: EventTag) {
-        *self.event_counts.entry(tag).or_insert(0) += 1;
+    fn count(&mut self, what: Seen) {
+        self.seen[what as usize] += 1;
     }
 
     /// Feed one event (events must arrive in timestamp order).
@@ -297,7 +309,7 @@ impl ExitAnalyzer {
             }
             _ if !self.wanted(e.tid) => {}
             EventKind::KvmExit { reason, isa, .. } => {
-                self.count(EventTag::Named("kvm_exit"));
+                self.count(Seen::KvmExit);
                 self.saw_kvm_exit = true;
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid).or_default();
@@ -320,7 +332,7 @@ impl ExitAnalyzer {
                 });
             }
             EventKind::KvmUserspaceExit { reason, .. } => {
-                self.count(EventTag::Named("kvm_userspace_exit"));
+                self.count(Seen::KvmUserspaceExit);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let saw_kvm_exit = self.saw_kvm_exit;
                 let thread = self.threads.entry(e.tid).or_default();
@@ -350,7 +362,7 @@ impl ExitAnalyzer {
                 }
             }
             EventKind::KvmFpu { load } => {
-                self.count(EventTag::Named("kvm_fpu"));
+                self.count(Seen::KvmFpu);
                 if load {
                     self.vmm_done(e);
                     let round_trip = self
@@ -363,25 +375,25 @@ impl ExitAnalyzer {
                 }
             }
             EventKind::KvmEntry { .. } => {
-                self.count(EventTag::Named("kvm_entry"));
+                self.count(Seen::KvmEntry);
                 self.vmm_done(e);
                 self.settle_pending(e.tid);
                 self.finish_exit(e);
             }
             EventKind::KvmPio { .. } => {
-                self.count(EventTag::Named("kvm_pio"));
+                self.count(Seen::KvmPio);
                 self.evidence(e.tid, Evidence::Pio);
             }
             EventKind::KvmMmio { .. } => {
-                self.count(EventTag::Named("kvm_mmio"));
+                self.count(Seen::KvmMmio);
                 self.evidence(e.tid, Evidence::Mmio);
             }
             EventKind::KvmEmulateInsn { .. } => {
-                self.count(EventTag::Named("kvm_emulate_insn"));
+                self.count(Seen::KvmEmulateInsn);
                 self.evidence(e.tid, Evidence::Emulated);
             }
             EventKind::Other { event } if self.options.evidence_events.contains(&event) => {
-                self.count(EventTag::Id(event));
+                *self.seen_ids.entry(event).or_insert(0) += 1;
                 self.evidence(e.tid, Evidence::Event(event));
             }
             _ => {}
@@ -554,9 +566,10 @@ impl ExitAnalyzer {
             lost_events: self.lost,
             incomplete: self.incomplete,
         };
-        let by_vcpu = self
-            .per_vcpu
-            .iter()
+        let mut per_vcpu: Vec<_> = self.per_vcpu.iter().collect();
+        per_vcpu.sort();
+        let by_vcpu = per_vcpu
+            .into_iter()
             .map(|(&tid, &(light, heavy, total_ns))| VcpuRow {
                 tid,
                 exits: light + heavy,
@@ -588,16 +601,12 @@ impl ExitAnalyzer {
                 }
             })
             .collect();
-        let events = self
-            .event_counts
+        let events = SEEN_NAMES
             .iter()
-            .map(|(tag, n)| {
-                let key = match tag {
-                    EventTag::Named(s) => s.to_string(),
-                    EventTag::Id(id) => names.event(*id),
-                };
-                (key, *n)
-            })
+            .zip(self.seen)
+            .filter(|&(_, n)| n > 0)
+            .map(|(name, n)| (name.to_string(), n))
+            .chain(self.seen_ids.iter().map(|(id, n)| (names.event(*id), *n)))
             .collect();
         let (path, unavailable) = if self.saw_kvm_exit {
             ("kvm_exit".to_string(), Vec::new())

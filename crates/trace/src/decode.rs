@@ -3,7 +3,7 @@
 //! Events virtprof does not model become [`EventKind::Other`], with the generic
 //! [`field_value`] reader for anyone who wants their fields.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use virtprof_model::{Event, EventKind, StrId};
 
