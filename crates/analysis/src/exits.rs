@@ -255,13 +255,13 @@ struct RowDraft {
 /// The typed kvm events the analyzer counts for `source.events`, in [`SEEN_NAMES`] order.
 #[derive(Debug, Clone, Copy)]
 enum Seen {
-    KvmExit,
-    KvmEntry,
-    KvmUserspaceExit,
-    KvmFpu,
-    KvmPio,
-    KvmMmio,
-    KvmEmulateInsn,
+    Exit,
+    Entry,
+    UserspaceExit,
+    Fpu,
+    Pio,
+    Mmio,
+    EmulateInsn,
 }
 
 const SEEN_NAMES: [&str; 7] =
@@ -309,7 +309,7 @@ impl ExitAnalyzer {
             }
             _ if !self.wanted(e.tid) => {}
             EventKind::KvmExit { reason, isa, .. } => {
-                self.count(Seen::KvmExit);
+                self.count(Seen::Exit);
                 self.saw_kvm_exit = true;
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid).or_default();
@@ -332,7 +332,7 @@ impl ExitAnalyzer {
                 });
             }
             EventKind::KvmUserspaceExit { reason, .. } => {
-                self.count(Seen::KvmUserspaceExit);
+                self.count(Seen::UserspaceExit);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let saw_kvm_exit = self.saw_kvm_exit;
                 let thread = self.threads.entry(e.tid).or_default();
@@ -362,7 +362,7 @@ impl ExitAnalyzer {
                 }
             }
             EventKind::KvmFpu { load } => {
-                self.count(Seen::KvmFpu);
+                self.count(Seen::Fpu);
                 if load {
                     self.vmm_done(e);
                     let round_trip = self
@@ -375,21 +375,21 @@ impl ExitAnalyzer {
                 }
             }
             EventKind::KvmEntry { .. } => {
-                self.count(Seen::KvmEntry);
+                self.count(Seen::Entry);
                 self.vmm_done(e);
                 self.settle_pending(e.tid);
                 self.finish_exit(e);
             }
             EventKind::KvmPio { .. } => {
-                self.count(Seen::KvmPio);
+                self.count(Seen::Pio);
                 self.evidence(e.tid, Evidence::Pio);
             }
             EventKind::KvmMmio { .. } => {
-                self.count(Seen::KvmMmio);
+                self.count(Seen::Mmio);
                 self.evidence(e.tid, Evidence::Mmio);
             }
             EventKind::KvmEmulateInsn { .. } => {
-                self.count(Seen::KvmEmulateInsn);
+                self.count(Seen::EmulateInsn);
                 self.evidence(e.tid, Evidence::Emulated);
             }
             EventKind::Other { event } if self.options.evidence_events.contains(&event) => {
