@@ -32,7 +32,7 @@ pub enum Command {
     Stats(StatsArgs),
     /// Record kvm, sched, irq and irq_vectors events into a recording file.
     Record(RecordArgs),
-    /// Turn a capture made elsewhere (a tracefs dump directory) into a recording.
+    /// Turn a capture made elsewhere (a tracefs dump directory, a trace-cmd trace.dat) into a recording.
     Import(ImportArgs),
     /// VM exits: per reason count, time, min/avg/p50/p99/max, lightweight vs heavyweight.
     Exits(ExitsArgs),
@@ -125,9 +125,11 @@ pub struct StatsArgs {
 #[derive(Debug, Args)]
 #[command(after_help = "\
 EXAMPLES:
-  virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing")]
+  virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing
+  virtprof import trace.dat -o run.vprec             trace-cmd 3.x output (version 7; zstd or uncompressed)")]
 pub struct ImportArgs {
-    /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines).
+    /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines)
+    /// or a trace-cmd trace.dat (version 7).
     pub src: PathBuf,
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]

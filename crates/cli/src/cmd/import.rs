@@ -20,13 +20,16 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
     if !src.exists() {
         return Err(usage(format!("'{}' does not exist", src.display())));
     }
-    if !(src.is_dir() && src.join("events/header_page").is_file()) {
+    let (metadata, cpus, footer) = if src.is_dir() && src.join("events/header_page").is_file() {
+        read_tracefs_dump(src)?
+    } else if src.is_file() && starts_with_trace_dat_magic(src) {
+        read_trace_dat(src)?
+    } else {
         return Err(usage(format!(
-            "'{}' is not a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw)",
+            "'{}' is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
             src.display()
         )));
-    }
-    let (metadata, cpus, footer) = read_tracefs_dump(src)?;
+    };
     let out = fs::File::create(&args.output).with_context(|| format!("creating '{}'", args.output.display()))?;
     let mut writer = Writer::new(BufWriter::new(out), &metadata)?;
     let page_size = virtprof_trace::format::parse_header_page(&metadata.header_page)?.page_size;
@@ -45,6 +48,49 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         args.output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn starts_with_trace_dat_magic(path: &Path) -> bool {
+    let mut head = [0u8; 10];
+    fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+        && virtprof_trace::tracedat::is_trace_dat(&head)
+}
+
+/// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
+fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
+    let bytes = fs::read(path).with_context(|| format!("reading '{}'", path.display()))?;
+    let dat = virtprof_trace::tracedat::read(&bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
+    let tasks = dat
+        .cmdlines
+        .lines()
+        .filter_map(|l| {
+            let (tid, comm) = l.split_once(' ')?;
+            let tid = tid.trim().parse().ok()?;
+            Some(Task { tid, pid: tid, comm: comm.trim().to_string() })
+        })
+        .collect();
+    let cpu_loss = dat
+        .cpu_stats
+        .iter()
+        .filter_map(|stats| {
+            let cpu = stats.lines().next()?.strip_prefix("CPU:")?.trim().parse().ok()?;
+            Some((
+                cpu,
+                virtprof_trace::capture::stat_value(stats, "overrun"),
+                virtprof_trace::capture::stat_value(stats, "dropped events"),
+            ))
+        })
+        .collect();
+    let metadata = Metadata {
+        origin: format!("import trace.dat {}", path.display()),
+        trace_clock: dat.clock.clone(),
+        header_page: dat.header_page,
+        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
+        host: Default::default(),
+        tasks,
+    };
+    Ok((metadata, dat.cpus, Footer { cpu_loss, ..Default::default() }))
 }
 
 /// Raw pages per CPU.
