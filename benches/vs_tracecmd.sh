@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# virtprof vs trace-cmd on the same trace.dat. Captures raw kvm/sched pages of an exit-heavy
+# testvm run from a private tracefs instance, lets trace-cmd build a version 7 trace.dat from
+# them (`trace-cmd restore`; `trace-cmd record` is not needed), then times
+#   trace-cmd report -i big.dat            (decode + print every event)
+#   virtprof import big.dat + exits        (decode + exit analysis, via a recording)
+#   virtprof exits big.vprec               (decode + exit analysis)
+# and prints the ratios. Needs root, tracefs, /dev/kvm; installs trace-cmd if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=${VIRTPROF:-target/release/virtprof}
+REPS=${REPS:-5}
+command -v trace-cmd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq trace-cmd >/dev/null; }
+[ -x "$V" ] || cargo build --release -q
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+inst=/sys/kernel/tracing/instances/virtprof-bench-tc-$$
+mkdir "$inst"
+echo 65536 > "$inst/buffer_size_kb"
+echo 1 > "$inst/events/kvm/enable"
+echo 1 > "$inst/events/sched/sched_switch/enable"
+echo 1 > "$inst/tracing_on"
+"$V" testvm -w phases --phases pio-kernel:40000,pio-user:10000,cpuid:20000 --vcpus 2 > /dev/null
+echo 0 > "$inst/tracing_on"
+cpus=()
+for dir in "$inst"/per_cpu/cpu*; do
+    c=$(basename "$dir")
+    dd if="$dir/trace_pipe_raw" of="$work/$c" iflag=nonblock bs=4096 2>/dev/null || true
+    cpus+=("$work/$c")
+done
+echo 0 > "$inst/events/kvm/enable"; echo 0 > "$inst/events/sched/sched_switch/enable"; rmdir "$inst"
+trace-cmd restore -c -o "$work/head.dat" > /dev/null 2>&1
+trace-cmd restore -i "$work/head.dat" -o "$work/big.dat" "${cpus[@]}" > /dev/null 2>&1
+events=$(trace-cmd report -i "$work/big.dat" 2>/dev/null | grep -c ']' || true)
+
+best() { # best wall time in ms of REPS runs of "$@"
+    local best=999999 t0 t1 ms
+    for _ in $(seq "$REPS"); do
+        t0=$(date +%s%N); "$@" > /dev/null 2>&1; t1=$(date +%s%N)
+        ms=$(( (t1 - t0) / 1000000 )); [ "$ms" -lt "$best" ] && best=$ms
+    done
+    echo "$best"
+}
+tc=$(best trace-cmd report -i "$work/big.dat")
+both=$(best sh -c "$V import '$work/big.dat' -o '$work/big.vprec' && $V exits '$work/big.vprec'")
+"$V" import "$work/big.dat" -o "$work/big.vprec" 2>/dev/null
+ex=$(best "$V" exits "$work/big.vprec")
+echo "trace.dat: $(du -h "$work/big.dat" | cut -f1), $events events (best of $REPS runs)"
+printf '%-36s %8s ms\n' "trace-cmd report" "$tc" "virtprof import + exits" "$both" "virtprof exits (recording)" "$ex"
+awk -v a="$tc" -v b="$both" -v c="$ex" 'BEGIN { printf "ratio trace-cmd / (import+exits): %.1fx, trace-cmd / exits: %.1fx (target >= 20x)\n", a/b, a/c }'
