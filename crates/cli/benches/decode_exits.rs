@@ -13,7 +13,7 @@ use virtprof_analysis::Names;
 use virtprof_model::StrId;
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::dump::Dump;
-use virtprof_trace::merge::merge_cpus;
+use virtprof_trace::merge::{merge_cpus, CpuStream};
 
 const REPEAT: usize = 50;
 
@@ -38,7 +38,7 @@ fn bench(c: &mut Criterion) {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
     let dump = Dump::open(&root).unwrap();
     let cpus: Vec<(u32, Vec<u8>)> = dump.cpus.iter().map(|c| (c.cpu, c.raw.repeat(REPEAT))).collect();
-    let slices: Vec<(u32, &[u8])> = cpus.iter().map(|(c, r)| (*c, r.as_slice())).collect();
+    let slices: Vec<CpuStream<'_>> = cpus.iter().map(|(c, r)| CpuStream::contiguous(*c, r)).collect();
     let layout = dump.decoder.layout().clone();
     let mut count = Decoder::new(layout.clone());
     let events = merge_cpus(&mut count, &slices, |_, _| {}).unwrap().events;

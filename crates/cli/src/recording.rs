@@ -2,7 +2,7 @@
 //! adapter that lets analyzers name things through the recorded kernel's formats.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::Context;
@@ -10,65 +10,89 @@ use virtprof_analysis::Names;
 use virtprof_model::StrId;
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
-use virtprof_trace::format::{parse_event_format, parse_header_page};
+use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
+use virtprof_trace::merge::CpuStream;
 
 use crate::exit::usage;
 
-/// A recording read into memory.
+/// A recording, memory-mapped: page data is read in place, never copied.
 pub struct Recording {
     /// Its metadata.
     pub metadata: Metadata,
     /// Its footer (None if the file was cut short before it).
     pub footer: Option<Footer>,
-    /// Raw pages per CPU.
-    pub cpus: Vec<(u32, Vec<u8>)>,
     /// Where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
+    map: memmap2::Mmap,
+    /// Per CPU, the byte ranges of its page chunks in `map`, in order.
+    cpus: Vec<(u32, Vec<Range<usize>>)>,
 }
 
 impl Recording {
-    /// Read every chunk of `path`.
+    /// Map `path` and index its chunks.
     pub fn open(path: &Path) -> anyhow::Result<Recording> {
         let file = File::open(path).map_err(|e| usage(format!("cannot open recording '{}': {e}", path.display())))?;
-        let mut reader = Reader::new(BufReader::with_capacity(1 << 20, file))
-            .map_err(|e| usage(format!("'{}': {e}", path.display())))?;
+        // SAFETY: the mapping is read-only and private to this process; a recording being
+        // modified while we read it would at worst give garbage pages, which the decoder turns
+        // into errors, never undefined behaviour in safe code that indexes a byte slice.
+        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping '{}'", path.display()))?;
+        let base = map.as_ptr() as usize;
+        let mut reader = Reader::new(&map).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
         let (mut metadata, mut footer) = (None, None);
-        let mut cpus: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut cpus: Vec<(u32, Vec<Range<usize>>)> = Vec::new();
         while let Some(chunk) = reader.next_chunk().with_context(|| format!("reading '{}'", path.display()))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
-                Chunk::Pages { cpu, data } => match cpus.iter_mut().find(|(c, _)| *c == cpu) {
-                    Some((_, pages)) => pages.extend_from_slice(&data),
-                    None => cpus.push((cpu, data)),
-                },
+                Chunk::Pages { cpu, data } => {
+                    let start = data.as_ptr() as usize - base;
+                    let range = start..start + data.len();
+                    match cpus.iter_mut().find(|(c, _)| *c == cpu) {
+                        Some((_, ranges)) => ranges.push(range),
+                        None => cpus.push((cpu, vec![range])),
+                    }
+                }
                 Chunk::Footer(f) => footer = Some(f),
             }
         }
+        let truncated_at = reader.truncated_at;
         let mut metadata: Metadata =
             metadata.ok_or_else(|| usage(format!("'{}' has no metadata chunk", path.display())))?;
         if let Some(f) = &footer {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
-        Ok(Recording { metadata, footer, cpus, truncated_at: reader.truncated_at })
+        Ok(Recording { metadata, footer, truncated_at, map, cpus })
     }
 
-    /// A decoder for the recorded kernel's formats.
-    pub fn decoder(&self) -> anyhow::Result<Decoder> {
+    /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
+    /// the others only their name and id (a trace.dat can carry thousands of formats).
+    pub fn decoder(&self, systems: &[&str]) -> anyhow::Result<Decoder> {
         let header = parse_header_page(&self.metadata.header_page).context("recording's header_page")?;
         let formats = self
             .metadata
             .formats
             .iter()
-            .map(|f| parse_event_format(&f.system, &f.text))
+            .map(|f| {
+                if systems.contains(&f.system.as_str()) {
+                    parse_event_format(&f.system, &f.text)
+                } else {
+                    parse_event_identity(&f.system, &f.text)
+                }
+            })
             .collect::<Result<Vec<_>, _>>()
             .context("recording's event formats")?;
         Ok(Decoder::new(Layout::new(header, formats)))
     }
 
-    /// Per-CPU page slices, for [`virtprof_trace::merge::merge_cpus`].
-    pub fn cpu_slices(&self) -> Vec<(u32, &[u8])> {
-        self.cpus.iter().map(|(c, p)| (*c, p.as_slice())).collect()
+    /// Per-CPU page streams borrowed from the mapping, for [`virtprof_trace::merge::merge_cpus`].
+    pub fn streams(&self) -> Vec<CpuStream<'_>> {
+        self.cpus
+            .iter()
+            .map(|(cpu, ranges)| CpuStream {
+                cpu: *cpu,
+                segments: ranges.iter().map(|r| &self.map[r.clone()]).collect(),
+            })
+            .collect()
     }
 
     /// Events the kernel reported dropped or overwritten, from the footer.

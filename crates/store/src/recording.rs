@@ -7,7 +7,7 @@
 //! with the loss figures last. The container knows bytes and strings only; parsing formats and
 //! pages is the trace crate's job.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
 
@@ -119,9 +119,6 @@ pub enum RecordingError {
         #[source]
         source: serde_json::Error,
     },
-    /// I/O.
-    #[error(transparent)]
-    Io(#[from] io::Error),
 }
 
 /// Writes a recording.
@@ -177,9 +174,10 @@ impl<W: Write> Writer<W> {
     }
 }
 
-/// One chunk read back.
+/// One chunk read back. Page data borrows from the recording's bytes (usually a mapping of
+/// the file), so reading allocates nothing per chunk.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Chunk {
+pub enum Chunk<'a> {
     /// The metadata.
     Metadata(Box<Metadata>),
     /// Raw pages of one CPU.
@@ -187,56 +185,48 @@ pub enum Chunk {
         /// CPU.
         cpu: u32,
         /// Whole pages.
-        data: Vec<u8>,
+        data: &'a [u8],
     },
     /// The footer.
     Footer(Footer),
 }
 
-/// Reads a recording chunk by chunk.
+/// Reads a recording held in memory, chunk by chunk.
 #[derive(Debug)]
-pub struct Reader<R: Read> {
-    input: R,
-    offset: u64,
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+    offset: usize,
     /// Set when the file ended inside a chunk: the recording was cut short there.
     pub truncated_at: Option<u64>,
 }
 
-impl<R: Read> Reader<R> {
+impl<'a> Reader<'a> {
     /// Check the magic and version.
-    pub fn new(mut input: R) -> Result<Self, RecordingError> {
-        let mut head = [0u8; 12];
-        input.read_exact(&mut head).map_err(|_| RecordingError::BadMagic)?;
-        if &head[..8] != MAGIC {
+    pub fn new(bytes: &'a [u8]) -> Result<Self, RecordingError> {
+        if bytes.len() < 12 || &bytes[..8] != MAGIC {
             return Err(RecordingError::BadMagic);
         }
-        let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
             return Err(RecordingError::Version(version));
         }
-        Ok(Reader { input, offset: 12, truncated_at: None })
-    }
-
-    /// Byte offset of the next chunk.
-    pub fn offset(&self) -> u64 {
-        self.offset
+        Ok(Reader { bytes, offset: 12, truncated_at: None })
     }
 
     /// The next chunk; None at the end, or where the file was cut short (see `truncated_at`).
-    pub fn next_chunk(&mut self) -> Result<Option<Chunk>, RecordingError> {
-        let at = self.offset;
-        let mut header = [0u8; CHUNK_HEADER];
-        match read_full(&mut self.input, &mut header)? {
-            0 => return Ok(None),
-            n if n < CHUNK_HEADER => {
-                self.truncated_at = Some(at);
-                return Ok(None);
-            }
-            _ => {}
+    pub fn next_chunk(&mut self) -> Result<Option<Chunk<'a>>, RecordingError> {
+        let at = self.offset as u64;
+        let rest = &self.bytes[self.offset..];
+        if rest.is_empty() {
+            return Ok(None);
         }
-        let kind = u32::from_le_bytes(header[0..4].try_into().expect("4"));
-        let len = u64::from_le_bytes(header[4..12].try_into().expect("8"));
-        let crc = u32::from_le_bytes(header[12..16].try_into().expect("4"));
+        if rest.len() < CHUNK_HEADER {
+            self.truncated_at = Some(at);
+            return Ok(None);
+        }
+        let kind = u32::from_le_bytes(rest[0..4].try_into().expect("4"));
+        let len = u64::from_le_bytes(rest[4..12].try_into().expect("8"));
+        let crc = u32::from_le_bytes(rest[12..16].try_into().expect("4"));
         if len > MAX_CHUNK {
             return Err(RecordingError::Malformed {
                 offset: at,
@@ -244,18 +234,17 @@ impl<R: Read> Reader<R> {
             });
         }
         let len = usize::try_from(len).expect("checked against MAX_CHUNK");
-        let mut payload = vec![0u8; len];
-        if read_full(&mut self.input, &mut payload)? < len {
+        let Some(payload) = rest.get(CHUNK_HEADER..CHUNK_HEADER + len) else {
             self.truncated_at = Some(at);
             return Ok(None);
-        }
-        if crc32fast::hash(&payload) != crc {
+        };
+        if crc32fast::hash(payload) != crc {
             return Err(RecordingError::Checksum { offset: at });
         }
-        self.offset += (CHUNK_HEADER + len) as u64;
+        self.offset += CHUNK_HEADER + len;
         let json = |source| RecordingError::Json { offset: at, source };
         Ok(Some(match kind {
-            1 => Chunk::Metadata(Box::new(serde_json::from_slice(&payload).map_err(json)?)),
+            1 => Chunk::Metadata(Box::new(serde_json::from_slice(payload).map_err(json)?)),
             2 => {
                 if payload.len() < 4 {
                     return Err(RecordingError::Malformed {
@@ -264,29 +253,14 @@ impl<R: Read> Reader<R> {
                     });
                 }
                 let cpu = u32::from_le_bytes(payload[0..4].try_into().expect("4"));
-                payload.drain(..4);
-                Chunk::Pages { cpu, data: payload }
+                Chunk::Pages { cpu, data: &payload[4..] }
             }
-            3 => Chunk::Footer(serde_json::from_slice(&payload).map_err(json)?),
+            3 => Chunk::Footer(serde_json::from_slice(payload).map_err(json)?),
             other => {
                 return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }
         }))
     }
-}
-
-/// Read until `buf` is full or EOF; returns bytes read.
-fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]
@@ -302,7 +276,7 @@ mod tests {
         w.finish(&Footer { pages: 3, ..Default::default() }).unwrap()
     }
 
-    fn read_all(bytes: &[u8]) -> (Vec<Chunk>, Option<u64>) {
+    fn read_all(bytes: &[u8]) -> (Vec<Chunk<'_>>, Option<u64>) {
         let mut r = Reader::new(bytes).unwrap();
         let mut chunks = Vec::new();
         while let Some(c) = r.next_chunk().unwrap() {
@@ -313,7 +287,8 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let (chunks, truncated) = read_all(&sample());
+        let bytes = sample();
+        let (chunks, truncated) = read_all(&bytes);
         assert_eq!(truncated, None);
         assert_eq!(chunks.len(), 4);
         assert!(matches!(&chunks[0], Chunk::Metadata(m) if m.cpus == vec![0, 1]));
@@ -334,7 +309,7 @@ mod tests {
     fn corruption_is_reported_with_its_offset() {
         let mut bad = sample();
         bad[200] ^= 0xff; // inside the first page chunk
-        let mut r = Reader::new(bad.as_slice()).unwrap();
+        let mut r = Reader::new(&bad).unwrap();
         let mut err = None;
         while err.is_none() {
             match r.next_chunk() {
@@ -345,6 +320,6 @@ mod tests {
         }
         let msg = err.expect("corruption detected").to_string();
         assert!(msg.starts_with("chunk at byte ") && msg.contains("checksum"), "{msg}");
-        assert!(matches!(Reader::new(&b"NOTAREC!...."[..]), Err(RecordingError::BadMagic)));
+        assert!(matches!(Reader::new(b"NOTAREC!...."), Err(RecordingError::BadMagic)));
     }
 }

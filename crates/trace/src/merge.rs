@@ -11,11 +11,31 @@ use crate::decode::Decoder;
 use crate::dump::{WalkError, WalkStats};
 use crate::page::{Missed, Page, Records};
 
+/// One CPU's pages: whole pages in one or more segments, in order (a recording's chunks, or
+/// one buffer), borrowed so nothing is copied.
+#[derive(Debug, Clone)]
+pub struct CpuStream<'a> {
+    /// CPU number.
+    pub cpu: u32,
+    /// Segments of whole pages.
+    pub segments: Vec<&'a [u8]>,
+}
+
+impl<'a> CpuStream<'a> {
+    /// A stream of one contiguous buffer.
+    pub fn contiguous(cpu: u32, raw: &'a [u8]) -> Self {
+        CpuStream { cpu, segments: vec![raw] }
+    }
+}
+
 /// One CPU's position in its pages.
 struct Cursor<'a> {
     cpu: u32,
-    raw: &'a [u8],
+    segments: &'a [&'a [u8]],
+    segment: usize,
     next_page: usize,
+    /// Pages in the segments before the current one (for error offsets).
+    pages_before: usize,
     records: Option<Records<'a>>,
 }
 
@@ -23,7 +43,7 @@ impl<'a> Cursor<'a> {
     fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
         let page_size = decoder.layout().header.page_size;
         loop {
-            let page_index = self.next_page.saturating_sub(1);
+            let page_index = self.pages_before + self.next_page.saturating_sub(1);
             if let Some(records) = &mut self.records {
                 match records.next() {
                     Some(Ok(rec)) => {
@@ -37,13 +57,17 @@ impl<'a> Cursor<'a> {
                     None => self.records = None,
                 }
             }
+            let Some(&raw) = self.segments.get(self.segment) else { return Ok(None) };
             let start = self.next_page * page_size;
-            if start >= self.raw.len() {
-                return Ok(None);
+            if start >= raw.len() {
+                self.pages_before += self.next_page;
+                self.segment += 1;
+                self.next_page = 0;
+                continue;
             }
-            let index = self.next_page;
+            let index = self.pages_before + self.next_page;
             self.next_page += 1;
-            let bytes = &self.raw[start..(start + page_size).min(self.raw.len())];
+            let bytes = &raw[start..(start + page_size).min(raw.len())];
             if bytes.len() < page_size {
                 return Err(self.error(
                     index,
@@ -72,14 +96,16 @@ impl<'a> Cursor<'a> {
 }
 
 /// Decode the pages of every CPU and deliver all events to `sink` in timestamp order.
-pub fn merge_cpus(
+pub fn merge_cpus<'a>(
     decoder: &mut Decoder,
-    cpus: &[(u32, &[u8])],
+    cpus: &'a [CpuStream<'a>],
     mut sink: impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
     let mut stats = WalkStats::default();
-    let mut cursors: Vec<Cursor<'_>> =
-        cpus.iter().map(|&(cpu, raw)| Cursor { cpu, raw, next_page: 0, records: None }).collect();
+    let mut cursors: Vec<Cursor<'a>> = cpus
+        .iter()
+        .map(|s| Cursor { cpu: s.cpu, segments: &s.segments, segment: 0, next_page: 0, pages_before: 0, records: None })
+        .collect();
     let mut heap = BinaryHeap::with_capacity(cursors.len());
     let mut pending: Vec<Option<Event>> = vec![None; cursors.len()];
     for (i, c) in cursors.iter_mut().enumerate() {
@@ -91,9 +117,17 @@ pub fn merge_cpus(
     while let Some(Reverse((_, _, i))) = heap.pop() {
         let event = pending[i].take().expect("heap entries have a pending event");
         sink(&event, decoder);
-        if let Some(e) = cursors[i].next(decoder, &mut stats)? {
+        // Keep taking from this CPU while it stays the earliest: the heap is only touched when
+        // the order between CPUs changes (ties still go to the lower CPU).
+        let bound = heap.peek().map(|Reverse((ts, cpu, _))| (*ts, *cpu));
+        while let Some(e) = cursors[i].next(decoder, &mut stats)? {
+            if bound.is_none_or(|b| (e.ts, cursors[i].cpu) < b) {
+                sink(&e, decoder);
+                continue;
+            }
             heap.push(Reverse((e.ts, cursors[i].cpu, i)));
             pending[i] = Some(e);
+            break;
         }
     }
     Ok(stats)

@@ -8,7 +8,7 @@ use std::path::Path;
 use virtprof_model::EventKind;
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_header_page};
-use virtprof_trace::merge::merge_cpus;
+use virtprof_trace::merge::{merge_cpus, CpuStream};
 
 fn run5() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kvm-amd-run5_tracecmd_2vcpu_pinned")
@@ -22,7 +22,7 @@ fn trace_dat_equals_trace_cmd_report() {
     let header = parse_header_page(&dat.header_page).unwrap();
     let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
     let mut decoder = Decoder::new(Layout::new(header, formats));
-    let slices: Vec<(u32, &[u8])> = dat.cpus.iter().map(|(c, r)| (*c, r.as_slice())).collect();
+    let slices: Vec<CpuStream<'_>> = dat.cpus.iter().map(|(c, r)| CpuStream::contiguous(*c, r)).collect();
     let mut ours: Vec<(u32, u64, u32, String)> = Vec::new();
     let mut exits: BTreeMap<(u32, String), u64> = BTreeMap::new();
     merge_cpus(&mut decoder, &slices, |e, d| {

@@ -76,12 +76,12 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         Some(us) => (us * 1000.0) as u64,
         None => 0,
     };
-    let mut decoder = recording.decoder()?;
+    let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let evidence_events =
         EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect();
     let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
     let mut analyzer = ExitAnalyzer::new(options);
-    let stats = merge_cpus(&mut decoder, &recording.cpu_slices(), |e, _| analyzer.on_event(e))?;
+    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| analyzer.on_event(e))?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     // Overruns the kernel counted in per-CPU stats are lost too, even without page flags.
     report.totals.lost_events = report.totals.lost_events.max(stats.lost) + recording.lost_in_footer();
