@@ -126,14 +126,20 @@ pub struct StatsArgs {
 #[command(after_help = "\
 EXAMPLES:
   virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing
-  virtprof import trace.dat -o run.vprec             trace-cmd 3.x output (version 7; zstd or uncompressed)")]
+  virtprof import trace.dat -o run.vprec             trace-cmd 3.x output (version 7; zstd or uncompressed)
+  virtprof import trace.txt --formats /sys/kernel/tracing -o run.vprec
+                                                     ftrace text (timestamps keep microseconds)")]
 pub struct ImportArgs {
     /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines)
-    /// or a trace-cmd trace.dat (version 7).
+    /// or a trace-cmd trace.dat (version 7), or ftrace text (with --formats).
     pub src: PathBuf,
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// For ftrace text: the tracefs root (or a dump) whose events/*/format and
+    /// events/header_page describe the traced kernel.
+    #[arg(long, value_name = "DIR")]
+    pub formats: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

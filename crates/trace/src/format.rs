@@ -267,7 +267,7 @@ pub fn parse_symbol_tables(print_fmt: &str) -> Vec<SymbolTable> {
 }
 
 /// Length up to (not including) the `)` closing an already opened paren, skipping strings.
-fn matching_paren(s: &str) -> Option<usize> {
+pub(crate) fn matching_paren(s: &str) -> Option<usize> {
     let (mut depth, mut in_string) = (1i32, false);
     for (i, c) in s.char_indices() {
         match c {
@@ -286,7 +286,7 @@ fn matching_paren(s: &str) -> Option<usize> {
 }
 
 /// `REC->exit_reason & 0xffff` → ("exit_reason", 0xffff).
-fn parse_target(target: &str) -> Option<(String, u64)> {
+pub(crate) fn parse_target(target: &str) -> Option<(String, u64)> {
     let target = target.trim().trim_start_matches('(').trim_end_matches(')');
     let (field, mask) = match target.split_once('&') {
         Some((f, m)) => (f.trim(), parse_int(m.trim()).map(|v| v as u64)?),
@@ -318,7 +318,7 @@ fn condition_before(prefix: &str, previous: Option<&SymbolTable>) -> Condition {
 }
 
 /// `{ 0, "EXCEPTION_NMI" }, { 0x040 + 1, "DB excp" }, ...`
-fn parse_entries(s: &str) -> Vec<(i64, String)> {
+pub(crate) fn parse_entries(s: &str) -> Vec<(i64, String)> {
     let mut entries = Vec::new();
     let mut rest = s;
     while let Some(open) = rest.find('{') {
@@ -341,7 +341,7 @@ fn parse_entries(s: &str) -> Vec<(i64, String)> {
 }
 
 /// A C integer literal: decimal, hex, negative, with optional U/L suffixes.
-fn parse_int(s: &str) -> Option<i64> {
+pub(crate) fn parse_int(s: &str) -> Option<i64> {
     let s = s.trim().trim_end_matches(['U', 'L', 'u', 'l']);
     let (negative, digits) = match s.strip_prefix('-') {
         Some(d) => (true, d.trim()),

@@ -227,3 +227,66 @@ fn kvm_exits_match_the_probe_ground_truth() {
         }
     }
 }
+
+/// The kernel's text `trace`, re-encoded through the format files into pages, decodes to the
+/// same events as the raw pages: same order per CPU, µs timestamps, pids, names, and the field
+/// values the text shows (kvm_exit reason and rip, sched_switch pids and state, vectors).
+#[test]
+fn text_trace_reencoded_equals_the_raw_pages() {
+    use virtprof_trace::text::{parse_line, PageWriter, TextEncoder};
+    for run in RUNS {
+        let (dump, raw) = decode_flat(run);
+        let layout = dump.decoder.layout().clone();
+        let encoder = TextEncoder::new(&layout);
+        let text = std::fs::read_to_string(fixture(run).join("tracefs/trace")).unwrap();
+        let mut writers: BTreeMap<u32, PageWriter> = BTreeMap::new();
+        let mut lines = 0;
+        for line in text.lines().filter_map(parse_line) {
+            let record = encoder.encode(&line).unwrap();
+            writers.entry(line.cpu).or_insert_with(|| PageWriter::new(&layout)).push(line.ts, &record);
+            lines += 1;
+        }
+        assert_eq!(lines, raw.len(), "{run}: one record per text line");
+        let mut decoder = virtprof_trace::decode::Decoder::new(layout.clone());
+        for (cpu, mut w) in writers {
+            w.flush();
+            let mine = per_cpu(&raw, cpu);
+            let mut i = 0;
+            for bytes in w.pages.chunks(layout.header.page_size) {
+                let page = Page::parse(bytes, &layout.header).unwrap();
+                for rec in page.records() {
+                    let rec = rec.unwrap();
+                    let e = decoder.decode(cpu, &rec).unwrap();
+                    let want = mine[i];
+                    i += 1;
+                    assert_eq!((e.ts / 1000, e.tid as i64), ((want.ts + 500) / 1000, want.pid), "{run} cpu{cpu} #{i}");
+                    let field = |k: &str| want.fields[k].parse::<u64>().unwrap();
+                    match e.kind {
+                        EventKind::KvmExit { reason, isa, guest_rip, vcpu_id, .. } => {
+                            assert_eq!(want.name, "kvm_exit");
+                            let got = decoder.exit_reason_name(reason, isa).unwrap();
+                            let expected = dump
+                                .decoder
+                                .exit_reason_name(field("exit_reason") as u32, field("isa") as u32)
+                                .unwrap();
+                            assert_eq!(
+                                (got, guest_rip, vcpu_id),
+                                (expected, field("guest_rip"), field("vcpu_id") as u32)
+                            );
+                        }
+                        EventKind::SchedSwitch { prev_tid, next_tid, prev_state, .. } => {
+                            assert_eq!((prev_tid, next_tid), (field("prev_pid") as u32, field("next_pid") as u32));
+                            // The text shows the state's task-state bits ("R", "S", "I", "R+" ...).
+                            assert_eq!(prev_state & 0xff, field("prev_state") & 0xff, "{run}: prev_state");
+                        }
+                        EventKind::IrqVectorEntry { vector, .. } | EventKind::IrqVectorExit { vector, .. } => {
+                            assert_eq!(u64::from(vector), field("vector"));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            assert_eq!(i, mine.len(), "{run} cpu{cpu}: event count");
+        }
+    }
+}

@@ -24,6 +24,14 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         read_tracefs_dump(src)?
     } else if src.is_file() && starts_with_trace_dat_magic(src) {
         read_trace_dat(src)?
+    } else if src.is_file() {
+        let Some(formats) = &args.formats else {
+            return Err(usage(format!(
+                "'{}' looks like ftrace text: give --formats DIR, the tracefs root (with events/) of the kernel that recorded it",
+                src.display()
+            )));
+        };
+        read_ftrace_text(src, formats)?
     } else {
         return Err(usage(format!(
             "'{}' is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
@@ -91,6 +99,67 @@ fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
         tasks,
     };
     Ok((metadata, dat.cpus, Footer { cpu_loss, ..Default::default() }))
+}
+
+/// Re-encode ftrace text into pages through the traced kernel's format files.
+fn read_ftrace_text(path: &Path, formats_root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
+    use virtprof_trace::text::{parse_line, PageWriter, TextEncoder};
+    let layout =
+        virtprof_trace::tracefs::load_layout(formats_root, &[]).map_err(|e| usage(format!("--formats: {e}")))?;
+    let header_page = virtprof_trace::tracefs::read_file(&formats_root.join("events/header_page"))?;
+    let formats = virtprof_trace::tracefs::format_texts(formats_root, &[])?;
+    let text = fs::read_to_string(path).with_context(|| format!("reading '{}'", path.display()))?;
+    let encoder = TextEncoder::new(&layout);
+    let mut writers: std::collections::BTreeMap<u32, PageWriter> = Default::default();
+    let mut tasks: std::collections::BTreeMap<u32, Task> = Default::default();
+    let (mut events, mut skipped) = (0u64, 0u64);
+    for (number, line) in text.lines().enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() || line.starts_with("cpus=") {
+            continue;
+        }
+        let Some(parsed) = parse_line(line) else {
+            return Err(usage(format!("'{}': line {}: not an ftrace text line: '{line}'", path.display(), number + 1)));
+        };
+        match encoder.encode(&parsed) {
+            Ok(record) => {
+                writers.entry(parsed.cpu).or_insert_with(|| PageWriter::new(&layout)).push(parsed.ts, &record);
+                tasks.entry(parsed.pid).or_insert_with(|| Task {
+                    tid: parsed.pid,
+                    pid: parsed.pid,
+                    comm: parsed.comm.to_string(),
+                });
+                events += 1;
+            }
+            Err(_) => skipped += 1,
+        }
+    }
+    if events == 0 {
+        return Err(usage(format!(
+            "'{}': no event matched the formats in '{}'",
+            path.display(),
+            formats_root.display()
+        )));
+    }
+    if skipped > 0 {
+        eprintln!("virtprof: warning: {skipped} lines name events missing from --formats; they were skipped");
+    }
+    let cpus: CpuPages = writers
+        .into_iter()
+        .map(|(cpu, mut w)| {
+            w.flush();
+            (cpu, w.pages)
+        })
+        .collect();
+    let metadata = Metadata {
+        origin: format!("import ftrace-text {}", path.display()),
+        trace_clock: "text (microseconds)".into(),
+        header_page,
+        formats: formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        cpus: cpus.iter().map(|(c, _)| *c).collect(),
+        host: Default::default(),
+        tasks: tasks.into_values().collect(),
+    };
+    Ok((metadata, cpus, Footer::default()))
 }
 
 /// Raw pages per CPU.

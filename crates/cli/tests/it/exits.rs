@@ -49,6 +49,21 @@ fn per_vcpu_exits_equal_the_probe_ground_truth() {
         check_probe_truth(&file, n);
         let _ = std::fs::remove_file(file);
     }
+    // And the run3 capture's ftrace *text*, re-encoded through its format files.
+    let dump = fixture("kvm-amd-run3_2vcpu_2cpu_pinned");
+    let out = std::env::temp_dir().join(format!("virtprof-it-text-{}.vprec", std::process::id()));
+    let status = virtprof()
+        .arg("import")
+        .arg(dump.join("trace"))
+        .arg("--formats")
+        .arg(&dump)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    check_probe_truth(&out, n);
+    let _ = std::fs::remove_file(out);
 }
 
 fn check_probe_truth(file: &Path, n: u64) {
@@ -100,7 +115,18 @@ fn bad_inputs_are_usage_errors() {
         (vec!["import".into(), "/tmp".into(), "-o".into(), "/tmp/x.vprec".into()], "is neither a tracefs dump"),
         (
             vec!["import".into(), not_rec.display().to_string(), "-o".into(), "/tmp/x.vprec".into()],
-            "nor a trace-cmd trace.dat",
+            "give --formats DIR",
+        ),
+        (
+            vec![
+                "import".into(),
+                not_rec.display().to_string(),
+                "--formats".into(),
+                "/tmp".into(),
+                "-o".into(),
+                "/tmp/x.vprec".into(),
+            ],
+            "--formats",
         ),
     ] {
         let out = virtprof().args(&args).output().unwrap();
