@@ -159,10 +159,13 @@ impl<'a> TextEncoder<'a> {
         // __data_loc strings go after the fixed part: low 16 bits offset, high 16 bits length.
         for (name, value) in strings {
             if let Some(f) = format.field(&name).filter(|f| matches!(f.kind, FieldKind::DataLoc { .. })) {
-                let offset = rec.len();
+                // A __data_loc holds a 16-bit offset and a 16-bit length.
+                let (Ok(offset), Ok(len)) = (u16::try_from(rec.len()), u16::try_from(value.len() + 1)) else {
+                    continue;
+                };
                 rec.extend_from_slice(value.as_bytes());
                 rec.push(0);
-                let loc = (offset as u32) | (((value.len() + 1) as u32) << 16);
+                let loc = u32::from(offset) | (u32::from(len) << 16);
                 rec[f.offset..f.offset + 4].copy_from_slice(&loc.to_le_bytes());
             }
         }
@@ -386,17 +389,19 @@ impl PageWriter {
         }
         let mut delta = ts.saturating_sub(self.last_ts);
         if delta >= 1 << 27 {
-            let extend = 30u32 | (((delta & ((1 << 27) - 1)) as u32) << 5);
-            self.word(extend);
-            self.word((delta >> 27) as u32);
+            // Time extend: 27 low bits in the header, the rest in the following word.
+            let low = u32::try_from(delta & ((1 << 27) - 1)).expect("27 bits");
+            self.word(30 | (low << 5));
+            self.word(u32::try_from(delta >> 27).unwrap_or(u32::MAX));
             delta = 0;
         }
-        let delta = (delta as u32) << 5;
+        let delta = u32::try_from(delta).expect("below 2^27 here") << 5;
+        let padded_word = u32::try_from(padded).expect("a record fits a page");
         if long {
             self.word(delta);
-            self.word((padded + 4) as u32);
+            self.word(padded_word + 4);
         } else {
-            self.word((padded / 4) as u32 | delta);
+            self.word(padded_word / 4 | delta);
         }
         let at = self.data_offset + self.used;
         self.page[at..at + record.len()].copy_from_slice(record);
