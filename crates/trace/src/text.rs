@@ -401,7 +401,7 @@ impl PageWriter {
             self.word(delta);
             self.word(padded_word + 4);
         } else {
-            self.word(padded_word / 4 | delta);
+            self.word((padded_word / 4) | delta);
         }
         let at = self.data_offset + self.used;
         self.page[at..at + record.len()].copy_from_slice(record);
