@@ -261,21 +261,17 @@ fn text_trace_reencoded_equals_the_raw_pages() {
                     i += 1;
                     assert_eq!((e.ts / 1000, e.tid as i64), ((want.ts + 500) / 1000, want.pid), "{run} cpu{cpu} #{i}");
                     let field = |k: &str| want.fields[k].parse::<u64>().unwrap();
+                    let field32 = |k: &str| want.fields[k].parse::<u32>().unwrap();
                     match e.kind {
                         EventKind::KvmExit { reason, isa, guest_rip, vcpu_id, .. } => {
                             assert_eq!(want.name, "kvm_exit");
                             let got = decoder.exit_reason_name(reason, isa).unwrap();
-                            let expected = dump
-                                .decoder
-                                .exit_reason_name(field("exit_reason") as u32, field("isa") as u32)
-                                .unwrap();
-                            assert_eq!(
-                                (got, guest_rip, vcpu_id),
-                                (expected, field("guest_rip"), field("vcpu_id") as u32)
-                            );
+                            let expected =
+                                dump.decoder.exit_reason_name(field32("exit_reason"), field32("isa")).unwrap();
+                            assert_eq!((got, guest_rip, vcpu_id), (expected, field("guest_rip"), field32("vcpu_id")));
                         }
                         EventKind::SchedSwitch { prev_tid, next_tid, prev_state, .. } => {
-                            assert_eq!((prev_tid, next_tid), (field("prev_pid") as u32, field("next_pid") as u32));
+                            assert_eq!((prev_tid, next_tid), (field32("prev_pid"), field32("next_pid")));
                             // The text shows the state's task-state bits ("R", "S", "I", "R+" ...).
                             assert_eq!(prev_state & 0xff, field("prev_state") & 0xff, "{run}: prev_state");
                         }
