@@ -216,6 +216,10 @@ pub struct RecordArgs {
     /// Trace clock (mono aligns with CLOCK_MONOTONIC, as testvm reports).
     #[arg(long, value_name = "CLOCK", default_value = "mono")]
     pub clock: String,
+    /// VMM processes to snapshot KVM stats of at start and end (every VMM already running
+    /// is included anyway; this makes a missing one an error).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
     /// Run this command and record until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

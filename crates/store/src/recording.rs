@@ -51,6 +51,19 @@ pub struct Task {
     pub comm: String,
 }
 
+/// KVM binary stats of one VMM at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KvmStatsSnapshot {
+    /// The VMM process.
+    pub pid: u32,
+    /// CLOCK_MONOTONIC when read.
+    pub monotonic_ns: u64,
+    /// VM-wide statistics by name.
+    pub vm: std::collections::BTreeMap<String, u64>,
+    /// Per vCPU index, statistics by name.
+    pub vcpus: Vec<(u32, std::collections::BTreeMap<String, u64>)>,
+}
+
 /// Everything needed to decode and interpret the pages.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Metadata {
@@ -68,6 +81,12 @@ pub struct Metadata {
     pub host: std::collections::BTreeMap<String, String>,
     /// Threads known at recording time (vCPU threads among them).
     pub tasks: Vec<Task>,
+    /// VMM processes (holding KVM VM fds) at the start.
+    #[serde(default)]
+    pub vms: Vec<u32>,
+    /// KVM stats of those VMMs at the start.
+    #[serde(default)]
+    pub kvm_stats: Vec<KvmStatsSnapshot>,
 }
 
 /// Per-CPU loss figures and totals, written last.
@@ -82,6 +101,9 @@ pub struct Footer {
     /// Threads first seen during the recording (those at the start are in the metadata).
     #[serde(default)]
     pub tasks: Vec<Task>,
+    /// KVM stats of the VMMs still running at the end.
+    #[serde(default)]
+    pub kvm_stats: Vec<KvmStatsSnapshot>,
 }
 
 /// Container errors, with the byte offset.

@@ -26,6 +26,14 @@ struct Output<'a> {
     #[serde(flatten)]
     report: &'a ExitReport,
     by_vm: Vec<VmRow>,
+    kvm_stats: Vec<StatsDelta>,
+}
+
+/// Deltas of a VMM's KVM stats fd over the recording (start and end snapshots).
+#[derive(Serialize)]
+struct StatsDelta {
+    pid: u32,
+    stats: BTreeMap<String, u64>,
 }
 
 #[derive(Serialize)]
@@ -51,6 +59,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
                 duration: Some(args.duration.clone()),
                 buffer_size_kb: 8192,
                 clock: "mono".into(),
+                vm: Vec::new(),
                 command: Vec::new(),
             };
             let summary = crate::cmd::record::record(&record_args, &path)?;
@@ -87,9 +96,10 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     report.totals.lost_events = report.totals.lost_events.max(stats.lost) + recording.lost_in_footer();
 
     let by_vm = vm_rows(&report, &recording.metadata.tasks);
+    let kvm_stats = stats_deltas(&recording);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &Output { report: &report, by_vm })?;
+        serde_json::to_writer_pretty(&mut out, &Output { report: &report, by_vm, kvm_stats })?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -113,10 +123,42 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         "\n{} exits ({} lightweight, {} heavyweight) | source: {} | lost events: {} | incomplete: {}",
         t.exits, t.lightweight, t.heavyweight, report.source.path, t.lost_events, t.incomplete
     )?;
+    for d in &kvm_stats {
+        let get = |k: &str| d.stats.get(k).copied().unwrap_or(0);
+        writeln!(
+            out,
+            "KVM stats fd, VM pid {}: {} exits, {} emulated insns, {} io, {} mmio, {} halt during the recording",
+            d.pid,
+            get("exits"),
+            get("insn_emulation"),
+            get("io_exits"),
+            get("mmio_exits"),
+            get("halt_exits")
+        )?;
+    }
     for note in &report.source.unavailable {
         writeln!(out, "unavailable: {note}")?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Per VM with both snapshots, the vCPU stats summed and differenced (cumulative counters).
+fn stats_deltas(recording: &Recording) -> Vec<StatsDelta> {
+    const KEYS: [&str; 5] = ["exits", "insn_emulation", "io_exits", "mmio_exits", "halt_exits"];
+    let Some(footer) = &recording.footer else { return Vec::new() };
+    let sum = |snap: &virtprof_store::recording::KvmStatsSnapshot, key: &str| -> u64 {
+        snap.vcpus.iter().filter_map(|(_, m)| m.get(key)).sum()
+    };
+    recording
+        .metadata
+        .kvm_stats
+        .iter()
+        .filter_map(|start| {
+            let end = footer.kvm_stats.iter().find(|e| e.pid == start.pid)?;
+            let stats = KEYS.iter().map(|k| (k.to_string(), sum(end, k).saturating_sub(sum(start, k)))).collect();
+            Some(StatsDelta { pid: start.pid, stats })
+        })
+        .collect()
 }
 
 /// Threads of the selected VMs (`--vm PID`) and vCPU (`--vcpu N`); empty means all.

@@ -97,6 +97,7 @@ fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
         cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks,
+        ..Default::default()
     };
     Ok((metadata, dat.cpus, Footer { cpu_loss, ..Default::default() }))
 }
@@ -158,6 +159,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> anyhow::Result<(Metadat
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks: tasks.into_values().collect(),
+        ..Default::default()
     };
     Ok((metadata, cpus, Footer::default()))
 }
@@ -230,6 +232,7 @@ fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks,
+        ..Default::default()
     };
     Ok((metadata, cpus, Footer { cpu_loss, ..Default::default() }))
 }

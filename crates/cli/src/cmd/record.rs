@@ -15,7 +15,7 @@ use anyhow::Context;
 use virtprof_kvm::launcher::install_stop_handler;
 use virtprof_kvm::vmm::STOP_REQUESTED;
 use virtprof_model::units::parse_duration_ns;
-use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
+use virtprof_store::recording::{Footer, FormatText, KvmStatsSnapshot, Metadata, Task, Writer};
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
@@ -81,6 +81,16 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     let formats =
         format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
     let mut tasks = scan_tasks();
+    for &pid in &args.vm {
+        if kvm_snapshot(pid).is_none() {
+            return Err(usage(format!(
+                "--vm {pid}: not a VMM whose KVM stats can be read (see `virtprof stats --pid {pid}`)"
+            )));
+        }
+    }
+    let mut vms = args.vm.clone();
+    vms.extend(find_vmms().into_iter().filter(|p| !args.vm.contains(p)));
+    let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
     let metadata = Metadata {
         origin: "virtprof record".into(),
         trace_clock: config.clock.clone(),
@@ -89,6 +99,8 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         cpus: capture.cpus(),
         host: host_facts(),
         tasks: tasks.values().cloned().collect(),
+        vms: vms.clone(),
+        kvm_stats,
     };
     let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 
@@ -140,6 +152,13 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         }
     }
     tasks.extend(scan_tasks());
+    let end_stats: Vec<KvmStatsSnapshot> = vms
+        .iter()
+        .chain(&find_vmms())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter_map(|&p| kvm_snapshot(p))
+        .collect();
     // Threads that came and went between scans: the kernel's own tid → tgid/comm cache.
     for (tid, pid, comm) in virtprof_trace::capture::saved_tasks(&tracefs) {
         tasks.entry(tid).or_insert(Task { tid, pid, comm });
@@ -155,10 +174,35 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         pages,
         duration_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),
+        kvm_stats: end_stats,
     };
     let bytes = writer.written();
     writer.finish(&footer)?;
     Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, command_status })
+}
+
+/// Processes holding a KVM VM fd (VMMs), by scanning /proc/*/fd.
+fn find_vmms() -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<u32> = procs
+        .filter_map(Result::ok)
+        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != std::process::id())
+        .filter(|&pid| {
+            virtprof_kvm::remote::list_kvm_fds(Path::new("/proc"), pid)
+                .is_ok_and(|fds| fds.iter().any(|f| f.kind == virtprof_kvm::remote::KvmFdKind::Vm))
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The KVM binary stats of one VMM now (None if it holds no readable stats fds).
+fn kvm_snapshot(pid: u32) -> Option<KvmStatsSnapshot> {
+    let remote = virtprof_kvm::remote::RemoteVmStats::attach(pid).ok()?;
+    let vm = remote.vm.as_ref().and_then(|s| s.read().ok()).map(|s| s.values).unwrap_or_default();
+    let vcpus = remote.vcpus.iter().filter_map(|(i, s)| Some((*i, s.read().ok()?.values))).collect();
+    Some(KvmStatsSnapshot { pid, monotonic_ns: virtprof_kvm::vmm::monotonic_ns(), vm, vcpus })
 }
 
 /// Every thread on the host: tid → (pid, comm).

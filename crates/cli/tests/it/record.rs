@@ -157,3 +157,48 @@ fn recorded_phases_count_every_exit_kind_exactly() {
     }
     let _ = std::fs::remove_file(rec);
 }
+
+#[test]
+fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
+    let test = "record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let not_a_vmm =
+        virtprof().args(["record", "-o", "/tmp/x.vprec", "--vm", &std::process::id().to_string()]).output().unwrap();
+    assert_eq!(not_a_vmm.status.code(), Some(2), "{}", String::from_utf8_lossy(&not_a_vmm.stderr));
+
+    let mut vm = virtprof()
+        .args(["testvm", "--workload", "phases", "--phases", "pio-user:6000,pio-kernel:12000", "--linger", "1s"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = (0..50)
+        .find_map(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", vm.id())).ok()?;
+            kids.split_whitespace().next()?.parse::<u32>().ok()
+        })
+        .expect("the VMM process started");
+    let rec = temp("vm.vprec");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["--duration", "700ms", "--vm", &pid.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    vm.wait().unwrap();
+    let r: Value = serde_json::from_slice(
+        &virtprof().arg("exits").arg(&rec).args(["--json", "--vm", &pid.to_string()]).output().unwrap().stdout,
+    )
+    .unwrap();
+    let traced = r["totals"]["exits"].as_u64().unwrap();
+    let stats = r["kvm_stats"].as_array().unwrap().iter().find(|s| s["pid"] == pid).expect("start and end snapshots");
+    let counted = stats["stats"]["exits"].as_u64().unwrap();
+    assert!(traced > 0, "the guest was exiting during the recording");
+    // The snapshots enclose the trace window and every traced exit is at least one KVM exit.
+    assert!(counted >= traced, "stats fd {counted} < traced {traced}");
+    let _ = std::fs::remove_file(rec);
+}
