@@ -54,8 +54,10 @@ pub struct CpuLoss {
 
 /// A running capture.
 pub struct Capture {
-    instance: Instance,
+    // Field order is drop order: the readers must close before the instance is removed (the
+    // kernel refuses to remove an instance with open trace_pipe_raw files).
     readers: Vec<(u32, File)>,
+    instance: Instance,
     page_size: usize,
     /// The systems whose formats the recording needs.
     pub systems: Vec<String>,
@@ -107,7 +109,7 @@ impl Capture {
             readers.push((cpu, file));
         }
         instance.write("tracing_on", "1")?;
-        Ok((Capture { instance, readers, page_size, systems }, missing))
+        Ok((Capture { readers, instance, page_size, systems }, missing))
     }
 
     /// The instance directory.

@@ -75,12 +75,6 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
     let config = CaptureConfig { events, buffer_size_kb: args.buffer_size_kb, clock: args.clock.clone() };
 
-    install_stop_handler();
-    let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
-    let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
-    let formats =
-        format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
-    let mut tasks = scan_tasks();
     for &pid in &args.vm {
         if kvm_snapshot(pid).is_none() {
             return Err(usage(format!(
@@ -88,9 +82,16 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
             )));
         }
     }
+    // Snapshots before tracing starts (and after it stops), so their window encloses the trace.
     let mut vms = args.vm.clone();
     vms.extend(find_vmms().into_iter().filter(|p| !args.vm.contains(p)));
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
+    install_stop_handler();
+    let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
+    let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
+    let formats =
+        format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
+    let mut tasks = scan_tasks();
     let metadata = Metadata {
         origin: "virtprof record".into(),
         trace_clock: config.clock.clone(),

@@ -15,6 +15,16 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
 }
 
+/// A child process killed (SIGKILL) when dropped, e.g. when an assertion fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Whether the tracefs instance of the recorder with this pid exists.
 fn instance_of(pid: u32) -> bool {
     std::path::Path::new(&format!("/sys/kernel/tracing/instances/virtprof-record-{pid}")).exists()
@@ -95,18 +105,20 @@ fn sigint_and_sigterm_stop_cleanly_and_remove_the_instance() {
     }
     for signal in [libc::SIGINT, libc::SIGTERM] {
         let rec = temp(&format!("sig{signal}.vprec"));
-        let mut child =
+        let child =
             virtprof().args(["record", "-o"]).arg(&rec).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        // Killed on drop, so a failing assertion never leaves a recorder running.
+        let mut child = KillOnDrop(child);
         std::thread::sleep(Duration::from_millis(700));
-        assert!(instance_of(child.id()), "instance exists while recording");
+        assert!(instance_of(child.0.id()), "instance exists while recording");
         // SAFETY: kill with our child's pid and a valid signal.
-        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
-        let status = child.wait().unwrap();
+        unsafe { libc::kill(child.0.id() as libc::pid_t, signal) };
+        let status = child.0.wait().unwrap();
         let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
         assert!(status.success(), "signal {signal}: {status} {stderr}");
         assert!(stderr.contains("lost events:"), "{stderr}");
-        assert!(!instance_of(child.id()), "signal {signal}: instance left behind");
+        assert!(!instance_of(child.0.id()), "signal {signal}: instance left behind");
         let out = virtprof().arg("exits").arg(&rec).output().unwrap();
         assert!(out.status.success(), "recording after signal {signal} unreadable");
         let _ = std::fs::remove_file(rec);
