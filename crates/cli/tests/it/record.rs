@@ -214,3 +214,22 @@ fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
     assert!(counted >= traced, "stats fd {counted} < traced {traced}");
     let _ = std::fs::remove_file(rec);
 }
+
+#[test]
+fn an_error_after_the_instance_exists_still_removes_it() {
+    let test = "an_error_after_the_instance_exists_still_removes_it";
+    if !have_tracefs(test) {
+        return;
+    }
+    // The output file is created after the capture starts; an unwritable path fails there.
+    let child = virtprof()
+        .args(["record", "-o", "/nonexistent-dir/x.vprec", "--duration", "1s"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot create '/nonexistent-dir/x.vprec'"));
+    assert!(!instance_of(pid), "instance virtprof-record-{pid} left behind after an error");
+}
