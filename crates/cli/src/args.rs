@@ -159,12 +159,17 @@ footer names what is unavailable.
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
   virtprof exits run.vprec                       per reason
+  virtprof exits trace.dat                       a trace-cmd capture, read directly
   virtprof exits run.vprec --by vcpu --json
   virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
   virtprof exits run.vprec --noise --csv         one vm_noise row per exit")]
 pub struct ExitsArgs {
-    /// A recording (from `virtprof record` or `virtprof import`); without it, record live.
+    /// A recording (`virtprof record`/`import`), or a capture `import` reads: trace.dat,
+    /// tracefs dump, ftrace text (with --formats). Without it, record live.
     pub file: Option<PathBuf>,
+    /// For ftrace text: the tracefs root whose events/ describe the traced kernel.
+    #[arg(long, value_name = "DIR")]
+    pub formats: Option<PathBuf>,
     /// Live mode: how long to record before analysing.
     #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file")]
     pub duration: String,

@@ -15,7 +15,8 @@ use virtprof_trace::merge::CpuStream;
 
 use crate::exit::usage;
 
-/// A recording, memory-mapped: page data is read in place, never copied.
+/// A recording, memory-mapped (page data is read in place, never copied), or a capture from
+/// elsewhere imported in memory.
 pub struct Recording {
     /// Its metadata.
     pub metadata: Metadata,
@@ -23,9 +24,25 @@ pub struct Recording {
     pub footer: Option<Footer>,
     /// Where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
-    map: memmap2::Mmap,
-    /// Per CPU, the byte ranges of its page chunks in `map`, in order.
+    bytes: Bytes,
+    /// Per CPU, the byte ranges of its page chunks in `bytes`, in order.
     cpus: Vec<(u32, Vec<Range<usize>>)>,
+}
+
+/// Where the pages live: a mapped recording file, or a capture imported in memory.
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
 }
 
 impl Recording {
@@ -61,7 +78,27 @@ impl Recording {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
-        Ok(Recording { metadata, footer, truncated_at, map, cpus })
+        Ok(Recording { metadata, footer, truncated_at, bytes: Bytes::Mapped(map), cpus })
+    }
+
+    /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
+    /// `formats`), imported in memory.
+    pub fn open_any(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
+        let mut magic = [0u8; 8];
+        let is_recording = path.is_file()
+            && File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+            && &magic == virtprof_store::recording::MAGIC;
+        if is_recording || !path.exists() {
+            return Recording::open(path);
+        }
+        let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;
+        let mut bytes = Vec::with_capacity(pages.iter().map(|(_, p)| p.len()).sum());
+        let mut cpus = Vec::with_capacity(pages.len());
+        for (cpu, p) in pages {
+            cpus.push((cpu, vec![bytes.len()..bytes.len() + p.len()]));
+            bytes.extend_from_slice(&p);
+        }
+        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, bytes: Bytes::Owned(bytes), cpus })
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
@@ -90,7 +127,7 @@ impl Recording {
             .iter()
             .map(|(cpu, ranges)| CpuStream {
                 cpu: *cpu,
-                segments: ranges.iter().map(|r| &self.map[r.clone()]).collect(),
+                segments: ranges.iter().map(|r| &self.bytes[r.clone()]).collect(),
             })
             .collect()
     }

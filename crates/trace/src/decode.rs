@@ -195,7 +195,13 @@ impl Decoder {
         for f in layout.formats() {
             typed[f.id as usize] = Typed::for_format(f);
         }
-        let common_pid = layout.formats().first().map_or(Slot { offset: 4, size: 4 }, |f| Slot::of(f, "common_pid"));
+        // Every event shares the common fields; take them from any format that lists fields
+        // (name-only formats have none), else the layout every kernel uses.
+        let common_pid = layout
+            .formats()
+            .iter()
+            .find_map(|f| f.field("common_pid").map(|c| Slot { offset: c.offset, size: c.size }))
+            .unwrap_or(Slot { offset: 4, size: 4 });
         Decoder { layout, typed, common_pid, strings: StringTable::default() }
     }
 
@@ -345,5 +351,28 @@ pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
                 FieldValue::Bytes(bytes)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{parse_event_format, parse_event_identity, PageHeader};
+
+    const SWITCHLESS: &str = "name: kvm_fpu\nID: 7\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:u32 load;\toffset:8;\tsize:4;\tsigned:0;\n\nprint fmt: \"%s\", REC->load ? \"load\" : \"unload\"\n";
+
+    #[test]
+    fn common_pid_comes_from_a_format_with_fields_even_if_name_only_ones_come_first() {
+        let header =
+            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 };
+        let name_only = parse_event_identity("alarmtimer", "name: alarmtimer_fired\nID: 1\nformat:\n").unwrap();
+        let fpu = parse_event_format("kvm", SWITCHLESS).unwrap();
+        let mut d = Decoder::new(Layout::new(header, vec![name_only, fpu]));
+        let mut data = [0u8; 12];
+        data[0..2].copy_from_slice(&7u16.to_le_bytes());
+        data[4..8].copy_from_slice(&4242u32.to_le_bytes());
+        data[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let e = d.decode(3, &RawRecord { ts: 9, data: &data }).unwrap();
+        assert_eq!((e.tid, e.cpu, e.kind), (4242, 3, EventKind::KvmFpu { load: true }));
     }
 }

@@ -67,7 +67,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             path
         }
     };
-    let recording = Recording::open(&path);
+    let recording = Recording::open_any(&path, args.formats.as_deref());
     if live {
         let _ = std::fs::remove_file(&path);
     }

@@ -17,27 +17,7 @@ const PAGES_PER_CHUNK: usize = 256;
 
 pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
     let src = &args.src;
-    if !src.exists() {
-        return Err(usage(format!("'{}' does not exist", src.display())));
-    }
-    let (metadata, cpus, footer) = if src.is_dir() && src.join("events/header_page").is_file() {
-        read_tracefs_dump(src)?
-    } else if src.is_file() && starts_with_trace_dat_magic(src) {
-        read_trace_dat(src)?
-    } else if src.is_file() {
-        let Some(formats) = &args.formats else {
-            return Err(usage(format!(
-                "'{}' looks like ftrace text: give --formats DIR, the tracefs root (with events/) of the kernel that recorded it",
-                src.display()
-            )));
-        };
-        read_ftrace_text(src, formats)?
-    } else {
-        return Err(usage(format!(
-            "'{}' is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
-            src.display()
-        )));
-    };
+    let (metadata, cpus, footer) = read_source(src, args.formats.as_deref())?;
     let out = fs::File::create(&args.output).with_context(|| format!("creating '{}'", args.output.display()))?;
     let mut writer = Writer::new(BufWriter::new(out), &metadata)?;
     let page_size = virtprof_trace::format::parse_header_page(&metadata.header_page)?.page_size;
@@ -56,6 +36,32 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         args.output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A capture made elsewhere, in memory: a tracefs dump directory, a trace.dat, or ftrace text
+/// (which needs the traced kernel's formats).
+pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
+    if !src.exists() {
+        return Err(usage(format!("'{}' does not exist", src.display())));
+    }
+    if src.is_dir() && src.join("events/header_page").is_file() {
+        read_tracefs_dump(src)
+    } else if src.is_file() && starts_with_trace_dat_magic(src) {
+        read_trace_dat(src)
+    } else if src.is_file() {
+        let Some(formats) = formats else {
+            return Err(usage(format!(
+                "'{}' looks like ftrace text: give --formats DIR, the tracefs root (with events/) of the kernel that recorded it",
+                src.display()
+            )));
+        };
+        read_ftrace_text(src, formats)
+    } else {
+        Err(usage(format!(
+            "'{}' is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
+            src.display()
+        )))
+    }
 }
 
 fn starts_with_trace_dat_magic(path: &Path) -> bool {
@@ -165,7 +171,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> anyhow::Result<(Metadat
 }
 
 /// Raw pages per CPU.
-type CpuPages = Vec<(u32, Vec<u8>)>;
+pub type CpuPages = Vec<(u32, Vec<u8>)>;
 
 /// Read a tracefs dump into recording metadata, per-CPU pages and loss figures.
 fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {

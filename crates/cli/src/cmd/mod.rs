@@ -2,7 +2,7 @@
 
 mod doctor;
 mod exits;
-mod import;
+pub mod import;
 pub mod record;
 mod stats;
 mod testvm;
