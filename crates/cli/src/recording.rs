@@ -95,7 +95,8 @@ impl Recording {
         let mut bytes = Vec::with_capacity(pages.iter().map(|(_, p)| p.len()).sum());
         let mut cpus = Vec::with_capacity(pages.len());
         for (cpu, p) in pages {
-            cpus.push((cpu, vec![bytes.len()..bytes.len() + p.len()]));
+            let range = bytes.len()..bytes.len() + p.len();
+            cpus.push((cpu, vec![range]));
             bytes.extend_from_slice(&p);
         }
         Ok(Recording { metadata, footer: Some(footer), truncated_at: None, bytes: Bytes::Owned(bytes), cpus })

@@ -51,7 +51,7 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metada
     } else if src.is_file() {
         let Some(formats) = formats else {
             return Err(usage(format!(
-                "'{}' looks like ftrace text: give --formats DIR, the tracefs root (with events/) of the kernel that recorded it",
+                "'{}' is not a virtprof recording, a trace-cmd trace.dat or a tracefs dump; if it is ftrace text, give --formats DIR (the tracefs root, with events/, of the kernel that recorded it)",
                 src.display()
             )));
         };
