@@ -71,6 +71,25 @@ struct InFlight {
     threads: Vec<StrId>,
 }
 
+impl InFlight {
+    /// An exit starting at `e`, with the exit CPU's IRQ/softirq counters at that moment.
+    fn starting(e: &Event, key: Key, irqs_at_start: u64, softirqs_at_start: u64) -> Self {
+        InFlight {
+            start: e.ts,
+            cpu: e.cpu,
+            key,
+            userspace_at: None,
+            heavy: false,
+            vmm_ns: 0,
+            preempted_ns: 0,
+            blocked_ns: 0,
+            irqs_at_start,
+            softirqs_at_start,
+            threads: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Thread {
     exit: Option<InFlight>,
@@ -317,19 +336,7 @@ impl ExitAnalyzer {
                     self.incomplete += 1;
                 }
                 thread.pending = None;
-                thread.exit = Some(InFlight {
-                    start: e.ts,
-                    cpu: e.cpu,
-                    key: Key::Exit { reason, isa },
-                    userspace_at: None,
-                    heavy: false,
-                    vmm_ns: 0,
-                    preempted_ns: 0,
-                    blocked_ns: 0,
-                    irqs_at_start: irqs,
-                    softirqs_at_start: softirqs,
-                    threads: Vec::new(),
-                });
+                thread.exit = Some(InFlight::starting(e, Key::Exit { reason, isa }, irqs, softirqs));
             }
             EventKind::KvmUserspaceExit { reason, .. } => {
                 self.count(Seen::UserspaceExit);
@@ -344,19 +351,10 @@ impl ExitAnalyzer {
                         x.userspace_at = Some(e.ts);
                     }
                     None if !saw_kvm_exit => {
-                        thread.exit = Some(InFlight {
-                            start: e.ts,
-                            cpu: e.cpu,
-                            key: Key::Userspace { reason },
-                            userspace_at: Some(e.ts),
-                            heavy: true,
-                            vmm_ns: 0,
-                            preempted_ns: 0,
-                            blocked_ns: 0,
-                            irqs_at_start: irqs,
-                            softirqs_at_start: softirqs,
-                            threads: Vec::new(),
-                        });
+                        let mut x = InFlight::starting(e, Key::Userspace { reason }, irqs, softirqs);
+                        x.heavy = true;
+                        x.userspace_at = Some(e.ts);
+                        thread.exit = Some(x);
                     }
                     None => {}
                 }
