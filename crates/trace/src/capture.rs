@@ -210,21 +210,7 @@ impl Capture {
 /// `saved_cmdlines` (a bounded kernel cache: recent tasks only).
 pub fn saved_tasks(tracefs: &Tracefs) -> Vec<(u32, u32, String)> {
     let read = |f: &str| crate::tracefs::read_file(&tracefs.root().join(f)).unwrap_or_default();
-    let pairs = |text: String| -> Vec<(u32, String)> {
-        text.lines()
-            .filter_map(|l| {
-                let (a, b) = l.split_once(' ')?;
-                Some((a.trim().parse().ok()?, b.trim().to_string()))
-            })
-            .collect()
-    };
-    let tgids: std::collections::HashMap<u32, u32> =
-        pairs(read("saved_tgids")).into_iter().filter_map(|(t, p)| Some((t, p.parse().ok()?))).collect();
-    pairs(read("saved_cmdlines"))
-        .into_iter()
-        .filter(|(tid, _)| *tid != 0)
-        .map(|(tid, comm)| (tid, tgids.get(&tid).copied().unwrap_or(tid), comm))
-        .collect()
+    crate::tracefs::parse_saved_tasks(&read("saved_cmdlines"), &read("saved_tgids"))
 }
 
 /// A number from a `per_cpu/cpuN/stats` file (`overrun: 0`, `dropped events: 0`).

@@ -8,8 +8,34 @@ use std::collections::BinaryHeap;
 use virtprof_model::{Event, EventKind};
 
 use crate::decode::Decoder;
-use crate::dump::{WalkError, WalkStats};
 use crate::page::{Missed, Page, Records};
+
+/// Counts from walking pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalkStats {
+    /// Pages read.
+    pub pages: u64,
+    /// Records decoded.
+    pub events: u64,
+    /// Events the kernel reported lost (known counts).
+    pub lost: u64,
+    /// Pages that said events were lost without a count.
+    pub lost_unknown: u64,
+}
+
+/// Where a walk failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cpu{cpu}: page {page} (byte offset {offset}): {message}")]
+pub struct WalkError {
+    /// CPU.
+    pub cpu: u32,
+    /// Page index.
+    pub page: usize,
+    /// Byte offset in the CPU's stream.
+    pub offset: usize,
+    /// What went wrong.
+    pub message: String,
+}
 
 /// One CPU's pages: whole pages in one or more segments, in order (a recording's chunks, or
 /// one buffer), borrowed so nothing is copied.

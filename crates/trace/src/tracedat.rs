@@ -158,7 +158,7 @@ pub fn read(data: &[u8]) -> Result<TraceDat, TraceDatError> {
                     break;
                 }
                 OPTION_CPUSTAT => out.cpu_stats.push(b.cstr().unwrap_or_default()),
-                OPTION_TRACECLOCK => out.clock = selected_clock(&b.cstr().unwrap_or_default()),
+                OPTION_TRACECLOCK => out.clock = crate::tracefs::selected_clock(&b.cstr().unwrap_or_default()),
                 OPTION_BUFFER => buffers.push(body.to_vec()),
                 OPTION_HEADER_INFO => read_header_info(&section(data, b.offset()?, codec)?, &mut out)?,
                 OPTION_EVENT_FORMATS => read_event_formats(&section(data, b.offset()?, codec)?, &mut out)?,
@@ -284,14 +284,6 @@ fn read_event_formats(s: &[u8], out: &mut TraceDat) -> Result<(), TraceDatError>
     Ok(())
 }
 
-/// `[local] global counter` → `local`; a bare name stays as it is.
-pub fn selected_clock(text: &str) -> String {
-    match (text.find('['), text.find(']')) {
-        (Some(a), Some(b)) if a < b => text[a + 1..b].to_string(),
-        _ => text.trim().to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +298,5 @@ mod tests {
         cut.extend_from_slice(b"7\0\0\x08\x00\x10");
         let e = read(&cut).unwrap_err();
         assert_eq!(e.offset, 14);
-        assert_eq!(selected_clock("[local] global"), "local");
     }
 }

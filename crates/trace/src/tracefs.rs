@@ -257,6 +257,34 @@ pub fn format_texts(root: &Path, systems: &[&str]) -> Result<Vec<(String, String
     Ok(out)
 }
 
+/// `[local] global counter` (a `trace_clock` file) → `local`; a bare name stays as it is.
+pub fn selected_clock(text: &str) -> String {
+    match (text.find('['), text.find(']')) {
+        (Some(a), Some(b)) if a < b => text[a + 1..b].to_string(),
+        _ => text.trim().to_string(),
+    }
+}
+
+/// Tasks from `saved_cmdlines` (`tid comm` lines) and `saved_tgids` (`tid tgid` lines):
+/// (tid, tgid, comm), the tgid falling back to the tid where unknown.
+pub fn parse_saved_tasks(cmdlines: &str, tgids: &str) -> Vec<(u32, u32, String)> {
+    let pairs = |text: &str| -> Vec<(u32, String)> {
+        text.lines()
+            .filter_map(|l| {
+                let (a, b) = l.split_once(' ')?;
+                Some((a.trim().parse().ok()?, b.trim().to_string()))
+            })
+            .collect()
+    };
+    let tgids: std::collections::HashMap<u32, u32> =
+        pairs(tgids).into_iter().filter_map(|(t, p)| Some((t, p.parse().ok()?))).collect();
+    pairs(cmdlines)
+        .into_iter()
+        .filter(|(tid, _)| *tid != 0)
+        .map(|(tid, comm)| (tid, tgids.get(&tid).copied().unwrap_or(tid), comm))
+        .collect()
+}
+
 /// Load the page header and the formats of `systems` (all systems when empty) from a tracefs
 /// tree: the live mount, an instance's parent, or a dump with the same layout.
 pub fn load_layout(root: &Path, systems: &[&str]) -> Result<Layout, TraceError> {
@@ -282,6 +310,14 @@ mod tests {
         let mounts = "proc /proc proc rw 0 0\nnodev /sys/kernel/tracing tracefs rw,relatime 0 0\n";
         assert_eq!(find_tracefs_mount(mounts), Some(PathBuf::from("/sys/kernel/tracing")));
         assert_eq!(find_tracefs_mount("proc /proc proc rw 0 0\n"), None);
+    }
+
+    #[test]
+    fn parses_clock_and_saved_tasks() {
+        assert_eq!(selected_clock("[local] global counter\n"), "local");
+        assert_eq!(selected_clock("mono"), "mono");
+        let tasks = parse_saved_tasks("0 <idle>\n284 vcpu0\n285 vcpu1\n", "284 283\n");
+        assert_eq!(tasks, [(284, 283, "vcpu0".to_string()), (285, 285, "vcpu1".to_string())]);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use virtprof_model::{Event, EventKind};
 use virtprof_trace::decode::{field_value, FieldValue};
-use virtprof_trace::dump::{walk_pages, Dump};
+use virtprof_trace::dump::Dump;
+use virtprof_trace::merge::{merge_cpus, CpuStream};
 use virtprof_trace::page::Page;
 
 const RUNS: [&str; 2] = ["kvm-amd-run1_1vcpu_clock-local", "kvm-amd-run3_2vcpu_2cpu_pinned"];
@@ -197,10 +198,9 @@ fn kvm_exits_match_the_probe_ground_truth() {
     for run in RUNS {
         let mut dump = Dump::open(&fixture(run).join("tracefs")).unwrap();
         let mut events: Vec<Event> = Vec::new();
-        for cpu in dump.cpus.clone() {
-            let stats = walk_pages(&mut dump.decoder, cpu.cpu, &cpu.raw, |e| events.push(e)).unwrap();
-            assert_eq!(stats.lost, 0);
-        }
+        let streams: Vec<CpuStream<'_>> = dump.cpus.iter().map(|c| CpuStream::contiguous(c.cpu, &c.raw)).collect();
+        let stats = merge_cpus(&mut dump.decoder, &streams, |e, _| events.push(*e)).unwrap();
+        assert_eq!((stats.lost, stats.lost_unknown), (0, 0));
         let mut per_tid: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
         let (mut exits, mut entries) = (0, 0);
         for e in &events {

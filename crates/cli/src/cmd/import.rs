@@ -8,6 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
+use virtprof_trace::capture::stat_value;
+use virtprof_trace::dump::read_cpu_pages;
+use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
 
 use crate::args::ImportArgs;
 use crate::exit::usage;
@@ -74,25 +77,13 @@ fn starts_with_trace_dat_magic(path: &Path) -> bool {
 fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
     let bytes = fs::read(path).with_context(|| format!("reading '{}'", path.display()))?;
     let dat = virtprof_trace::tracedat::read(&bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
-    let tasks = dat
-        .cmdlines
-        .lines()
-        .filter_map(|l| {
-            let (tid, comm) = l.split_once(' ')?;
-            let tid = tid.trim().parse().ok()?;
-            Some(Task { tid, pid: tid, comm: comm.trim().to_string() })
-        })
-        .collect();
+    let tasks = saved_tasks(&dat.cmdlines, "");
     let cpu_loss = dat
         .cpu_stats
         .iter()
         .filter_map(|stats| {
             let cpu = stats.lines().next()?.strip_prefix("CPU:")?.trim().parse().ok()?;
-            Some((
-                cpu,
-                virtprof_trace::capture::stat_value(stats, "overrun"),
-                virtprof_trace::capture::stat_value(stats, "dropped events"),
-            ))
+            Some((cpu, stat_value(stats, "overrun"), stat_value(stats, "dropped events")))
         })
         .collect();
     let metadata = Metadata {
@@ -175,77 +166,31 @@ pub type CpuPages = Vec<(u32, Vec<u8>)>;
 
 /// Read a tracefs dump into recording metadata, per-CPU pages and loss figures.
 fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
-    let read = |rel: &str| {
-        fs::read_to_string(root.join(rel)).with_context(|| format!("reading '{}'", root.join(rel).display()))
-    };
-    let header_page = read("events/header_page")?;
-    let mut formats = Vec::new();
-    let mut systems: Vec<_> =
-        fs::read_dir(root.join("events"))?.filter_map(Result::ok).filter(|e| e.path().is_dir()).collect();
-    systems.sort_by_key(|e| e.file_name());
-    for system in systems {
-        let mut events: Vec<_> = fs::read_dir(system.path())?.filter_map(Result::ok).collect();
-        events.sort_by_key(|e| e.file_name());
-        for event in events {
-            if let Ok(text) = fs::read_to_string(event.path().join("format")) {
-                formats.push(FormatText { system: system.file_name().to_string_lossy().into_owned(), text });
-            }
-        }
-    }
-    let trace_clock = read("trace_clock").ok().and_then(|t| selected_clock(&t)).unwrap_or_else(|| "unknown".into());
-    let tgids: std::collections::HashMap<u32, u32> = read("saved_tgids")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_once(' ').and_then(|(t, p)| Some((t.trim().parse().ok()?, p.trim().parse().ok()?))))
+    let read = |rel: &str| virtprof_trace::tracefs::read_file(&root.join(rel));
+    let header_page = read("events/header_page")
+        .with_context(|| format!("reading '{}'", root.join("events/header_page").display()))?;
+    let formats = format_texts(root, &[])?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
+    let trace_clock = read("trace_clock").map_or_else(|_| "unknown".into(), |t| selected_clock(&t));
+    let tasks = saved_tasks(&read("saved_cmdlines").unwrap_or_default(), &read("saved_tgids").unwrap_or_default());
+    let pages = read_cpu_pages(root)?;
+    let cpu_loss = pages
+        .iter()
+        .map(|c| (c.cpu, stat_value(&c.stats, "overrun"), stat_value(&c.stats, "dropped events")))
         .collect();
-    let tasks = read("saved_cmdlines")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (tid, comm) = l.split_once(' ')?;
-            let tid = tid.trim().parse().ok()?;
-            Some(Task { tid, pid: tgids.get(&tid).copied().unwrap_or(tid), comm: comm.trim().to_string() })
-        })
-        .collect();
-    let mut cpus = Vec::new();
-    let mut cpu_loss = Vec::new();
-    let per_cpu = root.join("per_cpu");
-    for entry in
-        fs::read_dir(&per_cpu).with_context(|| format!("reading '{}'", per_cpu.display()))?.filter_map(Result::ok)
-    {
-        let Some(cpu) =
-            entry.file_name().to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let raw_path = entry.path().join("trace_pipe_raw");
-        let raw = fs::read(&raw_path).with_context(|| format!("reading '{}'", raw_path.display()))?;
-        let stats = fs::read_to_string(entry.path().join("stats")).unwrap_or_default();
-        cpu_loss.push((
-            cpu,
-            virtprof_trace::capture::stat_value(&stats, "overrun"),
-            virtprof_trace::capture::stat_value(&stats, "dropped events"),
-        ));
-        cpus.push((cpu, raw));
-    }
-    cpus.sort_by_key(|(c, _)| *c);
-    cpu_loss.sort();
+    let cpus: CpuPages = pages.into_iter().map(|c| (c.cpu, c.raw)).collect();
     let metadata = Metadata {
         origin: format!("import tracefs-dump {}", root.display()),
         trace_clock,
         header_page,
         formats,
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
-        host: Default::default(),
         tasks,
         ..Default::default()
     };
     Ok((metadata, cpus, Footer { cpu_loss, ..Default::default() }))
 }
 
-/// `[local] global counter` → `local`.
-fn selected_clock(text: &str) -> Option<String> {
-    let start = text.find('[')? + 1;
-    let end = text[start..].find(']')? + start;
-    Some(text[start..end].to_string())
+/// Tasks for the metadata from a capture's saved_cmdlines/saved_tgids texts.
+fn saved_tasks(cmdlines: &str, tgids: &str) -> Vec<Task> {
+    parse_saved_tasks(cmdlines, tgids).into_iter().map(|(tid, pid, comm)| Task { tid, pid, comm }).collect()
 }
