@@ -182,7 +182,7 @@ fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
     assert_eq!(not_a_vmm.status.code(), Some(2), "{}", String::from_utf8_lossy(&not_a_vmm.stderr));
 
     let mut vm = virtprof()
-        .args(["testvm", "--workload", "phases", "--phases", "pio-user:6000,pio-kernel:12000", "--linger", "1s"])
+        .args(["testvm", "--workload", "phases", "--phases", "pio-user:6000,pio-kernel:12000", "--linger", "3s"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -193,6 +193,12 @@ fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
             kids.split_whitespace().next()?.parse::<u32>().ok()
         })
         .expect("the VMM process started");
+    // Wait until the VMM holds its stats fds (it opens them as its vCPUs start running).
+    let readable = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        virtprof().args(["stats", "--pid", &pid.to_string()]).output().is_ok_and(|o| o.status.success())
+    });
+    assert!(readable, "the VMM's KVM stats never became readable");
     let rec = temp("vm.vprec");
     let out = virtprof()
         .args(["record", "-o"])
@@ -207,7 +213,12 @@ fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
     )
     .unwrap();
     let traced = r["totals"]["exits"].as_u64().unwrap();
-    let stats = r["kvm_stats"].as_array().unwrap().iter().find(|s| s["pid"] == pid).expect("start and end snapshots");
+    let stats = r["kvm_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["pid"] == pid)
+        .unwrap_or_else(|| panic!("no start and end snapshots of {pid}: {}", r["kvm_stats"]));
     let counted = stats["stats"]["exits"].as_u64().unwrap();
     assert!(traced > 0, "the guest was exiting during the recording");
     // The snapshots enclose the trace window and every traced exit is at least one KVM exit.
