@@ -122,39 +122,38 @@ impl Capture {
         self.readers.iter().map(|(c, _)| *c).collect()
     }
 
-    /// Read every available page of every CPU into `sink(cpu, pages)`, at most `max_pages` per
-    /// CPU per call. Returns the number of pages read.
-    pub fn poll(
-        &mut self,
-        max_pages: usize,
-        buf: &mut Vec<u8>,
-        mut sink: impl FnMut(u32, &[u8]),
-    ) -> Result<usize, TraceError> {
+    /// Read every available page of every CPU, at most `max_pages` per CPU per call, and hand
+    /// each CPU's batch to `sink` by value (pages are read straight into it: no copies).
+    /// Returns the number of pages read.
+    pub fn poll(&mut self, max_pages: usize, mut sink: impl FnMut(u32, Vec<u8>)) -> Result<usize, TraceError> {
         let mut total = 0;
         for (cpu, file) in &mut self.readers {
-            buf.clear();
-            let mut page = vec![0u8; self.page_size];
-            while buf.len() < max_pages * self.page_size {
-                match file.read(&mut page) {
-                    Ok(0) => break,
-                    Ok(n) if n == self.page_size => buf.extend_from_slice(&page),
-                    Ok(n) => {
-                        // Never seen in practice (the kernel hands out whole pages); keep the
-                        // page shape so the decoder stays aligned.
-                        page[n..].fill(0);
-                        buf.extend_from_slice(&page);
+            let mut batch: Vec<u8> = Vec::new();
+            while batch.len() < max_pages * self.page_size {
+                let start = batch.len();
+                // Zero-filled, so a short read (never seen: the kernel hands out whole pages)
+                // still leaves a page-shaped, decodable buffer.
+                batch.resize(start + self.page_size, 0);
+                match file.read(&mut batch[start..]) {
+                    Ok(0) => {
+                        batch.truncate(start);
+                        break;
                     }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        batch.truncate(start);
+                        break;
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => batch.truncate(start),
                     Err(e) => {
                         let path = self.instance.path().join(format!("per_cpu/cpu{cpu}/trace_pipe_raw"));
                         return Err(TraceError::File { path, source: e });
                     }
                 }
             }
-            if !buf.is_empty() {
-                total += buf.len() / self.page_size;
-                sink(*cpu, buf);
+            if !batch.is_empty() {
+                total += batch.len() / self.page_size;
+                sink(*cpu, batch);
             }
         }
         Ok(total)
@@ -185,16 +184,15 @@ impl Capture {
         &mut self,
         stop: &AtomicBool,
         mut until: impl FnMut() -> bool,
-        mut sink: impl FnMut(u32, &[u8]),
+        mut sink: impl FnMut(u32, Vec<u8>),
     ) -> Result<(), TraceError> {
-        let mut buf = Vec::new();
         while !stop.load(Ordering::Relaxed) && !until() {
-            if self.poll(64, &mut buf, &mut sink)? == 0 {
+            if self.poll(64, &mut sink)? == 0 {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
         self.stop()?;
-        while self.poll(256, &mut buf, &mut sink)? > 0 {}
+        while self.poll(256, &mut sink)? > 0 {}
         Ok(())
     }
 

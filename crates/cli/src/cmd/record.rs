@@ -144,7 +144,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         },
         |cpu, pages| {
             // A full channel blocks here; the kernel buffer absorbs the stall or counts loss.
-            let _ = tx.send((cpu, pages.to_vec()));
+            let _ = tx.send((cpu, pages));
         },
     );
     if let Some(mut c) = child {
