@@ -24,25 +24,15 @@ pub struct Recording {
     pub footer: Option<Footer>,
     /// Where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
-    bytes: Bytes,
-    /// Per CPU, the byte ranges of its page chunks in `bytes`, in order.
-    cpus: Vec<(u32, Vec<Range<usize>>)>,
+    pages: Pages,
 }
 
-/// Where the pages live: a mapped recording file, or a capture imported in memory.
-enum Bytes {
-    Mapped(memmap2::Mmap),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
-        }
-    }
+/// Where the pages live.
+enum Pages {
+    /// A mapped recording file, with each CPU's page chunks as byte ranges into it, in order.
+    Mapped { map: memmap2::Mmap, cpus: Vec<(u32, Vec<Range<usize>>)> },
+    /// A capture imported in memory: each CPU's pages as read.
+    Owned(Vec<(u32, Vec<u8>)>),
 }
 
 impl Recording {
@@ -78,7 +68,7 @@ impl Recording {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
-        Ok(Recording { metadata, footer, truncated_at, bytes: Bytes::Mapped(map), cpus })
+        Ok(Recording { metadata, footer, truncated_at, pages: Pages::Mapped { map, cpus } })
     }
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
@@ -92,14 +82,7 @@ impl Recording {
             return Recording::open(path);
         }
         let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;
-        let mut bytes = Vec::with_capacity(pages.iter().map(|(_, p)| p.len()).sum());
-        let mut cpus = Vec::with_capacity(pages.len());
-        for (cpu, p) in pages {
-            let range = bytes.len()..bytes.len() + p.len();
-            cpus.push((cpu, vec![range]));
-            bytes.extend_from_slice(&p);
-        }
-        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, bytes: Bytes::Owned(bytes), cpus })
+        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages: Pages::Owned(pages) })
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
@@ -122,15 +105,18 @@ impl Recording {
         Ok(Decoder::new(Layout::new(header, formats)))
     }
 
-    /// Per-CPU page streams borrowed from the mapping, for [`virtprof_trace::merge::merge_cpus`].
+    /// Per-CPU page streams, borrowed (never copied), for [`virtprof_trace::merge::merge_cpus`].
     pub fn streams(&self) -> Vec<CpuStream<'_>> {
-        self.cpus
-            .iter()
-            .map(|(cpu, ranges)| CpuStream {
-                cpu: *cpu,
-                segments: ranges.iter().map(|r| &self.bytes[r.clone()]).collect(),
-            })
-            .collect()
+        match &self.pages {
+            Pages::Mapped { map, cpus } => cpus
+                .iter()
+                .map(|(cpu, ranges)| CpuStream {
+                    cpu: *cpu,
+                    segments: ranges.iter().map(|r| &map[r.clone()]).collect(),
+                })
+                .collect(),
+            Pages::Owned(cpus) => cpus.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect(),
+        }
     }
 
     /// Events the kernel reported dropped or overwritten, from the footer.
