@@ -11,6 +11,8 @@ if [ "$(id -u)" = 0 ]; then
     # perf: the tests compare our counts with `perf stat -e kvm:*`; unshare hides /dev/kvm.
     dpkg -s linux-perf >/dev/null 2>&1 || need+=(linux-perf)
     command -v unshare >/dev/null || need+=(util-linux)
+    # trace-cmd: converts the trace.dat fixture to an uncompressed one (read in place).
+    command -v trace-cmd >/dev/null || need+=(trace-cmd)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq

@@ -1,6 +1,7 @@
 //! Opening a recording: container chunks (store) → decoder and per-CPU pages (trace), plus the
 //! adapter that lets analyzers name things through the recorded kernel's formats.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
@@ -38,11 +39,7 @@ enum Pages {
 impl Recording {
     /// Map `path` and index its chunks.
     pub fn open(path: &Path) -> anyhow::Result<Recording> {
-        let file = File::open(path).map_err(|e| usage(format!("cannot open recording '{}': {e}", path.display())))?;
-        // SAFETY: the mapping is read-only and private to this process; a recording being
-        // modified while we read it would at worst give garbage pages, which the decoder turns
-        // into errors, never undefined behaviour in safe code that indexes a byte slice.
-        let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping '{}'", path.display()))?;
+        let map = map_file(path, "recording")?;
         let base = map.as_ptr() as usize;
         let mut reader = Reader::new(&map).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
         let (mut metadata, mut footer) = (None, None);
@@ -71,6 +68,31 @@ impl Recording {
         Ok(Recording { metadata, footer, truncated_at, pages: Pages::Mapped { map, cpus } })
     }
 
+    /// Map a trace-cmd trace.dat: uncompressed pages are decoded in place, compressed ones
+    /// are decompressed into memory.
+    fn open_trace_dat(path: &Path) -> anyhow::Result<Recording> {
+        let map = map_file(path, "trace.dat")?;
+        let base = map.as_ptr() as usize;
+        let dat = crate::cmd::import::parse_trace_dat(path, &map)?;
+        let (metadata, footer) = crate::cmd::import::trace_dat_metadata(path, &dat);
+        let in_place: Option<Vec<(u32, Vec<Range<usize>>)>> = dat
+            .cpus
+            .iter()
+            .map(|(cpu, raw)| match raw {
+                Cow::Borrowed(slice) => {
+                    let start = slice.as_ptr() as usize - base;
+                    Some((*cpu, std::iter::once(start..start + slice.len()).collect()))
+                }
+                Cow::Owned(_) => None,
+            })
+            .collect();
+        let pages = match in_place {
+            Some(cpus) => Pages::Mapped { map, cpus },
+            None => Pages::Owned(dat.cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
+        };
+        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages })
+    }
+
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
     /// `formats`), imported in memory.
     pub fn open_any(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
@@ -80,6 +102,9 @@ impl Recording {
             && &magic == virtprof_store::recording::MAGIC;
         if is_recording || !path.exists() {
             return Recording::open(path);
+        }
+        if crate::cmd::import::is_trace_dat_file(path) {
+            return Recording::open_trace_dat(path);
         }
         let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;
         Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages: Pages::Owned(pages) })
@@ -123,6 +148,16 @@ impl Recording {
     pub fn lost_in_footer(&self) -> u64 {
         self.footer.as_ref().map_or(0, |f| f.cpu_loss.iter().map(|(_, overrun, dropped)| overrun + dropped).sum())
     }
+}
+
+/// Map `path` (a `what`, for errors) read-only.
+fn map_file(path: &Path, what: &str) -> anyhow::Result<memmap2::Mmap> {
+    let file = File::open(path).map_err(|e| usage(format!("cannot open {what} '{}': {e}", path.display())))?;
+    // SAFETY: the mapping is read-only and private to this process; a file being modified
+    // while we read it would at worst give garbage pages, which the decoders turn into errors,
+    // never undefined behaviour in safe code that indexes a byte slice.
+    unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+        .with_context(|| format!("mapping '{}'", path.display()))
 }
 
 /// Names through a decoder: the recorded kernel's own symbol tables and event names.

@@ -7,6 +7,7 @@
 //! header is `id: u16, flags: u16, description: u32, size: u64` (the man page says the size is
 //! 4 bytes; the files carry 8).
 
+use std::borrow::Cow;
 use std::io::Read;
 
 /// A problem in a trace.dat file, with its byte offset.
@@ -21,7 +22,7 @@ pub struct TraceDatError {
 
 /// What a recording needs from a trace.dat.
 #[derive(Debug, Clone, Default)]
-pub struct TraceDat {
+pub struct TraceDat<'a> {
     /// Target page size.
     pub page_size: usize,
     /// `events/header_page` text.
@@ -34,8 +35,9 @@ pub struct TraceDat {
     pub clock: String,
     /// `per_cpu/cpuN/stats` texts, in CPU order.
     pub cpu_stats: Vec<String>,
-    /// Raw pages per CPU.
-    pub cpus: Vec<(u32, Vec<u8>)>,
+    /// Raw pages per CPU: borrowed from the file when it is uncompressed, so a mapped
+    /// trace.dat is decoded in place.
+    pub cpus: Vec<(u32, Cow<'a, [u8]>)>,
 }
 
 const MAGIC: &[u8] = b"\x17\x08\x44tracing";
@@ -110,7 +112,7 @@ impl<'a> Cursor<'a> {
 }
 
 /// Parse a version 7 trace.dat held in memory.
-pub fn read(data: &[u8]) -> Result<TraceDat, TraceDatError> {
+pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
     let mut c = Cursor::at(data, 0);
     if !is_trace_dat(data) {
         return c.fail("not a trace.dat file (bad magic)");
@@ -244,10 +246,10 @@ fn section(data: &[u8], offset: usize, codec: Codec) -> Result<Vec<u8>, TraceDat
 }
 
 /// A CPU's flyrecord data: compressed chunks (`count`, then `comp, uncomp, data` each) or raw.
-fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Vec<u8>, TraceDatError> {
+fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Cow<'_, [u8]>, TraceDatError> {
     let mut c = Cursor::at(data, offset);
     if let Codec::None = codec {
-        return Ok(c.bytes(size)?.to_vec());
+        return Ok(Cow::Borrowed(c.bytes(size)?));
     }
     let chunks = c.u32()?;
     let mut out = Vec::new();
@@ -257,7 +259,7 @@ fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Vec
         let at = c.pos;
         out.extend(decompress(codec, c.bytes(compressed)?, uncompressed, at)?);
     }
-    Ok(out)
+    Ok(Cow::Owned(out))
 }
 
 fn read_header_info(s: &[u8], out: &mut TraceDat) -> Result<(), TraceDatError> {

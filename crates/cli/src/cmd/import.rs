@@ -10,6 +10,7 @@ use anyhow::Context;
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
 use virtprof_trace::capture::stat_value;
 use virtprof_trace::dump::read_cpu_pages;
+use virtprof_trace::tracedat::TraceDat;
 use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
 
 use crate::args::ImportArgs;
@@ -49,7 +50,7 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metada
     }
     if src.is_dir() && src.join("events/header_page").is_file() {
         read_tracefs_dump(src)
-    } else if src.is_file() && starts_with_trace_dat_magic(src) {
+    } else if is_trace_dat_file(src) {
         read_trace_dat(src)
     } else if src.is_file() {
         let Some(formats) = formats else {
@@ -67,16 +68,29 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metada
     }
 }
 
-fn starts_with_trace_dat_magic(path: &Path) -> bool {
+/// True if `path` is a file that starts like a trace-cmd trace.dat.
+pub fn is_trace_dat_file(path: &Path) -> bool {
     let mut head = [0u8; 10];
-    fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+    path.is_file()
+        && fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
         && virtprof_trace::tracedat::is_trace_dat(&head)
 }
 
 /// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
 fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
     let bytes = fs::read(path).with_context(|| format!("reading '{}'", path.display()))?;
-    let dat = virtprof_trace::tracedat::read(&bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
+    let dat = parse_trace_dat(path, &bytes)?;
+    let (metadata, footer) = trace_dat_metadata(path, &dat);
+    Ok((metadata, dat.cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect(), footer))
+}
+
+/// Parse a trace.dat held in `bytes`, the error naming `path`.
+pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> anyhow::Result<TraceDat<'a>> {
+    virtprof_trace::tracedat::read(bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))
+}
+
+/// A trace.dat's recording metadata and loss figures (its pages stay where they are).
+pub fn trace_dat_metadata(path: &Path, dat: &TraceDat<'_>) -> (Metadata, Footer) {
     let tasks = saved_tasks(&dat.cmdlines, "");
     let cpu_loss = dat
         .cpu_stats
@@ -89,14 +103,18 @@ fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
     let metadata = Metadata {
         origin: format!("import trace.dat {}", path.display()),
         trace_clock: dat.clock.clone(),
-        header_page: dat.header_page,
-        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        header_page: dat.header_page.clone(),
+        formats: dat
+            .formats
+            .iter()
+            .map(|(system, text)| FormatText { system: system.clone(), text: text.clone() })
+            .collect(),
         cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks,
         ..Default::default()
     };
-    Ok((metadata, dat.cpus, Footer { cpu_loss, ..Default::default() }))
+    (metadata, Footer { cpu_loss, ..Default::default() })
 }
 
 /// Re-encode ftrace text into pages through the traced kernel's format files.

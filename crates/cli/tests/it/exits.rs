@@ -66,6 +66,28 @@ fn per_vcpu_exits_equal_the_probe_ground_truth() {
     let _ = std::fs::remove_file(out);
 }
 
+#[test]
+fn uncompressed_trace_dat_is_read_in_place_with_the_same_results() {
+    let test = "uncompressed_trace_dat_is_read_in_place_with_the_same_results";
+    let zstd = fixture("kvm-amd-run5_tracecmd_2vcpu_pinned");
+    let none = std::env::temp_dir().join(format!("virtprof-it-none-{}.dat", std::process::id()));
+    let converted = std::process::Command::new("trace-cmd")
+        .args(["convert", "--compression", "none", "-i"])
+        .arg(&zstd)
+        .arg("-o")
+        .arg(&none)
+        .output();
+    if !converted.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIP {test}: needs trace-cmd (apt install trace-cmd) to write an uncompressed trace.dat");
+        return;
+    }
+    let head = std::fs::read(&none).unwrap();
+    assert_eq!(&head[18..22], b"none", "trace-cmd should have written an uncompressed file");
+    check_probe_truth(&none, 200);
+    assert_eq!(exits_json(&none, &[]), exits_json(&zstd, &[]));
+    let _ = std::fs::remove_file(none);
+}
+
 fn check_probe_truth(file: &Path, n: u64) {
     for vcpu in ["0", "1"] {
         let r = exits_json(file, &["--vcpu", vcpu]);
