@@ -6,6 +6,8 @@
 
 pub mod exits;
 pub mod hist;
+pub mod qos;
+pub mod sched;
 
 use virtprof_model::StrId;
 

@@ -36,9 +36,19 @@ pub enum Command {
     Import(ImportArgs),
     /// VM exits: per reason count, time, min/avg/p50/p99/max, lightweight vs heavyweight.
     Exits(ExitsArgs),
+    /// Live per-VM and per-vCPU scheduling QoS (XenMon for KVM): running, waiting, blocked, exits.
+    Top(TopArgs),
+    /// The `top` table for a recording: whole run, or per --window.
+    Sched(SchedArgs),
+    /// Start a mix of test VMs (contending, I/O-bound, exit-heavy) and watch them in `top`.
+    Demo(DemoArgs),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
-    Vmm,
+    Vmm {
+        /// The VM's name (only shown on the command line, for discovery).
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -104,6 +114,10 @@ pub struct TestvmArgs {
     /// Keep the VMs alive this long after their guests finish, so other tools can inspect them.
     #[arg(long, value_name = "TIME")]
     pub linger: Option<String>,
+    /// Name the VMs NAME (one VM) or NAME-0, NAME-1, ... (on their VMM command line, where
+    /// `virtprof top` finds it); default: the workload name.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Print the ground truth as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -194,6 +208,101 @@ pub struct ExitsArgs {
     /// Print the table as CSV.
     #[arg(long)]
     pub csv: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Per vCPU thread, from sched_switch/sched_wakeup in a private tracefs instance: RUN% (on a CPU),
+WAIT% (runnable, waiting: host-side steal), BLK% (sleeping, e.g. on I/O or halt), executions,
+CPU and wait per execution, blocked time per I/O, allocation (executions ended by preemption),
+I/O count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Without
+tracefs (or with --no-trace) it polls schedstat and KVM stats instead and says so.
+
+KEYS: q quit  c cycle physical CPU  s sort  f filter  v VM/vCPU rows  w 1 s/10 s window
+      p pause  ? help
+
+EXAMPLES:
+  virtprof top                              every VM on this host
+  virtprof top -d 2 --vm 4242               one VMM, refresh every 2 s
+  virtprof top --once --json                sample 1 s, print the JSON (schema: docs/top.md)
+  virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh")]
+pub struct TopArgs {
+    /// Refresh interval in seconds.
+    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value_t = 1.0)]
+    pub delay: f64,
+    /// Only the VM whose VMM has this pid (repeatable).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
+    /// Sample for one refresh interval, print one table (or --json) to stdout, and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: print JSON.
+    #[arg(long, requires = "once")]
+    pub json: bool,
+    /// Append CSV rows (one per VM and vCPU per refresh) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Do not trace: poll schedstat and KVM stats (approximate; what `top` does without tracefs).
+    #[arg(long)]
+    pub no_trace: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+EXAMPLES:
+  virtprof sched run.vprec                  whole run, per VM and vCPU
+  virtprof sched run.vprec --window 1s      one table per second of the recording
+  virtprof sched run.vprec --cpu 0          only time on physical CPU 0
+  virtprof sched run.vprec --json           schema: docs/top.md (same as top --once --json)")]
+pub struct SchedArgs {
+    /// A recording (`virtprof record`/`import`) or a capture `import` reads.
+    pub file: PathBuf,
+    /// For ftrace text: the tracefs root whose events/ describe the traced kernel.
+    #[arg(long, value_name = "DIR")]
+    pub formats: Option<PathBuf>,
+    /// Also a table per consecutive window of this length.
+    #[arg(long, value_name = "TIME[ms|s|m]")]
+    pub window: Option<String>,
+    /// Only the VM whose VMM has this pid (repeatable).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
+    /// Only time on this physical CPU (XenMon's per-CPU view).
+    #[arg(long, value_name = "N")]
+    pub cpu: Option<u32>,
+    /// Print JSON.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV rows (one per VM and vCPU per window).
+    #[arg(long)]
+    pub csv: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Starts four test VMs (virtprof testvm): two compute VMs pinned to the same CPU (each should get
+about half of it and wait the other half), an io-bound VM (mostly blocked), and an exit-heavy VM
+(port I/O to the VMM), then opens `virtprof top` on them. The VMs are stopped on exit.
+
+EXAMPLES:
+  virtprof demo                        interactive (q to quit)
+  virtprof demo --once --duration 3s   run 3 s, print the table once, exit
+  virtprof demo --once --json          the same as JSON")]
+pub struct DemoArgs {
+    /// How long the VMs run (the demo ends then; interactive mode also ends on q).
+    #[arg(short, long, value_name = "TIME[s|m]", default_value = "10m")]
+    pub duration: String,
+    /// Print one table after --delay seconds of sampling (or the whole --duration if shorter) and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: print JSON.
+    #[arg(long, requires = "once")]
+    pub json: bool,
+    /// Refresh interval in seconds (with --once: the sampling time).
+    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value_t = 2.0)]
+    pub delay: f64,
+    /// Do not trace: poll schedstat and KVM stats.
+    #[arg(long)]
+    pub no_trace: bool,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod qos;
 mod recording;
 
 use std::process::ExitCode;

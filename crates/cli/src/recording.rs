@@ -150,6 +150,16 @@ impl Recording {
     }
 }
 
+/// kvm events that stand for one exit each where `kvm_exit` does not fire (the in-kernel
+/// handlers' own tracepoints).
+const EVIDENCE_EVENTS: [&str; 6] =
+    ["kvm_cpuid", "kvm_msr", "kvm_hypercall", "kvm_hv_hypercall", "kvm_cr", "kvm_xsetbv"];
+
+/// The ids of [`EVIDENCE_EVENTS`] in the recorded kernel.
+pub fn evidence_event_ids(decoder: &Decoder) -> Vec<u16> {
+    EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect()
+}
+
 /// Map `path` (a `what`, for errors) read-only.
 fn map_file(path: &Path, what: &str) -> anyhow::Result<memmap2::Mmap> {
     let file = File::open(path).map_err(|e| usage(format!("cannot open {what} '{}': {e}", path.display())))?;

@@ -39,9 +39,24 @@ pub struct TestvmConfig {
     pub steal_time: bool,
     /// Keep VMs alive after their guests finish.
     pub linger_ns: u64,
+    /// VM name prefix (default: the workload's name).
+    pub name: Option<String>,
 }
 
 impl TestvmConfig {
+    /// The name of VM `index`: `NAME` for a single VM, `NAME-i` for several.
+    pub fn vm_name(&self, index: u32) -> String {
+        let base = self.name.clone().unwrap_or_else(|| {
+            let script = self.script.to_string();
+            script.split([':', ',', ' ']).next().unwrap_or("testvm").to_string()
+        });
+        if self.vms == 1 {
+            base
+        } else {
+            format!("{base}-{index}")
+        }
+    }
+
     fn vm_config(&self, index: u32) -> VmConfig {
         let pin = (0..self.vcpus)
             .map(|v| {
@@ -72,6 +87,8 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
         let mut child = Command::new(exe)
             .arg0(VMM_PROCESS_NAME)
             .arg(CHILD_SUBCOMMAND)
+            .arg("--name")
+            .arg(config.vm_name(index))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -182,7 +199,9 @@ mod tests {
             io_latency_ns: 0,
             steal_time: false,
             linger_ns: 0,
+            name: None,
         };
+        assert_eq!((config.vm_name(0), config.vm_name(1)), ("compute-0".into(), "compute-1".into()));
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);
         assert_eq!(config.vm_config(1).pin, vec![Some(2), Some(0)]);
         let unpinned = TestvmConfig { pin: vec![], ..config };

@@ -14,6 +14,7 @@
 #![allow(clippy::cast_possible_truncation)]
 
 pub mod caps;
+pub mod discover;
 pub mod error;
 pub mod guest;
 pub mod launcher;

@@ -51,6 +51,17 @@ pub struct Task {
     pub comm: String,
 }
 
+/// A VM as discovery named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmIdentity {
+    /// The VMM process.
+    pub pid: u32,
+    /// VMM kind (`qemu`, `firecracker`, `virtprof-testvm`, ...).
+    pub kind: String,
+    /// The VM's name from the VMM's command line.
+    pub name: String,
+}
+
 /// KVM binary stats of one VMM at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct KvmStatsSnapshot {
@@ -87,6 +98,9 @@ pub struct Metadata {
     /// KVM stats of those VMMs at the start.
     #[serde(default)]
     pub kvm_stats: Vec<KvmStatsSnapshot>,
+    /// Kind and name of those VMMs' VMs.
+    #[serde(default)]
+    pub vm_identities: Vec<VmIdentity>,
 }
 
 /// Per-CPU loss figures and totals, written last.
@@ -104,6 +118,9 @@ pub struct Footer {
     /// KVM stats of the VMMs still running at the end.
     #[serde(default)]
     pub kvm_stats: Vec<KvmStatsSnapshot>,
+    /// VMs first seen during the recording (started after it began).
+    #[serde(default)]
+    pub vm_identities: Vec<VmIdentity>,
 }
 
 /// Container errors, with the byte offset.

@@ -260,6 +260,7 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
         io_latency_ns: 0,
         steal_time: false,
         linger_ns: 0,
+        name: Some("doctor-probe".into()),
     };
     let exe = std::env::current_exe()?;
     let result = launcher::run_testvm(&exe, &config);

@@ -14,11 +14,7 @@ use virtprof_trace::merge::merge_cpus;
 
 use crate::args::{ExitsArgs, GroupBy, RecordArgs};
 use crate::exit::usage;
-use crate::recording::{DecoderNames, Recording};
-
-/// kvm events that each stand for one exit handled in the kernel (besides kvm_pio/kvm_mmio).
-const EVIDENCE_EVENTS: [&str; 6] =
-    ["kvm_cpuid", "kvm_msr", "kvm_hypercall", "kvm_hv_hypercall", "kvm_cr", "kvm_xsetbv"];
+use crate::recording::{evidence_event_ids, DecoderNames, Recording};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
 #[derive(Serialize)]
@@ -86,8 +82,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         None => 0,
     };
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
-    let evidence_events =
-        EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect();
+    let evidence_events = evidence_event_ids(&decoder);
     let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
     let mut analyzer = ExitAnalyzer::new(options);
     let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| analyzer.on_event(e))?;
@@ -174,21 +169,13 @@ fn selected_tids(tasks: &[Task], vms: &[u32], vcpu: Option<u32>) -> anyhow::Resu
     let tids: Vec<u32> = tasks
         .iter()
         .filter(|t| vms.is_empty() || vms.contains(&t.pid))
-        .filter(|t| vcpu.is_none() || vcpu_index(&t.comm) == vcpu)
+        .filter(|t| vcpu.is_none() || virtprof_kvm::discover::vcpu_index(&t.comm) == vcpu)
         .map(|t| t.tid)
         .collect();
     if tids.is_empty() {
         return Err(usage("no thread matches --vm/--vcpu in this recording"));
     }
     Ok(tids)
-}
-
-/// vCPU index from a thread name: `vcpu3`, `CPU 3/KVM`, `fc_vcpu 3`, `crosvm_vcpu3`.
-fn vcpu_index(comm: &str) -> Option<u32> {
-    let lower = comm.to_ascii_lowercase();
-    let rest = &lower[lower.find("cpu")? + 3..];
-    let digits: String = rest.trim_start().chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
 }
 
 fn us(ns: Option<u64>) -> String {
@@ -305,18 +292,4 @@ fn rows_table(r: &ExitReport) -> Table {
         ]);
     }
     t
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_vcpu_indices_in_vmm_thread_names() {
-        assert_eq!(vcpu_index("vcpu3"), Some(3));
-        assert_eq!(vcpu_index("CPU 12/KVM"), Some(12));
-        assert_eq!(vcpu_index("fc_vcpu 0"), Some(0));
-        assert_eq!(vcpu_index("crosvm_vcpu7"), Some(7));
-        assert_eq!(vcpu_index("kvm_probe"), None);
-    }
 }

@@ -1,11 +1,14 @@
 //! One module per subcommand; `run` dispatches.
 
+mod demo;
 mod doctor;
 mod exits;
 pub mod import;
 pub mod record;
+mod sched;
 mod stats;
 mod testvm;
+mod top;
 
 use std::process::ExitCode;
 
@@ -19,7 +22,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Import(args) => import::run(&args),
         Command::Record(args) => record::run(&args),
         Command::Exits(args) => exits::run(&args),
-        Command::Vmm => {
+        Command::Sched(args) => sched::run(&args),
+        Command::Top(args) => top::run(&args),
+        Command::Demo(args) => demo::run(&args),
+        Command::Vmm { .. } => {
             virtprof_kvm::launcher::install_stop_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;
             Ok(ExitCode::SUCCESS)

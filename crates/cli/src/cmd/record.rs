@@ -12,10 +12,11 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_kvm::launcher::install_stop_handler;
 use virtprof_kvm::vmm::STOP_REQUESTED;
 use virtprof_model::units::parse_duration_ns;
-use virtprof_store::recording::{Footer, FormatText, KvmStatsSnapshot, Metadata, Task, Writer};
+use virtprof_store::recording::{Footer, FormatText, KvmStatsSnapshot, Metadata, Task, VmIdentity, Writer};
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
@@ -83,8 +84,12 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         }
     }
     // Snapshots before tracing starts (and after it stops), so their window encloses the trace.
+    let mut discovery = Discovery::new("/proc", Vec::new());
+    let found = discovery.scan();
     let mut vms = args.vm.clone();
-    vms.extend(find_vmms().into_iter().filter(|p| !args.vm.contains(p)));
+    vms.extend(found.iter().map(|v| v.pid).filter(|p| !args.vm.contains(p)));
+    let mut identities: BTreeMap<u32, VmIdentity> = found.iter().map(|v| (v.pid, identity(v))).collect();
+    let initial_vms: std::collections::HashSet<u32> = identities.keys().copied().collect();
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
     install_stop_handler();
     let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
@@ -102,6 +107,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         tasks: tasks.values().cloned().collect(),
         vms: vms.clone(),
         kvm_stats,
+        vm_identities: identities.values().cloned().collect(),
     };
     let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 
@@ -132,6 +138,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         || {
             if last_scan.elapsed() >= TASK_SCAN {
                 tasks.extend(scan_tasks());
+                identities.extend(discovery.scan().iter().map(|v| (v.pid, identity(v))));
                 last_scan = Instant::now();
             }
             if let Some(c) = child.as_mut() {
@@ -153,9 +160,11 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         }
     }
     tasks.extend(scan_tasks());
+    let at_end = discovery.scan();
+    identities.extend(at_end.iter().map(|v| (v.pid, identity(v))));
     let end_stats: Vec<KvmStatsSnapshot> = vms
         .iter()
-        .chain(&find_vmms())
+        .chain(at_end.iter().map(|v| &v.pid))
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .filter_map(|&p| kvm_snapshot(p))
@@ -176,26 +185,15 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         duration_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),
         kvm_stats: end_stats,
+        vm_identities: identities.into_values().filter(|v| !initial_vms.contains(&v.pid)).collect(),
     };
     let bytes = writer.written();
     writer.finish(&footer)?;
     Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, command_status })
 }
 
-/// Processes holding a KVM VM fd (VMMs), by scanning /proc/*/fd.
-fn find_vmms() -> Vec<u32> {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut pids: Vec<u32> = procs
-        .filter_map(Result::ok)
-        .filter_map(|p| p.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != std::process::id())
-        .filter(|&pid| {
-            virtprof_kvm::remote::list_kvm_fds(Path::new("/proc"), pid)
-                .is_ok_and(|fds| fds.iter().any(|f| f.kind == virtprof_kvm::remote::KvmFdKind::Vm))
-        })
-        .collect();
-    pids.sort_unstable();
-    pids
+fn identity(vm: &DiscoveredVm) -> VmIdentity {
+    VmIdentity { pid: vm.pid, kind: vm.kind.to_string(), name: vm.name.clone() }
 }
 
 /// The KVM binary stats of one VMM now (None if it holds no readable stats fds).

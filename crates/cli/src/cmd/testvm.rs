@@ -83,6 +83,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         io_latency_ns,
         steal_time: args.steal_time,
         linger_ns,
+        name: args.name.clone(),
     })
 }
 

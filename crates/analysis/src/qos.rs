@@ -1,0 +1,223 @@
+//! XenMon's table from an accounted [`Span`]: per VM and per vCPU, running / waiting / blocked
+//! shares, executions, CPU and wait per execution, blocked time per I/O, allocation, I/O count
+//! and exits per second with the top reasons. The same rows serve `virtprof top` (live, its
+//! JSON and CSV log) and `virtprof sched` (recordings).
+
+use serde::Serialize;
+
+use crate::sched::{Counters, ReasonKey, Span};
+use crate::Names;
+
+/// A VM as discovery (or a recording's task list) knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmInfo {
+    /// VMM process id.
+    pub pid: u32,
+    /// VM name.
+    pub name: String,
+    /// VMM kind (`qemu`, `firecracker`, ...).
+    pub kind: String,
+    /// (vCPU index, thread id).
+    pub vcpus: Vec<(u32, u32)>,
+}
+
+/// One window of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowReport {
+    /// Window length in seconds (what was covered: at most the nominal width).
+    pub seconds: f64,
+    /// `1s`, `10s`, `run`, or a slice's start offset in a recording.
+    pub label: String,
+    /// Trace-clock bounds.
+    pub start_ns: u64,
+    /// Trace-clock bounds.
+    pub end_ns: u64,
+    /// Only time on this physical CPU (the per-CPU view), if set.
+    pub cpu: Option<u32>,
+    /// Where the exit counts come from: `kvm_exit`, `evidence` or `kvm-stats`.
+    pub exits_source: String,
+    /// VMs.
+    pub vms: Vec<VmRow>,
+}
+
+/// One VM: shares averaged over its vCPUs, counts summed.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRow {
+    /// VMM pid.
+    pub pid: u32,
+    /// Name.
+    pub name: String,
+    /// VMM kind.
+    pub kind: String,
+    /// Running share, % of the vCPUs' observed time.
+    pub running_pct: f64,
+    /// Runnable but waiting (host-side steal).
+    pub waiting_pct: f64,
+    /// Blocked.
+    pub blocked_pct: f64,
+    /// Executions of all vCPUs.
+    pub exec_count: u64,
+    /// I/O accesses.
+    pub io_count: u64,
+    /// Exits per second.
+    pub exits_per_s: f64,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuRow>,
+}
+
+/// One vCPU thread.
+#[derive(Debug, Clone, Serialize)]
+pub struct VcpuRow {
+    /// vCPU index.
+    pub index: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// The physical CPU it ran on longest (or last).
+    pub cpu: Option<u32>,
+    /// Running, % of its observed time.
+    pub running_pct: f64,
+    /// Waiting runnable (host-side steal).
+    pub waiting_pct: f64,
+    /// Blocked.
+    pub blocked_pct: f64,
+    /// Not known (before its first event, after lost events).
+    pub unknown_pct: f64,
+    /// Time running, ns.
+    pub run_ns: u64,
+    /// Time waiting, ns.
+    pub wait_ns: u64,
+    /// Time blocked, ns.
+    pub blocked_ns: u64,
+    /// Dispatches.
+    pub exec_count: u64,
+    /// Mean CPU time per execution.
+    pub cpu_per_exec_us: f64,
+    /// Mean wait per execution.
+    pub wait_per_exec_us: f64,
+    /// Blocked time per I/O (0 without I/O).
+    pub blocked_per_io_us: f64,
+    /// Allocation (executions ended by preemption): min, mean, max; null when none.
+    pub alloc_min_us: Option<f64>,
+    /// Mean allocation.
+    pub alloc_avg_us: Option<f64>,
+    /// Longest allocation.
+    pub alloc_max_us: Option<f64>,
+    /// I/O accesses (port and MMIO).
+    pub io_count: u64,
+    /// Exits (or evidence of exits, see `exits_source`).
+    pub exits: u64,
+    /// Exits per second.
+    pub exits_per_s: f64,
+    /// The most frequent exit reasons.
+    pub top_reasons: Vec<ReasonRate>,
+}
+
+/// An exit reason's rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReasonRate {
+    /// The kernel's name for it.
+    pub reason: String,
+    /// Per second.
+    pub per_s: f64,
+}
+
+/// How many reasons a vCPU row lists.
+const TOP_REASONS: usize = 3;
+
+/// The table of `span` for `vms` (only time on `cpu` when set).
+pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names, cpu: Option<u32>) -> WindowReport {
+    let seconds = span.end_ns.saturating_sub(span.start_ns) as f64 / 1e9;
+    let kvm_exit = span.has_kvm_exits();
+    let vms = vms
+        .iter()
+        .map(|vm| {
+            let vcpus: Vec<VcpuRow> = vm
+                .vcpus
+                .iter()
+                .map(|&(index, tid)| vcpu_row(span, index, tid, cpu, seconds, kvm_exit, names))
+                .filter(|row| cpu.is_none() || row.run_ns + row.wait_ns + row.blocked_ns > 0)
+                .collect();
+            let mean = |f: fn(&VcpuRow) -> f64| {
+                if vcpus.is_empty() {
+                    0.0
+                } else {
+                    vcpus.iter().map(f).sum::<f64>() / vcpus.len() as f64
+                }
+            };
+            VmRow {
+                pid: vm.pid,
+                name: vm.name.clone(),
+                kind: vm.kind.clone(),
+                running_pct: mean(|v| v.running_pct),
+                waiting_pct: mean(|v| v.waiting_pct),
+                blocked_pct: mean(|v| v.blocked_pct),
+                exec_count: vcpus.iter().map(|v| v.exec_count).sum(),
+                io_count: vcpus.iter().map(|v| v.io_count).sum(),
+                exits_per_s: vcpus.iter().map(|v| v.exits_per_s).sum(),
+                vcpus,
+            }
+        })
+        .collect();
+    WindowReport {
+        seconds,
+        label: label.to_string(),
+        start_ns: span.start_ns,
+        end_ns: span.end_ns,
+        cpu,
+        exits_source: if kvm_exit { "kvm_exit" } else { "evidence" }.into(),
+        vms,
+    }
+}
+
+fn vcpu_row(
+    span: &Span,
+    index: u32,
+    tid: u32,
+    cpu: Option<u32>,
+    seconds: f64,
+    kvm_exit: bool,
+    names: &dyn Names,
+) -> VcpuRow {
+    let all = span.thread(tid, None);
+    let c: Counters = span.thread(tid, cpu);
+    let observed = all.observed_ns() as f64;
+    let pct = |ns: u64| if observed > 0.0 { 100.0 * ns as f64 / observed } else { 0.0 };
+    let per = |ns: u64, n: u64| if n > 0 { ns as f64 / n as f64 / 1e3 } else { 0.0 };
+    let rate = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
+    let exits = if kvm_exit { c.exits } else { c.evidence };
+    let mut reasons: Vec<(ReasonKey, u64)> = span
+        .reasons
+        .iter()
+        .filter(|((t, key), _)| *t == tid && kvm_exit == matches!(key, ReasonKey::Exit { .. }))
+        .map(|((_, key), n)| (*key, *n))
+        .collect();
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let alloc = c.preemptions > 0;
+    VcpuRow {
+        index,
+        tid,
+        cpu: cpu.or_else(|| span.main_cpu(tid)),
+        running_pct: pct(c.run_ns),
+        waiting_pct: pct(c.wait_ns),
+        blocked_pct: pct(c.blocked_ns),
+        unknown_pct: pct(c.unknown_ns),
+        run_ns: c.run_ns,
+        wait_ns: c.wait_ns,
+        blocked_ns: c.blocked_ns,
+        exec_count: c.execs,
+        cpu_per_exec_us: per(c.run_ns, c.execs),
+        wait_per_exec_us: per(c.wait_ns, c.execs),
+        blocked_per_io_us: per(c.blocked_ns, c.io),
+        alloc_min_us: alloc.then(|| c.alloc_min_ns as f64 / 1e3),
+        alloc_avg_us: alloc.then(|| per(c.alloc_sum_ns, c.preemptions)),
+        alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3),
+        io_count: c.io,
+        exits,
+        exits_per_s: rate(exits),
+        top_reasons: reasons
+            .into_iter()
+            .take(TOP_REASONS)
+            .map(|(key, n)| ReasonRate { reason: key.name(names), per_s: rate(n) })
+            .collect(),
+    }
+}

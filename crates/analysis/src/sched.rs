@@ -1,0 +1,654 @@
+//! Scheduling accounting of vCPU threads, as XenMon does it for Xen domains: for every vCPU
+//! thread, time running, runnable but waiting (the host-side steal), and blocked; how often it
+//! was dispatched (executions) and how long the executions that ended by preemption lasted
+//! (allocation); its I/O and exits.
+//!
+//! The state machine per thread, driven by `sched_switch` and `sched_wakeup`:
+//!
+//! ```text
+//!            switch in                switch out, preempted (prev_state R / R+)
+//!  Runnable ──────────► Running ────────────────────────────────────────────► Runnable
+//!     ▲                    │ switch out, sleeping (S, D, ...)
+//!     └─── wakeup ──── Blocked ◄─┘
+//! ```
+//!
+//! Time is accumulated per (thread, physical CPU) into fixed-width buckets of trace time, so
+//! any window (the last 1 s, the last 10 s, a `--window` slice of a recording) is a sum of
+//! buckets, and the whole run is kept as a running total. A thread's state before its first
+//! event is unknown; that first event tells what it was (a switch-out: running; a switch-in:
+//! runnable; a wakeup: blocked), and the unknown stretch is filled in afterwards, so nothing
+//! is guessed. After lost events every state is unknown again until the next event.
+//!
+//! Pure: no clocks or files. The live sampler and `virtprof sched` feed the same analyzer.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use virtprof_model::{Event, EventKind, Timestamp};
+
+use crate::Names;
+
+/// `sched_switch` prev_state bits of a task that is exiting (`X` dead, `Z` zombie).
+const EXITING_STATES: u64 = 0x10 | 0x20;
+/// The low byte of prev_state holds the task-state bits; 0 there (`R`, or `R+` = 0x100 in
+/// newer kernels, the preemption marker) means the task was still runnable: preempted.
+const STATE_BITS: u64 = 0xff;
+
+/// Time and event counts of one vCPU thread on one physical CPU over a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Running on the CPU.
+    pub run_ns: u64,
+    /// Runnable, waiting for the CPU (host-side steal).
+    pub wait_ns: u64,
+    /// Sleeping (waiting for I/O, a timer, a halt).
+    pub blocked_ns: u64,
+    /// State not known (before the thread's first event, or after lost events).
+    pub unknown_ns: u64,
+    /// Dispatches (switch-ins).
+    pub execs: u64,
+    /// Executions that ended by preemption (their lengths are the allocation).
+    pub preemptions: u64,
+    /// Sum, min and max of those executions' lengths.
+    pub alloc_sum_ns: u64,
+    /// Shortest allocation (`u64::MAX` when none).
+    pub alloc_min_ns: u64,
+    /// Longest allocation.
+    pub alloc_max_ns: u64,
+    /// Wakeups from blocked.
+    pub wakeups: u64,
+    /// Port and MMIO accesses (`kvm_pio`, satisfied `kvm_mmio`).
+    pub io: u64,
+    /// `kvm_exit` events.
+    pub exits: u64,
+    /// Exit evidence on hosts without `kvm_exit`: userspace exits and in-kernel handlers.
+    pub evidence: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            run_ns: 0,
+            wait_ns: 0,
+            blocked_ns: 0,
+            unknown_ns: 0,
+            execs: 0,
+            preemptions: 0,
+            alloc_sum_ns: 0,
+            alloc_min_ns: u64::MAX,
+            alloc_max_ns: 0,
+            wakeups: 0,
+            io: 0,
+            exits: 0,
+            evidence: 0,
+        }
+    }
+}
+
+impl Counters {
+    /// Add `other` (sums, min of mins, max of maxes).
+    pub fn add(&mut self, other: &Counters) {
+        self.run_ns += other.run_ns;
+        self.wait_ns += other.wait_ns;
+        self.blocked_ns += other.blocked_ns;
+        self.unknown_ns += other.unknown_ns;
+        self.execs += other.execs;
+        self.preemptions += other.preemptions;
+        self.alloc_sum_ns += other.alloc_sum_ns;
+        self.alloc_min_ns = self.alloc_min_ns.min(other.alloc_min_ns);
+        self.alloc_max_ns = self.alloc_max_ns.max(other.alloc_max_ns);
+        self.wakeups += other.wakeups;
+        self.io += other.io;
+        self.exits += other.exits;
+        self.evidence += other.evidence;
+    }
+
+    /// All the time accounted: run + wait + blocked + unknown.
+    pub fn observed_ns(&self) -> u64 {
+        self.run_ns + self.wait_ns + self.blocked_ns + self.unknown_ns
+    }
+
+    fn time_mut(&mut self, state: State) -> &mut u64 {
+        match state {
+            State::Running => &mut self.run_ns,
+            State::Runnable => &mut self.wait_ns,
+            State::Blocked => &mut self.blocked_ns,
+            State::Unknown | State::Exited => &mut self.unknown_ns,
+        }
+    }
+}
+
+/// What an exit or piece of exit evidence is counted under, named in reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReasonKey {
+    /// A `kvm_exit` reason.
+    Exit {
+        /// Raw reason.
+        reason: u32,
+        /// Its instruction set.
+        isa: u32,
+    },
+    /// A `kvm_userspace_exit` reason.
+    Userspace {
+        /// `KVM_EXIT_*`.
+        reason: u32,
+    },
+    /// An in-kernel handler's event (`kvm_cpuid`, `kvm_msr`, ...).
+    Event {
+        /// Event id.
+        id: u16,
+    },
+}
+
+impl ReasonKey {
+    /// The kernel's name for it.
+    pub fn name(self, names: &dyn Names) -> String {
+        match self {
+            ReasonKey::Exit { reason, isa } => names.exit_reason(reason, isa),
+            ReasonKey::Userspace { reason } => names.userspace_reason(reason),
+            ReasonKey::Event { id } => names.event(id),
+        }
+    }
+
+    fn is_kvm_exit(self) -> bool {
+        matches!(self, ReasonKey::Exit { .. })
+    }
+}
+
+/// Everything accounted over one span of trace time.
+#[derive(Debug, Clone, Default)]
+pub struct Span {
+    /// Start (inclusive), trace ns.
+    pub start_ns: Timestamp,
+    /// End (exclusive).
+    pub end_ns: Timestamp,
+    /// Per (thread, CPU).
+    pub counters: FxHashMap<(u32, u32), Counters>,
+    /// Exits and evidence per (thread, reason).
+    pub reasons: FxHashMap<(u32, ReasonKey), u64>,
+}
+
+impl Span {
+    fn empty(start_ns: Timestamp, end_ns: Timestamp) -> Span {
+        Span { start_ns, end_ns, ..Default::default() }
+    }
+
+    /// Fold `other` in, widening the span to cover both.
+    pub fn merge(&mut self, other: &Span) {
+        if self.counters.is_empty() && self.reasons.is_empty() && self.start_ns == self.end_ns {
+            self.start_ns = other.start_ns;
+        }
+        self.start_ns = self.start_ns.min(other.start_ns);
+        self.end_ns = self.end_ns.max(other.end_ns);
+        for (key, c) in &other.counters {
+            self.counters.entry(*key).or_default().add(c);
+        }
+        for (key, n) in &other.reasons {
+            *self.reasons.entry(*key).or_default() += n;
+        }
+    }
+
+    /// One thread's counters summed over CPUs (or on `cpu` only).
+    pub fn thread(&self, tid: u32, cpu: Option<u32>) -> Counters {
+        let mut sum = Counters::default();
+        for ((t, c), counters) in &self.counters {
+            if *t == tid && cpu.is_none_or(|want| want == *c) {
+                sum.add(counters);
+            }
+        }
+        sum
+    }
+
+    /// The CPU a thread ran on longest in this span.
+    pub fn main_cpu(&self, tid: u32) -> Option<u32> {
+        self.counters
+            .iter()
+            .filter(|((t, _), _)| *t == tid)
+            .max_by_key(|(_, c)| (c.run_ns, c.observed_ns()))
+            .map(|((_, cpu), _)| *cpu)
+    }
+
+    /// Whether any `kvm_exit` was counted (otherwise exits come from evidence).
+    pub fn has_kvm_exits(&self) -> bool {
+        self.reasons.keys().any(|(_, r)| r.is_kvm_exit())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Unknown,
+    Running,
+    Runnable,
+    Blocked,
+    Exited,
+}
+
+#[derive(Debug, Clone)]
+struct Thread {
+    state: State,
+    /// Start of the current state (accounted up to here).
+    since: Timestamp,
+    /// The CPU it runs on, waits on, or last ran on.
+    cpu: u32,
+    /// Start of the current execution.
+    exec_start: Timestamp,
+    /// Unknown stretches not yet resolved: (bucket sequence number, cpu, ns).
+    unresolved: Vec<(u64, u32, u64)>,
+}
+
+/// Bucket width and how many closed buckets to keep.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedOptions {
+    /// Bucket width in ns (the resolution of windows).
+    pub bucket_ns: u64,
+    /// Closed buckets kept (older ones live on only in the whole-run total).
+    pub keep_buckets: usize,
+}
+
+/// The accounting analyzer.
+#[derive(Debug)]
+pub struct SchedAccounting {
+    options: SchedOptions,
+    evidence_events: Vec<u16>,
+    threads: FxHashMap<u32, Thread>,
+    /// Closed buckets, oldest first, each with its sequence number.
+    closed: VecDeque<(u64, Span)>,
+    current: Option<(u64, Span)>,
+    total: Span,
+    /// Lost-event records and the events they counted (None: count unknown).
+    pub lost: (u64, u64),
+}
+
+impl SchedAccounting {
+    /// An analyzer with `options`; `evidence_events` are event ids counted as exit evidence.
+    pub fn new(options: SchedOptions, evidence_events: Vec<u16>) -> SchedAccounting {
+        assert!(options.bucket_ns > 0, "bucket width must be positive");
+        SchedAccounting {
+            options,
+            evidence_events,
+            threads: FxHashMap::default(),
+            closed: VecDeque::new(),
+            current: None,
+            total: Span::default(),
+            lost: (0, 0),
+        }
+    }
+
+    /// Account thread `tid` from `ts` on (its state is learned from its first event).
+    /// Threads that emit kvm events are tracked on their own from that event on.
+    pub fn track(&mut self, tid: u32, ts: Timestamp) {
+        self.roll_to(ts);
+        self.threads.entry(tid).or_insert(Thread {
+            state: State::Unknown,
+            since: ts,
+            cpu: 0,
+            exec_start: ts,
+            unresolved: Vec::new(),
+        });
+    }
+
+    /// Account thread `tid` from `ts` on, starting in the state `/proc` reports: running
+    /// (`R`: on `cpu` or about to be; the first switch event corrects it) or sleeping.
+    pub fn track_from_proc(&mut self, tid: u32, ts: Timestamp, cpu: u32, running: bool) {
+        if self.threads.contains_key(&tid) {
+            return;
+        }
+        self.track(tid, ts);
+        let state = if running { State::Running } else { State::Blocked };
+        self.transition(tid, state, cpu, ts);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.exec_start = ts;
+        }
+    }
+
+    /// Threads accounted so far.
+    pub fn tracked(&self) -> impl Iterator<Item = u32> + '_ {
+        self.threads.keys().copied()
+    }
+
+    /// The CPU thread `tid` last ran or waits on.
+    pub fn cpu_of(&self, tid: u32) -> Option<u32> {
+        self.threads.get(&tid).map(|t| t.cpu)
+    }
+
+    /// Feed one event (in timestamp order; slightly late events are clamped, never negative).
+    pub fn on_event(&mut self, e: &Event) {
+        self.roll_to(e.ts);
+        match e.kind {
+            EventKind::SchedSwitch { prev_tid, prev_state, next_tid, .. } => {
+                if self.threads.contains_key(&prev_tid) {
+                    self.switch_out(prev_tid, prev_state, e);
+                }
+                if self.threads.contains_key(&next_tid) {
+                    self.switch_in(next_tid, e);
+                }
+            }
+            EventKind::SchedWakeup { tid, target_cpu } => {
+                if let Some(t) = self.threads.get(&tid) {
+                    match t.state {
+                        State::Unknown => self.resolve(tid, State::Blocked, e.ts),
+                        State::Blocked => {}
+                        _ => return, // a wakeup of a runnable task changes nothing
+                    }
+                    self.transition(tid, State::Runnable, target_cpu, e.ts);
+                    self.count(tid, target_cpu, |c| c.wakeups += 1);
+                }
+            }
+            EventKind::SchedMigrate { tid, dest_cpu, .. } => {
+                if let Some(t) = self.threads.get(&tid) {
+                    let state = t.state;
+                    if state != State::Running {
+                        self.transition(tid, state, dest_cpu, e.ts);
+                    }
+                }
+            }
+            EventKind::KvmPio { .. } => self.kvm_event(e, |c| c.io += 1, None),
+            EventKind::KvmMmio { kind, .. } if kind != 0 => self.kvm_event(e, |c| c.io += 1, None),
+            EventKind::KvmExit { reason, isa, .. } => {
+                self.kvm_event(e, |c| c.exits += 1, Some(ReasonKey::Exit { reason, isa }))
+            }
+            EventKind::KvmUserspaceExit { reason, .. } => {
+                self.kvm_event(e, |c| c.evidence += 1, Some(ReasonKey::Userspace { reason }))
+            }
+            EventKind::Other { event } if self.evidence_events.contains(&event) => {
+                self.kvm_event(e, |c| c.evidence += 1, Some(ReasonKey::Event { id: event }))
+            }
+            EventKind::KvmMmio { .. } | EventKind::KvmEntry { .. } | EventKind::KvmEmulateInsn { .. } => {
+                self.kvm_event(e, |_| {}, None)
+            }
+            EventKind::Lost { count } => {
+                self.lost.0 += 1;
+                self.lost.1 += count.unwrap_or(0);
+                let tids: Vec<u32> = self.threads.keys().copied().collect();
+                for tid in tids {
+                    let cpu = self.threads[&tid].cpu;
+                    if self.threads[&tid].state != State::Exited {
+                        self.transition(tid, State::Unknown, cpu, e.ts);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A kvm event from a vCPU thread: it is running, on this CPU, now.
+    fn kvm_event(&mut self, e: &Event, count: impl FnOnce(&mut Counters), reason: Option<ReasonKey>) {
+        match self.threads.get(&e.tid).map(|t| t.state) {
+            None => {
+                self.track(e.tid, e.ts);
+                self.transition(e.tid, State::Running, e.cpu, e.ts);
+            }
+            Some(State::Unknown) => {
+                self.resolve(e.tid, State::Running, e.ts);
+                self.transition(e.tid, State::Running, e.cpu, e.ts);
+            }
+            // Only a running thread emits kvm events: a switch-in was lost.
+            Some(State::Blocked | State::Runnable) => self.transition(e.tid, State::Running, e.cpu, e.ts),
+            Some(State::Running | State::Exited) => {}
+        }
+        self.count(e.tid, e.cpu, count);
+        if let (Some(reason), Some((_, span))) = (reason, self.current.as_mut()) {
+            *span.reasons.entry((e.tid, reason)).or_default() += 1;
+        }
+    }
+
+    fn switch_out(&mut self, tid: u32, prev_state: u64, e: &Event) {
+        let state = self.threads[&tid].state;
+        if state == State::Unknown {
+            self.resolve(tid, State::Running, e.ts);
+        } else if state != State::Running {
+            return; // inconsistent after loss; the next events resynchronize
+        }
+        let exec_start = self.threads[&tid].exec_start;
+        let next = if prev_state & EXITING_STATES != 0 {
+            State::Exited
+        } else if prev_state & STATE_BITS == 0 {
+            // An execution ended by preemption: its length is an allocation.
+            if state == State::Running {
+                let len = e.ts.saturating_sub(exec_start);
+                self.count(tid, e.cpu, |c| {
+                    c.preemptions += 1;
+                    c.alloc_sum_ns += len;
+                    c.alloc_min_ns = c.alloc_min_ns.min(len);
+                    c.alloc_max_ns = c.alloc_max_ns.max(len);
+                });
+            }
+            State::Runnable
+        } else {
+            State::Blocked
+        };
+        self.transition(tid, next, e.cpu, e.ts);
+    }
+
+    fn switch_in(&mut self, tid: u32, e: &Event) {
+        if self.threads[&tid].state == State::Unknown {
+            self.resolve(tid, State::Runnable, e.ts);
+        }
+        self.transition(tid, State::Running, e.cpu, e.ts);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.exec_start = e.ts;
+        }
+        self.count(tid, e.cpu, |c| c.execs += 1);
+    }
+
+    /// Account the thread's current state up to `ts`, then enter `state` on `cpu`.
+    fn transition(&mut self, tid: u32, state: State, cpu: u32, ts: Timestamp) {
+        self.account(tid, ts);
+        if let Some(t) = self.threads.get_mut(&tid) {
+            t.state = state;
+            t.cpu = cpu;
+        }
+    }
+
+    /// Add the thread's time in its current state, from `since` to `ts`, to the current bucket.
+    fn account(&mut self, tid: u32, ts: Timestamp) {
+        let Some((seq, span)) = self.current.as_mut() else { return };
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        let from = t.since.max(span.start_ns);
+        let ns = ts.saturating_sub(from);
+        t.since = t.since.max(ts);
+        if ns == 0 || t.state == State::Exited {
+            return;
+        }
+        if t.state == State::Unknown {
+            t.unresolved.push((*seq, t.cpu, ns));
+        }
+        *span.counters.entry((tid, t.cpu)).or_default().time_mut(t.state) += ns;
+    }
+
+    /// The thread's unknown stretches turn out to have been `state`: move them there, in
+    /// whichever bucket (and the total) they were counted.
+    fn resolve(&mut self, tid: u32, state: State, ts: Timestamp) {
+        self.account(tid, ts);
+        let Some(t) = self.threads.get_mut(&tid) else { return };
+        for (seq, cpu, ns) in std::mem::take(&mut t.unresolved) {
+            let mut spans: Vec<&mut Span> = Vec::with_capacity(2);
+            match &mut self.current {
+                Some((s, span)) if *s == seq => spans.push(span),
+                _ => {
+                    if let Some((_, span)) = self.closed.iter_mut().find(|(s, _)| *s == seq) {
+                        spans.push(span);
+                    }
+                    spans.push(&mut self.total);
+                }
+            }
+            for span in spans {
+                let c = span.counters.entry((tid, cpu)).or_default();
+                c.unknown_ns = c.unknown_ns.saturating_sub(ns);
+                *c.time_mut(state) += ns;
+            }
+        }
+    }
+
+    fn count(&mut self, tid: u32, cpu: u32, f: impl FnOnce(&mut Counters)) {
+        if let Some((_, span)) = self.current.as_mut() {
+            f(span.counters.entry((tid, cpu)).or_default());
+        }
+    }
+
+    /// Close every bucket that ends at or before `ts` (accounting each thread's ongoing state
+    /// into it), so windows up to `ts` are complete. Call with "now" in live mode.
+    pub fn roll_to(&mut self, ts: Timestamp) {
+        let width = self.options.bucket_ns;
+        if self.current.is_none() {
+            // Buckets start at the first event, so a recording's windows start with it.
+            self.current = Some((0, Span::empty(ts, ts + width)));
+        }
+        while let Some(end) = self.current.as_ref().map(|(_, s)| s.end_ns).filter(|&end| ts >= end) {
+            let tids: Vec<u32> = self.threads.keys().copied().collect();
+            for tid in tids {
+                self.account(tid, end);
+            }
+            let (seq, span) = self.current.take().expect("checked above");
+            self.total.merge(&span);
+            self.closed.push_back((seq, span));
+            while self.closed.len() > self.options.keep_buckets {
+                self.closed.pop_front();
+            }
+            // With nothing tracked, skip the empty buckets in one step, staying on the grid.
+            let next_start = if self.threads.is_empty() { ts - (ts - end) % width } else { end };
+            self.current = Some((seq + 1, Span::empty(next_start, next_start + width)));
+        }
+    }
+
+    /// The closed buckets covering the last `ns` (up to the last closed bucket), merged.
+    pub fn last(&self, ns: u64) -> Span {
+        let mut out = Span::default();
+        let Some((_, newest)) = self.closed.back() else { return out };
+        let from = newest.end_ns.saturating_sub(ns);
+        for (_, span) in self.closed.iter().rev().take_while(|(_, s)| s.start_ns >= from) {
+            out.merge(span);
+        }
+        out
+    }
+
+    /// Closed buckets, oldest first (with `keep_buckets` large: every bucket of a recording).
+    pub fn buckets(&self) -> impl Iterator<Item = &Span> {
+        self.closed.iter().map(|(_, s)| s)
+    }
+
+    /// Close the current bucket at `ts` (the end of a recording) and return the whole run.
+    pub fn finish(&mut self, ts: Timestamp) -> Span {
+        if let Some((_, span)) = self.current.as_mut() {
+            span.end_ns = span.end_ns.min(ts.max(span.start_ns));
+            let end = span.end_ns;
+            self.roll_to(end);
+        }
+        self.total.clone()
+    }
+
+    /// The whole run so far (closed buckets).
+    pub fn total(&self) -> &Span {
+        &self.total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtprof_model::StrId;
+
+    const MS: u64 = 1_000_000;
+
+    fn switch(ts: u64, cpu: u32, prev: u32, prev_state: u64, next: u32) -> Event {
+        Event {
+            ts,
+            cpu,
+            tid: prev,
+            kind: EventKind::SchedSwitch {
+                prev_tid: prev,
+                prev_state,
+                prev_comm: StrId(0),
+                next_tid: next,
+                next_comm: StrId(0),
+            },
+        }
+    }
+
+    fn wakeup(ts: u64, tid: u32, cpu: u32) -> Event {
+        Event { ts, cpu, tid: 0, kind: EventKind::SchedWakeup { tid, target_cpu: cpu } }
+    }
+
+    fn pio(ts: u64, cpu: u32, tid: u32) -> Event {
+        Event { ts, cpu, tid, kind: EventKind::KvmPio { write: true, port: 0x10, size: 1, count: 1 } }
+    }
+
+    fn analyzer(bucket_ns: u64) -> SchedAccounting {
+        SchedAccounting::new(SchedOptions { bucket_ns, keep_buckets: 1000 }, Vec::new())
+    }
+
+    #[test]
+    fn two_threads_sharing_a_cpu_run_and_wait_half_each() {
+        let mut a = analyzer(100 * MS);
+        a.track(1, 0);
+        a.track(2, 0);
+        // 1 and 2 alternate on CPU 0 in 10 ms slices, each preempting the other.
+        for i in 0..20u64 {
+            let (prev, next) = if i % 2 == 0 { (2, 1) } else { (1, 2) };
+            a.on_event(&switch(i * 10 * MS, 0, prev, 0x100, next));
+        }
+        let total = a.finish(200 * MS);
+        let (t1, t2) = (total.thread(1, None), total.thread(2, None));
+        assert_eq!((t1.run_ns, t1.wait_ns, t1.blocked_ns, t1.unknown_ns), (100 * MS, 100 * MS, 0, 0));
+        // Thread 2's first event (switched out, preempted) tells it ran from 0 to 0.
+        assert_eq!((t2.run_ns, t2.wait_ns, t2.unknown_ns), (100 * MS, 100 * MS, 0));
+        assert_eq!((t1.execs, t2.execs), (10, 10));
+        assert_eq!((t1.preemptions, t1.alloc_min_ns, t1.alloc_max_ns), (10, 10 * MS, 10 * MS));
+        assert_eq!(a.buckets().count(), 2);
+        assert_eq!(a.last(100 * MS).thread(1, None).run_ns, 50 * MS);
+    }
+
+    #[test]
+    fn blocked_time_and_io_of_an_io_bound_thread() {
+        let mut a = analyzer(1000 * MS);
+        a.track(7, 0);
+        // First event: a wakeup, so it was blocked from 0 to 5 ms.
+        let mut ts = 5 * MS;
+        for _ in 0..4 {
+            a.on_event(&wakeup(ts, 7, 1));
+            a.on_event(&switch(ts + MS, 1, 0, 0, 7)); // waits 1 ms
+            a.on_event(&pio(ts + 2 * MS, 1, 7)); // runs 2 ms, doing one OUT
+            a.on_event(&switch(ts + 3 * MS, 1, 7, 1, 0)); // sleeps (S)
+            ts += 10 * MS; // blocked 7 ms
+        }
+        let t = a.finish(ts).thread(7, None);
+        assert_eq!((t.run_ns, t.wait_ns, t.blocked_ns), (8 * MS, 4 * MS, 5 * MS + 4 * 7 * MS));
+        assert_eq!((t.execs, t.wakeups, t.io, t.preemptions), (4, 4, 4, 0));
+        assert_eq!(a.cpu_of(7), Some(1));
+    }
+
+    #[test]
+    fn unknown_stretches_resolve_into_closed_buckets() {
+        let mut a = analyzer(10 * MS);
+        a.track(3, 0);
+        // No event for 35 ms, then the thread is switched out: it ran all along.
+        a.on_event(&switch(35 * MS, 2, 3, 1, 0));
+        let total = a.finish(40 * MS);
+        let t = total.thread(3, None);
+        assert_eq!((t.run_ns, t.blocked_ns, t.unknown_ns), (35 * MS, 5 * MS, 0));
+        let first = a.buckets().next().unwrap();
+        assert_eq!(first.thread(3, None).run_ns, 10 * MS);
+    }
+
+    #[test]
+    fn kvm_events_track_unnamed_vcpu_threads_and_loss_resets_states() {
+        let mut a = analyzer(10 * MS);
+        a.on_event(&pio(MS, 0, 42));
+        assert!(a.tracked().any(|t| t == 42));
+        a.on_event(&Event { ts: 2 * MS, cpu: 0, tid: 0, kind: EventKind::Lost { count: Some(3) } });
+        a.on_event(&switch(4 * MS, 0, 42, 0, 1));
+        let t = a.finish(5 * MS).thread(42, None);
+        assert_eq!((t.run_ns, t.wait_ns, t.io, t.unknown_ns), (3 * MS, MS, 1, 0));
+        assert_eq!(a.lost, (1, 3));
+    }
+
+    #[test]
+    fn exiting_threads_stop_accumulating() {
+        let mut a = analyzer(10 * MS);
+        a.track(5, 0);
+        a.on_event(&switch(2 * MS, 0, 5, 0x10, 0));
+        let t = a.finish(50 * MS).thread(5, None);
+        assert_eq!(t.observed_ns(), 2 * MS);
+    }
+}

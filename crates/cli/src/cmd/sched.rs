@@ -1,0 +1,161 @@
+//! `virtprof sched FILE`: the `top` table for a recording — the whole run, and with `--window`
+//! one table per consecutive slice.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use virtprof_analysis::qos::{window_report, WindowReport};
+use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
+use virtprof_model::units::parse_duration_ns;
+use virtprof_model::EventKind;
+use virtprof_trace::merge::merge_cpus;
+
+use crate::args::SchedArgs;
+use crate::exit::usage;
+use crate::qos::{log_rows, table, HostTasks, LOG_HEADER};
+use crate::recording::{evidence_event_ids, DecoderNames, Recording};
+
+/// `sched --json`: the same `windows[]` as `top --once --json`.
+#[derive(Serialize)]
+struct Output<'a> {
+    source: Source<'a>,
+    lost_events: u64,
+    windows: Vec<WindowReport>,
+}
+
+#[derive(Serialize)]
+struct Source<'a> {
+    recording: String,
+    trace_clock: &'a str,
+    mode: &'static str,
+}
+
+pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
+    let window_ns = match &args.window {
+        Some(w) => match parse_duration_ns(w).map_err(|e| usage(format!("--window: {e}")))? {
+            0 => return Err(usage("--window must be longer than 0")),
+            ns => Some(ns),
+        },
+        None => None,
+    };
+    let recording = Recording::open_any(&args.file, args.formats.as_deref())?;
+    if let Some(at) = recording.truncated_at {
+        eprintln!(
+            "virtprof: warning: '{}' was cut short at byte {at}; analysing what precedes it",
+            args.file.display()
+        );
+    }
+    let mut decoder = recording.decoder(&["kvm", "sched"])?;
+    let evidence = evidence_event_ids(&decoder);
+    let host = recording_tasks(&recording);
+    for pid in &args.vm {
+        if !host.threads.values().any(|(p, _)| p == pid) {
+            return Err(usage(format!("--vm {pid}: no such process in the recording")));
+        }
+    }
+    // Named vCPU threads alive at the start are accounted from the first event; threads that
+    // appear later from their first event (before it they did not exist).
+    let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|(_, tid)| *tid)).collect();
+    let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
+    let at_start: HashSet<u32> =
+        recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
+    let (initial, mut late): (Vec<u32>, HashSet<u32>) = {
+        let (a, b): (Vec<u32>, Vec<u32>) = named.iter().partition(|t| at_start.contains(t));
+        (a, b.into_iter().collect())
+    };
+    // One bucket per window; without --window one bucket spans the whole run.
+    let bucket_ns = window_ns.unwrap_or(1 << 62);
+    let mut acc = SchedAccounting::new(SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
+    let mut first = true;
+    let mut last_ts = 0;
+    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| {
+        if first {
+            initial.iter().for_each(|&tid| acc.track(tid, e.ts));
+            first = false;
+        }
+        if !late.is_empty() {
+            let mentioned = match e.kind {
+                EventKind::SchedSwitch { prev_tid, next_tid, .. } => [prev_tid, next_tid],
+                EventKind::SchedWakeup { tid, .. } | EventKind::SchedMigrate { tid, .. } => [tid, tid],
+                _ => [e.tid, e.tid],
+            };
+            for tid in mentioned {
+                if late.remove(&tid) {
+                    acc.track(tid, e.ts);
+                }
+            }
+        }
+        acc.on_event(e);
+        last_ts = e.ts;
+    })?;
+    let total = acc.finish(last_ts);
+    let tracked: Vec<u32> = acc.tracked().collect();
+    // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
+    let mut vms = host.vms(&tracked, &args.vm);
+    for vm in &mut vms {
+        vm.vcpus.retain(|(_, tid)| total.thread(*tid, None).observed_ns() > 0);
+    }
+    vms.retain(|vm| !vm.vcpus.is_empty());
+    if vms.is_empty() {
+        return Err(usage(format!(
+            "no VM in '{}': no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)",
+            args.file.display()
+        )));
+    }
+    let names = DecoderNames(&decoder);
+    let mut windows = Vec::new();
+    if window_ns.is_some() {
+        for bucket in acc.buckets() {
+            let offset = bucket.start_ns.saturating_sub(total.start_ns) as f64 / 1e9;
+            windows.push(window_report(bucket, &format!("+{offset:.3}s"), &vms, &names, args.cpu));
+        }
+    }
+    windows.push(window_report(&total, "run", &vms, &names, args.cpu));
+    let lost_events = acc.lost.1.max(stats.lost) + recording.lost_in_footer();
+
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let source = Source {
+            recording: args.file.display().to_string(),
+            trace_clock: &recording.metadata.trace_clock,
+            mode: "trace",
+        };
+        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, windows })?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.csv {
+        writeln!(out, "{LOG_HEADER}")?;
+        for w in &windows {
+            let end_s = w.end_ns.saturating_sub(total.start_ns) as f64 / 1e9;
+            for line in log_rows(w, end_s) {
+                writeln!(out, "{line}")?;
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    for w in &windows {
+        let cpu = w.cpu.map(|c| format!(", physical CPU {c} only")).unwrap_or_default();
+        writeln!(out, "window {} ({:.3} s{cpu}; exits from {})", w.label, w.seconds, w.exits_source)?;
+        table(w, true).write_text(&mut out)?;
+        writeln!(out)?;
+    }
+    writeln!(out, "lost events: {lost_events}")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Threads and VM identities a recording knows.
+fn recording_tasks(recording: &Recording) -> HostTasks {
+    let md = &recording.metadata;
+    let mut host = HostTasks::default();
+    for t in &md.tasks {
+        host.threads.insert(t.tid, (t.pid, t.comm.clone()));
+    }
+    let late = recording.footer.iter().flat_map(|f| f.vm_identities.iter());
+    for vm in md.vm_identities.iter().chain(late) {
+        host.identities.insert(vm.pid, (vm.kind.clone(), vm.name.clone()));
+    }
+    host
+}

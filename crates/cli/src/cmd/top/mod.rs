@@ -1,0 +1,196 @@
+//! `virtprof top`: live XenMon-style view of the host's VMs. [`sampler`] gathers, [`view`]
+//! draws; this module runs the loop, the `--once` mode and the CSV log.
+
+pub mod sampler;
+pub mod view;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ratatui::crossterm::event::{self, Event, KeyEventKind};
+use virtprof_kvm::launcher::install_stop_handler;
+use virtprof_kvm::vmm::STOP_REQUESTED;
+
+use crate::args::TopArgs;
+use crate::exit::usage;
+use crate::qos::{log_rows, table, LOG_HEADER};
+use sampler::{Sampler, Snapshot};
+use view::{Action, ViewState};
+
+/// How `top` (or `demo`) watches.
+pub struct Watch<'a> {
+    /// Refresh interval.
+    pub delay: Duration,
+    /// Only these VMM pids (empty: all).
+    pub only: Vec<u32>,
+    /// Print one table (or JSON) after one interval and exit.
+    pub once: bool,
+    /// With `once`: JSON.
+    pub json: bool,
+    /// Append CSV rows here.
+    pub log: Option<&'a Path>,
+    /// Poll instead of tracing.
+    pub no_trace: bool,
+    /// Stop when this returns true (demo: its VMs ended).
+    pub done: &'a dyn Fn() -> bool,
+}
+
+pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
+    let delay = delay(args.delay)?;
+    for &pid in &args.vm {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(usage(format!("--vm {pid}: no such process (list VMs with `virtprof top --once`)")));
+        }
+        if virtprof_kvm::discover::inspect(Path::new("/proc"), pid).ok().flatten().is_none() {
+            return Err(usage(format!(
+                "--vm {pid}: the process holds no KVM VM (or its fds are not readable: run as root)"
+            )));
+        }
+    }
+    watch(&Watch {
+        delay,
+        only: args.vm.clone(),
+        once: args.once,
+        json: args.json,
+        log: args.log.as_deref(),
+        no_trace: args.no_trace,
+        done: &|| false,
+    })
+}
+
+/// Validate a `-d SECONDS` value.
+pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
+    if !(0.1..=3600.0).contains(&seconds) {
+        return Err(usage(format!("-d {seconds}: the refresh interval must be between 0.1 and 3600 seconds")));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// Watch VMs: once, or interactively until q, SIGINT/SIGTERM or `done`.
+pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
+    install_stop_handler();
+    let mut log = match w.log {
+        Some(path) => Some(open_log(path)?),
+        None => None,
+    };
+    let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace)?;
+    if let Some(why) = &why_polling {
+        eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
+    }
+    if w.once {
+        let started = Instant::now();
+        while started.elapsed() < w.delay && !STOP_REQUESTED.load(Ordering::Relaxed) && !(w.done)() {
+            std::thread::sleep(Duration::from_millis(50).min(w.delay));
+        }
+        sampler.refresh()?;
+        let snapshot = sampler.snapshot(None);
+        write_log(&mut log, &snapshot)?;
+        print_once(&snapshot, w.json, w.delay)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut terminal = ratatui::init();
+    let result = interactive(&mut terminal, &mut sampler, w, &mut log);
+    ratatui::restore();
+    result
+}
+
+fn interactive(
+    terminal: &mut ratatui::DefaultTerminal,
+    sampler: &mut Sampler,
+    w: &Watch<'_>,
+    log: &mut Option<File>,
+) -> anyhow::Result<ExitCode> {
+    let mut state = ViewState::default();
+    let cpus = sampler.cpus();
+    let mut shown: Snapshot = sampler.snapshot(state.cpu);
+    let mut last_refresh = Instant::now();
+    loop {
+        let status = format!("refresh {:.1} s", w.delay.as_secs_f64());
+        terminal.draw(|f| view::render(f, &shown, &state, &status))?;
+        // Wait for the next refresh, answering keys meanwhile.
+        loop {
+            if STOP_REQUESTED.load(Ordering::Relaxed) || (w.done)() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let left = w.delay.saturating_sub(last_refresh.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            if event::poll(left.min(Duration::from_millis(200)))? {
+                let Event::Key(key) = event::read()? else { continue };
+                if key.kind != KeyEventKind::Press {
+                    continue;
+                }
+                let cpu_before = state.cpu;
+                match view::handle_key(&mut state, key, &cpus) {
+                    Action::Quit => return Ok(ExitCode::SUCCESS),
+                    Action::Redraw => {
+                        if !state.paused || state.cpu != cpu_before {
+                            shown = sampler.snapshot(state.cpu);
+                        }
+                        terminal.draw(|f| view::render(f, &shown, &state, &status))?;
+                    }
+                    Action::None => {}
+                }
+            }
+        }
+        // Keep reading the kernel's buffers even when paused, so nothing is lost.
+        sampler.refresh()?;
+        last_refresh = Instant::now();
+        if log.is_some() {
+            write_log(log, &sampler.snapshot(None))?;
+        }
+        if !state.paused {
+            shown = sampler.snapshot(state.cpu);
+        }
+    }
+}
+
+fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, snapshot)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    // The window that matches the sampling time.
+    let window = if delay.as_secs_f64() <= 1.0 { &snapshot.windows[0] } else { &snapshot.windows[1] };
+    writeln!(
+        out,
+        "last {:.1} s · mode {}{} · exits from {} · lost events {}",
+        window.seconds,
+        snapshot.mode,
+        if snapshot.approximate { " (approximate)" } else { "" },
+        window.exits_source,
+        snapshot.lost_events
+    )?;
+    table(window, true).write_text(&mut out)?;
+    Ok(())
+}
+
+fn open_log(path: &Path) -> anyhow::Result<File> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| usage(format!("--log '{}': {e}", path.display())))?;
+    if file.metadata().map(|m| m.len() == 0).unwrap_or(false) {
+        writeln!(file, "{LOG_HEADER}")?;
+    }
+    Ok(file)
+}
+
+/// Append the 1 s window's rows, stamped with wall-clock seconds since the epoch.
+fn write_log(log: &mut Option<File>, snapshot: &Snapshot) -> anyhow::Result<()> {
+    let Some(file) = log else { return Ok(()) };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    for line in log_rows(&snapshot.windows[0], now) {
+        writeln!(file, "{line}")?;
+    }
+    file.flush()?;
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! What `top`, `sched` and `demo` share: which threads are whose vCPUs, and the XenMon table
+//! as text, CSV and JSON.
+
+use std::collections::BTreeMap;
+
+use virtprof_analysis::qos::{VmInfo, WindowReport};
+use virtprof_kvm::discover::vcpu_index;
+use virtprof_model::vmm::VmmKind;
+use virtprof_store::table::Table;
+
+/// What is known about the host's processes: threads (tid → pid, comm) and VM identities.
+#[derive(Debug, Default, Clone)]
+pub struct HostTasks {
+    /// tid → (pid, comm).
+    pub threads: BTreeMap<u32, (u32, String)>,
+    /// pid → (kind, name) from discovery.
+    pub identities: BTreeMap<u32, (String, String)>,
+}
+
+impl HostTasks {
+    /// The VMs: processes discovery named, processes whose name is a known VMM, and the
+    /// processes of threads that emitted kvm events (`tracked`). vCPUs are the threads named
+    /// like vCPUs, or else the tracked threads of that process. `only` restricts to VMM pids.
+    pub fn vms(&self, tracked: &[u32], only: &[u32]) -> Vec<VmInfo> {
+        let mut pids: Vec<u32> = self.identities.keys().copied().collect();
+        for (tid, (pid, comm)) in &self.threads {
+            let process_comm = self.threads.get(pid).map_or("", |(_, c)| c.as_str());
+            let vmm = tid == pid && virtprof_kvm::discover::vmm_kind(comm, &[]) != VmmKind::Unknown;
+            if vmm || tracked.contains(tid) || (vcpu_index(comm).is_some() && is_vmm(process_comm)) {
+                pids.push(*pid);
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids.retain(|p| only.is_empty() || only.contains(p));
+        pids.into_iter()
+            .filter_map(|pid| {
+                let mut vcpus: Vec<(u32, u32)> = self
+                    .threads
+                    .iter()
+                    .filter(|(_, (p, _))| *p == pid)
+                    .filter_map(|(tid, (_, comm))| Some((vcpu_index(comm)?, *tid)))
+                    .collect();
+                if vcpus.is_empty() {
+                    let unnamed = self.threads.iter().filter(|(t, (p, _))| *p == pid && tracked.contains(t));
+                    vcpus =
+                        unnamed.enumerate().map(|(i, (tid, _))| (u32::try_from(i).unwrap_or(u32::MAX), *tid)).collect();
+                }
+                vcpus.sort_unstable();
+                if vcpus.is_empty() {
+                    return None;
+                }
+                let process_comm = self.threads.get(&pid).map_or("", |(_, c)| c.as_str());
+                let (kind, name) = self.identities.get(&pid).cloned().unwrap_or_else(|| {
+                    let kind = virtprof_kvm::discover::vmm_kind(process_comm, &[]);
+                    (kind.to_string(), format!("{kind}-{pid}"))
+                });
+                Some(VmInfo { pid, name, kind, vcpus })
+            })
+            .collect()
+    }
+}
+
+fn is_vmm(comm: &str) -> bool {
+    virtprof_kvm::discover::vmm_kind(comm, &[]) != VmmKind::Unknown
+}
+
+/// The XenMon table of one window: a row per VM, and per vCPU when `vcpus` is set.
+pub fn table(report: &WindowReport, vcpus: bool) -> Table {
+    let mut t = Table::new([
+        "VM / VCPU",
+        "PID/TID",
+        "CPU",
+        "RUN%",
+        "WAIT%",
+        "BLK%",
+        "EXECS",
+        "CPU/EX_US",
+        "WAIT/EX_US",
+        "BLK/IO_US",
+        "ALLOC_US avg (min-max)",
+        "IO",
+        "EXITS/S",
+        "TOP EXIT REASONS /s",
+    ]);
+    for vm in &report.vms {
+        t.row([
+            format!("{} ({})", vm.name, vm.kind),
+            vm.pid.to_string(),
+            String::new(),
+            pct(vm.running_pct),
+            pct(vm.waiting_pct),
+            pct(vm.blocked_pct),
+            vm.exec_count.to_string(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            vm.io_count.to_string(),
+            format!("{:.0}", vm.exits_per_s),
+            String::new(),
+        ]);
+        if !vcpus {
+            continue;
+        }
+        for v in &vm.vcpus {
+            t.row([
+                format!("  vcpu{}", v.index),
+                v.tid.to_string(),
+                v.cpu.map(|c| c.to_string()).unwrap_or_default(),
+                pct(v.running_pct),
+                pct(v.waiting_pct),
+                pct(v.blocked_pct),
+                v.exec_count.to_string(),
+                format!("{:.1}", v.cpu_per_exec_us),
+                format!("{:.1}", v.wait_per_exec_us),
+                if v.io_count > 0 { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
+                match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us) {
+                    (Some(avg), Some(min), Some(max)) => format!("{avg:.0} ({min:.0}-{max:.0})"),
+                    _ => "-".into(),
+                },
+                v.io_count.to_string(),
+                format!("{:.0}", v.exits_per_s),
+                v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
+            ]);
+        }
+    }
+    t
+}
+
+fn pct(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+/// The CSV header of [`log_rows`].
+pub const LOG_HEADER: &str = "time_s,window,entity,pid,vm,vcpu,tid,running_pct,waiting_pct,blocked_pct,exec_count,cpu_per_exec_us,wait_per_exec_us,io_count,exits_per_s";
+
+/// CSV lines (no header) for every VM and vCPU of `report`.
+pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
+    let mut lines = Vec::new();
+    let opt = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    for vm in &report.vms {
+        let name = vm.name.replace([',', '"', '\n'], "_");
+        lines.push(format!(
+            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{:.3}",
+            report.label,
+            vm.pid,
+            vm.running_pct,
+            vm.waiting_pct,
+            vm.blocked_pct,
+            vm.exec_count,
+            vm.io_count,
+            vm.exits_per_s
+        ));
+        for v in &vm.vcpus {
+            lines.push(format!(
+                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{:.3}",
+                report.label,
+                vm.pid,
+                v.index,
+                v.tid,
+                v.running_pct,
+                v.waiting_pct,
+                v.blocked_pct,
+                v.exec_count,
+                opt(Some(v.cpu_per_exec_us)),
+                opt(Some(v.wait_per_exec_us)),
+                v.io_count,
+                v.exits_per_s
+            ));
+        }
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tasks(list: &[(u32, u32, &str)]) -> HostTasks {
+        HostTasks {
+            threads: list.iter().map(|(tid, pid, comm)| (*tid, (*pid, comm.to_string()))).collect(),
+            identities: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn vcpus_by_name_or_by_kvm_events() {
+        let host = tasks(&[
+            (10, 10, "virtprof-vm"),
+            (11, 10, "vcpu0"),
+            (12, 10, "vcpu1"),
+            (20, 20, "qemu-system-x86"),
+            (21, 20, "qemu-system-x86"),
+            (22, 20, "qemu-system-x86"),
+            (30, 30, "bash"),
+            (31, 30, "vcpu0"), // not a VMM: a thread that happens to be called vcpu0
+        ]);
+        let vms = host.vms(&[22], &[]);
+        assert_eq!(
+            vms.iter().map(|v| (v.pid, v.name.as_str())).collect::<Vec<_>>(),
+            [(10, "virtprof-testvm-10"), (20, "qemu-20")]
+        );
+        assert_eq!((vms[0].vcpus.as_slice(), vms[1].vcpus.as_slice()), (&[(0, 11), (1, 12)][..], &[(0, 22)][..]));
+        assert_eq!(host.vms(&[22], &[20]).len(), 1);
+    }
+}

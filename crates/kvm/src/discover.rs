@@ -1,0 +1,346 @@
+//! Finding the VMs on a host: processes holding an `anon_inode:kvm-vm` fd, what VMM they run,
+//! the name their command line gives the VM, and which of their threads are vCPUs.
+//!
+//! Every VMM names its vCPU threads differently; [`vcpu_index`] knows them all. A VMM that
+//! names none (QEMU without `-name debug-threads=on`, or an unknown one) yields a VM with no
+//! vCPU threads here, and the caller falls back on the threads that emit kvm events.
+//!
+//! Everything reads through a `proc_root` so tests can point it at a fake `/proc` tree.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use virtprof_model::vmm::VmmKind;
+
+use crate::remote::{list_kvm_fds, KvmFdKind};
+
+/// A VM found on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredVm {
+    /// The VMM process.
+    pub pid: u32,
+    /// Which VMM it is.
+    pub kind: VmmKind,
+    /// The VM's name from the VMM's command line, or `<kind>-<pid>`.
+    pub name: String,
+    /// vCPU fds the VMM holds (the VM's vCPU count, even when threads are not named).
+    pub vcpu_fds: u32,
+    /// vCPU threads recognized by name, by index.
+    pub vcpus: Vec<VcpuThread>,
+}
+
+/// One vCPU thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VcpuThread {
+    /// vCPU index within its VM.
+    pub index: u32,
+    /// Thread id.
+    pub tid: u32,
+}
+
+/// The VMM kind from the process name (`comm`, at most 15 bytes) and its argv.
+pub fn vmm_kind(comm: &str, argv: &[String]) -> VmmKind {
+    let exe = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or("");
+    let is = |prefix: &str| comm.starts_with(prefix) || exe.starts_with(prefix);
+    if comm == crate::launcher::VMM_PROCESS_NAME || exe == crate::launcher::VMM_PROCESS_NAME {
+        VmmKind::VirtprofTestvm
+    } else if is("qemu-system") || is("qemu-kvm") || comm == "qemu" {
+        VmmKind::Qemu
+    } else if is("firecracker") {
+        VmmKind::Firecracker
+    } else if is("cloud-hyperviso") {
+        VmmKind::CloudHypervisor
+    } else if is("crosvm") {
+        VmmKind::Crosvm
+    } else {
+        VmmKind::Unknown
+    }
+}
+
+/// The VM's name as the VMM's command line gives it: QEMU `-name NAME` or
+/// `-name guest=NAME,...`, Firecracker `--id ID`, crosvm/cloud-hypervisor/testvm `--name`.
+pub fn vm_name(kind: VmmKind, argv: &[String], pid: u32) -> String {
+    let value_of = |flags: &[&str]| {
+        argv.iter().enumerate().find_map(|(i, arg)| {
+            flags.iter().find_map(|flag| {
+                if arg == flag {
+                    argv.get(i + 1).cloned()
+                } else {
+                    arg.strip_prefix(flag).and_then(|rest| rest.strip_prefix('=')).map(str::to_string)
+                }
+            })
+        })
+    };
+    let name = match kind {
+        VmmKind::Qemu => value_of(&["-name", "--name"]).map(|v| {
+            let mut parts = v.split(',');
+            let first = parts.next().unwrap_or_default();
+            std::iter::once(first)
+                .chain(parts)
+                .find_map(|p| p.strip_prefix("guest="))
+                .unwrap_or(if first.contains('=') { "" } else { first })
+                .to_string()
+        }),
+        VmmKind::Firecracker => value_of(&["--id"]),
+        _ => value_of(&["--name"]),
+    };
+    name.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{kind}-{pid}"))
+}
+
+/// The vCPU index a thread name denotes under any VMM's naming scheme: QEMU `CPU n/KVM`,
+/// Firecracker `fc_vcpu n`, cloud-hypervisor and testvm `vcpuN`, crosvm `crosvm_vcpuN`.
+pub fn vcpu_index(thread_comm: &str) -> Option<u32> {
+    let digits = |s: &str| (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok()).flatten();
+    if let Some(rest) = thread_comm.strip_prefix("CPU ") {
+        return digits(rest.strip_suffix("/KVM")?);
+    }
+    if let Some(rest) = thread_comm.strip_prefix("fc_vcpu") {
+        return digits(rest.trim_start());
+    }
+    if let Some(rest) = thread_comm.strip_prefix("crosvm_vcpu") {
+        return digits(rest.trim_start());
+    }
+    digits(thread_comm.strip_prefix("vcpu")?)
+}
+
+/// Inspect process `pid`: `Ok(None)` if it holds no KVM VM.
+pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredVm>> {
+    let fds = list_kvm_fds(proc_root, pid).map_err(|e| std::io::Error::other(e.to_string()))?;
+    if !fds.iter().any(|f| f.kind == KvmFdKind::Vm) {
+        return Ok(None);
+    }
+    let vcpu_fds = fds.iter().filter(|f| matches!(f.kind, KvmFdKind::Vcpu(_))).count();
+    let dir = proc_root.join(pid.to_string());
+    let comm = read_trimmed(&dir.join("comm"));
+    let argv: Vec<String> = fs::read(dir.join("cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let kind = vmm_kind(&comm, &argv);
+    let mut vcpus: Vec<VcpuThread> = threads(proc_root, pid)
+        .into_iter()
+        .filter_map(|(tid, name)| Some(VcpuThread { index: vcpu_index(&name)?, tid }))
+        .collect();
+    vcpus.sort_by_key(|v| (v.index, v.tid));
+    Ok(Some(DiscoveredVm {
+        pid,
+        kind,
+        name: vm_name(kind, &argv, pid),
+        vcpu_fds: u32::try_from(vcpu_fds).unwrap_or(u32::MAX),
+        vcpus,
+    }))
+}
+
+/// The threads of `pid`: (tid, comm).
+pub fn threads(proc_root: &Path, pid: u32) -> Vec<(u32, String)> {
+    let Ok(entries) = fs::read_dir(proc_root.join(pid.to_string()).join("task")) else { return Vec::new() };
+    let mut out: Vec<(u32, String)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let tid = e.file_name().to_str()?.parse().ok()?;
+            Some((tid, read_trimmed(&e.path().join("comm"))))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+fn read_trimmed(path: &Path) -> String {
+    fs::read_to_string(path).map(|s| s.trim_end_matches('\n').to_string()).unwrap_or_default()
+}
+
+/// Keeps the host's VM list current cheaply: each [`Discovery::scan`] lists `/proc` and only
+/// inspects the fd tables of processes it has not seen before, so a host with hundreds of
+/// processes costs one directory read per refresh.
+#[derive(Debug)]
+pub struct Discovery {
+    proc_root: PathBuf,
+    /// pid → its start time (to tell a reused pid) and the VM it holds, if any.
+    known: HashMap<u32, (u64, Option<DiscoveredVm>)>,
+    /// Restrict to these VMM pids (empty: every VM).
+    only: Vec<u32>,
+}
+
+impl Discovery {
+    /// Discovery over `proc_root`, restricted to `only` when that is not empty.
+    pub fn new(proc_root: impl Into<PathBuf>, only: Vec<u32>) -> Discovery {
+        Discovery { proc_root: proc_root.into(), known: HashMap::new(), only }
+    }
+
+    /// The VMs alive now, by pid. VMs that exited are dropped; new ones appear. A VM's vCPU
+    /// threads are re-read while fewer are named than it has vCPU fds (VMMs start them late).
+    pub fn scan(&mut self) -> Vec<DiscoveredVm> {
+        let pids: Vec<u32> = if self.only.is_empty() {
+            let Ok(entries) = fs::read_dir(&self.proc_root) else { return Vec::new() };
+            entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+        } else {
+            self.only.clone()
+        };
+        let me = std::process::id();
+        let mut alive = HashMap::with_capacity(pids.len());
+        for pid in pids.into_iter().filter(|&p| p != me) {
+            let Some(start) = start_time(&self.proc_root, pid) else { continue };
+            let entry = match self.known.remove(&pid) {
+                Some((s, vm)) if s == start => {
+                    let stale = vm.as_ref().is_some_and(|v| v.vcpus.len() < v.vcpu_fds as usize);
+                    if stale {
+                        (start, inspect(&self.proc_root, pid).ok().flatten())
+                    } else {
+                        (s, vm)
+                    }
+                }
+                _ => (start, inspect(&self.proc_root, pid).ok().flatten()),
+            };
+            alive.insert(pid, entry);
+        }
+        self.known = alive;
+        let mut vms: Vec<DiscoveredVm> = self.known.values().filter_map(|(_, vm)| vm.clone()).collect();
+        vms.sort_by_key(|v| v.pid);
+        vms
+    }
+}
+
+/// The process's start time in clock ticks (field 22 of `/proc/PID/stat`).
+fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // The comm field may contain spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One fake process: pid, comm, argv, fd link targets, thread names.
+    type FakeProcess<'a> = (u32, &'a str, &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+    /// A VM as the test compares it: pid, kind, name, (vCPU index, tid).
+    type Seen<'a> = (u32, VmmKind, &'a str, Vec<(u32, u32)>);
+
+    /// A fake `/proc` with one process per entry.
+    fn fake_proc(procs: &[FakeProcess<'_>]) -> PathBuf {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let root = std::env::temp_dir().join(format!("virtprof-fakeproc-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for (pid, comm, argv, fds, threads) in procs {
+            let dir = root.join(pid.to_string());
+            fs::create_dir_all(dir.join("fd")).unwrap();
+            fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(dir.join("cmdline"), argv.iter().map(|a| format!("{a}\0")).collect::<String>()).unwrap();
+            fs::write(dir.join("stat"), format!("{pid} ({comm}) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0"))
+                .unwrap();
+            for (i, target) in fds.iter().enumerate() {
+                std::os::unix::fs::symlink(target, dir.join("fd").join((i + 3).to_string())).unwrap();
+            }
+            for (i, name) in threads.iter().enumerate() {
+                let t = dir.join("task").join((pid + i as u32).to_string());
+                fs::create_dir_all(&t).unwrap();
+                fs::write(t.join("comm"), format!("{name}\n")).unwrap();
+            }
+        }
+        root
+    }
+
+    const VM_FDS: &[&str] = &["anon_inode:kvm-vm", "anon_inode:kvm-vcpu:0", "anon_inode:kvm-vcpu:1", "/dev/null"];
+
+    #[test]
+    fn every_vmm_naming_scheme_is_recognized() {
+        let root = fake_proc(&[
+            (
+                100,
+                "qemu-system-x86",
+                &["/usr/bin/qemu-system-x86_64", "-name", "guest=web1,debug-threads=on", "-smp", "2"],
+                VM_FDS,
+                &["qemu-system-x86", "CPU 0/KVM", "CPU 1/KVM", "IO mon_iothread"],
+            ),
+            (
+                200,
+                "firecracker",
+                &["firecracker", "--id", "fc-7", "--api-sock", "/tmp/s"],
+                VM_FDS,
+                &["firecracker", "fc_api", "fc_vcpu 0", "fc_vcpu 1"],
+            ),
+            (
+                300,
+                "cloud-hyperviso",
+                &["cloud-hypervisor", "--cpus", "boot=2"],
+                VM_FDS,
+                &["cloud-hyperviso", "vcpu0", "vcpu1", "http-server"],
+            ),
+            (
+                400,
+                "crosvm",
+                &["crosvm", "run", "--name", "cros1", "vmlinux"],
+                VM_FDS,
+                &["crosvm", "crosvm_vcpu0", "crosvm_vcpu1"],
+            ),
+            (
+                500,
+                "virtprof-vm",
+                &["virtprof-vm", "__vmm", "--name", "compute-0"],
+                VM_FDS,
+                &["virtprof-vm", "vcpu0", "vcpu1"],
+            ),
+            (600, "mystery", &["mystery"], VM_FDS, &["mystery", "worker"]),
+            (700, "bash", &["bash"], &["/dev/null"], &["bash"]),
+        ]);
+        let vms = Discovery::new(&root, Vec::new()).scan();
+        let got: Vec<Seen<'_>> = vms
+            .iter()
+            .map(|v| (v.pid, v.kind, v.name.as_str(), v.vcpus.iter().map(|c| (c.index, c.tid)).collect()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, VmmKind::Qemu, "web1", vec![(0, 101), (1, 102)]),
+                (200, VmmKind::Firecracker, "fc-7", vec![(0, 202), (1, 203)]),
+                (300, VmmKind::CloudHypervisor, "cloud-hypervisor-300", vec![(0, 301), (1, 302)]),
+                (400, VmmKind::Crosvm, "cros1", vec![(0, 401), (1, 402)]),
+                (500, VmmKind::VirtprofTestvm, "compute-0", vec![(0, 501), (1, 502)]),
+                (600, VmmKind::Unknown, "unknown-600", vec![]),
+            ]
+        );
+        assert!(vms.iter().all(|v| v.vcpu_fds == 2));
+        fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn vms_that_appear_and_exit_are_tracked() {
+        let root = fake_proc(&[(10, "firecracker", &["firecracker", "--id=a"], VM_FDS, &["fc_vcpu 0"])]);
+        let mut discovery = Discovery::new(&root, Vec::new());
+        assert_eq!(discovery.scan().iter().map(|v| v.name.clone()).collect::<Vec<_>>(), ["a"]);
+        // A second VM starts, the first exits.
+        let other =
+            fake_proc(&[(20, "qemu-system-x86", &["qemu-system-x86_64", "-name", "b"], VM_FDS, &["CPU 0/KVM"])]);
+        fs::rename(other.join("20"), root.join("20")).unwrap();
+        fs::remove_dir_all(root.join("10")).unwrap();
+        assert_eq!(discovery.scan().iter().map(|v| (v.pid, v.name.clone())).collect::<Vec<_>>(), [(20, "b".into())]);
+        fs::remove_dir_all(root).unwrap();
+        fs::remove_dir_all(other).unwrap();
+    }
+
+    #[test]
+    fn thread_names_map_to_indexes() {
+        for (name, index) in
+            [("CPU 12/KVM", Some(12)), ("fc_vcpu 3", Some(3)), ("vcpu7", Some(7)), ("crosvm_vcpu2", Some(2))]
+        {
+            assert_eq!(vcpu_index(name), index, "{name}");
+        }
+        for name in ["CPU 1/TCG", "vcpu", "vcpux", "fc_api", "qemu-system-x86", "CPU /KVM"] {
+            assert_eq!(vcpu_index(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn qemu_names_in_every_spelling() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu", "-name", "plain"]), 1), "plain");
+        assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu", "-name", "guest=g,debug-threads=on"]), 1), "g");
+        assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu", "-name", "debug-threads=on"]), 1), "qemu-1");
+        assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu"]), 9), "qemu-9");
+    }
+}
