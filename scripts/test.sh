@@ -13,6 +13,8 @@ if [ "$(id -u)" = 0 ]; then
     command -v unshare >/dev/null || need+=(util-linux)
     # trace-cmd: converts the trace.dat fixture to an uncompressed one (read in place).
     command -v trace-cmd >/dev/null || need+=(trace-cmd)
+    # tmux: drives `virtprof demo` in a real terminal.
+    command -v tmux >/dev/null || need+=(tmux)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq

@@ -90,6 +90,8 @@ pub struct VcpuRow {
     pub blocked_ns: u64,
     /// Dispatches.
     pub exec_count: u64,
+    /// Of those, dispatches the trace did not show (inferred from the thread's own events).
+    pub inferred_exec_count: u64,
     /// Mean CPU time per execution.
     pub cpu_per_exec_us: f64,
     /// Mean wait per execution.
@@ -205,6 +207,7 @@ fn vcpu_row(
         wait_ns: c.wait_ns,
         blocked_ns: c.blocked_ns,
         exec_count: c.execs,
+        inferred_exec_count: c.inferred_execs,
         cpu_per_exec_us: per(c.run_ns, c.execs),
         wait_per_exec_us: per(c.wait_ns, c.execs),
         blocked_per_io_us: per(c.blocked_ns, c.io),

@@ -48,6 +48,9 @@ pub struct Counters {
     pub unknown_ns: u64,
     /// Dispatches (switch-ins).
     pub execs: u64,
+    /// Of those, switch-ins the trace did not show, inferred from the thread's own events
+    /// (some kernels skip `sched_switch` when leaving the idle task: see [`SchedAccounting`]).
+    pub inferred_execs: u64,
     /// Executions that ended by preemption (their lengths are the allocation).
     pub preemptions: u64,
     /// Sum, min and max of those executions' lengths.
@@ -74,6 +77,7 @@ impl Default for Counters {
             blocked_ns: 0,
             unknown_ns: 0,
             execs: 0,
+            inferred_execs: 0,
             preemptions: 0,
             alloc_sum_ns: 0,
             alloc_min_ns: u64::MAX,
@@ -94,6 +98,7 @@ impl Counters {
         self.blocked_ns += other.blocked_ns;
         self.unknown_ns += other.unknown_ns;
         self.execs += other.execs;
+        self.inferred_execs += other.inferred_execs;
         self.preemptions += other.preemptions;
         self.alloc_sum_ns += other.alloc_sum_ns;
         self.alloc_min_ns = self.alloc_min_ns.min(other.alloc_min_ns);
@@ -315,6 +320,7 @@ impl SchedAccounting {
     /// Feed one event (in timestamp order; slightly late events are clamped, never negative).
     pub fn on_event(&mut self, e: &Event) {
         self.roll_to(e.ts);
+        self.infer_switch_in(e);
         match e.kind {
             EventKind::SchedSwitch { prev_tid, prev_state, next_tid, .. } => {
                 if self.threads.contains_key(&prev_tid) {
@@ -372,6 +378,27 @@ impl SchedAccounting {
         }
     }
 
+    /// A thread that emits an event is running. If it was blocked or waiting, the trace missed
+    /// its switch-in: some kernels (this PVM host's, on its second CPU) do not emit
+    /// `sched_switch` when the idle task hands over, though schedstat counts the dispatch.
+    fn infer_switch_in(&mut self, e: &Event) {
+        let Some(t) = self.threads.get(&e.tid) else { return };
+        if !matches!(t.state, State::Blocked | State::Runnable) {
+            return;
+        }
+        if matches!(e.kind, EventKind::SchedSwitch { next_tid, .. } if next_tid == e.tid) {
+            return;
+        }
+        self.transition(e.tid, State::Running, e.cpu, e.ts);
+        if let Some(t) = self.threads.get_mut(&e.tid) {
+            t.exec_start = e.ts;
+        }
+        self.count(e.tid, e.cpu, |c| {
+            c.execs += 1;
+            c.inferred_execs += 1;
+        });
+    }
+
     /// A kvm event from a vCPU thread: it is running, on this CPU, now.
     fn kvm_event(&mut self, e: &Event, count: impl FnOnce(&mut Counters), reason: Option<ReasonKey>) {
         match self.threads.get(&e.tid).map(|t| t.state) {
@@ -383,9 +410,8 @@ impl SchedAccounting {
                 self.resolve(e.tid, State::Running, e.ts);
                 self.transition(e.tid, State::Running, e.cpu, e.ts);
             }
-            // Only a running thread emits kvm events: a switch-in was lost.
-            Some(State::Blocked | State::Runnable) => self.transition(e.tid, State::Running, e.cpu, e.ts),
-            Some(State::Running | State::Exited) => {}
+            // Blocked or runnable threads were made running by `infer_switch_in`.
+            Some(_) => {}
         }
         self.count(e.tid, e.cpu, count);
         if let (Some(reason), Some((_, span))) = (reason, self.current.as_mut()) {
@@ -641,6 +667,20 @@ mod tests {
         let t = a.finish(5 * MS).thread(42, None);
         assert_eq!((t.run_ns, t.wait_ns, t.io, t.unknown_ns), (3 * MS, MS, 1, 0));
         assert_eq!(a.lost, (1, 3));
+    }
+
+    #[test]
+    fn switch_ins_the_trace_missed_are_inferred_from_the_threads_events() {
+        let mut a = analyzer(100 * MS);
+        a.track(9, 0);
+        a.on_event(&switch(MS, 1, 9, 1, 0)); // sleeps
+        a.on_event(&wakeup(5 * MS, 9, 1));
+        // No sched_switch into 9: its first kvm event shows it running.
+        a.on_event(&pio(6 * MS, 1, 9));
+        a.on_event(&switch(8 * MS, 1, 9, 1, 0));
+        let t = a.finish(10 * MS).thread(9, None);
+        assert_eq!((t.execs, t.inferred_execs, t.io), (1, 1, 1));
+        assert_eq!((t.run_ns, t.wait_ns, t.blocked_ns), (MS + 2 * MS, MS, 4 * MS + 2 * MS));
     }
 
     #[test]

@@ -289,7 +289,7 @@ EXAMPLES:
   virtprof demo --once --json          the same as JSON")]
 pub struct DemoArgs {
     /// How long the VMs run (the demo ends then; interactive mode also ends on q).
-    #[arg(short, long, value_name = "TIME[s|m]", default_value = "10m")]
+    #[arg(long, value_name = "TIME[s|m]", default_value = "10m")]
     pub duration: String,
     /// Print one table after --delay seconds of sampling (or the whole --duration if shorter) and exit.
     #[arg(long)]
@@ -337,4 +337,15 @@ pub struct RecordArgs {
     /// Run this command and record until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        // Catches clashing short flags and the like, which release builds would not.
+        super::Cli::command().debug_assert();
+    }
 }

@@ -3,6 +3,8 @@ mod errors;
 mod exits;
 mod perf_stat;
 mod record;
+mod sched;
 mod stats;
 mod testvm;
+mod tui;
 mod util;

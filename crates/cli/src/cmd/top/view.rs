@@ -309,3 +309,124 @@ fn help(frame: &mut Frame, area: Rect) {
     frame.render_widget(Clear, popup);
     frame.render_widget(Paragraph::new(text.map(Line::from).to_vec()).block(Block::bordered().title(" help ")), popup);
 }
+
+#[cfg(test)]
+mod tests {
+    use ratatui::backend::TestBackend;
+    use ratatui::crossterm::event::KeyEvent;
+    use ratatui::Terminal;
+    use virtprof_analysis::qos::{ReasonRate, VcpuRow};
+
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        let vcpu = |index: u32, tid: u32, run: f64| VcpuRow {
+            index,
+            tid,
+            cpu: Some(0),
+            running_pct: run,
+            waiting_pct: 100.0 - run,
+            blocked_pct: 0.0,
+            unknown_pct: 0.0,
+            run_ns: 0,
+            wait_ns: 0,
+            blocked_ns: 0,
+            exec_count: 117,
+            inferred_exec_count: 0,
+            cpu_per_exec_us: 4057.1,
+            wait_per_exec_us: 4346.3,
+            blocked_per_io_us: 0.0,
+            alloc_min_us: Some(717.0),
+            alloc_avg_us: Some(4057.0),
+            alloc_max_us: Some(7842.0),
+            io_count: 3,
+            exits: 137,
+            exits_per_s: 137.0,
+            top_reasons: vec![ReasonRate { reason: "KVM_EXIT_IO".into(), per_s: 3.0 }],
+        };
+        let vm = |pid: u32, name: &str, run: f64| VmRow {
+            pid,
+            name: name.into(),
+            kind: "virtprof-testvm".into(),
+            running_pct: run,
+            waiting_pct: 100.0 - run,
+            blocked_pct: 0.0,
+            exec_count: 117,
+            io_count: 3,
+            exits_per_s: 137.0,
+            vcpus: vec![vcpu(0, pid + 1, run)],
+        };
+        let window = |label: &str| WindowReport {
+            seconds: 1.0,
+            label: label.into(),
+            start_ns: 0,
+            end_ns: 1_000_000_000,
+            cpu: None,
+            exits_source: "kvm-stats".into(),
+            vms: vec![vm(100, "contend-0", 48.3), vm(200, "contend-1", 51.7)],
+        };
+        Snapshot { mode: "trace", approximate: false, lost_events: 0, windows: vec![window("1s"), window("10s")] }
+    }
+
+    fn screen(snapshot: &Snapshot, state: &ViewState, size: (u16, u16)) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(size.0, size.1)).unwrap();
+        terminal.draw(|f| render(f, snapshot, state, "refresh 1.0 s")).unwrap();
+        let buffer = terminal.backend().buffer();
+        (0..size.1)
+            .map(|y| (0..size.0).map(|x| buffer[(x, y)].symbol()).collect::<String>().trim_end().to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_screen_shows_the_json_numbers() {
+        let snap = snapshot();
+        let text = screen(&snap, &ViewState::default(), (160, 12));
+        let json = serde_json::to_value(&snap).unwrap();
+        for vm in json["windows"][0]["vms"].as_array().unwrap() {
+            let row = text.lines().find(|l| l.starts_with(vm["name"].as_str().unwrap())).expect("VM row");
+            for key in ["running_pct", "waiting_pct"] {
+                assert!(row.contains(&format!("{:.1}", vm[key].as_f64().unwrap())), "{key} in {row}");
+            }
+            assert!(row.contains(&vm["exec_count"].to_string()), "{row}");
+        }
+        assert!(text.contains(" vcpu0") && text.contains("KVM_EXIT_IO 3") && text.contains("4057"), "{text}");
+        assert!(text.contains("window 1s") && text.contains("exits from kvm-stats"), "{text}");
+    }
+
+    #[test]
+    fn keys_change_the_view() {
+        let snap = snapshot();
+        let mut state = ViewState::default();
+        let press = |state: &mut ViewState, c: char| handle_key(state, KeyEvent::from(KeyCode::Char(c)), &[0, 1]);
+        press(&mut state, 'v');
+        assert!(!screen(&snap, &state, (160, 12)).contains(" vcpu0"));
+        press(&mut state, 's'); // by run%: contend-1 first
+        let text = screen(&snap, &state, (160, 12));
+        assert!(text.find("contend-1").unwrap() < text.find("contend-0").unwrap(), "{text}");
+        press(&mut state, 'f');
+        for c in "end-0".chars() {
+            press(&mut state, c);
+        }
+        handle_key(&mut state, KeyEvent::from(KeyCode::Enter), &[0, 1]);
+        let text = screen(&snap, &state, (160, 12));
+        assert!(text.contains("contend-0") && !text.contains("contend-1"), "{text}");
+        press(&mut state, 'w');
+        assert!(screen(&snap, &state, (160, 12)).contains("window 10s"));
+        press(&mut state, 'c');
+        assert_eq!(state.cpu, Some(0));
+        press(&mut state, 'c');
+        press(&mut state, 'c');
+        assert_eq!(state.cpu, None);
+        press(&mut state, '?');
+        assert!(screen(&snap, &state, (160, 24)).contains(" help "));
+        assert_eq!(press(&mut state, 'q'), Action::Redraw); // closes help first
+        assert_eq!(press(&mut state, 'q'), Action::Quit);
+    }
+
+    #[test]
+    fn a_tiny_terminal_gets_a_message_not_a_panic() {
+        let text = screen(&snapshot(), &ViewState::default(), (30, 4));
+        assert!(text.contains("too small"), "{text}");
+    }
+}
