@@ -76,10 +76,15 @@ impl TestvmConfig {
     }
 }
 
+/// Can this process create VMs? The error says how to fix it when not.
+pub fn check_kvm() -> Result<(), VmmError> {
+    kvm_ioctls::Kvm::new().map(drop).map_err(VmmError::OpenKvm)
+}
+
 /// Start every VM as a child process of `exe` and wait for their reports.
 pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, VmmError> {
     // Fail fast, in this process, with the clear /dev/kvm error rather than N child errors.
-    kvm_ioctls::Kvm::new().map_err(VmmError::OpenKvm)?;
+    check_kvm()?;
     let started = monotonic_ns();
     let mut children = Vec::new();
     for index in 0..config.vms {

@@ -45,6 +45,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         return Err(usage("--duration: the demo needs at least 1s"));
     }
     let delay = top::delay(args.delay)?;
+    virtprof_kvm::launcher::check_kvm()?;
     let exe = std::env::current_exe()?;
     let duration = format!("{}ms", duration_ns / 1_000_000);
     let mut vms = DemoVms(Vec::new());
@@ -95,7 +96,9 @@ fn wait_for_vmms(vms: &mut DemoVms) -> anyhow::Result<Vec<u32>> {
                 if let Some(mut e) = child.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
                 }
-                anyhow::bail!("a demo VM failed to start ({status}): {}", stderr.trim());
+                // testvm's own message says what to fix (no /dev/kvm, no permission, ...).
+                let reason = stderr.trim().lines().last().unwrap_or("no message").trim_start_matches("virtprof: ");
+                return Err(usage(format!("a demo VM failed to start ({status}): {reason}")));
             }
         }
         if Instant::now() > deadline {

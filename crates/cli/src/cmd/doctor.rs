@@ -341,7 +341,7 @@ fn features(
         f(
             "sched/top",
             if tracefs {
-                "exact, from sched_switch/sched_wakeup"
+                "exact, from sched_switch/sched_wakeup (switch-ins a kernel leaves untraced are inferred from the thread's own events and reported)"
             } else {
                 "approximate, from schedstat and KVM stats polling"
             },

@@ -66,11 +66,13 @@ fn missing_dev_kvm_is_a_usage_error() {
         return;
     }
     let exe = assert_cmd::cargo::cargo_bin("virtprof");
-    let script = format!("mount -t tmpfs none /dev && exec {} testvm -n 1", exe.display());
-    let out = std::process::Command::new("unshare").args(["-m", "sh", "-c", &script]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("cannot open /dev/kvm") && stderr.contains("load kvm_intel"), "{stderr}");
+    for command in ["testvm -n 1", "demo --once --duration 2s"] {
+        let script = format!("mount -t tmpfs none /dev && exec {} {command}", exe.display());
+        let out = std::process::Command::new("unshare").args(["-m", "sh", "-c", &script]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("cannot open /dev/kvm") && stderr.contains("load kvm_intel"), "{command}: {stderr}");
+    }
 }
 
 #[test]

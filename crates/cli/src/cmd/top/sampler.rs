@@ -27,6 +27,8 @@ const SECOND: u64 = 1_000_000_000;
 const BUCKET_NS: u64 = 100_000_000;
 /// Kept history: the 10 s window plus slack.
 const HISTORY_NS: u64 = 12 * SECOND;
+/// Refreshes between re-reads of a known VM's thread list.
+const THREAD_RESCAN: u64 = 10;
 /// The events `top` traces: scheduling, and the kvm events that carry exits and I/O.
 const EVENTS: [&str; 12] = [
     "sched:sched_switch",
@@ -69,6 +71,7 @@ pub struct Sampler {
     stats_history: VecDeque<StatsSample>,
     source: Source,
     started_ns: u64,
+    refreshes: u64,
 }
 
 enum Source {
@@ -116,6 +119,7 @@ impl Sampler {
             stats_history: VecDeque::new(),
             source,
             started_ns: monotonic_ns(),
+            refreshes: 0,
         };
         sampler.refresh()?;
         Ok((sampler, why_polling))
@@ -137,10 +141,18 @@ impl Sampler {
     fn rediscover(&mut self, now: u64) {
         let found = self.discovery.scan();
         self.host.identities = found.iter().map(|v| (v.pid, (v.kind.to_string(), v.name.clone()))).collect();
-        self.host.threads.clear();
+        // Thread lists are re-read for new VMs and every few refreshes (vCPU threads of a
+        // known VM rarely change; discovery re-reads VMs still missing some).
+        self.refreshes += 1;
+        let reread = self.refreshes % THREAD_RESCAN == 0;
+        self.host.threads.retain(|_, (pid, _)| found.iter().any(|v| v.pid == *pid));
         for vm in &found {
-            for (tid, comm) in threads(Path::new("/proc"), vm.pid) {
-                self.host.threads.insert(tid, (vm.pid, comm));
+            let known = self.host.threads.values().any(|(pid, _)| *pid == vm.pid);
+            if reread || !known {
+                self.host.threads.retain(|_, (pid, _)| *pid != vm.pid);
+                for (tid, comm) in threads(Path::new("/proc"), vm.pid) {
+                    self.host.threads.insert(tid, (vm.pid, comm));
+                }
             }
         }
         self.stats.retain(|pid, _| found.iter().any(|v| v.pid == *pid));
@@ -150,8 +162,9 @@ impl Sampler {
         };
         self.vms = self.host.vms(&tracked, &self.only);
         if let Source::Trace(t) = &mut self.source {
+            let tracked: std::collections::HashSet<u32> = t.acc.tracked().collect();
             for vm in &self.vms {
-                for &(_, tid) in &vm.vcpus {
+                for &(_, tid) in vm.vcpus.iter().filter(|(_, tid)| !tracked.contains(tid)) {
                     if let Some((cpu, running)) = proc_state(vm.pid, tid) {
                         t.acc.track_from_proc(tid, now, cpu, running);
                     }
