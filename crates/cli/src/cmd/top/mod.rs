@@ -21,6 +21,9 @@ use crate::qos::{log_rows, table, LOG_HEADER};
 use sampler::{Sampler, Snapshot};
 use view::{Action, ViewState};
 
+/// How often the loop wakes between refreshes to notice SIGTERM or the demo's end.
+const STOP_CHECK: Duration = Duration::from_millis(500);
+
 /// How `top` (or `demo`) watches.
 pub struct Watch<'a> {
     /// Refresh interval.
@@ -120,7 +123,7 @@ fn interactive(
             if left.is_zero() {
                 break;
             }
-            if event::poll(left.min(Duration::from_millis(200)))? {
+            if event::poll(left.min(STOP_CHECK))? {
                 let Event::Key(key) = event::read()? else { continue };
                 if key.kind != KeyEventKind::Press {
                     continue;
