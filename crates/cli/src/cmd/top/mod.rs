@@ -154,6 +154,9 @@ fn interactive(
 }
 
 fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Result<()> {
+    if snapshot.windows[0].vms.is_empty() {
+        eprintln!("virtprof: no VM found (no process holds a readable KVM VM fd; run as root, or start one with `virtprof testvm --duration 60s`)");
+    }
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, snapshot)?;

@@ -157,7 +157,13 @@ pub fn render(frame: &mut Frame, snapshot: &Snapshot, state: &ViewState, status:
         Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(area);
     let Some(window) = snapshot.windows.get(state.window) else { return };
     frame.render_widget(Paragraph::new(header_lines(snapshot, window, state, status)), header);
-    frame.render_widget(table(window, state), body);
+    if window.vms.is_empty() {
+        let hint = "No VM on this host (no process holds a KVM VM fd, or none is readable: run as root).\n\
+                    Start one with `virtprof testvm --duration 60s`, or try `virtprof demo`.";
+        frame.render_widget(Paragraph::new(hint), body);
+    } else {
+        frame.render_widget(table(window, state), body);
+    }
     let key_line = if state.editing_filter {
         format!("filter: {}_   (Enter apply, Esc clear)", state.filter)
     } else {
@@ -422,6 +428,13 @@ mod tests {
         assert!(screen(&snap, &state, (160, 24)).contains(" help "));
         assert_eq!(press(&mut state, 'q'), Action::Redraw); // closes help first
         assert_eq!(press(&mut state, 'q'), Action::Quit);
+    }
+
+    #[test]
+    fn no_vms_gets_a_hint() {
+        let mut snap = snapshot();
+        snap.windows.iter_mut().for_each(|w| w.vms.clear());
+        assert!(screen(&snap, &ViewState::default(), (160, 12)).contains("virtprof demo"));
     }
 
     #[test]
