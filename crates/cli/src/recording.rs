@@ -73,10 +73,9 @@ impl Recording {
     fn open_trace_dat(path: &Path) -> anyhow::Result<Recording> {
         let map = map_file(path, "trace.dat")?;
         let base = map.as_ptr() as usize;
-        let dat = crate::cmd::import::parse_trace_dat(path, &map)?;
-        let (metadata, footer) = crate::cmd::import::trace_dat_metadata(path, &dat);
-        let in_place: Option<Vec<(u32, Vec<Range<usize>>)>> = dat
-            .cpus
+        let (metadata, footer, cpus) =
+            crate::cmd::import::trace_dat_parts(path, crate::cmd::import::parse_trace_dat(path, &map)?);
+        let in_place: Option<Vec<(u32, Vec<Range<usize>>)>> = cpus
             .iter()
             .map(|(cpu, raw)| match raw {
                 Cow::Borrowed(slice) => {
@@ -88,7 +87,7 @@ impl Recording {
             .collect();
         let pages = match in_place {
             Some(cpus) => Pages::Mapped { map, cpus },
-            None => Pages::Owned(dat.cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
+            None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
         Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages })
     }
@@ -96,14 +95,11 @@ impl Recording {
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
     /// `formats`), imported in memory.
     pub fn open_any(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
-        let mut magic = [0u8; 8];
-        let is_recording = path.is_file()
-            && File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
-            && &magic == virtprof_store::recording::MAGIC;
-        if is_recording || !path.exists() {
+        let head = if path.is_file() { crate::cmd::import::file_head(path) } else { Vec::new() };
+        if head.starts_with(virtprof_store::recording::MAGIC) || !path.exists() {
             return Recording::open(path);
         }
-        if crate::cmd::import::is_trace_dat_file(path) {
+        if virtprof_trace::tracedat::is_trace_dat(&head) {
             return Recording::open_trace_dat(path);
         }
         let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;

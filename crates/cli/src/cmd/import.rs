@@ -1,6 +1,7 @@
 //! `virtprof import SRC -o FILE`: turn a capture made elsewhere into a recording. Sources:
 //! a tracefs dump directory (`events/`, `per_cpu/cpuN/trace_pipe_raw`, `saved_cmdlines`...).
 
+use std::borrow::Cow;
 use std::fs;
 use std::io::BufWriter;
 use std::path::Path;
@@ -69,19 +70,24 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metada
 }
 
 /// True if `path` is a file that starts like a trace-cmd trace.dat.
-pub fn is_trace_dat_file(path: &Path) -> bool {
-    let mut head = [0u8; 10];
-    path.is_file()
-        && fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
-        && virtprof_trace::tracedat::is_trace_dat(&head)
+fn is_trace_dat_file(path: &Path) -> bool {
+    path.is_file() && virtprof_trace::tracedat::is_trace_dat(&file_head(path))
+}
+
+/// The first 16 bytes of a file (fewer if it is shorter or unreadable): enough for any magic.
+pub fn file_head(path: &Path) -> Vec<u8> {
+    let mut head = Vec::with_capacity(16);
+    if let Ok(file) = fs::File::open(path) {
+        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 16), &mut head);
+    }
+    head
 }
 
 /// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
 fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
     let bytes = fs::read(path).with_context(|| format!("reading '{}'", path.display()))?;
-    let dat = parse_trace_dat(path, &bytes)?;
-    let (metadata, footer) = trace_dat_metadata(path, &dat);
-    Ok((metadata, dat.cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect(), footer))
+    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?);
+    Ok((metadata, cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect(), footer))
 }
 
 /// Parse a trace.dat held in `bytes`, the error naming `path`.
@@ -89,8 +95,11 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> anyhow::Result<Trace
     virtprof_trace::tracedat::read(bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))
 }
 
-/// A trace.dat's recording metadata and loss figures (its pages stay where they are).
-pub fn trace_dat_metadata(path: &Path, dat: &TraceDat<'_>) -> (Metadata, Footer) {
+/// Raw pages per CPU, borrowed from the source where they need no decompression.
+pub type BorrowedCpuPages<'a> = Vec<(u32, Cow<'a, [u8]>)>;
+
+/// A trace.dat as recording metadata, loss figures, and its pages (still where they were).
+pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer, BorrowedCpuPages<'a>) {
     let tasks = saved_tasks(&dat.cmdlines, "");
     let cpu_loss = dat
         .cpu_stats
@@ -102,19 +111,15 @@ pub fn trace_dat_metadata(path: &Path, dat: &TraceDat<'_>) -> (Metadata, Footer)
         .collect();
     let metadata = Metadata {
         origin: format!("import trace.dat {}", path.display()),
-        trace_clock: dat.clock.clone(),
-        header_page: dat.header_page.clone(),
-        formats: dat
-            .formats
-            .iter()
-            .map(|(system, text)| FormatText { system: system.clone(), text: text.clone() })
-            .collect(),
+        trace_clock: dat.clock,
+        header_page: dat.header_page,
+        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
         cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks,
         ..Default::default()
     };
-    (metadata, Footer { cpu_loss, ..Default::default() })
+    (metadata, Footer { cpu_loss, ..Default::default() }, dat.cpus)
 }
 
 /// Re-encode ftrace text into pages through the traced kernel's format files.
