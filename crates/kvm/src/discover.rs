@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use virtprof_model::vmm::VmmKind;
 
@@ -152,79 +153,110 @@ fn read_trimmed(path: &Path) -> String {
     fs::read_to_string(path).map(|s| s.trim_end_matches('\n').to_string()).unwrap_or_default()
 }
 
-/// Keeps the host's VM list current cheaply: each [`Discovery::scan`] lists `/proc` and
-/// inspects the fd tables only of processes that are new (for their first few scans) or hold
-/// a VM, so a host with hundreds of processes costs little more than one directory read.
+/// Keeps the host's VM list current. [`Discovery::scan`] lists `/proc` and inspects the fd
+/// tables of new processes; [`Discovery::rescan_known`] skips the listing (a dentry lookup per
+/// process) and only re-checks known VMs and recently seen processes, for callers that refresh
+/// often and can look for new processes less often.
 #[derive(Debug)]
 pub struct Discovery {
     proc_root: PathBuf,
-    /// pid → its start time (to tell a reused pid), the VM it holds if any, and how many more
-    /// scans re-inspect it while it holds none (a VMM creates its VM a moment after starting).
-    known: HashMap<u32, (u64, Option<DiscoveredVm>, u8)>,
+    /// pid → what was learned about it.
+    known: HashMap<u32, Known>,
     /// Restrict to these VMM pids (empty: every VM).
     only: Vec<u32>,
-    /// Scans so far.
-    scans: u64,
 }
+
+/// A process seen by discovery.
+#[derive(Debug, Clone)]
+struct Known {
+    /// Start time (clock ticks since boot), to tell a reused pid.
+    start: u64,
+    /// When discovery first saw it: a process holding no VM is re-inspected for
+    /// [`RECHECK_FOR`] (a VMM creates its VM a moment after starting).
+    first_seen: Instant,
+    /// Its VM, if it holds one.
+    vm: Option<DiscoveredVm>,
+}
+
+impl Known {
+    fn worth_rechecking(&self) -> bool {
+        self.vm.is_some() || self.first_seen.elapsed() < RECHECK_FOR
+    }
+}
+
+/// How long a new process holding no VM keeps being re-inspected.
+const RECHECK_FOR: Duration = Duration::from_secs(10);
 
 impl Discovery {
     /// Discovery over `proc_root`, restricted to `only` when that is not empty.
     pub fn new(proc_root: impl Into<PathBuf>, only: Vec<u32>) -> Discovery {
-        Discovery { proc_root: proc_root.into(), known: HashMap::new(), only, scans: 0 }
+        Discovery { proc_root: proc_root.into(), known: HashMap::new(), only }
     }
 
-    /// The VMs alive now, by pid. VMs that exited are dropped; new ones appear. A VM's vCPU
-    /// threads are re-read while fewer are named than it has vCPU fds (VMMs start them late).
+    /// The VMs alive now, by pid: every process is considered (or the `only` ones). VMs that
+    /// exited are dropped; new ones appear. A VM's vCPU threads are re-read while fewer are
+    /// named than it has vCPU fds (VMMs start them late).
     pub fn scan(&mut self) -> Vec<DiscoveredVm> {
-        // Listing /proc costs a dentry lookup per process: new processes are looked for on
-        // every FULL_SCAN-th scan; known VMs and young processes are checked on every one.
-        let full = self.scans % FULL_SCAN == 0;
-        self.scans += 1;
-        let pids: Vec<u32> = if !self.only.is_empty() {
-            self.only.clone()
-        } else if full {
+        let pids: Vec<u32> = if self.only.is_empty() {
             let Ok(entries) = fs::read_dir(&self.proc_root) else { return Vec::new() };
             entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
         } else {
-            self.known.iter().filter(|(_, (_, vm, left))| vm.is_some() || *left > 0).map(|(pid, _)| *pid).collect()
+            self.only.clone()
         };
-        let me = std::process::id();
-        // On a partial scan, processes not looked at stay as they were.
-        let mut alive = if full || !self.only.is_empty() {
-            HashMap::with_capacity(pids.len())
-        } else {
-            let looked: std::collections::HashSet<u32> = pids.iter().copied().collect();
-            self.known.iter().filter(|(pid, _)| !looked.contains(pid)).map(|(pid, v)| (*pid, v.clone())).collect()
-        };
-        for pid in pids.into_iter().filter(|&p| p != me) {
-            let entry = match self.known.remove(&pid) {
-                // Seen, without a VM, for long enough: nothing to read.
-                Some((start, None, 0)) => (start, None, 0),
-                Some((start, None, left)) => (start, inspect(&self.proc_root, pid).ok().flatten(), left - 1),
-                // A VM: make sure the pid was not reused, and pick up vCPU threads started late.
-                Some((start, Some(vm), _)) => match start_time(&self.proc_root, pid) {
-                    Some(now) if now == start && vm.vcpus.len() >= vm.vcpu_fds as usize => (start, Some(vm), 0),
-                    Some(now) => (now, inspect(&self.proc_root, pid).ok().flatten(), RECHECKS),
-                    None => continue,
-                },
-                None => {
-                    let Some(start) = start_time(&self.proc_root, pid) else { continue };
-                    (start, inspect(&self.proc_root, pid).ok().flatten(), RECHECKS)
-                }
-            };
-            alive.insert(pid, entry);
+        let mut alive = HashMap::with_capacity(pids.len());
+        for pid in pids {
+            if let Some(known) = self.check(pid) {
+                alive.insert(pid, known);
+            }
         }
         self.known = alive;
-        let mut vms: Vec<DiscoveredVm> = self.known.values().filter_map(|(_, vm, _)| vm.clone()).collect();
+        self.vms()
+    }
+
+    /// Like [`Discovery::scan`] without listing `/proc`: known VMs are re-checked (exits,
+    /// reused pids, late vCPU threads) and recently seen processes re-inspected; processes
+    /// started since the last [`Discovery::scan`] are not found.
+    pub fn rescan_known(&mut self) -> Vec<DiscoveredVm> {
+        let pids: Vec<u32> = self.known.iter().filter(|(_, k)| k.worth_rechecking()).map(|(pid, _)| *pid).collect();
+        for pid in pids {
+            match self.check(pid) {
+                Some(known) => self.known.insert(pid, known),
+                None => self.known.remove(&pid),
+            };
+        }
+        self.vms()
+    }
+
+    /// What process `pid` is now (None if it is gone, or is this process).
+    fn check(&mut self, pid: u32) -> Option<Known> {
+        if pid == std::process::id() {
+            return None;
+        }
+        let root = &self.proc_root;
+        let inspect = || inspect(root, pid).ok().flatten();
+        match self.known.remove(&pid) {
+            Some(known) if !known.worth_rechecking() => Some(known),
+            Some(known) => {
+                let start = start_time(root, pid)?;
+                if start != known.start {
+                    return Some(Known { start, first_seen: Instant::now(), vm: inspect() });
+                }
+                let complete = known.vm.as_ref().is_some_and(|vm| vm.vcpus.len() >= vm.vcpu_fds as usize);
+                Some(if complete { known } else { Known { vm: inspect(), ..known } })
+            }
+            None => {
+                let start = start_time(root, pid)?;
+                Some(Known { start, first_seen: Instant::now(), vm: inspect() })
+            }
+        }
+    }
+
+    fn vms(&self) -> Vec<DiscoveredVm> {
+        let mut vms: Vec<DiscoveredVm> = self.known.values().filter_map(|k| k.vm.clone()).collect();
         vms.sort_by_key(|v| v.pid);
         vms
     }
 }
-
-/// Every how many scans /proc is listed for new processes.
-const FULL_SCAN: u64 = 5;
-/// Scans that re-inspect a new process holding no VM yet.
-const RECHECKS: u8 = 5;
 
 /// The process's start time in clock ticks (field 22 of `/proc/PID/stat`).
 fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
@@ -341,12 +373,9 @@ mod tests {
             fake_proc(&[(20, "qemu-system-x86", &["qemu-system-x86_64", "-name", "b"], VM_FDS, &["CPU 0/KVM"])]);
         fs::rename(other.join("20"), root.join("20")).unwrap();
         fs::remove_dir_all(root.join("10")).unwrap();
-        // The exit is noticed at once; the new VM by the next full listing of /proc.
-        assert!(discovery.scan().is_empty());
-        let mut seen = Vec::new();
-        for _ in 1..FULL_SCAN {
-            seen = discovery.scan();
-        }
+        // Without listing /proc the exit is noticed, the new VM is not; a scan finds it.
+        assert!(discovery.rescan_known().is_empty());
+        let seen = discovery.scan();
         assert_eq!(seen.iter().map(|v| (v.pid, v.name.clone())).collect::<Vec<_>>(), [(20, "b".into())]);
         fs::remove_dir_all(root).unwrap();
         fs::remove_dir_all(other).unwrap();

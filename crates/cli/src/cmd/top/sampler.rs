@@ -27,8 +27,8 @@ const SECOND: u64 = 1_000_000_000;
 const BUCKET_NS: u64 = 100_000_000;
 /// Kept history: the 10 s window plus slack.
 const HISTORY_NS: u64 = 12 * SECOND;
-/// Refreshes between re-reads of a known VM's thread list.
-const THREAD_RESCAN: u64 = 10;
+/// Refreshes between listings of /proc for new VMs and re-reads of known VMs' thread lists.
+const RESCAN_EVERY: u64 = 5;
 /// The events `top` traces: scheduling, and the kvm events that carry exits and I/O.
 const EVENTS: [&str; 12] = [
     "sched:sched_switch",
@@ -139,16 +139,17 @@ impl Sampler {
 
     /// VMs and their vCPU threads now; new vCPU threads start being accounted.
     fn rediscover(&mut self, now: u64) {
-        let found = self.discovery.scan();
-        self.host.identities = found.iter().map(|v| (v.pid, (v.kind.to_string(), v.name.clone()))).collect();
-        // Thread lists are re-read for new VMs and every few refreshes (vCPU threads of a
-        // known VM rarely change; discovery re-reads VMs still missing some).
+        // Listing /proc costs a lookup per process: new VMs are looked for every few refreshes,
+        // known ones (exits, late vCPU threads) on every one. Thread lists likewise: read for
+        // new VMs and every few refreshes.
+        let periodic = self.refreshes % RESCAN_EVERY == 0;
         self.refreshes += 1;
-        let reread = self.refreshes % THREAD_RESCAN == 0;
+        let found = if periodic { self.discovery.scan() } else { self.discovery.rescan_known() };
+        self.host.identities = found.iter().map(|v| (v.pid, (v.kind.to_string(), v.name.clone()))).collect();
         self.host.threads.retain(|_, (pid, _)| found.iter().any(|v| v.pid == *pid));
         for vm in &found {
             let known = self.host.threads.values().any(|(pid, _)| *pid == vm.pid);
-            if reread || !known {
+            if periodic || !known {
                 self.host.threads.retain(|_, (pid, _)| *pid != vm.pid);
                 for (tid, comm) in threads(Path::new("/proc"), vm.pid) {
                     self.host.threads.insert(tid, (vm.pid, comm));
