@@ -58,8 +58,44 @@ pub struct Snapshot {
     pub windows: Vec<WindowReport>,
 }
 
-/// (monotonic ns, (pid, vCPU index) → cumulative KVM stats exits and I/O exits).
-type StatsSample = (u64, BTreeMap<(u32, u32), (u64, u64)>);
+/// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).
+type StatsSample = BTreeMap<(u32, u32), (u64, u64)>;
+/// tid → (cpu, schedstat).
+type PollSample = BTreeMap<u32, (u32, Schedstat)>;
+
+/// A sample and when it was taken (monotonic ns).
+type Timed<T> = (u64, T);
+
+/// Samples taken at refreshes: the first (for the whole-run window) and those of the last
+/// [`HISTORY_NS`] (for the 1 s and 10 s windows).
+struct History<T> {
+    first: Option<Timed<T>>,
+    recent: VecDeque<Timed<T>>,
+}
+
+impl<T: Clone> History<T> {
+    fn new() -> Self {
+        History { first: None, recent: VecDeque::new() }
+    }
+
+    fn push(&mut self, now: u64, sample: T) {
+        if self.first.is_none() {
+            self.first = Some((now, sample.clone()));
+        }
+        self.recent.push_back((now, sample));
+        while self.recent.front().is_some_and(|(t, _)| now - t > HISTORY_NS) {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The samples bounding the window that ends at the newest sample and starts at `from`:
+    /// the latest sample taken at or before `from` (else the first one), and the newest.
+    fn window(&self, from: u64) -> Option<(&Timed<T>, &Timed<T>)> {
+        let newest = self.recent.back()?;
+        let start = self.recent.iter().rev().find(|(t, _)| *t <= from).or(self.first.as_ref())?;
+        Some((start, newest))
+    }
+}
 
 /// The live data source.
 pub struct Sampler {
@@ -68,9 +104,8 @@ pub struct Sampler {
     vms: Vec<VmInfo>,
     only: Vec<u32>,
     stats: HashMap<u32, Option<RemoteVmStats>>,
-    stats_history: VecDeque<StatsSample>,
+    stats_history: History<StatsSample>,
     source: Source,
-    started_ns: u64,
     refreshes: u64,
 }
 
@@ -87,27 +122,23 @@ struct TraceSource {
     total_lost: u64,
 }
 
-#[derive(Default)]
 struct PollSource {
-    /// The first sample (for the whole-run window).
-    first: Option<PollSample>,
-    /// Samples of the last [`HISTORY_NS`].
-    history: VecDeque<PollSample>,
+    history: History<PollSample>,
 }
-
-/// (monotonic ns, tid → (cpu, schedstat)).
-type PollSample = (u64, BTreeMap<u32, (u32, Schedstat)>);
 
 impl Sampler {
     /// Start sampling: tracing unless `no_trace` or tracefs is unusable (then polling, and the
     /// reason is returned for the user).
     pub fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<(Sampler, Option<String>)> {
         let (source, why_polling) = if no_trace {
-            (Source::Polling(PollSource::default()), Some("--no-trace".to_string()))
+            (Source::Polling(PollSource { history: History::new() }), Some("--no-trace".to_string()))
         } else {
             match TraceSource::start() {
                 Ok(t) => (Source::Trace(Box::new(t)), None),
-                Err(e) => (Source::Polling(PollSource::default()), Some(format!("tracing unavailable ({e:#})"))),
+                Err(e) => (
+                    Source::Polling(PollSource { history: History::new() }),
+                    Some(format!("tracing unavailable ({e:#})")),
+                ),
             }
         };
         let mut sampler = Sampler {
@@ -116,9 +147,8 @@ impl Sampler {
             vms: Vec::new(),
             only,
             stats: HashMap::new(),
-            stats_history: VecDeque::new(),
+            stats_history: History::new(),
             source,
-            started_ns: monotonic_ns(),
             refreshes: 0,
         };
         sampler.refresh()?;
@@ -186,69 +216,59 @@ impl Sampler {
                 }
             }
         }
-        self.stats_history.push_back((now, sample));
-        while self.stats_history.front().is_some_and(|(t, _)| now - t > HISTORY_NS) {
-            self.stats_history.pop_front();
-        }
+        self.stats_history.push(now, sample);
     }
 
     /// The windows, for all CPUs or only `cpu`.
     pub fn snapshot(&self, cpu: Option<u32>) -> Snapshot {
-        let (mode, approximate, lost, spans, names): (
-            _,
-            _,
-            _,
-            Vec<(Span, &str)>,
-            Box<dyn virtprof_analysis::Names + '_>,
-        ) = match &self.source {
-            Source::Trace(t) => (
-                "trace",
-                false,
-                t.total_lost,
-                vec![(t.acc.last(SECOND), "1s"), (t.acc.last(10 * SECOND), "10s"), (t.acc.total().clone(), "run")],
-                Box::new(DecoderNames(&t.decoder)),
-            ),
-            Source::Polling(p) => (
-                "polling",
-                true,
-                0,
-                vec![(p.span(SECOND), "1s"), (p.span(10 * SECOND), "10s"), (p.span(u64::MAX), "run")],
-                Box::new(NoNames),
-            ),
+        const WINDOWS: [(&str, u64); 3] = [("1s", SECOND), ("10s", 10 * SECOND), ("run", u64::MAX)];
+        let (mode, lost_events, names): (_, _, Box<dyn virtprof_analysis::Names + '_>) = match &self.source {
+            Source::Trace(t) => ("trace", t.total_lost, Box::new(DecoderNames(&t.decoder))),
+            Source::Polling(_) => ("polling", 0, Box::new(NoNames)),
         };
-        let windows = spans
+        let windows = WINDOWS
             .iter()
-            .map(|(span, label)| {
-                let mut report = window_report(span, label, &self.vms, names.as_ref(), cpu);
+            .map(|&(label, ns)| {
+                let span = match &self.source {
+                    Source::Trace(t) if ns == u64::MAX => t.acc.total().clone(),
+                    Source::Trace(t) => t.acc.last(ns),
+                    Source::Polling(p) => p.span(ns),
+                };
+                let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu);
                 self.apply_kvm_stats(&mut report);
                 report
             })
             .collect();
-        Snapshot { mode, approximate, lost_events: lost, windows }
+        Snapshot { mode, approximate: mode == "polling", lost_events, windows }
     }
 
-    /// Exits per second from the KVM stats fds (exact on every host) where they are readable.
+    /// Exits per second from the KVM stats fds (exact on every host) where they are readable;
+    /// in polling mode also the I/O count (`io_exits` + `mmio_exits`, where the host counts them).
     fn apply_kvm_stats(&self, report: &mut WindowReport) {
-        let Some((end_ns, latest)) = self.stats_history.back() else { return };
         // Windows are in the trace clock, which is CLOCK_MONOTONIC like the samples.
-        let start = report.start_ns.max(self.started_ns);
-        let Some((start_ns, earliest)) = sample_at(&self.stats_history, start) else { return };
+        let Some(((start_ns, earliest), (end_ns, latest))) = self.stats_history.window(report.start_ns) else {
+            return;
+        };
         let seconds = (end_ns - start_ns) as f64 / 1e9;
         if seconds <= 0.0 {
             return;
         }
+        let polling = matches!(self.source, Source::Polling(_));
         let mut used = false;
         for vm in &mut report.vms {
-            let mut vm_rate = 0.0;
             for v in &mut vm.vcpus {
-                if let (Some(now), Some(then)) = (latest.get(&(vm.pid, v.index)), earliest.get(&(vm.pid, v.index))) {
+                let key = (vm.pid, v.index);
+                if let (Some(now), Some(then)) = (latest.get(&key), earliest.get(&key)) {
                     v.exits = now.0 - then.0;
                     v.exits_per_s = v.exits as f64 / seconds;
+                    if polling {
+                        v.io_count = now.1 - then.1;
+                    }
                     used = true;
                 }
-                vm_rate += v.exits_per_s;
             }
-            vm.exits_per_s = vm_rate;
+            vm.exits_per_s = vm.vcpus.iter().map(|v| v.exits_per_s).sum();
+            vm.io_count = vm.vcpus.iter().map(|v| v.io_count).sum();
         }
         if used {
             report.exits_source = "kvm-stats".into();
@@ -308,22 +328,14 @@ impl PollSource {
                 }
             }
         }
-        if self.first.is_none() {
-            self.first = Some((now, sample.clone()));
-        }
-        self.history.push_back((now, sample));
-        while self.history.front().is_some_and(|(t, _)| now - t > HISTORY_NS) {
-            self.history.pop_front();
-        }
+        self.history.push(now, sample);
     }
 
     /// Counters over the last `ns` from schedstat deltas: run and wait exactly, executions
     /// from timeslices, blocked as the remainder of the window.
     fn span(&self, ns: u64) -> Span {
-        let Some((end, latest)) = self.history.back() else { return Span::default() };
-        let from = end.saturating_sub(ns);
-        let earliest = if ns == u64::MAX { self.first.as_ref() } else { sample_at(&self.history, from) };
-        let Some((start, earliest)) = earliest else { return Span::default() };
+        let from = self.history.recent.back().map_or(0, |(end, _)| end.saturating_sub(ns));
+        let Some(((start, earliest), (end, latest))) = self.history.window(from) else { return Span::default() };
         let mut span = Span { start_ns: *start, end_ns: *end, ..Default::default() };
         for (tid, (cpu, now)) in latest {
             let then = earliest.get(tid).map_or_else(Schedstat::default, |(_, s)| *s);
@@ -340,12 +352,6 @@ impl PollSource {
         }
         span
     }
-}
-
-/// The latest sample taken at or before `ts` (else the oldest kept): the start of a window
-/// ending at the newest sample, as close to the nominal width as the refreshes allow.
-fn sample_at<T>(history: &VecDeque<(u64, T)>, ts: u64) -> Option<&(u64, T)> {
-    history.iter().rev().find(|(t, _)| *t <= ts).or_else(|| history.front())
 }
 
 /// `/proc` state of a thread: (the CPU it last ran on, whether it is runnable).
