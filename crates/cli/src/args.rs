@@ -227,21 +227,28 @@ EXAMPLES:
   virtprof top --once --json                sample 1 s, print the JSON (schema: docs/top.md)
   virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh")]
 pub struct TopArgs {
-    /// Refresh interval in seconds.
-    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value_t = 1.0)]
-    pub delay: f64,
+    #[command(flatten)]
+    pub watch: WatchArgs,
     /// Only the VM whose VMM has this pid (repeatable).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
+    /// Append CSV rows (one per VM and vCPU per refresh) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+}
+
+/// How `top` and `demo` watch.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Refresh interval in seconds (with --once: the sampling time).
+    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value_t = 1.0)]
+    pub delay: f64,
     /// Sample for one refresh interval, print one table (or --json) to stdout, and exit.
     #[arg(long)]
     pub once: bool,
     /// With --once: print JSON.
     #[arg(long, requires = "once")]
     pub json: bool,
-    /// Append CSV rows (one per VM and vCPU per refresh) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub log: Option<PathBuf>,
     /// Do not trace: poll schedstat and KVM stats (approximate; what `top` does without tracefs).
     #[arg(long)]
     pub no_trace: bool,
@@ -291,18 +298,8 @@ pub struct DemoArgs {
     /// How long the VMs run (the demo ends then; interactive mode also ends on q).
     #[arg(long, value_name = "TIME[s|m]", default_value = "10m")]
     pub duration: String,
-    /// Print one table after --delay seconds of sampling (or the whole --duration if shorter) and exit.
-    #[arg(long)]
-    pub once: bool,
-    /// With --once: print JSON.
-    #[arg(long, requires = "once")]
-    pub json: bool,
-    /// Refresh interval in seconds (with --once: the sampling time).
-    #[arg(short = 'd', long = "delay", value_name = "SECONDS", default_value_t = 2.0)]
-    pub delay: f64,
-    /// Do not trace: poll schedstat and KVM stats.
-    #[arg(long)]
-    pub no_trace: bool,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 #[derive(Debug, Args)]

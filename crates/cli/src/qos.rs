@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use virtprof_analysis::qos::{VmInfo, WindowReport};
+use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
 use virtprof_kvm::discover::vcpu_index;
 use virtprof_model::vmm::VmmKind;
 use virtprof_store::table::Table;
@@ -22,6 +22,7 @@ impl HostTasks {
     /// processes of threads that emitted kvm events (`tracked`). vCPUs are the threads named
     /// like vCPUs, or else the tracked threads of that process. `only` restricts to VMM pids.
     pub fn vms(&self, tracked: &[u32], only: &[u32]) -> Vec<VmInfo> {
+        let tracked: std::collections::HashSet<u32> = tracked.iter().copied().collect();
         let mut pids: Vec<u32> = self.identities.keys().copied().collect();
         for (tid, (pid, comm)) in &self.threads {
             let process_comm = self.threads.get(pid).map_or("", |(_, c)| c.as_str());
@@ -65,64 +66,74 @@ fn is_vmm(comm: &str) -> bool {
     virtprof_kvm::discover::vmm_kind(comm, &[]) != VmmKind::Unknown
 }
 
+/// The columns of the XenMon table, in `top`'s screen and in text output alike.
+pub const COLUMNS: [&str; 14] = [
+    "VM / VCPU",
+    "PID/TID",
+    "CPU",
+    "RUN%",
+    "WAIT%",
+    "BLK%",
+    "EXECS",
+    "CPU/EX_US",
+    "WAIT/EX_US",
+    "BLK/IO_US",
+    "ALLOC_US avg (min-max)",
+    "IO",
+    "EXITS/S",
+    "TOP EXIT REASONS /s",
+];
+
+/// A VM's row under [`COLUMNS`].
+pub fn vm_cells(vm: &VmRow) -> [String; 14] {
+    [
+        format!("{} ({})", vm.name, vm.kind),
+        vm.pid.to_string(),
+        String::new(),
+        pct(vm.running_pct),
+        pct(vm.waiting_pct),
+        pct(vm.blocked_pct),
+        vm.exec_count.to_string(),
+        String::new(),
+        String::new(),
+        String::new(),
+        String::new(),
+        vm.io_count.to_string(),
+        format!("{:.0}", vm.exits_per_s),
+        String::new(),
+    ]
+}
+
+/// A vCPU's row under [`COLUMNS`].
+pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
+    [
+        format!("  vcpu{}", v.index),
+        v.tid.to_string(),
+        v.cpu.map(|c| c.to_string()).unwrap_or_default(),
+        pct(v.running_pct),
+        pct(v.waiting_pct),
+        pct(v.blocked_pct),
+        v.exec_count.to_string(),
+        format!("{:.1}", v.cpu_per_exec_us),
+        format!("{:.1}", v.wait_per_exec_us),
+        if v.io_count > 0 { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
+        match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us) {
+            (Some(avg), Some(min), Some(max)) => format!("{avg:.0} ({min:.0}-{max:.0})"),
+            _ => "-".into(),
+        },
+        v.io_count.to_string(),
+        format!("{:.0}", v.exits_per_s),
+        v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
+    ]
+}
+
 /// The XenMon table of one window: a row per VM, and per vCPU when `vcpus` is set.
 pub fn table(report: &WindowReport, vcpus: bool) -> Table {
-    let mut t = Table::new([
-        "VM / VCPU",
-        "PID/TID",
-        "CPU",
-        "RUN%",
-        "WAIT%",
-        "BLK%",
-        "EXECS",
-        "CPU/EX_US",
-        "WAIT/EX_US",
-        "BLK/IO_US",
-        "ALLOC_US avg (min-max)",
-        "IO",
-        "EXITS/S",
-        "TOP EXIT REASONS /s",
-    ]);
+    let mut t = Table::new(COLUMNS);
     for vm in &report.vms {
-        t.row([
-            format!("{} ({})", vm.name, vm.kind),
-            vm.pid.to_string(),
-            String::new(),
-            pct(vm.running_pct),
-            pct(vm.waiting_pct),
-            pct(vm.blocked_pct),
-            vm.exec_count.to_string(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            vm.io_count.to_string(),
-            format!("{:.0}", vm.exits_per_s),
-            String::new(),
-        ]);
-        if !vcpus {
-            continue;
-        }
-        for v in &vm.vcpus {
-            t.row([
-                format!("  vcpu{}", v.index),
-                v.tid.to_string(),
-                v.cpu.map(|c| c.to_string()).unwrap_or_default(),
-                pct(v.running_pct),
-                pct(v.waiting_pct),
-                pct(v.blocked_pct),
-                v.exec_count.to_string(),
-                format!("{:.1}", v.cpu_per_exec_us),
-                format!("{:.1}", v.wait_per_exec_us),
-                if v.io_count > 0 { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
-                match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us) {
-                    (Some(avg), Some(min), Some(max)) => format!("{avg:.0} ({min:.0}-{max:.0})"),
-                    _ => "-".into(),
-                },
-                v.io_count.to_string(),
-                format!("{:.0}", v.exits_per_s),
-                v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
-            ]);
+        t.row(vm_cells(vm));
+        if vcpus {
+            vm.vcpus.iter().for_each(|v| t.row(vcpu_cells(v)));
         }
     }
     t

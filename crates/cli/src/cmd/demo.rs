@@ -44,7 +44,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     if duration_ns < 1_000_000_000 {
         return Err(usage("--duration: the demo needs at least 1s"));
     }
-    let delay = top::delay(args.delay)?;
+    let delay = top::delay(args.watch.delay)?;
     virtprof_kvm::launcher::check_kvm()?;
     let exe = std::env::current_exe()?;
     let duration = format!("{}ms", duration_ns / 1_000_000);
@@ -65,15 +65,15 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let run_for = Duration::from_nanos(duration_ns);
     // With --once, sample for --delay but never past the VMs' end.
-    let delay = if args.once { delay.min(run_for.saturating_sub(Duration::from_millis(500))) } else { delay };
+    let delay = if args.watch.once { delay.min(run_for.saturating_sub(Duration::from_millis(500))) } else { delay };
     let done = || started.elapsed() >= run_for;
     top::watch(&Watch {
         delay,
         only: vmms,
-        once: args.once,
-        json: args.json,
+        once: args.watch.once,
+        json: args.watch.json,
         log: None,
-        no_trace: args.no_trace,
+        no_trace: args.watch.no_trace,
         done: &done,
     })
 }

@@ -66,13 +66,14 @@ fn demo_in_tmux_answers_keys_and_restores_the_terminal() {
     // The contending VMs share CPU 0: each runs about half the time.
     for vm in ["contend-0", "contend-1"] {
         let row = screen.lines().find(|l| l.starts_with(vm)).unwrap();
+        // Name, (kind), pid, then RUN%.
         let run: f64 = row.split_whitespace().nth(3).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{row}"));
         assert!((30.0..70.0).contains(&run), "{row}");
     }
     let vmm_pids: Vec<u32> = screen
         .lines()
         .filter(|l| l.starts_with("contend") || l.starts_with("io ") || l.starts_with("exits"))
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.parse().ok()))
         .collect();
     assert_eq!(vmm_pids.len(), 4, "{screen}");
 

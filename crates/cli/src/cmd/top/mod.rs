@@ -43,7 +43,7 @@ pub struct Watch<'a> {
 }
 
 pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
-    let delay = delay(args.delay)?;
+    let delay = delay(args.watch.delay)?;
     for &pid in &args.vm {
         if !Path::new(&format!("/proc/{pid}")).exists() {
             return Err(usage(format!("--vm {pid}: no such process (list VMs with `virtprof top --once`)")));
@@ -57,10 +57,10 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
     watch(&Watch {
         delay,
         only: args.vm.clone(),
-        once: args.once,
-        json: args.json,
+        once: args.watch.once,
+        json: args.watch.json,
         log: args.log.as_deref(),
-        no_trace: args.no_trace,
+        no_trace: args.watch.no_trace,
         done: &|| false,
     })
 }

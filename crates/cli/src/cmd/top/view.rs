@@ -11,6 +11,7 @@ use ratatui::Frame;
 use virtprof_analysis::qos::{VmRow, WindowReport};
 
 use super::sampler::Snapshot;
+use crate::qos::{vcpu_cells, vm_cells, COLUMNS};
 
 /// Smallest usable terminal.
 const MIN_SIZE: (u16, u16) = (60, 6);
@@ -217,83 +218,16 @@ pub fn visible_vms<'a>(window: &'a WindowReport, state: &ViewState) -> Vec<&'a V
 }
 
 fn table<'a>(window: &'a WindowReport, state: &ViewState) -> Table<'a> {
-    let header = Row::new([
-        "VM / VCPU",
-        "PID/TID",
-        "CPU",
-        "RUN%",
-        "WAIT%",
-        "BLK%",
-        "EXECS",
-        "CPU/EX us",
-        "WAIT/EX us",
-        "BLK/IO us",
-        "ALLOC us",
-        "IO",
-        "EXITS/s",
-        "TOP EXIT REASONS /s",
-    ])
-    .style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
+    let header = Row::new(COLUMNS).style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
     let mut rows = Vec::new();
     for vm in visible_vms(window, state) {
-        rows.push(
-            Row::new([
-                vm.name.clone(),
-                vm.pid.to_string(),
-                vm.kind.clone(),
-                format!("{:.1}", vm.running_pct),
-                format!("{:.1}", vm.waiting_pct),
-                format!("{:.1}", vm.blocked_pct),
-                vm.exec_count.to_string(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                vm.io_count.to_string(),
-                format!("{:.0}", vm.exits_per_s),
-                String::new(),
-            ])
-            .style(Style::new().add_modifier(Modifier::BOLD)),
-        );
-        if !state.vcpu_rows {
-            continue;
-        }
-        for v in &vm.vcpus {
-            rows.push(Row::new([
-                format!(" vcpu{}", v.index),
-                v.tid.to_string(),
-                v.cpu.map(|c| c.to_string()).unwrap_or_default(),
-                format!("{:.1}", v.running_pct),
-                format!("{:.1}", v.waiting_pct),
-                format!("{:.1}", v.blocked_pct),
-                v.exec_count.to_string(),
-                format!("{:.0}", v.cpu_per_exec_us),
-                format!("{:.0}", v.wait_per_exec_us),
-                if v.io_count > 0 { format!("{:.0}", v.blocked_per_io_us) } else { "-".into() },
-                v.alloc_avg_us.map_or_else(|| "-".into(), |a| format!("{a:.0}")),
-                v.io_count.to_string(),
-                format!("{:.0}", v.exits_per_s),
-                v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
-            ]));
+        rows.push(Row::new(vm_cells(vm)).style(Style::new().add_modifier(Modifier::BOLD)));
+        if state.vcpu_rows {
+            rows.extend(vm.vcpus.iter().map(|v| Row::new(vcpu_cells(v))));
         }
     }
-    let widths = [
-        Constraint::Length(18),
-        Constraint::Length(8),
-        Constraint::Length(6),
-        Constraint::Length(6),
-        Constraint::Length(6),
-        Constraint::Length(6),
-        Constraint::Length(7),
-        Constraint::Length(9),
-        Constraint::Length(10),
-        Constraint::Length(9),
-        Constraint::Length(8),
-        Constraint::Length(7),
-        Constraint::Length(8),
-        Constraint::Min(10),
-    ];
-    Table::new(rows, widths).header(header).column_spacing(1)
+    let widths = [28, 8, 4, 6, 6, 6, 7, 10, 11, 10, 23, 7, 8].map(Constraint::Length);
+    Table::new(rows, widths.into_iter().chain([Constraint::Min(10)])).header(header).column_spacing(1)
 }
 
 fn help(frame: &mut Frame, area: Rect) {
