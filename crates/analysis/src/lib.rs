@@ -4,8 +4,11 @@
 //! caller implements over its decoder.
 #![deny(missing_docs)]
 
+pub mod correlate;
 pub mod exits;
 pub mod hist;
+pub mod intervals;
+pub mod phases;
 pub mod qos;
 pub mod sched;
 

@@ -40,6 +40,12 @@ pub enum Command {
     Top(TopArgs),
     /// The `top` table for a recording: whole run, or per --window.
     Sched(SchedArgs),
+    /// Summarize a recording: host, VMs, loss; per-interval metrics, phases, correlations.
+    Report(ReportArgs),
+    /// Two interval recordings side by side: rates and the largest correlation changes.
+    Compare(CompareArgs),
+    /// Write a recording's interval table for other tools (csv).
+    Export(ExportArgs),
     /// Start a mix of test VMs (contending, I/O-bound, exit-heavy) and watch them in `top`.
     Demo(DemoArgs),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
@@ -256,6 +262,70 @@ pub struct WatchArgs {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
+Needs a recording made with `virtprof record --interval D`.
+
+EXAMPLES:
+  virtprof record -o run.vprec --interval 10ms -- virtprof testvm -w phases --phases compute:1s,pio-user:20000
+  virtprof report run.vprec
+  virtprof report run.vprec --json --top 20 --spearman")]
+pub struct ReportArgs {
+    /// The recording.
+    pub file: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Correlated pairs to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Rank (Spearman) instead of linear (Pearson) correlation.
+    #[arg(long)]
+    pub spearman: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+One row per interval; columns are `ENTITY METRIC` (`cpu0 stat.steal_ns`, `vm1234 kvm.exits`,
+`vm1234/vcpu0 trace.userspace_exit.KVM_EXIT_IO`); empty cells are unknown, not zero.
+
+EXAMPLES:
+  virtprof export run.vprec --format csv -o run.csv")]
+pub struct ExportArgs {
+    /// The recording (made with `record --interval`).
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(long, default_value = "csv", value_name = "csv")]
+    pub format: String,
+    /// Output file (default: standard output).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Both recordings need interval rows (`virtprof record --interval D`). Metrics are summed over all
+vCPUs and CPUs, so runs with different VMs compare (native vs virtualized, before vs after).
+
+EXAMPLES:
+  virtprof compare compute.vprec pio.vprec
+  virtprof compare a.vprec b.vprec --top 20 --json")]
+pub struct CompareArgs {
+    /// First recording.
+    pub a: PathBuf,
+    /// Second recording.
+    pub b: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Correlation changes to list.
+    #[arg(long, default_value_t = 15)]
+    pub top: usize,
+    /// Rank (Spearman) instead of linear (Pearson) correlation.
+    #[arg(long)]
+    pub spearman: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
 EXAMPLES:
   virtprof sched run.vprec                  whole run, per VM and vCPU
   virtprof sched run.vprec --window 1s      one table per second of the recording
@@ -310,7 +380,12 @@ private tracefs instance (removed on exit); per-CPU loss is always reported.
 EXAMPLES:
   virtprof record -o run.vprec --duration 10s
   virtprof record -o run.vprec -- virtprof testvm --workload pio-user -n 10000
-  virtprof record -o run.vprec --events kvm,sched:sched_switch --buffer-size 16384")]
+  virtprof record -o run.vprec --events kvm,sched:sched_switch --buffer-size 16384
+  virtprof record -o run.vprec --interval 10ms -- virtprof testvm -w phases --phases compute:200ms,pio-user:5000
+
+With --interval, every source (per-CPU /proc/stat, per-vCPU schedstat, KVM stats, perf
+counters, testvm application counters) is also sampled once per interval; see `virtprof report`
+and `virtprof export`.")]
 pub struct RecordArgs {
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]
@@ -331,6 +406,12 @@ pub struct RecordArgs {
     /// is included anyway; this makes a missing one an error).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
+    /// Also sample counters every interval (down to 1ms): per CPU, per VM and per vCPU.
+    #[arg(long, value_name = "TIME[us|ms|s]")]
+    pub interval: Option<String>,
+    /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub hw_counters: usize,
     /// Run this command and record until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use anyhow::Context;
+use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Names;
 use virtprof_model::StrId;
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
@@ -25,6 +26,8 @@ pub struct Recording {
     pub footer: Option<Footer>,
     /// Where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
+    /// The sampled interval rows (`record --interval`), if any.
+    pub intervals: Option<IntervalTable>,
     pages: Pages,
 }
 
@@ -44,6 +47,8 @@ impl Recording {
         let mut reader = Reader::new(&map).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
         let (mut metadata, mut footer) = (None, None);
         let mut cpus: Vec<(u32, Vec<Range<usize>>)> = Vec::new();
+        let mut intervals: Option<IntervalTable> = None;
+        let mut columns: Vec<usize> = Vec::new();
         while let Some(chunk) = reader.next_chunk().with_context(|| format!("reading '{}'", path.display()))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
@@ -56,6 +61,28 @@ impl Recording {
                     }
                 }
                 Chunk::Footer(f) => footer = Some(f),
+                Chunk::IntervalSchema(schema) => {
+                    let table = intervals.get_or_insert_with(|| IntervalTable::new(schema.interval_ns));
+                    columns = schema.series.iter().map(|s| table.column_of(s)).collect();
+                    for u in schema.unavailable {
+                        if !table.unavailable.contains(&u) {
+                            table.unavailable.push(u);
+                        }
+                    }
+                }
+                Chunk::Intervals(rows) => {
+                    let Some(table) = intervals.as_mut().filter(|_| rows.series() == columns.len()) else {
+                        return Err(usage(format!(
+                            "'{}': interval rows of {} values without a matching schema before them",
+                            path.display(),
+                            rows.series()
+                        )));
+                    };
+                    for row in rows.iter() {
+                        let values = columns.iter().enumerate().map(|(i, &c)| (c, row.value(i)));
+                        table.push_row(row.index, row.start_ns, row.end_ns, values);
+                    }
+                }
             }
         }
         let truncated_at = reader.truncated_at;
@@ -65,7 +92,7 @@ impl Recording {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
-        Ok(Recording { metadata, footer, truncated_at, pages: Pages::Mapped { map, cpus } })
+        Ok(Recording { metadata, footer, truncated_at, intervals, pages: Pages::Mapped { map, cpus } })
     }
 
     /// Map a trace-cmd trace.dat: uncompressed pages are decoded in place, compressed ones
@@ -89,7 +116,7 @@ impl Recording {
             Some(cpus) => Pages::Mapped { map, cpus },
             None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
-        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages })
+        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, intervals: None, pages })
     }
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
@@ -103,7 +130,13 @@ impl Recording {
             return Recording::open_trace_dat(path);
         }
         let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;
-        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, pages: Pages::Owned(pages) })
+        Ok(Recording {
+            metadata,
+            footer: Some(footer),
+            truncated_at: None,
+            intervals: None,
+            pages: Pages::Owned(pages),
+        })
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;

@@ -17,6 +17,7 @@ pub mod caps;
 pub mod discover;
 pub mod error;
 pub mod guest;
+pub mod guest_counters;
 pub mod launcher;
 pub mod remote;
 pub mod stats;

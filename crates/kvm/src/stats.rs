@@ -93,20 +93,24 @@ impl StatsFd {
 
     /// Read every scalar statistic (histograms are summed over their buckets).
     pub fn read(&self) -> Result<StatsSnapshot, StatsError> {
+        let (mut scratch, mut sums) = (Vec::new(), Vec::new());
+        self.read_into(&mut scratch, &mut sums)?;
+        Ok(StatsSnapshot { values: self.descs.iter().map(|d| d.name.clone()).zip(sums).collect() })
+    }
+
+    /// Read every statistic into `out`, one value per descriptor in order (histograms summed),
+    /// with `scratch` as the read buffer: once both are sized, polling allocates nothing.
+    pub fn read_into(&self, scratch: &mut Vec<u8>, out: &mut Vec<u64>) -> Result<(), StatsError> {
         let words: usize = self.descs.iter().map(|d| d.offset as usize / 8 + d.size as usize).max().unwrap_or(0);
-        let mut buf = vec![0u8; words * 8];
-        self.file.read_exact_at(&mut buf, self.data_offset).map_err(StatsError::Read)?;
-        let value = |i: usize| u64::from_ne_bytes(buf[i * 8..i * 8 + 8].try_into().unwrap());
-        let values = self
-            .descs
-            .iter()
-            .map(|d| {
-                let first = d.offset as usize / 8;
-                let sum = (first..first + d.size as usize).map(value).fold(0u64, u64::wrapping_add);
-                (d.name.clone(), sum)
-            })
-            .collect();
-        Ok(StatsSnapshot { values })
+        scratch.resize(words * 8, 0);
+        self.file.read_exact_at(scratch, self.data_offset).map_err(StatsError::Read)?;
+        let value = |i: usize| u64::from_ne_bytes(scratch[i * 8..i * 8 + 8].try_into().unwrap());
+        out.clear();
+        out.extend(self.descs.iter().map(|d| {
+            let first = d.offset as usize / 8;
+            (first..first + d.size as usize).map(value).fold(0u64, u64::wrapping_add)
+        }));
+        Ok(())
     }
 
     /// Names of the cumulative statistics (the ones whose deltas mean "how many happened").

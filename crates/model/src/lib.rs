@@ -7,6 +7,7 @@
 pub mod event;
 pub mod host;
 pub mod ids;
+pub mod interval;
 pub mod testvm;
 pub mod units;
 pub mod vmm;

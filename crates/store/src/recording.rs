@@ -29,6 +29,133 @@ pub enum ChunkKind {
     Pages = 2,
     /// [`Footer`] as JSON.
     Footer = 3,
+    /// [`IntervalSchema`] as JSON: the series of the interval rows that follow.
+    IntervalSchema = 4,
+    /// Interval rows: `series: u32`, then rows of `index, start_ns, end_ns: u64` and one f64
+    /// per series of the latest schema.
+    Intervals = 5,
+}
+
+/// The series that the interval rows after it carry, in column order. A new schema chunk is
+/// written whenever the set changes (a VM starts or stops); rows always use the latest one.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct IntervalSchema {
+    /// Interval width in ns.
+    pub interval_ns: u64,
+    /// Columns.
+    pub series: Vec<virtprof_model::interval::Series>,
+    /// Metrics asked for that this host cannot count, with the reason (never written as zeros).
+    #[serde(default)]
+    pub unavailable: Vec<(String, String)>,
+}
+
+/// One interval row read back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IntervalRow<'a> {
+    /// Global interval number since the recording started (gaps are missed intervals).
+    pub index: u64,
+    /// Start, in the recording's trace clock.
+    pub start_ns: u64,
+    /// End, in the recording's trace clock.
+    pub end_ns: u64,
+    /// One value per series, little-endian f64.
+    values: &'a [u8],
+}
+
+impl IntervalRow<'_> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.values.len() / 8
+    }
+
+    /// True for a row of no series.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Value of column `i`.
+    pub fn value(&self, i: usize) -> f64 {
+        f64::from_le_bytes(self.values[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }
+}
+
+/// Interval rows of one chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntervalRows<'a> {
+    series: usize,
+    data: &'a [u8],
+}
+
+impl<'a> IntervalRows<'a> {
+    /// Series per row.
+    pub fn series(&self) -> usize {
+        self.series
+    }
+
+    /// The rows in order.
+    pub fn iter(&self) -> impl Iterator<Item = IntervalRow<'a>> + '_ {
+        let row_len = 24 + 8 * self.series;
+        self.data.chunks_exact(row_len).map(|r| IntervalRow {
+            index: u64::from_le_bytes(r[0..8].try_into().expect("8")),
+            start_ns: u64::from_le_bytes(r[8..16].try_into().expect("8")),
+            end_ns: u64::from_le_bytes(r[16..24].try_into().expect("8")),
+            values: &r[24..],
+        })
+    }
+}
+
+/// Encodes interval rows into a chunk payload, reusing its buffer.
+#[derive(Debug, Default)]
+pub struct IntervalEncoder {
+    buf: Vec<u8>,
+    series: usize,
+    rows: usize,
+}
+
+impl IntervalEncoder {
+    /// Start a batch of rows of `series` values each.
+    pub fn begin(&mut self, series: usize) {
+        self.buf.clear();
+        self.buf.extend_from_slice(&u32::try_from(series).unwrap_or(u32::MAX).to_le_bytes());
+        self.series = series;
+        self.rows = 0;
+    }
+
+    /// Append one row (`values.len()` must equal the batch's series count).
+    pub fn row(&mut self, index: u64, start_ns: u64, end_ns: u64, values: &[f64]) {
+        debug_assert_eq!(values.len(), self.series);
+        for v in [index, start_ns, end_ns] {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in values {
+            self.buf.extend_from_slice(&v.to_le_bytes());
+        }
+        self.rows += 1;
+    }
+
+    /// Rows in the batch.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// Interval engine figures, in the footer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct IntervalStats {
+    /// Interval width in ns (0: no interval rows were recorded).
+    pub interval_ns: u64,
+    /// Rows written.
+    pub rows: u64,
+    /// Interval numbers skipped because the sampler woke late (their counts are folded into
+    /// the next row, whose start and end say so).
+    pub missed: u64,
+    /// Rows overwritten in the ring before the writer drained them (lost).
+    pub overwritten: u64,
 }
 
 /// One event format as the kernel printed it.
@@ -121,6 +248,9 @@ pub struct Footer {
     /// VMs first seen during the recording (started after it began).
     #[serde(default)]
     pub vm_identities: Vec<VmIdentity>,
+    /// The interval engine's row counts and losses (`record --interval`).
+    #[serde(default)]
+    pub intervals: IntervalStats,
 }
 
 /// Container errors, with the byte offset.
@@ -182,6 +312,16 @@ impl<W: Write> Writer<W> {
         self.chunk(ChunkKind::Pages, &[&cpu.to_le_bytes(), pages])
     }
 
+    /// Declare the series of the interval rows that follow.
+    pub fn interval_schema(&mut self, schema: &IntervalSchema) -> io::Result<()> {
+        self.chunk(ChunkKind::IntervalSchema, &[&serde_json::to_vec(schema).map_err(io::Error::other)?])
+    }
+
+    /// Append a batch of interval rows.
+    pub fn intervals(&mut self, rows: &IntervalEncoder) -> io::Result<()> {
+        self.chunk(ChunkKind::Intervals, &[rows.payload()])
+    }
+
     /// Write the footer and flush.
     pub fn finish(mut self, footer: &Footer) -> io::Result<W> {
         self.chunk(ChunkKind::Footer, &[&serde_json::to_vec(footer).map_err(io::Error::other)?])?;
@@ -228,6 +368,10 @@ pub enum Chunk<'a> {
     },
     /// The footer.
     Footer(Footer),
+    /// Series of the interval rows that follow.
+    IntervalSchema(IntervalSchema),
+    /// Interval rows.
+    Intervals(IntervalRows<'a>),
 }
 
 /// Reads a recording held in memory, chunk by chunk.
@@ -295,6 +439,22 @@ impl<'a> Reader<'a> {
                 Chunk::Pages { cpu, data: &payload[4..] }
             }
             3 => Chunk::Footer(serde_json::from_slice(payload).map_err(json)?),
+            4 => Chunk::IntervalSchema(serde_json::from_slice(payload).map_err(json)?),
+            5 => {
+                let series = payload.get(0..4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize);
+                let data = &payload[4.min(payload.len())..];
+                match series {
+                    Some(series) if data.len() % (24 + 8 * series) == 0 => {
+                        Chunk::Intervals(IntervalRows { series, data })
+                    }
+                    _ => {
+                        return Err(RecordingError::Malformed {
+                            offset: at,
+                            message: "interval rows do not match their series count".into(),
+                        })
+                    }
+                }
+            }
             other => {
                 return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }
@@ -333,6 +493,34 @@ mod tests {
         assert!(matches!(&chunks[0], Chunk::Metadata(m) if m.cpus == vec![0, 1]));
         assert!(matches!(&chunks[2], Chunk::Pages { cpu: 1, data } if data.len() == 8192));
         assert!(matches!(&chunks[3], Chunk::Footer(f) if f.pages == 3));
+    }
+
+    #[test]
+    fn interval_rows_round_trip() {
+        use virtprof_model::interval::{Entity, Series, SeriesKind};
+        let schema = IntervalSchema {
+            interval_ns: 1_000_000,
+            series: vec![Series {
+                entity: Entity::Vcpu { pid: 7, index: 1 },
+                metric: "schedstat.run_ns".into(),
+                unit: "ns".into(),
+                kind: SeriesKind::Delta,
+            }],
+            unavailable: vec![("perf.cycles".into(), "not supported".into())],
+        };
+        let mut w = Writer::new(Vec::new(), &Metadata::default()).unwrap();
+        w.interval_schema(&schema).unwrap();
+        let mut enc = IntervalEncoder::default();
+        enc.begin(1);
+        enc.row(0, 10, 20, &[5.5]);
+        enc.row(2, 20, 40, &[7.0]);
+        w.intervals(&enc).unwrap();
+        let bytes = w.finish(&Footer::default()).unwrap();
+        let (chunks, _) = read_all(&bytes);
+        assert!(matches!(&chunks[1], Chunk::IntervalSchema(s) if *s == schema));
+        let Chunk::Intervals(rows) = &chunks[2] else { panic!("rows expected") };
+        let rows: Vec<_> = rows.iter().map(|r| (r.index, r.start_ns, r.end_ns, r.value(0))).collect();
+        assert_eq!(rows, vec![(0, 10, 20, 5.5), (2, 20, 40, 7.0)]);
     }
 
     #[test]

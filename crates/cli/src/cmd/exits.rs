@@ -56,6 +56,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
                 buffer_size_kb: 8192,
                 clock: "mono".into(),
                 vm: Vec::new(),
+                interval: None,
+                hw_counters: 4,
                 command: Vec::new(),
             };
             let summary = crate::cmd::record::record(&record_args, &path)?;

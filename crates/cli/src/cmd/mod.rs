@@ -1,10 +1,13 @@
 //! One module per subcommand; `run` dispatches.
 
+mod compare;
 mod demo;
 mod doctor;
 mod exits;
+mod export;
 pub mod import;
 pub mod record;
+mod report;
 mod sched;
 mod stats;
 mod testvm;
@@ -23,6 +26,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Record(args) => record::run(&args),
         Command::Exits(args) => exits::run(&args),
         Command::Sched(args) => sched::run(&args),
+        Command::Report(args) => report::run(&args),
+        Command::Compare(args) => compare::run(&args),
+        Command::Export(args) => export::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Vmm { .. } => {

@@ -147,7 +147,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Threads and VM identities a recording knows.
-fn recording_tasks(recording: &Recording) -> HostTasks {
+pub(crate) fn recording_tasks(recording: &Recording) -> HostTasks {
     let md = &recording.metadata;
     let mut host = HostTasks::default();
     for t in &md.tasks {

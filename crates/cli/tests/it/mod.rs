@@ -1,6 +1,7 @@
 mod doctor;
 mod errors;
 mod exits;
+mod intervals;
 mod perf_stat;
 mod record;
 mod sched;

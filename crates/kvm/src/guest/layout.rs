@@ -99,6 +99,9 @@ pub mod shared {
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"VPROFSHR");
 }
 
+/// Name of the memfd backing guest RAM (`/proc/PID/fd` shows `/memfd:NAME (deleted)`).
+pub const GUEST_RAM_NAME: &str = "virtprof-guest-ram";
+
 /// Guest-physical address of vCPU `index`'s shared page.
 pub fn shared_page(index: u32) -> u64 {
     PER_VCPU_BASE + u64::from(index) * PER_VCPU_SIZE

@@ -17,7 +17,7 @@ use std::time::Duration;
 use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use virtprof_model::testvm::VmReport;
@@ -56,6 +56,21 @@ pub struct VmConfig {
     pub linger_ns: u64,
 }
 
+/// An anonymous shared-memory file of `size` bytes named [`layout::GUEST_RAM_NAME`].
+fn guest_ram_file(size: u64) -> Result<std::fs::File, VmmError> {
+    use std::os::fd::FromRawFd;
+    let name = std::ffi::CString::new(layout::GUEST_RAM_NAME).expect("no NUL in the name");
+    // SAFETY: `name` is a valid C string; the returned fd is checked before use.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(VmmError::Memory(format!("memfd_create: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    file.set_len(size).map_err(|e| VmmError::Memory(format!("sizing guest RAM: {e}")))?;
+    Ok(file)
+}
+
 /// A VM ready to run.
 pub struct Vm {
     config: VmConfig,
@@ -82,8 +97,15 @@ impl Vm {
         // or reject it, and we never enter real mode.
         let _ = vm.set_tss_address(0xfffb_d000);
 
-        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), layout::RAM_SIZE as usize)])
-            .map_err(|e| VmmError::Memory(e.to_string()))?;
+        // Guest RAM lives in a named memfd so that a profiler in another process can map the
+        // shared pages read-only and sample the application counters (`crate::guest_counters`).
+        let ram = guest_ram_file(layout::RAM_SIZE)?;
+        let memory = GuestMemoryMmap::<()>::from_ranges_with_files(&[(
+            GuestAddress(0),
+            layout::RAM_SIZE as usize,
+            Some(FileOffset::new(ram, 0)),
+        )])
+        .map_err(|e| VmmError::Memory(e.to_string()))?;
         let host_addr = memory.get_host_address(GuestAddress(0)).map_err(|e| VmmError::Memory(e.to_string()))?;
         let region = kvm_userspace_memory_region {
             slot: 0,

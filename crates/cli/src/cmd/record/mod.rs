@@ -1,7 +1,10 @@
 //! `virtprof record -o FILE`: capture raw trace pages from a private tracefs instance into a
 //! recording. The main thread reads pages; a writer thread behind a bounded channel writes them,
 //! so memory stays bounded whatever the duration (a slow disk shows up as kernel-side loss,
-//! which is reported, never hidden).
+//! which is reported, never hidden). With `--interval`, a third thread samples counters
+//! per interval ([`intervals`]) into the same writer.
+
+mod intervals;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -16,7 +19,10 @@ use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_kvm::launcher::install_stop_handler;
 use virtprof_kvm::vmm::STOP_REQUESTED;
 use virtprof_model::units::parse_duration_ns;
-use virtprof_store::recording::{Footer, FormatText, KvmStatsSnapshot, Metadata, Task, VmIdentity, Writer};
+use virtprof_store::recording::{
+    Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task, VmIdentity,
+    Writer,
+};
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
@@ -28,6 +34,16 @@ const CHANNEL_BATCHES: usize = 64;
 /// How often the reader rescans /proc for new threads (short-lived VMs come and go).
 const TASK_SCAN: Duration = Duration::from_millis(50);
 
+/// What the writer thread writes.
+pub enum WriterMsg {
+    /// Raw pages of one CPU.
+    Pages(u32, Vec<u8>),
+    /// The interval columns from here on.
+    Schema(IntervalSchema),
+    /// A batch of interval rows.
+    Rows(IntervalEncoder),
+}
+
 /// What a finished recording holds.
 pub struct RecordSummary {
     pub pages: u64,
@@ -35,6 +51,7 @@ pub struct RecordSummary {
     pub lost: u64,
     pub cpus: usize,
     pub missing_events: Vec<String>,
+    pub intervals: IntervalStats,
     pub command_status: Option<std::process::ExitStatus>,
 }
 
@@ -48,6 +65,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         args.output.display(),
         summary.lost
     );
+    let iv = summary.intervals;
+    if iv.interval_ns > 0 {
+        eprintln!(
+            "virtprof: {} intervals of {}; missed {} (sampler late), overwritten {} (writer late)",
+            iv.rows,
+            virtprof_model::units::format_duration_ns(iv.interval_ns),
+            iv.missed,
+            iv.overwritten
+        );
+    }
     if !summary.missing_events.is_empty() {
         eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
     }
@@ -66,6 +93,16 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     let events = match &args.events {
         Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
         None => CaptureConfig::default_events(),
+    };
+    let interval_ns = match &args.interval {
+        Some(d) => {
+            let ns = parse_duration_ns(d).map_err(|e| usage(format!("--interval: {e}")))?;
+            if !(1_000_000..=3_600_000_000_000).contains(&ns) {
+                return Err(usage(format!("--interval {d}: must be between 1ms and 1h")));
+            }
+            Some(ns)
+        }
+        None => None,
     };
     if events.is_empty() {
         return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
@@ -113,16 +150,26 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
 
     let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
     let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &metadata)?;
-    let (tx, rx) = sync_channel::<(u32, Vec<u8>)>(CHANNEL_BATCHES);
+    let (tx, rx) = sync_channel::<WriterMsg>(CHANNEL_BATCHES);
     let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn(move || {
         let mut writer = writer;
         let mut pages = 0u64;
-        for (cpu, data) in rx {
-            writer.pages(cpu, &data)?;
-            pages += (data.len() / page_size) as u64;
+        for msg in rx {
+            match msg {
+                WriterMsg::Pages(cpu, data) => {
+                    writer.pages(cpu, &data)?;
+                    pages += (data.len() / page_size) as u64;
+                }
+                WriterMsg::Schema(schema) => writer.interval_schema(&schema)?,
+                WriterMsg::Rows(rows) => writer.intervals(&rows)?,
+            }
         }
         Ok::<_, std::io::Error>((writer, pages))
     })?;
+    let interval_thread = match interval_ns {
+        Some(ns) => Some(intervals::IntervalThread::start(ns, args.hw_counters, tracefs.root(), tx.clone())?),
+        None => None,
+    };
 
     let mut child = match args.command.split_first() {
         Some((program, rest)) => {
@@ -151,7 +198,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         },
         |cpu, pages| {
             // A full channel blocks here; the kernel buffer absorbs the stall or counts loss.
-            let _ = tx.send((cpu, pages));
+            let _ = tx.send(WriterMsg::Pages(cpu, pages));
         },
     );
     if let Some(mut c) = child {
@@ -175,6 +222,10 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     }
     let loss = capture.loss();
     capture.close();
+    let intervals = match interval_thread {
+        Some(thread) => thread.finish()?,
+        None => IntervalStats::default(),
+    };
     drop(tx);
     result?;
     let (writer, pages) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
@@ -186,10 +237,11 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),
         kvm_stats: end_stats,
         vm_identities: identities.into_values().filter(|v| !initial_vms.contains(&v.pid)).collect(),
+        intervals,
     };
     let bytes = writer.written();
     writer.finish(&footer)?;
-    Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, command_status })
+    Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, intervals, command_status })
 }
 
 fn identity(vm: &DiscoveredVm) -> VmIdentity {

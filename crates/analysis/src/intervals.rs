@@ -1,0 +1,248 @@
+//! The interval table (VrtProf): rows = intervals, columns = series. Sampled columns come from
+//! the recording's interval rows; [`TraceBinner`] adds columns counted from the event stream
+//! (exits by reason, I/O, scheduling) into the same rows, so every layer lines up in time.
+
+use rustc_hash::FxHashMap as HashMap;
+use virtprof_model::interval::{Entity, Series, SeriesKind};
+use virtprof_model::{Event, EventKind};
+
+use crate::Names;
+
+/// One column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Column {
+    /// What it is.
+    pub series: Series,
+    /// One value per row; NaN where unknown (the column did not exist yet, or its source
+    /// could not be read).
+    pub values: Vec<f64>,
+}
+
+impl Column {
+    /// Sum over rows, NaN skipped.
+    pub fn total(&self) -> f64 {
+        self.values.iter().filter(|v| !v.is_nan()).sum()
+    }
+}
+
+/// Rows of intervals and their columns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IntervalTable {
+    /// Nominal interval width.
+    pub interval_ns: u64,
+    /// Global interval number of each row (gaps are missed intervals).
+    pub index: Vec<u64>,
+    /// Row start (trace clock).
+    pub start_ns: Vec<u64>,
+    /// Row end (trace clock).
+    pub end_ns: Vec<u64>,
+    /// Columns.
+    pub columns: Vec<Column>,
+    /// Metrics the host could not count, with reasons.
+    pub unavailable: Vec<(String, String)>,
+    by_key: HashMap<(Entity, String), usize>,
+}
+
+impl IntervalTable {
+    /// An empty table of `interval_ns` intervals.
+    pub fn new(interval_ns: u64) -> Self {
+        IntervalTable { interval_ns, ..Default::default() }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The column of `series`, created (NaN-filled so far) if new.
+    pub fn column_of(&mut self, series: &Series) -> usize {
+        let key = (series.entity, series.metric.clone());
+        if let Some(&i) = self.by_key.get(&key) {
+            return i;
+        }
+        self.columns.push(Column { series: series.clone(), values: vec![f64::NAN; self.rows()] });
+        self.by_key.insert(key, self.columns.len() - 1);
+        self.columns.len() - 1
+    }
+
+    /// Look a column up.
+    pub fn find(&self, entity: Entity, metric: &str) -> Option<&Column> {
+        self.by_key.get(&(entity, metric.to_string())).map(|&i| &self.columns[i])
+    }
+
+    /// Append a row; `values` pairs column numbers with values, other columns get NaN.
+    pub fn push_row(&mut self, index: u64, start_ns: u64, end_ns: u64, values: impl IntoIterator<Item = (usize, f64)>) {
+        self.index.push(index);
+        self.start_ns.push(start_ns);
+        self.end_ns.push(end_ns);
+        for c in &mut self.columns {
+            c.values.push(f64::NAN);
+        }
+        let row = self.rows() - 1;
+        for (col, v) in values {
+            self.columns[col].values[row] = v;
+        }
+    }
+
+    /// The row whose span holds `ts` (None before the first or after the last).
+    pub fn row_at(&self, ts: u64) -> Option<usize> {
+        let after = self.start_ns.partition_point(|&s| s <= ts);
+        let row = after.checked_sub(1)?;
+        (ts <= self.end_ns[row]).then_some(row)
+    }
+
+    /// Add per-VM columns: for every vCPU delta metric, the sum over the VM's vCPUs.
+    pub fn add_vm_sums(&mut self) {
+        let mut sums: Vec<(Series, Vec<f64>)> = Vec::new();
+        let mut at: HashMap<(u32, String), usize> = HashMap::default();
+        for c in &self.columns {
+            let Entity::Vcpu { pid, .. } = c.series.entity else { continue };
+            if c.series.kind != SeriesKind::Delta {
+                continue;
+            }
+            let i = *at.entry((pid, c.series.metric.clone())).or_insert_with(|| {
+                let series = Series { entity: Entity::Vm(pid), ..c.series.clone() };
+                sums.push((series, vec![f64::NAN; c.values.len()]));
+                sums.len() - 1
+            });
+            for (s, &v) in sums[i].1.iter_mut().zip(&c.values) {
+                if !v.is_nan() {
+                    *s = if s.is_nan() { v } else { *s + v };
+                }
+            }
+        }
+        for (series, values) in sums {
+            let col = self.column_of(&series);
+            self.columns[col].values = values;
+        }
+    }
+}
+
+impl IntervalTable {
+    /// Every delta metric summed over all vCPUs and all CPUs: one host-level series per metric
+    /// name, comparable between runs whose VMs have other pids (VrtProf's native vs VM view).
+    pub fn host_metrics(&self) -> Vec<(String, Vec<f64>)> {
+        let mut out: Vec<(String, Vec<f64>)> = Vec::new();
+        for c in &self.columns {
+            if c.series.kind != SeriesKind::Delta || !matches!(c.series.entity, Entity::Vcpu { .. } | Entity::Cpu(_)) {
+                continue;
+            }
+            let i = match out.iter().position(|(m, _)| *m == c.series.metric) {
+                Some(i) => i,
+                None => {
+                    out.push((c.series.metric.clone(), vec![f64::NAN; self.rows()]));
+                    out.len() - 1
+                }
+            };
+            for (s, &v) in out[i].1.iter_mut().zip(&c.values) {
+                if !v.is_nan() {
+                    *s = if s.is_nan() { v } else { *s + v };
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Seconds covered by the rows.
+    pub fn seconds(&self) -> f64 {
+        match (self.start_ns.first(), self.end_ns.last()) {
+            (Some(&a), Some(&b)) => b.saturating_sub(a) as f64 / 1e9,
+            _ => 0.0,
+        }
+    }
+}
+
+/// Counts events into the rows of an [`IntervalTable`], as `trace.*` columns per vCPU (by
+/// thread) and per CPU.
+pub struct TraceBinner<'t> {
+    table: &'t mut IntervalTable,
+    vcpus: HashMap<u32, Entity>,
+    cells: HashMap<(Entity, String), usize>,
+    /// Events that fell outside every row (before the first interval or after the last).
+    pub outside: u64,
+}
+
+impl<'t> TraceBinner<'t> {
+    /// Bin into `table`; `vcpus` maps vCPU thread ids to their entities.
+    pub fn new(table: &'t mut IntervalTable, vcpus: HashMap<u32, Entity>) -> Self {
+        TraceBinner { table, vcpus, cells: HashMap::default(), outside: 0 }
+    }
+
+    fn add(&mut self, entity: Entity, metric: &str, row: usize) {
+        let col = match self.cells.get(&(entity, metric.to_string())) {
+            Some(&c) => c,
+            None => {
+                let series =
+                    Series { entity, metric: metric.to_string(), unit: "count".into(), kind: SeriesKind::Delta };
+                let c = self.table.column_of(&series);
+                // Counted columns are exact zeros where nothing happened.
+                self.table.columns[c].values.iter_mut().for_each(|v| *v = 0.0);
+                self.cells.insert((entity, metric.to_string()), c);
+                c
+            }
+        };
+        self.table.columns[col].values[row] += 1.0;
+    }
+
+    /// Count one event.
+    pub fn on_event(&mut self, e: &Event, names: &dyn Names) {
+        let Some(row) = self.table.row_at(e.ts) else {
+            self.outside += 1;
+            return;
+        };
+        match e.kind {
+            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => {
+                self.add(Entity::Cpu(e.cpu), "trace.irq", row)
+            }
+            EventKind::SoftirqEntry { .. } => self.add(Entity::Cpu(e.cpu), "trace.softirq", row),
+            EventKind::Lost { .. } => self.add(Entity::Cpu(e.cpu), "trace.lost_pages", row),
+            EventKind::SchedSwitch { next_tid, .. } => {
+                if let Some(&v) = self.vcpus.get(&next_tid) {
+                    self.add(v, "trace.switch_in", row);
+                }
+            }
+            EventKind::SchedWakeup { tid, .. } => {
+                if let Some(&v) = self.vcpus.get(&tid) {
+                    self.add(v, "trace.wakeup", row);
+                }
+            }
+            _ => {
+                let Some(&v) = self.vcpus.get(&e.tid) else { return };
+                let metric = match e.kind {
+                    EventKind::KvmExit { reason, isa, .. } => format!("trace.exit.{}", names.exit_reason(reason, isa)),
+                    EventKind::KvmUserspaceExit { reason, .. } => {
+                        format!("trace.userspace_exit.{}", names.userspace_reason(reason))
+                    }
+                    EventKind::KvmPio { .. } => "trace.pio".into(),
+                    EventKind::KvmMmio { .. } => "trace.mmio".into(),
+                    EventKind::KvmEmulateInsn { .. } => "trace.emulate_insn".into(),
+                    _ => return,
+                };
+                self.add(v, &metric, row);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn series(entity: Entity, metric: &str) -> Series {
+        Series { entity, metric: metric.into(), unit: "count".into(), kind: SeriesKind::Delta }
+    }
+
+    #[test]
+    fn rows_are_found_by_time_and_vm_sums_add_vcpus() {
+        let mut t = IntervalTable::new(10);
+        let a = t.column_of(&series(Entity::Vcpu { pid: 1, index: 0 }, "x"));
+        t.push_row(0, 0, 10, [(a, 1.0)]);
+        let b = t.column_of(&series(Entity::Vcpu { pid: 1, index: 1 }, "x"));
+        t.push_row(1, 10, 20, [(a, 2.0), (b, 5.0)]);
+        assert_eq!((t.row_at(0), t.row_at(15), t.row_at(21)), (Some(0), Some(1), None));
+        assert!(t.columns[b].values[0].is_nan(), "a column that did not exist yet is unknown there");
+        t.add_vm_sums();
+        assert_eq!(t.find(Entity::Vm(1), "x").unwrap().values, vec![1.0, 7.0]);
+    }
+}

@@ -1,0 +1,81 @@
+//! `virtprof compare A B`: two interval recordings side by side (VrtProf Figures 2 and 3):
+//! each metric's rate in both, and the pairs of metrics whose correlation changed most.
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+use virtprof_analysis::correlate::{self, Method};
+
+use crate::args::CompareArgs;
+use crate::cmd::report::{features, interval_table};
+
+#[derive(Serialize)]
+struct Output {
+    a: String,
+    b: String,
+    rates: Vec<Rate>,
+    changes: Vec<ChangeOut>,
+}
+
+#[derive(Serialize)]
+struct Rate {
+    metric: String,
+    a_per_second: f64,
+    b_per_second: f64,
+}
+
+#[derive(Serialize)]
+struct ChangeOut {
+    a: String,
+    b: String,
+    r_in_a: Option<f64>,
+    r_in_b: Option<f64>,
+    change: f64,
+}
+
+pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
+    let (_, ta, _) = interval_table(&args.a)?;
+    let (_, tb, _) = interval_table(&args.b)?;
+    let (fa, fb) = (features(&ta), features(&tb));
+    let rate = |f: &[(String, Vec<f64>)], name: &str, seconds: f64| {
+        f.iter().find(|(m, _)| m == name).map_or(0.0, |(_, v)| v.iter().filter(|x| !x.is_nan()).sum::<f64>())
+            / seconds.max(f64::MIN_POSITIVE)
+    };
+    let mut names: Vec<&String> = fa.iter().chain(&fb).map(|(m, _)| m).collect();
+    names.sort();
+    names.dedup();
+    let rates = names
+        .iter()
+        .map(|m| Rate {
+            metric: (*m).clone(),
+            a_per_second: rate(&fa, m, ta.seconds()),
+            b_per_second: rate(&fb, m, tb.seconds()),
+        })
+        .filter(|r| r.a_per_second != 0.0 || r.b_per_second != 0.0)
+        .collect();
+    let method = if args.spearman { Method::Spearman } else { Method::Pearson };
+    let (ma, mb) = (correlate::matrix(&fa, method), correlate::matrix(&fb, method));
+    let finite = |x: f64| x.is_finite().then_some(x);
+    let changes = correlate::differences(&ma, &mb)
+        .into_iter()
+        .take(args.top)
+        .map(|c| ChangeOut { change: c.delta(), r_in_a: finite(c.before), r_in_b: finite(c.after), a: c.a, b: c.b })
+        .collect();
+    let out = Output { a: args.a.display().to_string(), b: args.b.display().to_string(), rates, changes };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("A = {}\nB = {}\n", out.a, out.b);
+    println!("{:<40} {:>16} {:>16} {:>8}", "METRIC (per second)", "A", "B", "B/A");
+    for r in &out.rates {
+        let ratio = if r.a_per_second != 0.0 { format!("{:.2}", r.b_per_second / r.a_per_second) } else { "-".into() };
+        println!("{:<40} {:>16.1} {:>16.1} {:>8}", r.metric, r.a_per_second, r.b_per_second, ratio);
+    }
+    println!("\nlargest correlation changes (A -> B):");
+    let show = |r: Option<f64>| r.map_or("  n/a".to_string(), |r| format!("{r:+.2}"));
+    for c in &out.changes {
+        println!("  {:+.2}  {} ~ {}  ({} -> {})", c.change, c.a, c.b, show(c.r_in_a), show(c.r_in_b));
+    }
+    Ok(ExitCode::SUCCESS)
+}

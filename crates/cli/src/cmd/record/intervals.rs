@@ -1,0 +1,144 @@
+//! The interval thread of `record --interval D`: wakes at every interval boundary of the
+//! monotonic clock (the trace clock of a recording), samples every source into the ring slot
+//! of that interval number, and drains the ring to the writer in batches. Intervals it woke
+//! too late for are counted as missed and their counts land in the next row, whose start and
+//! end say so.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use virtprof_interval::counters::default_specs;
+use virtprof_interval::ring::IntervalRing;
+use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
+use virtprof_kvm::discover::Discovery;
+use virtprof_kvm::vmm::monotonic_ns;
+use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
+
+use super::WriterMsg;
+
+/// Ring slots: at 1 ms intervals, a second of rows before the writer must have drained.
+const RING_SLOTS: usize = 1024;
+/// Drain the ring at least this often.
+const DRAIN_EVERY: Duration = Duration::from_millis(100);
+/// Look for new VMs this often.
+const DISCOVER_EVERY: Duration = Duration::from_millis(10);
+
+/// The running interval thread.
+pub struct IntervalThread {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<anyhow::Result<IntervalStats>>,
+}
+
+impl IntervalThread {
+    /// Start sampling every `interval_ns` into `tx`.
+    pub fn start(
+        interval_ns: u64,
+        hw_counters: usize,
+        tracefs: &std::path::Path,
+        tx: SyncSender<WriterMsg>,
+    ) -> anyhow::Result<Self> {
+        let config = SamplerConfig { counters: default_specs(tracefs), hw_counters };
+        let mut sampler = IntervalSampler::new(config)?;
+        let mut discovery = Discovery::new("/proc", Vec::new());
+        sampler.add_vms(&discovery.scan());
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("virtprof-interval".into())
+            .spawn(move || run(interval_ns, sampler, discovery, &flag, &tx))?;
+        Ok(IntervalThread { stop, handle })
+    }
+
+    /// Take the last (partial) interval, drain, and return the figures.
+    pub fn finish(self) -> anyhow::Result<IntervalStats> {
+        self.stop.store(true, Ordering::Release);
+        self.handle.join().map_err(|_| anyhow::anyhow!("interval thread panicked"))?
+    }
+}
+
+fn run(
+    interval_ns: u64,
+    mut sampler: IntervalSampler,
+    mut discovery: Discovery,
+    stop: &AtomicBool,
+    tx: &SyncSender<WriterMsg>,
+) -> anyhow::Result<IntervalStats> {
+    let mut ring = IntervalRing::new(RING_SLOTS, sampler.series().len());
+    let mut encoder = IntervalEncoder::default();
+    let mut row = vec![0.0; sampler.series().len()];
+    let send_schema = |sampler: &IntervalSampler| {
+        let schema = IntervalSchema {
+            interval_ns,
+            series: sampler.series().to_vec(),
+            unavailable: sampler.unavailable().to_vec(),
+        };
+        tx.send(WriterMsg::Schema(schema)).map_err(|_| anyhow::anyhow!("writer stopped"))
+    };
+    send_schema(&sampler)?;
+    // The baseline: every column's first delta is measured from here.
+    let t0 = monotonic_ns();
+    sampler.sample(0, &mut row);
+    let (mut next, mut last_end, mut rows) = (0u64, t0, 0u64);
+    let (mut last_drain, mut last_discover) = (Instant::now(), Instant::now());
+    let drain = |ring: &mut IntervalRing, upto: u64, encoder: &mut IntervalEncoder| -> anyhow::Result<u64> {
+        encoder.begin(ring.width());
+        ring.drain(upto, |index, start, end, values| encoder.row(index, start, end, values));
+        let n = encoder.rows() as u64;
+        if n > 0 {
+            let batch = std::mem::take(encoder);
+            tx.send(WriterMsg::Rows(batch)).map_err(|_| anyhow::anyhow!("writer stopped"))?;
+        }
+        Ok(n)
+    };
+    loop {
+        let stopping = stop.load(Ordering::Acquire);
+        if !stopping {
+            let subs = sampler.sub_intervals() as u64;
+            for s in 1..=subs {
+                sleep_until(t0 + next * interval_ns + s * interval_ns / subs);
+                if s < subs {
+                    sampler.rotate();
+                }
+            }
+            sampler.rotate();
+        }
+        let now = monotonic_ns();
+        // The interval this wake-up ends; later than `next` when we overslept.
+        let index = if stopping { next } else { ((now - t0) / interval_ns).saturating_sub(1).max(next) };
+        sampler.sample(now - last_end, &mut row);
+        ring.produce(index, last_end, now).copy_from_slice(&row);
+        last_end = now;
+        next = index + 1;
+        if stopping {
+            rows += drain(&mut ring, index, &mut encoder)?;
+            break;
+        }
+        if last_drain.elapsed() >= DRAIN_EVERY {
+            rows += drain(&mut ring, index, &mut encoder)?;
+            last_drain = Instant::now();
+        }
+        if last_discover.elapsed() >= DISCOVER_EVERY {
+            last_discover = Instant::now();
+            if sampler.add_vms(&discovery.scan()) {
+                rows += drain(&mut ring, index, &mut encoder)?;
+                ring.set_width(sampler.series().len());
+                row.resize(sampler.series().len(), 0.0);
+                send_schema(&sampler)?;
+            }
+        }
+    }
+    Ok(IntervalStats { interval_ns, rows, missed: ring.missed(), overwritten: ring.overwritten() })
+}
+
+fn sleep_until(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: an absolute CLOCK_MONOTONIC sleep on a timespec we own; EINTR just wakes early,
+    // which the caller's interval arithmetic tolerates.
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+}

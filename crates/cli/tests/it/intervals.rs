@@ -1,0 +1,128 @@
+//! `record --interval`, `report`, `export` and `compare` against a testvm `phases` run whose
+//! counts and phase boundaries are known exactly.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use virtprof_model::testvm::TestvmReport;
+
+use super::util::{have_kvm, have_tracefs, virtprof};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("virtprof-it-{}-{name}", std::process::id()))
+}
+
+/// Record `script` at 10 ms intervals; returns the recording and testvm's ground truth.
+fn record_phases(name: &str, script: &str) -> (PathBuf, TestvmReport) {
+    let rec = temp(name);
+    let out = virtprof()
+        .args(["record", "--interval", "10ms", "-o"])
+        .arg(&rec)
+        .args(["--", assert_cmd::cargo::cargo_bin("virtprof").to_str().unwrap()])
+        .args(["testvm", "--workload", "phases", "--phases", script, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (rec, serde_json::from_slice(&out.stdout).unwrap())
+}
+
+fn json(args: &[&str], file: &PathBuf) -> Value {
+    let out = virtprof().arg(args[0]).arg(file).args(&args[1..]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn intervals_sum_to_ground_truth_and_phases_are_found() {
+    let test = "intervals_sum_to_ground_truth_and_phases_are_found";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let (rec, truth) = record_phases("phases.vprec", "compute:300ms,pio-user:3000,io-bound:60,compute:300ms");
+    let vm = &truth.vms[0];
+    let report = json(&["report", "--json"], &rec);
+    let metric = |name: &str| {
+        let entity = format!("vm{}", vm.pid);
+        report["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["entity"] == entity.as_str() && m["metric"] == name)
+            .map(|m| m["total"].as_f64().unwrap())
+    };
+    assert_eq!(report["intervals"]["overwritten"], 0);
+    // Application layer: the guest's own iteration counter, summed over intervals.
+    let iterations: u64 = vm.vcpus.iter().map(|v| v.iterations).sum();
+    assert_eq!(metric("app.iterations"), Some(iterations as f64));
+    // Hypervisor layer: traced userspace exits per interval sum to the VMM's own count.
+    let io: u64 = vm.vcpus.iter().map(|v| v.userspace_exits.get("IO").copied().unwrap_or(0)).sum();
+    assert_eq!(io, 3000 + 60 + truth.marker_io_exits_per_vcpu);
+    assert_eq!(metric("trace.userspace_exit.KVM_EXIT_IO"), Some(io as f64));
+    // KVM stats fd deltas sum to the VM's final KVM `exits` statistic.
+    let kvm_exits: u64 = vm.vcpus.iter().filter_map(|v| v.kvm_stats.get("exits")).sum();
+    assert_eq!(metric("kvm.exits"), Some(kvm_exits as f64));
+
+    // Phase boundaries: where the guest's published phase index changes (ground truth), a
+    // detected boundary lies within one interval.
+    let csv = String::from_utf8(virtprof().arg("export").arg(&rec).output().unwrap().stdout).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let phase_col = header.iter().position(|h| h.ends_with("/vcpu0 app.phase")).expect("app.phase column");
+    let phases: Vec<String> = lines.map(|l| l.split(',').nth(phase_col).unwrap().to_string()).collect();
+    let truth_rows: Vec<usize> =
+        (1..phases.len()).filter(|&i| !phases[i - 1].is_empty() && phases[i] != phases[i - 1]).collect();
+    assert_eq!(truth_rows.len(), 3, "three scripted phase changes: {phases:?}");
+    let found: Vec<usize> = report["phases"]["boundary_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| usize::try_from(v.as_u64().unwrap()).unwrap())
+        .collect();
+    for t in truth_rows {
+        assert!(found.iter().any(|&f| f.abs_diff(t) <= 1), "boundary at row {t} not found in {found:?}");
+    }
+    let _ = std::fs::remove_file(rec);
+}
+
+#[test]
+fn compare_lists_exit_metrics_among_the_top_changes() {
+    let test = "compare_lists_exit_metrics_among_the_top_changes";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let (a, _) = record_phases("compute.vprec", "compute:500ms");
+    let (b, _) = record_phases("pio.vprec", "pio-user:2000,compute:100ms,pio-user:2000,compute:100ms");
+    let out = virtprof().arg("compare").arg(&a).arg(&b).args(["--json", "--top", "10"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let exit_related = |m: &str| m.contains("exit") || m.contains("pio") || m.contains("emulat");
+    let changes = r["changes"].as_array().unwrap();
+    assert!(
+        changes.iter().any(|c| exit_related(c["a"].as_str().unwrap()) || exit_related(c["b"].as_str().unwrap())),
+        "no exit-related metric among the top changes: {changes:#?}"
+    );
+    let rate = |name: &str, side: &str| {
+        r["rates"].as_array().unwrap().iter().find(|x| x["metric"] == name).map_or(0.0, |x| x[side].as_f64().unwrap())
+    };
+    assert!(rate("trace.userspace_exit.KVM_EXIT_IO", "a_per_second") > 0.0, "A has its phase markers");
+    assert!(
+        rate("trace.userspace_exit.KVM_EXIT_IO", "b_per_second")
+            > 10.0 * rate("trace.userspace_exit.KVM_EXIT_IO", "a_per_second")
+    );
+    let _ = std::fs::remove_file(a);
+    let _ = std::fs::remove_file(b);
+}
+
+#[test]
+fn report_without_intervals_says_how_to_record_them() {
+    let rec = temp("no-intervals.vprec");
+    let meta = virtprof_store::recording::Metadata { header_page: String::new(), ..Default::default() };
+    let w = virtprof_store::recording::Writer::new(std::fs::File::create(&rec).unwrap(), &meta).unwrap();
+    w.finish(&Default::default()).unwrap();
+    let out = virtprof().arg("report").arg(&rec).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--interval"));
+    let _ = std::fs::remove_file(rec);
+}

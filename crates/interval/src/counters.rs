@@ -1,0 +1,276 @@
+//! perf_event_open counters on one vCPU thread: software events (always), kvm tracepoint
+//! counts, and hardware events split user/kernel and guest/host where the PMU allows. A
+//! counter the kernel refuses is listed with its reason and never reported as zero.
+//!
+//! Hardware events are opened in groups of at most `hw_counters` and take turns
+//! ([`crate::mux::Rotation`]): the sampler calls [`ThreadCounters::rotate`] at every
+//! sub-interval, and values are scaled to the interval with their multiplex ratio.
+
+use std::path::Path;
+
+use perf_event::events::{Hardware, Software, Tracepoint};
+use perf_event::{Builder, Counter, ReadFormat};
+use virtprof_model::interval::SeriesKind;
+
+use crate::mux::{groups_of, scale, Reading, Rotation};
+
+/// What to count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CounterEvent {
+    /// A software event (`PERF_COUNT_SW_*`).
+    Software(u64),
+    /// A tracepoint by id (from tracefs `events/SYSTEM/NAME/id`).
+    Tracepoint(u64),
+    /// A hardware event (`PERF_COUNT_HW_*`) with mode exclusions.
+    Hardware {
+        /// `PERF_COUNT_HW_*`.
+        config: u64,
+        /// Count user mode only.
+        user_only: bool,
+        /// Count kernel mode only.
+        kernel_only: bool,
+        /// Count in guest mode only (exclude_host).
+        guest_only: bool,
+    },
+}
+
+/// A counter to open, with its metric name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterSpec {
+    /// Metric name (`perf.task-clock`, `perf.kvm:kvm_pio`, `perf.cycles:u`).
+    pub metric: String,
+    /// Unit.
+    pub unit: &'static str,
+    /// Event.
+    pub event: CounterEvent,
+}
+
+impl CounterSpec {
+    fn is_hardware(&self) -> bool {
+        matches!(self.event, CounterEvent::Hardware { .. })
+    }
+
+    fn builder(&self) -> Builder<'static> {
+        // perf-event2 excludes kernel mode by default; tracepoints fire only there, and the
+        // software events should see the thread's whole time.
+        let mut b = match self.event {
+            CounterEvent::Software(c) => Builder::new(Software(c)).exclude_kernel(false).clone(),
+            CounterEvent::Tracepoint(id) => Builder::new(Tracepoint::with_id(id)).exclude_kernel(false).clone(),
+            CounterEvent::Hardware { config, user_only, kernel_only, guest_only } => {
+                let mut b = Builder::new(Hardware(config));
+                b.exclude_kernel(user_only).exclude_user(kernel_only).exclude_host(guest_only);
+                b
+            }
+        };
+        b.read_format(ReadFormat::TOTAL_TIME_ENABLED | ReadFormat::TOTAL_TIME_RUNNING);
+        b
+    }
+}
+
+/// The default set: four software events, the kvm tracepoints this kernel has, and cycles
+/// and instructions split four ways.
+pub fn default_specs(tracefs: &Path) -> Vec<CounterSpec> {
+    let mut specs: Vec<CounterSpec> = [
+        ("task-clock", "ns", Software::TASK_CLOCK),
+        ("context-switches", "count", Software::CONTEXT_SWITCHES),
+        ("cpu-migrations", "count", Software::CPU_MIGRATIONS),
+        ("page-faults", "count", Software::PAGE_FAULTS),
+    ]
+    .into_iter()
+    .map(|(name, unit, sw)| CounterSpec { metric: format!("perf.{name}"), unit, event: CounterEvent::Software(sw.0) })
+    .collect();
+    for name in ["kvm_exit", "kvm_userspace_exit", "kvm_pio", "kvm_mmio"] {
+        let id = std::fs::read_to_string(tracefs.join("events/kvm").join(name).join("id"));
+        if let Some(id) = id.ok().and_then(|t| t.trim().parse().ok()) {
+            specs.push(CounterSpec {
+                metric: format!("perf.kvm:{name}"),
+                unit: "count",
+                event: CounterEvent::Tracepoint(id),
+            });
+        }
+    }
+    for (name, config) in [("cycles", Hardware::CPU_CYCLES.0), ("instructions", Hardware::INSTRUCTIONS.0)] {
+        for (suffix, user_only, kernel_only, guest_only) in
+            [("u", true, false, false), ("k", false, true, false), ("guest", false, false, true)]
+        {
+            specs.push(CounterSpec {
+                metric: format!("perf.{name}:{suffix}"),
+                unit: "count",
+                event: CounterEvent::Hardware { config, user_only, kernel_only, guest_only },
+            });
+        }
+    }
+    specs
+}
+
+/// A column a [`ThreadCounters`] fills: metric, unit, kind.
+pub type Column = (String, &'static str, SeriesKind);
+
+/// The counters of one thread.
+pub struct ThreadCounters {
+    /// Software and tracepoint counters (never multiplexed): counter, previous reading.
+    plain: Vec<(Counter, Reading)>,
+    /// Hardware counters by rotation group.
+    hardware: Vec<Vec<(Counter, Reading)>>,
+    rotation: Rotation,
+    columns: Vec<Column>,
+}
+
+impl ThreadCounters {
+    /// Open `specs` on thread `tid`. Returns the counters and, for each refused spec, its
+    /// metric and the kernel's reason.
+    pub fn open(tid: u32, specs: &[CounterSpec], hw_counters: usize) -> (Self, Vec<(String, String)>) {
+        let mut unavailable = Vec::new();
+        let mut columns = Vec::new();
+        let mut plain = Vec::new();
+        let mut hw_specs = Vec::new();
+        for spec in specs {
+            if spec.is_hardware() {
+                hw_specs.push(spec);
+                continue;
+            }
+            match open_one(spec, tid, true) {
+                Ok(c) => {
+                    plain.push((c, Reading::default()));
+                    columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
+                }
+                Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+            }
+        }
+        // Probe each hardware event alone first, so one refusal does not sink its group.
+        let hw_ok: Vec<&CounterSpec> = hw_specs
+            .into_iter()
+            .filter(|spec| match open_one(spec, tid, false) {
+                Ok(_) => true,
+                Err(e) => {
+                    unavailable.push((spec.metric.clone(), e.to_string()));
+                    false
+                }
+            })
+            .collect();
+        let mut hardware = Vec::new();
+        for (g, range) in groups_of(hw_ok.len(), hw_counters).into_iter().enumerate() {
+            let mut group = Vec::new();
+            for spec in &hw_ok[range] {
+                // Only group 0 starts counting; the rotation enables the others in turn.
+                match open_one(spec, tid, g == 0) {
+                    Ok(c) => {
+                        group.push((c, Reading::default()));
+                        columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
+                        columns.push((format!("{}.mux", spec.metric), "ratio", SeriesKind::Ratio));
+                    }
+                    Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+                }
+            }
+            hardware.push(group);
+        }
+        let rotation = Rotation::new(hardware.len());
+        (ThreadCounters { plain, hardware, rotation, columns }, unavailable)
+    }
+
+    /// The columns [`ThreadCounters::sample`] fills, in order.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Sub-intervals per interval the hardware rotation needs (1 when nothing rotates).
+    pub fn sub_intervals(&self) -> usize {
+        if self.hardware.len() > 1 {
+            self.rotation.sub_intervals()
+        } else {
+            1
+        }
+    }
+
+    /// End a sub-interval: the counting hardware group hands over to the next.
+    pub fn rotate(&mut self) {
+        if self.hardware.len() < 2 {
+            return;
+        }
+        let (off, on) = self.rotation.advance();
+        for (c, _) in &mut self.hardware[off] {
+            let _ = c.disable();
+        }
+        for (c, _) in &mut self.hardware[on] {
+            let _ = c.enable();
+        }
+    }
+
+    /// Write one interval of `interval_ns` into `out` (one value per column; NaN where a
+    /// counter did not run or could not be read).
+    pub fn sample(&mut self, interval_ns: u64, out: &mut [f64]) {
+        let mut i = 0;
+        for (counter, previous) in &mut self.plain {
+            out[i] = match read(counter) {
+                Some(now) => {
+                    let delta = now.since(*previous);
+                    *previous = now;
+                    delta.count as f64
+                }
+                None => f64::NAN,
+            };
+            i += 1;
+        }
+        let rotated = self.hardware.len() > 1;
+        for group in &mut self.hardware {
+            for (counter, previous) in group.iter_mut() {
+                let scaled = read(counter).and_then(|now| {
+                    let delta = now.since(*previous);
+                    *previous = now;
+                    // A rotated counter is disabled outside its turns, so its own enabled time
+                    // shrinks with it: scale to the interval instead.
+                    scale(delta, if rotated { interval_ns } else { delta.enabled_ns })
+                });
+                out[i] = scaled.map_or(f64::NAN, |s| s.value);
+                out[i + 1] = scaled.map_or(0.0, |s| s.ratio);
+                i += 2;
+            }
+        }
+    }
+}
+
+fn open_one(spec: &CounterSpec, tid: u32, enabled: bool) -> std::io::Result<Counter> {
+    let mut b = spec.builder();
+    b.observe_pid(tid as i32).any_cpu().enabled(enabled);
+    let mut counter = b.build()?;
+    if enabled {
+        counter.read_count_and_time()?;
+    }
+    Ok(counter)
+}
+
+fn read(counter: &mut Counter) -> Option<Reading> {
+    let r = counter.read_count_and_time().ok()?;
+    Some(Reading { count: r.count, enabled_ns: r.time_enabled, running_ns: r.time_running })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn software_counters_count_this_thread_and_hardware_is_explained_when_refused() {
+        let tid = u32::try_from(unsafe_gettid()).unwrap();
+        let specs = default_specs(Path::new("/sys/kernel/tracing"));
+        let (mut counters, unavailable) = ThreadCounters::open(tid, &specs, 4);
+        let n = counters.columns().len();
+        let task_clock = counters.columns().iter().position(|c| c.0 == "perf.task-clock");
+        let Some(task_clock) = task_clock else {
+            eprintln!("SKIP: perf software events unavailable here: {unavailable:?}");
+            return;
+        };
+        std::hint::black_box((0..2_000_000u64).sum::<u64>());
+        let mut out = vec![0.0; n];
+        counters.sample(1_000_000, &mut out);
+        assert!(out[task_clock] > 0.0, "task-clock counted this thread's work");
+        for (metric, reason) in &unavailable {
+            assert!(!reason.is_empty(), "{metric} refused without a reason");
+            assert!(!counters.columns().iter().any(|c| &c.0 == metric), "{metric} is not also a column");
+        }
+    }
+
+    fn unsafe_gettid() -> i64 {
+        // SAFETY: gettid has no preconditions.
+        unsafe { libc::syscall(libc::SYS_gettid) }
+    }
+}
