@@ -153,12 +153,45 @@ impl IntervalTable {
     }
 }
 
+/// What a trace column counts; reasons stay numeric until a column is first created, so
+/// binning an event allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Counted {
+    Irq,
+    Softirq,
+    LostPages,
+    SwitchIn,
+    Wakeup,
+    Exit { reason: u32, isa: u32 },
+    UserspaceExit { reason: u32 },
+    Pio,
+    Mmio,
+    EmulateInsn,
+}
+
+impl Counted {
+    fn metric(self, names: &dyn Names) -> String {
+        match self {
+            Counted::Irq => "trace.irq".into(),
+            Counted::Softirq => "trace.softirq".into(),
+            Counted::LostPages => "trace.lost_pages".into(),
+            Counted::SwitchIn => "trace.switch_in".into(),
+            Counted::Wakeup => "trace.wakeup".into(),
+            Counted::Exit { reason, isa } => format!("trace.exit.{}", names.exit_reason(reason, isa)),
+            Counted::UserspaceExit { reason } => format!("trace.userspace_exit.{}", names.userspace_reason(reason)),
+            Counted::Pio => "trace.pio".into(),
+            Counted::Mmio => "trace.mmio".into(),
+            Counted::EmulateInsn => "trace.emulate_insn".into(),
+        }
+    }
+}
+
 /// Counts events into the rows of an [`IntervalTable`], as `trace.*` columns per vCPU (by
 /// thread) and per CPU.
 pub struct TraceBinner<'t> {
     table: &'t mut IntervalTable,
     vcpus: HashMap<u32, Entity>,
-    cells: HashMap<(Entity, String), usize>,
+    cells: HashMap<(Entity, Counted), usize>,
     /// Events that fell outside every row (before the first interval or after the last).
     pub outside: u64,
 }
@@ -169,20 +202,16 @@ impl<'t> TraceBinner<'t> {
         TraceBinner { table, vcpus, cells: HashMap::default(), outside: 0 }
     }
 
-    fn add(&mut self, entity: Entity, metric: &str, row: usize) {
-        let col = match self.cells.get(&(entity, metric.to_string())) {
-            Some(&c) => c,
-            None => {
-                let series =
-                    Series { entity, metric: metric.to_string(), unit: "count".into(), kind: SeriesKind::Delta };
-                let c = self.table.column_of(&series);
-                // Counted columns are exact zeros where nothing happened.
-                self.table.columns[c].values.iter_mut().for_each(|v| *v = 0.0);
-                self.cells.insert((entity, metric.to_string()), c);
-                c
-            }
-        };
-        self.table.columns[col].values[row] += 1.0;
+    fn add(&mut self, entity: Entity, what: Counted, row: usize, names: &dyn Names) {
+        let table = &mut *self.table;
+        let col = *self.cells.entry((entity, what)).or_insert_with(|| {
+            let series = Series { entity, metric: what.metric(names), unit: "count".into(), kind: SeriesKind::Delta };
+            let c = table.column_of(&series);
+            // Counted columns are exact zeros where nothing happened.
+            table.columns[c].values.iter_mut().for_each(|v| *v = 0.0);
+            c
+        });
+        table.columns[col].values[row] += 1.0;
     }
 
     /// Count one event.
@@ -191,37 +220,32 @@ impl<'t> TraceBinner<'t> {
             self.outside += 1;
             return;
         };
-        match e.kind {
-            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => {
-                self.add(Entity::Cpu(e.cpu), "trace.irq", row)
-            }
-            EventKind::SoftirqEntry { .. } => self.add(Entity::Cpu(e.cpu), "trace.softirq", row),
-            EventKind::Lost { .. } => self.add(Entity::Cpu(e.cpu), "trace.lost_pages", row),
-            EventKind::SchedSwitch { next_tid, .. } => {
-                if let Some(&v) = self.vcpus.get(&next_tid) {
-                    self.add(v, "trace.switch_in", row);
-                }
-            }
-            EventKind::SchedWakeup { tid, .. } => {
-                if let Some(&v) = self.vcpus.get(&tid) {
-                    self.add(v, "trace.wakeup", row);
-                }
-            }
+        let (entity, what) = match e.kind {
+            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => (Entity::Cpu(e.cpu), Counted::Irq),
+            EventKind::SoftirqEntry { .. } => (Entity::Cpu(e.cpu), Counted::Softirq),
+            EventKind::Lost { .. } => (Entity::Cpu(e.cpu), Counted::LostPages),
+            EventKind::SchedSwitch { next_tid, .. } => match self.vcpus.get(&next_tid) {
+                Some(&v) => (v, Counted::SwitchIn),
+                None => return,
+            },
+            EventKind::SchedWakeup { tid, .. } => match self.vcpus.get(&tid) {
+                Some(&v) => (v, Counted::Wakeup),
+                None => return,
+            },
             _ => {
                 let Some(&v) = self.vcpus.get(&e.tid) else { return };
-                let metric = match e.kind {
-                    EventKind::KvmExit { reason, isa, .. } => format!("trace.exit.{}", names.exit_reason(reason, isa)),
-                    EventKind::KvmUserspaceExit { reason, .. } => {
-                        format!("trace.userspace_exit.{}", names.userspace_reason(reason))
-                    }
-                    EventKind::KvmPio { .. } => "trace.pio".into(),
-                    EventKind::KvmMmio { .. } => "trace.mmio".into(),
-                    EventKind::KvmEmulateInsn { .. } => "trace.emulate_insn".into(),
+                let what = match e.kind {
+                    EventKind::KvmExit { reason, isa, .. } => Counted::Exit { reason, isa },
+                    EventKind::KvmUserspaceExit { reason, .. } => Counted::UserspaceExit { reason },
+                    EventKind::KvmPio { .. } => Counted::Pio,
+                    EventKind::KvmMmio { .. } => Counted::Mmio,
+                    EventKind::KvmEmulateInsn { .. } => Counted::EmulateInsn,
                     _ => return,
                 };
-                self.add(v, &metric, row);
+                (v, what)
             }
-        }
+        };
+        self.add(entity, what, row, names);
     }
 }
 

@@ -70,32 +70,27 @@ const MIN_VARIATION: f64 = 0.15;
 fn max_variation(rows: &[Vec<f64>]) -> f64 {
     let width = rows.first().map_or(0, Vec::len);
     (0..width)
-        .map(|c| {
-            let known: Vec<f64> = rows.iter().map(|r| r[c]).filter(|v| v.is_finite()).collect();
-            if known.len() < 2 {
-                return 0.0;
-            }
-            let mean = known.iter().sum::<f64>() / known.len() as f64;
-            let sd = (known.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / known.len() as f64).sqrt();
-            if sd == 0.0 {
-                0.0
-            } else {
-                sd / mean.abs().max(f64::MIN_POSITIVE)
-            }
-        })
+        .filter_map(|c| column_mean_sd(rows, c))
+        .map(|(mean, sd)| if sd == 0.0 { 0.0 } else { sd / mean.abs().max(f64::MIN_POSITIVE) })
         .fold(0.0, f64::max)
+}
+
+/// Mean and standard deviation of column `c` over its finite values (None when it has none).
+fn column_mean_sd(rows: &[Vec<f64>], c: usize) -> Option<(f64, f64)> {
+    let (n, sum) = rows.iter().map(|r| r[c]).filter(|v| v.is_finite()).fold((0usize, 0.0), |(n, s), v| (n + 1, s + v));
+    if n == 0 {
+        return None;
+    }
+    let mean = sum / n as f64;
+    let var = rows.iter().map(|r| r[c]).filter(|v| v.is_finite()).map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+    Some((mean, var.sqrt()))
 }
 
 fn standardize(rows: &[Vec<f64>]) -> Vec<Vec<f64>> {
     let width = rows.first().map_or(0, Vec::len);
     let mut out = vec![vec![0.0; width]; rows.len()];
     for c in 0..width {
-        let known: Vec<f64> = rows.iter().map(|r| r[c]).filter(|v| v.is_finite()).collect();
-        if known.is_empty() {
-            continue;
-        }
-        let mean = known.iter().sum::<f64>() / known.len() as f64;
-        let sd = (known.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / known.len() as f64).sqrt();
+        let Some((mean, sd)) = column_mean_sd(rows, c) else { continue };
         for (r, row) in rows.iter().enumerate() {
             let v = if row[c].is_finite() { row[c] } else { mean };
             // Clipped, so that an outlier row weighs like a strong value, not like a phase.

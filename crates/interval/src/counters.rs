@@ -51,17 +51,18 @@ impl CounterSpec {
     }
 
     fn builder(&self) -> Builder<'static> {
+        let mut b = match self.event {
+            CounterEvent::Software(c) => Builder::new(Software(c)),
+            CounterEvent::Tracepoint(id) => Builder::new(Tracepoint::with_id(id)),
+            CounterEvent::Hardware { config, .. } => Builder::new(Hardware(config)),
+        };
         // perf-event2 excludes kernel mode by default; tracepoints fire only there, and the
         // software events should see the thread's whole time.
-        let mut b = match self.event {
-            CounterEvent::Software(c) => Builder::new(Software(c)).exclude_kernel(false).clone(),
-            CounterEvent::Tracepoint(id) => Builder::new(Tracepoint::with_id(id)).exclude_kernel(false).clone(),
-            CounterEvent::Hardware { config, user_only, kernel_only, guest_only } => {
-                let mut b = Builder::new(Hardware(config));
-                b.exclude_kernel(user_only).exclude_user(kernel_only).exclude_host(guest_only);
-                b
-            }
+        let (user_only, kernel_only, guest_only) = match self.event {
+            CounterEvent::Hardware { user_only, kernel_only, guest_only, .. } => (user_only, kernel_only, guest_only),
+            _ => (false, false, false),
         };
+        b.exclude_kernel(user_only).exclude_user(kernel_only).exclude_host(guest_only);
         b.read_format(ReadFormat::TOTAL_TIME_ENABLED | ReadFormat::TOTAL_TIME_RUNNING);
         b
     }
@@ -137,32 +138,30 @@ impl ThreadCounters {
                 Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
             }
         }
-        // Probe each hardware event alone first, so one refusal does not sink its group.
-        let hw_ok: Vec<&CounterSpec> = hw_specs
-            .into_iter()
-            .filter(|spec| match open_one(spec, tid, false) {
-                Ok(_) => true,
-                Err(e) => {
-                    unavailable.push((spec.metric.clone(), e.to_string()));
-                    false
+        // Every hardware event is opened alone and disabled, so one refusal does not sink a
+        // group; those the PMU accepts are grouped, and group 0 starts counting.
+        let mut opened = Vec::new();
+        for spec in hw_specs {
+            match open_one(spec, tid, false) {
+                Ok(c) => {
+                    opened.push(c);
+                    columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
+                    columns.push((format!("{}.mux", spec.metric), "ratio", SeriesKind::Ratio));
                 }
-            })
+                Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+            }
+        }
+        let mut counters = opened.into_iter();
+        let mut hardware: Vec<Vec<(Counter, Reading)>> = groups_of(counters.len(), hw_counters)
+            .into_iter()
+            .map(|range| counters.by_ref().take(range.len()).map(|c| (c, Reading::default())).collect())
             .collect();
-        let mut hardware = Vec::new();
-        for (g, range) in groups_of(hw_ok.len(), hw_counters).into_iter().enumerate() {
-            let mut group = Vec::new();
-            for spec in &hw_ok[range] {
-                // Only group 0 starts counting; the rotation enables the others in turn.
-                match open_one(spec, tid, g == 0) {
-                    Ok(c) => {
-                        group.push((c, Reading::default()));
-                        columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
-                        columns.push((format!("{}.mux", spec.metric), "ratio", SeriesKind::Ratio));
-                    }
-                    Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+        if let Some(first) = hardware.first_mut() {
+            for (c, _) in first {
+                if let Err(e) = c.enable() {
+                    log::debug!("enabling a hardware counter: {e}");
                 }
             }
-            hardware.push(group);
         }
         let rotation = Rotation::new(hardware.len());
         (ThreadCounters { plain, hardware, rotation, columns }, unavailable)

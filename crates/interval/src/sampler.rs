@@ -1,13 +1,12 @@
 //! One sample per interval from every source: `/proc/stat` per CPU, and per vCPU thread its
 //! schedstat, KVM stats, perf counters and (testvm guests) application counters. Columns are
-//! fixed between [`IntervalSampler::set_vms`] calls; sampling reads into preallocated buffers
+//! fixed between [`IntervalSampler::add_vms`] calls; sampling reads into preallocated buffers
 //! and allocates nothing.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-
-use std::collections::HashMap;
 
 use virtprof_kvm::discover::{DiscoveredVm, VcpuThread};
 use virtprof_kvm::guest_counters::GuestCounters;
@@ -241,10 +240,9 @@ impl IntervalSampler {
     }
 
     /// Read every source and write the interval's values (of `span_ns`) into `out`, one per
-    /// series. A source that cannot be read gives NaN (unknown), never zero; the first sample
-    /// of a new column is NaN too, since it has no earlier reading to subtract.
+    /// series. A source that cannot be read gives NaN (unknown), never zero; so does a CPU
+    /// column's first sample, which has no earlier reading to subtract.
     pub fn sample(&mut self, span_ns: u64, out: &mut [f64]) {
-        let mut i = 0;
         let raw = &mut self.raw;
         let cpus = &self.cpus;
         let mut filled = 0;
@@ -257,7 +255,7 @@ impl IntervalSampler {
         if filled < cpus.len() {
             raw[..cpus.len() * 8].iter_mut().for_each(|v| *v = f64::NAN);
         }
-        i += cpus.len() * 8;
+        let mut i = cpus.len() * 8;
         let mut text = [0u8; 128];
         for vm in &mut self.vms {
             for v in &mut vm.vcpus {

@@ -63,16 +63,6 @@ pub struct IntervalRow<'a> {
 }
 
 impl IntervalRow<'_> {
-    /// Number of values.
-    pub fn len(&self) -> usize {
-        self.values.len() / 8
-    }
-
-    /// True for a row of no series.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
     /// Value of column `i`.
     pub fn value(&self, i: usize) -> f64 {
         f64::from_le_bytes(self.values[i * 8..i * 8 + 8].try_into().expect("8 bytes"))

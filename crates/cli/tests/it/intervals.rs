@@ -6,11 +6,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, virtprof};
-
-fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("virtprof-it-{}-{name}", std::process::id()))
-}
+use super::util::{have_kvm, have_tracefs, temp, virtprof};
 
 /// Record `script` at 10 ms intervals; returns the recording and testvm's ground truth.
 fn record_phases(name: &str, script: &str) -> (PathBuf, TestvmReport) {

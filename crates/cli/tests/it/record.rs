@@ -2,18 +2,13 @@
 //! exits as timed round trips, the same count `perf stat -e kvm:kvm_userspace_exit` sees, and
 //! the tracefs instance is gone afterwards, also after SIGINT/SIGTERM.
 
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, virtprof};
-
-fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
-}
+use super::util::{have_kvm, have_tracefs, temp, virtprof};
 
 /// A child process killed (SIGKILL) when dropped, e.g. when an assertion fails.
 struct KillOnDrop(std::process::Child);

@@ -43,6 +43,11 @@ pub fn have_tracefs(test: &str) -> bool {
     }
 }
 
+/// A path in the temp dir unique to this test process.
+pub fn temp(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
+}
+
 /// Run `virtprof testvm ARGS --json` and parse the report; panics with stderr on failure.
 pub fn testvm(args: &[&str]) -> TestvmReport {
     let output = virtprof().arg("testvm").args(args).arg("--json").output().expect("run virtprof");

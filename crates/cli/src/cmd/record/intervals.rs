@@ -96,14 +96,12 @@ fn run(
     loop {
         let stopping = stop.load(Ordering::Acquire);
         if !stopping {
+            // Hardware counter groups take turns: one sub-interval each, every interval.
             let subs = sampler.sub_intervals() as u64;
             for s in 1..=subs {
                 sleep_until(t0 + next * interval_ns + s * interval_ns / subs);
-                if s < subs {
-                    sampler.rotate();
-                }
+                sampler.rotate();
             }
-            sampler.rotate();
         }
         let now = monotonic_ns();
         // The interval this wake-up ends; later than `next` when we overslept.
