@@ -15,6 +15,8 @@ if [ "$(id -u)" = 0 ]; then
     command -v trace-cmd >/dev/null || need+=(trace-cmd)
     # tmux: drives `virtprof demo` in a real terminal.
     command -v tmux >/dev/null || need+=(tmux)
+    # chromium: renders `report --html` headless (no console errors, every chart drawn).
+    command -v chromium >/dev/null || need+=(chromium)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq
@@ -25,6 +27,12 @@ if [ "$(id -u)" = 0 ]; then
     fi
 else
     echo "test.sh: not root: apt installs and tracefs/pidfd tests are skipped"
+fi
+
+# pyarrow: reads our Parquet exports back independently of the Rust code that wrote them.
+if ! python3 -c 'import pyarrow.parquet' 2>/dev/null; then
+    echo "test.sh: pip install pyarrow"
+    python3 -m pip install -q pyarrow || echo "test.sh: could not install pyarrow; the Parquet test will skip"
 fi
 
 rustup component add rustfmt clippy >/dev/null 2>&1 || true

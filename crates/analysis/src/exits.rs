@@ -202,6 +202,10 @@ pub struct ReasonRow {
     pub preempted_ns: Option<u64>,
     /// Sum of time blocked.
     pub blocked_ns: Option<u64>,
+    /// The durations (empty where the host emits no timing); kept out of `exits --json`,
+    /// drawn by `report --html`.
+    #[serde(skip)]
+    pub histogram: Histogram,
 }
 
 /// One vCPU thread's totals (`by_vcpu[]`).
@@ -553,6 +557,7 @@ impl ExitAnalyzer {
                     vmm_ns: t(Some(s.vmm_ns)),
                     preempted_ns: t(Some(s.preempted_ns)),
                     blocked_ns: t(Some(s.blocked_ns)),
+                    histogram: s.hist.clone(),
                 }
             })
             .collect();

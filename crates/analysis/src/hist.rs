@@ -6,7 +6,7 @@ const SUB_BITS: u32 = 5;
 const SUB: usize = 1 << SUB_BITS;
 
 /// Duration histogram with exact count/sum/min/max.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
     buckets: Vec<u32>,
     count: u64,
@@ -98,6 +98,11 @@ impl Histogram {
         Some(self.max)
     }
 
+    /// The non-empty buckets, shortest first: (smallest value the bucket holds, samples).
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.buckets.iter().enumerate().filter(|(_, &n)| n > 0).map(|(b, &n)| (bucket_range(b).0, u64::from(n)))
+    }
+
     /// Add another histogram's samples.
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
@@ -113,6 +118,16 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listed_buckets_hold_every_sample() {
+        let mut h = Histogram::default();
+        [5u64, 5, 40, 1_000_000].iter().for_each(|&v| h.record(v));
+        let listed: Vec<(u64, u64)> = h.buckets().collect();
+        assert_eq!(listed.iter().map(|b| b.1).sum::<u64>(), 4);
+        assert_eq!(listed[0], (5, 2));
+        assert!(listed.windows(2).all(|w| w[0].0 < w[1].0));
+    }
 
     #[test]
     fn buckets_cover_values_in_order() {

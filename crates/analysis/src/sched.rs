@@ -35,6 +35,16 @@ const EXITING_STATES: u64 = 0x10 | 0x20;
 /// newer kernels, the preemption marker) means the task was still runnable: preempted.
 const STATE_BITS: u64 = 0xff;
 
+/// What a `sched_switch` prev_state says of the task switched out: None if it is exiting,
+/// `Some(true)` if it is still runnable (preempted), `Some(false)` if it sleeps (blocked).
+pub fn preempted(prev_state: u64) -> Option<bool> {
+    if prev_state & EXITING_STATES != 0 {
+        None
+    } else {
+        Some(prev_state & STATE_BITS == 0)
+    }
+}
+
 /// Time and event counts of one vCPU thread on one physical CPU over a span.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Counters {
@@ -427,9 +437,9 @@ impl SchedAccounting {
             return; // inconsistent after loss; the next events resynchronize
         }
         let exec_start = self.threads[&tid].exec_start;
-        let next = if prev_state & EXITING_STATES != 0 {
+        let next = if preempted(prev_state).is_none() {
             State::Exited
-        } else if prev_state & STATE_BITS == 0 {
+        } else if preempted(prev_state) == Some(true) {
             // An execution ended by preemption: its length is an allocation.
             if state == State::Running {
                 let len = e.ts.saturating_sub(exec_start);

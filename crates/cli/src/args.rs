@@ -40,11 +40,11 @@ pub enum Command {
     Top(TopArgs),
     /// The `top` table for a recording: whole run, or per --window.
     Sched(SchedArgs),
-    /// Summarize a recording: host, VMs, loss; per-interval metrics, phases, correlations.
+    /// Summarize a recording: host, VMs, loss, top exits, vCPU accounting, intervals; --html.
     Report(ReportArgs),
     /// Two interval recordings side by side: rates and the largest correlation changes.
     Compare(CompareArgs),
-    /// Write a recording's interval table for other tools (csv).
+    /// Export a recording for other tools: csv, Parquet (DuckDB, pandas), Perfetto JSON.
     Export(ExportArgs),
     /// Start a mix of test VMs (contending, I/O-bound, exit-heavy) and watch them in `top`.
     Demo(DemoArgs),
@@ -262,18 +262,29 @@ pub struct WatchArgs {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Needs a recording made with `virtprof record --interval D`.
+Any recording or capture `import` reads: host, VMs, duration, lost events, the top exits with
+durations, and run/wait/blocked per vCPU. Recordings made with `record --interval D` add the
+interval analyses: per-metric totals and rates, phases, and the most correlated metrics.
+`--html` writes one self-contained page (works offline): exit latency histograms, run/wait/
+blocked over time per vCPU, per-metric timelines, the correlation heatmap and the phases.
 
 EXAMPLES:
   virtprof record -o run.vprec --interval 10ms -- virtprof testvm -w phases --phases compute:1s,pio-user:20000
   virtprof report run.vprec
+  virtprof report run.vprec --html run.html
   virtprof report run.vprec --json --top 20 --spearman")]
 pub struct ReportArgs {
-    /// The recording.
+    /// The recording (or a trace.dat, tracefs dump, ...).
     pub file: PathBuf,
-    /// Print JSON.
+    /// Print JSON (the same data the HTML page draws).
     #[arg(long)]
     pub json: bool,
+    /// Write a self-contained HTML report to OUT.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
+    /// Exit reasons to list.
+    #[arg(long, default_value_t = 10)]
+    pub top_exits: usize,
     /// Correlated pairs to list.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -284,20 +295,39 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-One row per interval; columns are `ENTITY METRIC` (`cpu0 stat.steal_ns`, `vm1234 kvm.exits`,
-`vm1234/vcpu0 trace.userspace_exit.KVM_EXIT_IO`); empty cells are unknown, not zero.
+Formats:
+  csv       the interval table (`record --interval` recordings), one row per interval; columns
+            are `ENTITY METRIC` (`cpu0 stat.steal_ns`, `vm1234 kvm.exits`,
+            `vm1234/vcpu0 trace.userspace_exit.KVM_EXIT_IO`); empty cells are unknown, not zero.
+  parquet   a directory (-o, required) with events.parquet (every trace event), exits.parquet
+            (one row per timed exit) and, with interval rows, intervals.parquet (long form).
+  perfetto  Chrome/Perfetto JSON trace: per VM a process, per vCPU a state track (running /
+            waiting / blocked) and an exit track (a slice per timed exit), counter tracks per VM
+            from interval rows. Open it in https://ui.perfetto.dev or chrome://tracing.
+Schemas: docs/export.md.
 
 EXAMPLES:
-  virtprof export run.vprec --format csv -o run.csv")]
+  virtprof export run.vprec --format csv -o run.csv
+  virtprof export run.vprec --format parquet -o run.parquet/
+  duckdb -c \"SELECT reason, count(*), median(duration_ns) FROM 'run.parquet/exits.parquet' GROUP BY 1\"
+  virtprof export run.vprec --format perfetto -o run.json")]
 pub struct ExportArgs {
-    /// The recording (made with `record --interval`).
+    /// The recording (or a trace.dat, tracefs dump, ...).
     pub file: PathBuf,
     /// Output format.
-    #[arg(long, default_value = "csv", value_name = "csv")]
-    pub format: String,
-    /// Output file (default: standard output).
-    #[arg(short, long, value_name = "FILE")]
+    #[arg(long, value_enum, default_value_t = ExportFormat::Csv)]
+    pub format: ExportFormat,
+    /// Output file (csv, perfetto; default: standard output) or directory (parquet).
+    #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+}
+
+/// `export --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    Csv,
+    Parquet,
+    Perfetto,
 }
 
 #[derive(Debug, Args)]

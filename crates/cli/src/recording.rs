@@ -139,6 +139,15 @@ impl Recording {
         })
     }
 
+    /// [`Recording::open_any`], warning on stderr when the file was cut short.
+    pub fn open_warning(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
+        let recording = Recording::open_any(path, formats)?;
+        if let Some(at) = recording.truncated_at {
+            eprintln!("virtprof: warning: '{}' was cut short at byte {at}; using what precedes it", path.display());
+        }
+        Ok(recording)
+    }
+
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
     /// the others only their name and id (a trace.dat can carry thousands of formats).
     pub fn decoder(&self, systems: &[&str]) -> anyhow::Result<Decoder> {

@@ -166,3 +166,31 @@ pub enum EventKind {
         count: Option<u64>,
     },
 }
+
+impl EventKind {
+    /// The kernel's event name of a typed event (`kvm_exit`, `sched_switch`, ...); None for
+    /// [`EventKind::Other`], named by its format, and [`EventKind::Lost`], which is no event.
+    pub fn typed_name(&self) -> Option<&'static str> {
+        Some(match self {
+            EventKind::KvmExit { .. } => "kvm_exit",
+            EventKind::KvmEntry { .. } => "kvm_entry",
+            EventKind::KvmUserspaceExit { .. } => "kvm_userspace_exit",
+            EventKind::KvmPio { .. } => "kvm_pio",
+            EventKind::KvmMmio { .. } => "kvm_mmio",
+            EventKind::KvmEmulateInsn { .. } => "kvm_emulate_insn",
+            EventKind::KvmFpu { .. } => "kvm_fpu",
+            EventKind::SchedSwitch { .. } => "sched_switch",
+            EventKind::SchedWakeup { .. } => "sched_wakeup",
+            EventKind::SchedMigrate { .. } => "sched_migrate_task",
+            EventKind::IrqEntry { .. } => "irq_handler_entry",
+            EventKind::IrqExit { .. } => "irq_handler_exit",
+            EventKind::SoftirqEntry { .. } => "softirq_entry",
+            EventKind::SoftirqExit { .. } => "softirq_exit",
+            EventKind::SoftirqRaise { .. } => "softirq_raise",
+            EventKind::IrqVectorEntry { .. } | EventKind::IrqVectorExit { .. } | EventKind::Other { .. } => {
+                return None
+            }
+            EventKind::Lost { .. } => return None,
+        })
+    }
+}

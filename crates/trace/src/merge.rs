@@ -8,6 +8,7 @@ use std::collections::BinaryHeap;
 use virtprof_model::{Event, EventKind};
 
 use crate::decode::Decoder;
+use crate::format::PageHeader;
 use crate::page::{Missed, Page, Records};
 
 /// Counts from walking pages.
@@ -52,6 +53,27 @@ impl<'a> CpuStream<'a> {
     pub fn contiguous(cpu: u32, raw: &'a [u8]) -> Self {
         CpuStream { cpu, segments: vec![raw] }
     }
+}
+
+/// The base timestamps of the earliest first page and the latest last page over all CPUs:
+/// the span a walk will cover (to within a page), known before decoding anything, which is
+/// what progress bars and time-bucketed analyses need up front.
+pub fn time_range(header: &PageHeader, cpus: &[CpuStream<'_>]) -> Option<(u64, u64)> {
+    let page_ts = |page: &[u8]| Page::parse(page, header).ok().map(|p| p.base_ts()).filter(|&ts| ts > 0);
+    let mut range: Option<(u64, u64)> = None;
+    for s in cpus {
+        let whole = |seg: &&&[u8]| seg.len() >= header.page_size;
+        let first = s.segments.iter().find(whole).and_then(|seg| page_ts(&seg[..header.page_size]));
+        let last = s.segments.iter().rev().find(whole).and_then(|seg| {
+            let pages = seg.len() / header.page_size;
+            page_ts(&seg[(pages - 1) * header.page_size..pages * header.page_size])
+        });
+        if let (Some(a), Some(b)) = (first, last) {
+            let (lo, hi) = range.unwrap_or((a, b));
+            range = Some((lo.min(a), hi.max(b)));
+        }
+    }
+    range
 }
 
 /// One CPU's position in its pages.

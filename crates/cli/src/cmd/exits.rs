@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow};
 use virtprof_store::recording::Task;
 use virtprof_store::Table;
 use virtprof_trace::merge::merge_cpus;
@@ -65,14 +65,11 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             path
         }
     };
-    let recording = Recording::open_any(&path, args.formats.as_deref());
+    let recording = Recording::open_warning(&path, args.formats.as_deref());
     if live {
         let _ = std::fs::remove_file(&path);
     }
     let recording = recording?;
-    if let Some(at) = recording.truncated_at {
-        eprintln!("virtprof: warning: '{}' was cut short at byte {at}; analysing what precedes it", path.display());
-    }
     let tids = selected_tids(&recording.metadata.tasks, &args.vm, args.vcpu)?;
     let min_row_ns = match args.threshold_us {
         Some(us) if !(0.0..1e12).contains(&us) => {
@@ -104,7 +101,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         rows_table(&report)
     } else {
         match args.by {
-            GroupBy::Reason => reason_table(&report),
+            GroupBy::Reason => reason_table(&report.by_reason),
             GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks),
             GroupBy::Vm => vm_table(&by_vm),
         }
@@ -184,12 +181,12 @@ fn us(ns: Option<u64>) -> String {
     ns.map(|v| format!("{:.2}", v as f64 / 1000.0)).unwrap_or_default()
 }
 
-fn reason_table(r: &ExitReport) -> Table {
+pub(crate) fn reason_table(rows: &[ReasonRow]) -> Table {
     let mut t = Table::new([
         "REASON", "COUNT", "COUNT%", "TIME%", "TOTAL_US", "MIN_US", "AVG_US", "P50_US", "P99_US", "MAX_US", "LIGHT",
         "HEAVY", "DESCHED",
     ]);
-    for row in &r.by_reason {
+    for row in rows {
         t.row([
             row.reason.clone(),
             row.count.to_string(),

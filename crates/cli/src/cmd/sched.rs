@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use virtprof_analysis::qos::{window_report, WindowReport};
+use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
 use virtprof_model::units::parse_duration_ns;
 use virtprof_model::EventKind;
@@ -40,13 +40,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let recording = Recording::open_any(&args.file, args.formats.as_deref())?;
-    if let Some(at) = recording.truncated_at {
-        eprintln!(
-            "virtprof: warning: '{}' was cut short at byte {at}; analysing what precedes it",
-            args.file.display()
-        );
-    }
+    let recording = Recording::open_warning(&args.file, args.formats.as_deref())?;
     let mut decoder = recording.decoder(&["kvm", "sched"])?;
     let evidence = evidence_event_ids(&decoder);
     let host = recording_tasks(&recording);
@@ -55,49 +49,14 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             return Err(usage(format!("--vm {pid}: no such process in the recording")));
         }
     }
-    // Named vCPU threads alive at the start are accounted from the first event; threads that
-    // appear later from their first event (before it they did not exist).
-    let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|(_, tid)| *tid)).collect();
-    let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
-    let at_start: HashSet<u32> =
-        recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
-    let (initial, mut late): (Vec<u32>, HashSet<u32>) = {
-        let (a, b): (Vec<u32>, Vec<u32>) = named.iter().partition(|t| at_start.contains(t));
-        (a, b.into_iter().collect())
-    };
     // One bucket per window; without --window one bucket spans the whole run.
     let bucket_ns = window_ns.unwrap_or(1 << 62);
-    let mut acc = SchedAccounting::new(SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
-    let mut first = true;
-    let mut last_ts = 0;
-    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| {
-        if first {
-            initial.iter().for_each(|&tid| acc.track(tid, e.ts));
-            first = false;
-        }
-        if !late.is_empty() {
-            let mentioned = match e.kind {
-                EventKind::SchedSwitch { prev_tid, next_tid, .. } => [prev_tid, next_tid],
-                EventKind::SchedWakeup { tid, .. } | EventKind::SchedMigrate { tid, .. } => [tid, tid],
-                _ => [e.tid, e.tid],
-            };
-            for tid in mentioned {
-                if late.remove(&tid) {
-                    acc.track(tid, e.ts);
-                }
-            }
-        }
-        acc.on_event(e);
-        last_ts = e.ts;
-    })?;
-    let total = acc.finish(last_ts);
-    let tracked: Vec<u32> = acc.tracked().collect();
-    // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
-    let mut vms = host.vms(&tracked, &args.vm);
-    for vm in &mut vms {
-        vm.vcpus.retain(|(_, tid)| total.thread(*tid, None).observed_ns() > 0);
-    }
-    vms.retain(|vm| !vm.vcpus.is_empty());
+    let mut acc =
+        VcpuAccounting::new(&recording, &host, SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
+    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| acc.on_event(e))?;
+    let total = acc.finish();
+    let vms = acc.vms(&host, &total, &args.vm);
+    let acc = &acc.inner;
     if vms.is_empty() {
         return Err(usage(format!(
             "no VM in '{}': no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)",
@@ -144,6 +103,73 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "lost events: {lost_events}")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Run/wait/blocked accounting of a recording's vCPU threads. Named vCPU threads alive at
+/// the start are accounted from the first event; threads that appear later from their first
+/// event (before it they did not exist).
+pub(crate) struct VcpuAccounting {
+    pub inner: SchedAccounting,
+    initial: Vec<u32>,
+    late: HashSet<u32>,
+    first: bool,
+    last_ts: u64,
+}
+
+impl VcpuAccounting {
+    pub fn new(recording: &Recording, host: &HostTasks, options: SchedOptions, evidence: Vec<u16>) -> Self {
+        let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|(_, tid)| *tid)).collect();
+        let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
+        let at_start: HashSet<u32> =
+            recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
+        let (initial, late): (Vec<u32>, Vec<u32>) = named.iter().partition(|t| at_start.contains(t));
+        VcpuAccounting {
+            inner: SchedAccounting::new(options, evidence),
+            initial,
+            late: late.into_iter().collect(),
+            first: true,
+            last_ts: 0,
+        }
+    }
+
+    /// Feed one event (in timestamp order).
+    pub fn on_event(&mut self, e: &virtprof_model::Event) {
+        if self.first {
+            self.initial.iter().for_each(|&tid| self.inner.track(tid, e.ts));
+            self.first = false;
+        }
+        if !self.late.is_empty() {
+            let mentioned = match e.kind {
+                EventKind::SchedSwitch { prev_tid, next_tid, .. } => [prev_tid, next_tid],
+                EventKind::SchedWakeup { tid, .. } | EventKind::SchedMigrate { tid, .. } => [tid, tid],
+                _ => [e.tid, e.tid],
+            };
+            for tid in mentioned {
+                if self.late.remove(&tid) {
+                    self.inner.track(tid, e.ts);
+                }
+            }
+        }
+        self.inner.on_event(e);
+        self.last_ts = e.ts;
+    }
+
+    /// The VMs whose vCPU threads were seen (of `only`, when not empty), given the whole run.
+    pub fn vms(&self, host: &HostTasks, total: &virtprof_analysis::sched::Span, only: &[u32]) -> Vec<VmInfo> {
+        let tracked: Vec<u32> = self.inner.tracked().collect();
+        // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
+        let mut vms = host.vms(&tracked, only);
+        for vm in &mut vms {
+            vm.vcpus.retain(|(_, tid)| total.thread(*tid, None).observed_ns() > 0);
+        }
+        vms.retain(|vm| !vm.vcpus.is_empty());
+        vms
+    }
+
+    /// Close the run at the last event and return it whole.
+    pub fn finish(&mut self) -> virtprof_analysis::sched::Span {
+        self.inner.finish(self.last_ts)
+    }
 }
 
 /// Threads and VM identities a recording knows.

@@ -2,11 +2,40 @@
 //! counts and phase boundaries are known exactly.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
 use super::util::{have_kvm, have_tracefs, temp, virtprof};
+
+/// The scripted run several tests read: compute → pio-user → io-bound → compute.
+const PHASES: &str = "compute:300ms,pio-user:3000,io-bound:60,compute:300ms";
+
+/// One recording of [`PHASES`] with its ground truth, shared by the tests that only read it.
+pub struct PhasesRun {
+    pub rec: PathBuf,
+    pub truth: TestvmReport,
+}
+
+static PHASES_RUN: OnceLock<Option<PhasesRun>> = OnceLock::new();
+
+/// The shared [`PHASES`] recording, made on first use; None (after saying why) where the host
+/// cannot run or trace VMs.
+pub fn phases_run(test: &str) -> Option<&'static PhasesRun> {
+    let run = PHASES_RUN.get_or_init(|| {
+        let _vms = have_kvm(test)?;
+        if !have_tracefs(test) {
+            return None;
+        }
+        let (rec, truth) = record_phases("shared-phases.vprec", PHASES);
+        Some(PhasesRun { rec, truth })
+    });
+    if run.is_none() {
+        eprintln!("SKIP {test}: no recording of a testvm run on this host (see the first SKIP)");
+    }
+    run.as_ref()
+}
 
 /// Record `script` at 10 ms intervals; returns the recording and testvm's ground truth.
 fn record_phases(name: &str, script: &str) -> (PathBuf, TestvmReport) {
@@ -22,7 +51,7 @@ fn record_phases(name: &str, script: &str) -> (PathBuf, TestvmReport) {
     (rec, serde_json::from_slice(&out.stdout).unwrap())
 }
 
-fn json(args: &[&str], file: &PathBuf) -> Value {
+pub fn json(args: &[&str], file: &PathBuf) -> Value {
     let out = virtprof().arg(args[0]).arg(file).args(&args[1..]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
@@ -30,17 +59,14 @@ fn json(args: &[&str], file: &PathBuf) -> Value {
 
 #[test]
 fn intervals_sum_to_ground_truth_and_phases_are_found() {
-    let test = "intervals_sum_to_ground_truth_and_phases_are_found";
-    let Some(_vms) = have_kvm(test) else { return };
-    if !have_tracefs(test) {
+    let Some(PhasesRun { rec, truth }) = phases_run("intervals_sum_to_ground_truth_and_phases_are_found") else {
         return;
-    }
-    let (rec, truth) = record_phases("phases.vprec", "compute:300ms,pio-user:3000,io-bound:60,compute:300ms");
+    };
     let vm = &truth.vms[0];
-    let report = json(&["report", "--json"], &rec);
+    let report = json(&["report", "--json"], rec);
     let metric = |name: &str| {
         let entity = format!("vm{}", vm.pid);
-        report["metrics"]
+        report["intervals"]["metrics"]
             .as_array()
             .unwrap()
             .iter()
@@ -61,7 +87,7 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
 
     // Phase boundaries: where the guest's published phase index changes (ground truth), a
     // detected boundary lies within one interval.
-    let csv = String::from_utf8(virtprof().arg("export").arg(&rec).output().unwrap().stdout).unwrap();
+    let csv = String::from_utf8(virtprof().arg("export").arg(rec).output().unwrap().stdout).unwrap();
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     let phase_col = header.iter().position(|h| h.ends_with("/vcpu0 app.phase")).expect("app.phase column");
@@ -69,7 +95,7 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
     let truth_rows: Vec<usize> =
         (1..phases.len()).filter(|&i| !phases[i - 1].is_empty() && phases[i] != phases[i - 1]).collect();
     assert_eq!(truth_rows.len(), 3, "three scripted phase changes: {phases:?}");
-    let found: Vec<usize> = report["phases"]["boundary_rows"]
+    let found: Vec<usize> = report["intervals"]["phases"]["boundary_rows"]
         .as_array()
         .unwrap()
         .iter()
@@ -78,7 +104,6 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
     for t in truth_rows {
         assert!(found.iter().any(|&f| f.abs_diff(t) <= 1), "boundary at row {t} not found in {found:?}");
     }
-    let _ = std::fs::remove_file(rec);
 }
 
 #[test]
@@ -112,12 +137,12 @@ fn compare_lists_exit_metrics_among_the_top_changes() {
 }
 
 #[test]
-fn report_without_intervals_says_how_to_record_them() {
+fn csv_export_without_intervals_says_how_to_record_them() {
     let rec = temp("no-intervals.vprec");
     let meta = virtprof_store::recording::Metadata { header_page: String::new(), ..Default::default() };
     let w = virtprof_store::recording::Writer::new(std::fs::File::create(&rec).unwrap(), &meta).unwrap();
     w.finish(&Default::default()).unwrap();
-    let out = virtprof().arg("report").arg(&rec).output().unwrap();
+    let out = virtprof().arg("export").arg(&rec).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--interval"));
     let _ = std::fs::remove_file(rec);

@@ -4,6 +4,7 @@ mod exits;
 mod intervals;
 mod perf_stat;
 mod record;
+mod report;
 mod sched;
 mod stats;
 mod testvm;

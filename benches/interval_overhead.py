@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Cost of `virtprof record --interval 1ms` on busy guests: a testvm with 4 compute vCPUs
+(no exits; the guest throughput is its own iteration count) run
+
+  untraced    alone
+  trace       under `virtprof record` (default events, no interval sampling)
+  interval    under `virtprof record --interval 1ms` (trace + per-interval sampling of
+              /proc/stat, schedstat, KVM stats, perf counters and the guests' shared pages)
+
+Prints guest throughput (iterations/s summed over vCPUs, median of the reps), the loss against
+untraced in %, the recorder's peak RSS (VmHWM of the `virtprof record` process), and the rows,
+missed intervals and lost events it reported. Needs root, tracefs and /dev/kvm.
+
+usage: benches/interval_overhead.py [--reps N] [--duration 3s] [--vcpus 4] [--binary PATH]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def testvm_cmd(binary, vcpus, duration):
+    return [binary, "testvm", "--workload", "compute", "--vcpus", str(vcpus), "--duration", duration, "--json"]
+
+
+def throughput(stdout, seconds):
+    vm = json.loads(stdout)["vms"][0]
+    return sum(v["iterations"] for v in vm["vcpus"]) / seconds
+
+
+def peak_rss_kb(pid, result):
+    """Follow /proc/PID/status until the process exits; keep its VmHWM (a high-water mark)."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        result[0] = max(result[0], int(line.split()[1]))
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
+def run(cmd, seconds):
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rss = [0]
+    watcher = threading.Thread(target=peak_rss_kb, args=(proc.pid, rss))
+    watcher.start()
+    out, err = proc.communicate()
+    watcher.join()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{err}")
+    return throughput(out, seconds), rss[0], err
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--duration", default="3s")
+    ap.add_argument("--vcpus", type=int, default=4)
+    ap.add_argument("--binary", default="target/release/virtprof")
+    args = ap.parse_args()
+    seconds = float(args.duration.rstrip("s"))
+    tmp = tempfile.mkdtemp(prefix="virtprof-bench-")
+    rec = os.path.join(tmp, "r.vprec")
+    guest = testvm_cmd(args.binary, args.vcpus, args.duration)
+    modes = {
+        "untraced": guest,
+        "trace": [args.binary, "record", "-o", rec, "--"] + guest,
+        "interval": [args.binary, "record", "-o", rec, "--interval", "1ms", "--"] + guest,
+    }
+    results = {m: [] for m in modes}
+    rss = {m: 0 for m in modes}
+    notes = {}
+    for rep in range(args.reps):
+        for mode, cmd in modes.items():  # interleaved, so drift hits every mode alike
+            tput, kb, err = run(cmd, seconds)
+            results[mode].append(tput)
+            if mode != "untraced":
+                rss[mode] = max(rss[mode], kb)
+                rows = re.search(r"(\d+) intervals of .*missed (\d+)", err)
+                lost = re.search(r"lost events: (\d+)", err)
+                notes.setdefault(mode, []).append(
+                    (int(rows.group(1)) if rows else 0, int(rows.group(2)) if rows else 0, int(lost.group(1)) if lost else 0))
+            print(f"\rrep {rep + 1}/{args.reps} {mode:10}", end="", file=sys.stderr, flush=True)
+    print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    os.remove(rec)
+    os.rmdir(tmp)
+
+    base = statistics.median(results["untraced"])
+    print(f"{'MODE':10} {'ITER/S (median)':>16} {'LOSS %':>7} {'PEAK RSS MiB':>13} {'ROWS':>6} {'MISSED':>7} {'LOST EV':>8}")
+    for mode, xs in results.items():
+        med = statistics.median(xs)
+        loss = 100.0 * (base - med) / base
+        n = notes.get(mode, [(0, 0, 0)])
+        rows = max(r for r, _, _ in n)
+        missed = max(m for _, m, _ in n)
+        lost = max(l for _, _, l in n)
+        mib = f"{rss[mode] / 1024:.1f}" if mode != "untraced" else "-"
+        print(f"{mode:10} {med:16.4g} {loss:7.2f} {mib:>13} {rows if mode == 'interval' else '-':>6} "
+              f"{missed if mode == 'interval' else '-':>7} {lost if mode != 'untraced' else '-':>8}")
+    spread = {m: 100.0 * (max(xs) - min(xs)) / statistics.median(xs) for m, xs in results.items()}
+    print("run-to-run spread (max-min)/median %: " + ", ".join(f"{m} {s:.1f}" for m, s in spread.items()))
+    print(f"({args.reps} reps of testvm compute, {args.vcpus} vCPUs, {args.duration}, interleaved; "
+          f"{os.cpu_count()} host CPUs; target peak RSS <= 64 MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+// Draws `virtprof report --html` from the JSON embedded in the page (the same document
+// `virtprof report --json` prints). Sets data-charts (charts drawn) and data-ready ("ok" or
+// "errors") on <body> so headless tests can check the page without a debugger.
+(function () {
+  "use strict";
+  const errors = [];
+  const showErrors = () => {
+    const box = document.getElementById("errors");
+    box.hidden = errors.length === 0;
+    box.textContent = errors.join("\n");
+  };
+  window.addEventListener("error", (e) => { errors.push("error: " + e.message); showErrors(); });
+  const consoleError = console.error.bind(console);
+  console.error = (...args) => { errors.push("console.error: " + args.join(" ")); showErrors(); consoleError(...args); };
+
+  const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+  const STATE_COLORS = { running: "#2ca02c", waiting: "#ff7f0e", blocked: "#9e9e9e" };
+  const main = document.getElementById("main");
+  let charts = 0;
+
+  const el = (tag, attrs, ...children) => {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    for (const c of children) node.append(c);
+    return node;
+  };
+  const section = (title, note) => {
+    const s = el("section", {});
+    s.append(el("h2", {}, title));
+    if (note) s.append(el("p", { class: "note" }, note));
+    main.append(s);
+    return s;
+  };
+  const fmt = (v, digits) => (v === null || v === undefined ? "–" : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits ?? 1 }));
+  const us = (ns) => (ns === null || ns === undefined ? "–" : fmt(ns / 1000, 2));
+  const table = (cls, header, rows) => {
+    const t = el("table", { class: cls });
+    if (header) t.append(el("tr", {}, ...header.map((h) => el("th", {}, h))));
+    for (const r of rows) t.append(el("tr", {}, ...r.map((c) => el("td", {}, String(c)))));
+    return t;
+  };
+  // Axis ticks in SI units, so big counts and nanosecond sums fit the axis.
+  const si = (v) => {
+    const a = Math.abs(v);
+    for (const [d, unit] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) if (a >= d) return +(v / d).toFixed(1) + unit;
+    return String(+v.toFixed(2));
+  };
+  const siAxis = (label) => ({ label, size: 56, values: (u, ticks) => ticks.map(si) });
+  const plot = (parent, title, opts, data) => {
+    const box = el("div", { class: "chart" });
+    parent.append(box);
+    new uPlot(Object.assign({ title, width: opts.width || 560, height: opts.height || 220 }, opts), data, box);
+    charts++;
+  };
+
+  function summary(D) {
+    document.getElementById("subtitle").textContent = `${D.recording} — ${D.origin}, trace clock ${D.trace_clock}`;
+    const s = section("Summary");
+    const rows = [
+      ["duration", fmt(D.duration_s, 3) + " s"],
+      ["CPUs", D.cpus],
+      ["trace events", fmt(D.events, 0)],
+      ["lost events", fmt(D.lost_events, 0) + (D.truncated_at !== null ? ` (file cut short at byte ${D.truncated_at})` : "")],
+      ["exits", `${fmt(D.exits.totals.exits, 0)} (${fmt(D.exits.totals.lightweight, 0)} lightweight, ${fmt(D.exits.totals.heavyweight, 0)} heavyweight), source ${D.exits.source.path}`],
+    ];
+    for (const [k, v] of Object.entries(D.host)) rows.push(["host " + k, v]);
+    for (const vm of D.vms) rows.push([`VM ${vm.pid}`, `${vm.name} (${vm.kind}), ${vm.vcpus.length} vCPUs`]);
+    s.append(table("facts", null, rows));
+  }
+
+  function exits(D) {
+    const s = section("Exits", "Most frequent reasons; durations where the host emits them. " +
+      D.exits.source.unavailable.map((u) => "Not available: " + u + ".").join(" "));
+    s.append(table("grid", ["reason", "count", "count %", "time %", "total µs", "avg µs", "p50 µs", "p99 µs", "max µs", "light", "heavy"],
+      D.exits.by_reason.map((r) => [r.reason, fmt(r.count, 0), fmt(r.count_pct, 2), fmt(r.time_pct, 2), us(r.total_ns),
+        us(r.avg_ns), us(r.p50_ns), us(r.p99_ns), us(r.max_ns), fmt(r.lightweight, 0), fmt(r.heavyweight, 0)])));
+    if (D.exits.histograms.length === 0) return;
+    s.append(el("h3", {}, "Exit latency histograms (4 bins per octave, log scale)"));
+    const box = el("div", { class: "charts" });
+    s.append(box);
+    D.exits.histograms.forEach((h, i) => {
+      const bins = new Map();
+      for (const [lo, n] of h.buckets) {
+        const b = Math.floor(Math.log2(Math.max(lo, 1)) * 4);
+        bins.set(b, (bins.get(b) || 0) + n);
+      }
+      const keys = [...bins.keys()].sort((a, b) => a - b);
+      const x = keys.map((b) => Math.pow(2, b / 4) / 1000);
+      const y = keys.map((b) => bins.get(b));
+      plot(box, h.reason, {
+        width: 370, height: 200,
+        scales: { x: { time: false, distr: 3 }, y: { range: (u, lo, hi) => [0, hi * 1.05] } },
+        axes: [{ label: "duration (µs)" }, siAxis("exits")],
+        series: [{ label: "µs" }, { label: "exits", stroke: COLORS[i % COLORS.length], fill: COLORS[i % COLORS.length] + "88", paths: uPlot.paths.bars({ size: [0.8, 40] }) }],
+      }, [x, y]);
+    });
+  }
+
+  function accounting(D) {
+    if (!D.timeline || D.timeline.vcpus.length === 0) return;
+    const s = section("vCPU run / wait / blocked over time",
+      `Percent of each ${fmt(D.timeline.bucket_ns / 1e6, 0)} ms bucket a vCPU thread spent running, waiting runnable (steal) and blocked, stacked.`);
+    if (D.accounting) {
+      const rows = [];
+      for (const vm of D.accounting.vms) for (const v of vm.vcpus)
+        rows.push([`${vm.name} vCPU ${v.index}`, v.tid, fmt(v.running_pct, 1), fmt(v.waiting_pct, 1), fmt(v.blocked_pct, 1), fmt(v.exits, 0), fmt(v.exits_per_s, 0)]);
+      s.append(table("grid", ["vCPU", "tid", "run %", "wait %", "blocked %", "exits", "exits/s"], rows));
+    }
+    const box = el("div", { class: "charts" });
+    s.append(box);
+    const t = D.timeline.t_s;
+    for (const v of D.timeline.vcpus) {
+      const rw = v.running_pct.map((r, i) => r + v.waiting_pct[i]);
+      const rwb = rw.map((x, i) => x + v.blocked_pct[i]);
+      plot(box, `VM ${v.vm} vCPU ${v.index} (tid ${v.tid})`, {
+        width: 560, height: 200,
+        scales: { x: { time: false }, y: { range: [0, 100] } },
+        axes: [{ label: "s" }, { label: "%" }],
+        series: [{ label: "s" },
+          { label: "blocked", stroke: STATE_COLORS.blocked, fill: STATE_COLORS.blocked + "aa", value: (u, x, si, i) => fmt(v.blocked_pct[i]) },
+          { label: "waiting", stroke: STATE_COLORS.waiting, fill: STATE_COLORS.waiting + "cc", value: (u, x, si, i) => fmt(v.waiting_pct[i]) },
+          { label: "running", stroke: STATE_COLORS.running, fill: STATE_COLORS.running + "cc" }],
+      }, [t, rwb, rw, v.running_pct]);
+    }
+  }
+
+  function phases(D, I) {
+    const p = I.phases;
+    const s = section("Phases", `${p.k} phase(s) found by k-means over the interval vectors (silhouette ${fmt(p.silhouette, 2)}); ` +
+      `changes at ${p.boundaries_ns.map((ns) => fmt(ns / 1e9, 3) + " s").join(", ") || "–"}.`);
+    const strip = el("div", { class: "phases" });
+    const ids = p.ids;
+    let start = 0;
+    for (let i = 1; i <= ids.length; i++) {
+      if (i === ids.length || ids[i] !== ids[start]) {
+        const seg = el("div", { title: `phase ${ids[start]}: rows ${start}–${i - 1}` });
+        seg.style.flex = String(i - start);
+        seg.style.background = COLORS[ids[start] % COLORS.length];
+        strip.append(seg);
+        start = i;
+      }
+    }
+    s.append(strip);
+    const legend = el("div", { class: "legend-row" });
+    for (let k = 0; k < p.k; k++) {
+      const sw = el("span", {}, el("i", { class: "swatch" }), `phase ${k}`);
+      sw.firstChild.style.background = COLORS[k % COLORS.length];
+      legend.append(sw);
+    }
+    s.append(legend);
+  }
+
+  function timelines(D, I) {
+    const s = section("Metrics over time", `All vCPUs and CPUs summed, per second; ${fmt(I.rows, 0)} intervals of ${fmt(I.interval_ns / 1e6, 2)} ms.`);
+    const box = el("div", { class: "charts" });
+    s.append(box);
+    const t = I.series.t_s;
+    I.series.metrics.forEach((m, i) => {
+      plot(box, m.name, {
+        width: 370, height: 170,
+        scales: { x: { time: false } },
+        axes: [{ label: "s" }, siAxis("")],
+        series: [{ label: "s" }, { label: "per s", stroke: COLORS[i % COLORS.length] }],
+        legend: { show: false },
+      }, [t, m.per_s]);
+    });
+  }
+
+  function heatmap(D, I) {
+    const M = I.matrix;
+    const s = section("Correlation", `${M.method} correlation between host-level metrics over the intervals (blue −1, white 0, red +1; grey: undefined).`);
+    if (I.correlations.length) {
+      s.append(table("grid", ["r", "metric", "metric"], I.correlations.map((c) => [fmt(c.r, 2), c.a, c.b])));
+    }
+    const t = el("table", { class: "heat" });
+    M.names.forEach((name, i) => {
+      const tr = el("tr", {}, el("th", {}, name));
+      M.r[i].forEach((r, j) => {
+        const td = el("td", { title: `${name} ~ ${M.names[j]}: ${r === null ? "undefined" : r.toFixed(2)}` });
+        td.style.background = r === null ? "#ddd" : r >= 0 ? `rgba(214,39,40,${r})` : `rgba(31,119,180,${-r})`;
+        tr.append(td);
+      });
+      t.append(tr);
+    });
+    s.append(t);
+    if (I.unavailable.length) {
+      s.append(el("h3", {}, "Not counted on this host"));
+      s.append(table("grid", ["counter", "reason"], I.unavailable));
+    }
+  }
+
+  try {
+    const D = JSON.parse(document.getElementById("data").textContent);
+    summary(D);
+    exits(D);
+    accounting(D);
+    if (D.intervals) {
+      phases(D, D.intervals);
+      timelines(D, D.intervals);
+      heatmap(D, D.intervals);
+    }
+  } catch (e) {
+    errors.push("exception: " + (e && e.stack ? e.stack : e));
+  }
+  showErrors();
+  document.body.dataset.charts = String(charts);
+  document.body.dataset.ready = errors.length ? "errors" : "ok";
+})();

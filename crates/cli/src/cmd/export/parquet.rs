@@ -1,0 +1,286 @@
+//! `--format parquet`: a directory of Parquet tables (schemas in docs/export.md) for DuckDB,
+//! pandas, Polars or Spark:
+//! - `events.parquet`: every trace event, one row each, streamed in row groups of 64 Ki rows;
+//! - `exits.parquet`: one row per timed exit (reason, duration and its split);
+//! - `intervals.parquet` (recordings with interval rows): the interval table in long form,
+//!   one row per interval, entity and metric.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{ArrayBuilder, BooleanBuilder, Float64Builder, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+use virtprof_analysis::exits::ExitRow;
+use virtprof_analysis::intervals::IntervalTable;
+use virtprof_analysis::Names;
+use virtprof_model::{Event, EventKind};
+use virtprof_trace::decode::Decoder;
+
+use crate::recording::DecoderNames;
+
+/// Rows per row group (and per batch held in memory).
+const BATCH: usize = 1 << 16;
+
+fn writer(path: &Path, schema: &SchemaRef) -> anyhow::Result<ArrowWriter<File>> {
+    let file =
+        File::create(path).map_err(|e| crate::exit::usage(format!("cannot create '{}': {e}", path.display())))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(BATCH))
+        .build();
+    Ok(ArrowWriter::try_new(file, schema.clone(), Some(props))?)
+}
+
+fn field(name: &str, data_type: DataType, nullable: bool) -> Field {
+    Field::new(name, data_type, nullable)
+}
+
+/// A reason to name: (0 for `kvm_exit`, 1 for `kvm_userspace_exit`, reason, isa).
+type ReasonKey = (u8, u32, u32);
+
+/// Streams events into `events.parquet`.
+pub struct EventTable {
+    schema: SchemaRef,
+    writer: ArrowWriter<File>,
+    ts: UInt64Builder,
+    cpu: UInt32Builder,
+    tid: UInt32Builder,
+    event: StringBuilder,
+    reason: StringBuilder,
+    target_tid: UInt32Builder,
+    value: UInt64Builder,
+    /// Reason names by (kind, reason, isa), named once.
+    reasons: HashMap<ReasonKey, String>,
+    /// The first write error; later events are dropped once one happened.
+    pub error: Option<anyhow::Error>,
+    pub rows: u64,
+}
+
+impl EventTable {
+    pub fn create(path: &Path) -> anyhow::Result<Self> {
+        let schema = Arc::new(Schema::new(vec![
+            field("ts_ns", DataType::UInt64, false),
+            field("cpu", DataType::UInt32, false),
+            field("tid", DataType::UInt32, false),
+            field("event", DataType::Utf8, false),
+            field("reason", DataType::Utf8, true),
+            field("target_tid", DataType::UInt32, true),
+            field("value", DataType::UInt64, true),
+        ]));
+        Ok(EventTable {
+            writer: writer(path, &schema)?,
+            schema,
+            ts: UInt64Builder::with_capacity(BATCH),
+            cpu: UInt32Builder::with_capacity(BATCH),
+            tid: UInt32Builder::with_capacity(BATCH),
+            event: StringBuilder::with_capacity(BATCH, BATCH * 12),
+            reason: StringBuilder::with_capacity(BATCH, BATCH * 4),
+            target_tid: UInt32Builder::with_capacity(BATCH),
+            value: UInt64Builder::with_capacity(BATCH),
+            reasons: HashMap::new(),
+            error: None,
+            rows: 0,
+        })
+    }
+
+    /// Append one event (nothing after a write error).
+    pub fn on_event(&mut self, e: &Event, decoder: &Decoder) {
+        if self.error.is_some() {
+            return;
+        }
+        let names = DecoderNames(decoder);
+        let name = match e.kind {
+            EventKind::Other { event }
+            | EventKind::IrqVectorEntry { event, .. }
+            | EventKind::IrqVectorExit { event, .. } => {
+                decoder.layout().format(event).map_or("unknown", |f| f.name.as_str())
+            }
+            EventKind::Lost { .. } => "lost",
+            kind => kind.typed_name().unwrap_or("unknown"),
+        };
+        let (reason, target, value): (Option<ReasonKey>, Option<u32>, Option<u64>) = match e.kind {
+            EventKind::KvmExit { reason, isa, guest_rip, .. } => (Some((0, reason, isa)), None, Some(guest_rip)),
+            EventKind::KvmUserspaceExit { reason, .. } => (Some((1, reason, 0)), None, None),
+            EventKind::KvmEntry { rip, .. } => (None, None, Some(rip)),
+            EventKind::KvmPio { port, .. } => (None, None, Some(u64::from(port))),
+            EventKind::KvmMmio { gpa, .. } => (None, None, Some(gpa)),
+            EventKind::KvmEmulateInsn { rip, .. } => (None, None, Some(rip)),
+            EventKind::SchedSwitch { prev_state, next_tid, .. } => (None, Some(next_tid), Some(prev_state)),
+            EventKind::SchedWakeup { tid, target_cpu } => (None, Some(tid), Some(u64::from(target_cpu))),
+            EventKind::SchedMigrate { tid, dest_cpu, .. } => (None, Some(tid), Some(u64::from(dest_cpu))),
+            EventKind::IrqEntry { irq } | EventKind::IrqExit { irq } => (None, None, Some(u64::from(irq))),
+            EventKind::SoftirqEntry { vec } | EventKind::SoftirqExit { vec } | EventKind::SoftirqRaise { vec } => {
+                (None, None, Some(u64::from(vec)))
+            }
+            EventKind::IrqVectorEntry { vector, .. } | EventKind::IrqVectorExit { vector, .. } => {
+                (None, None, Some(u64::from(vector)))
+            }
+            EventKind::Lost { count } => (None, None, count),
+            EventKind::KvmFpu { load } => (None, None, Some(u64::from(load))),
+            EventKind::Other { .. } => (None, None, None),
+        };
+        self.ts.append_value(e.ts);
+        self.cpu.append_value(e.cpu);
+        self.tid.append_value(e.tid);
+        self.event.append_value(name);
+        match reason {
+            Some(key) => {
+                let text = self.reasons.entry(key).or_insert_with(|| match key {
+                    (0, reason, isa) => names.exit_reason(reason, isa),
+                    (_, reason, _) => names.userspace_reason(reason),
+                });
+                self.reason.append_value(text.as_str());
+            }
+            None => self.reason.append_null(),
+        }
+        self.target_tid.append_option(target);
+        self.value.append_option(value);
+        self.rows += 1;
+        if self.ts.len() >= BATCH {
+            if let Err(err) = self.flush() {
+                self.error = Some(err);
+            }
+        }
+    }
+
+    fn flush(&mut self) -> anyhow::Result<()> {
+        if self.ts.is_empty() {
+            return Ok(());
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.ts.finish()),
+            Arc::new(self.cpu.finish()),
+            Arc::new(self.tid.finish()),
+            Arc::new(self.event.finish()),
+            Arc::new(self.reason.finish()),
+            Arc::new(self.target_tid.finish()),
+            Arc::new(self.value.finish()),
+        ];
+        self.writer.write(&RecordBatch::try_new(self.schema.clone(), columns)?)?;
+        Ok(())
+    }
+
+    /// Write what is buffered and the file footer.
+    pub fn finish(mut self) -> anyhow::Result<u64> {
+        if let Some(err) = self.error.take() {
+            return Err(err);
+        }
+        self.flush()?;
+        self.writer.close()?;
+        Ok(self.rows)
+    }
+}
+
+/// Write `exits.parquet`; returns the rows written.
+pub fn write_exits(path: &Path, rows: &[ExitRow]) -> anyhow::Result<u64> {
+    let schema = Arc::new(Schema::new(vec![
+        field("exit_ts_ns", DataType::UInt64, false),
+        field("tid", DataType::UInt32, false),
+        field("reason", DataType::Utf8, false),
+        field("exit_cpu", DataType::UInt32, false),
+        field("entry_cpu", DataType::UInt32, false),
+        field("duration_ns", DataType::UInt64, false),
+        field("heavyweight", DataType::Boolean, false),
+        field("vmm_ns", DataType::UInt64, false),
+        field("preempted_ns", DataType::UInt64, false),
+        field("blocked_ns", DataType::UInt64, false),
+        field("overhead_ns", DataType::UInt64, false),
+        field("irqs", DataType::UInt64, false),
+        field("softirqs", DataType::UInt64, false),
+    ]));
+    let mut w = writer(path, &schema)?;
+    for chunk in rows.chunks(BATCH) {
+        let u64s = |f: fn(&ExitRow) -> u64| -> ArrayRef {
+            let mut b = UInt64Builder::with_capacity(chunk.len());
+            chunk.iter().for_each(|r| b.append_value(f(r)));
+            Arc::new(b.finish())
+        };
+        let u32s = |f: fn(&ExitRow) -> u32| -> ArrayRef {
+            let mut b = UInt32Builder::with_capacity(chunk.len());
+            chunk.iter().for_each(|r| b.append_value(f(r)));
+            Arc::new(b.finish())
+        };
+        let mut reason = StringBuilder::new();
+        chunk.iter().for_each(|r| reason.append_value(&r.reason));
+        let mut heavy = BooleanBuilder::with_capacity(chunk.len());
+        chunk.iter().for_each(|r| heavy.append_value(r.heavyweight));
+        let columns: Vec<ArrayRef> = vec![
+            u64s(|r| r.exit_ts),
+            u32s(|r| r.tid),
+            Arc::new(reason.finish()),
+            u32s(|r| r.exit_cpu),
+            u32s(|r| r.entry_cpu),
+            u64s(|r| r.duration_ns),
+            Arc::new(heavy.finish()),
+            u64s(|r| r.vmm_ns),
+            u64s(|r| r.preempted_ns),
+            u64s(|r| r.blocked_ns),
+            u64s(|r| r.overhead_ns),
+            u64s(|r| r.irqs),
+            u64s(|r| r.softirqs),
+        ];
+        w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+    }
+    w.close()?;
+    Ok(rows.len() as u64)
+}
+
+/// Write `intervals.parquet` in long form (unknown values as nulls); returns the rows written.
+pub fn write_intervals(path: &Path, table: &IntervalTable) -> anyhow::Result<u64> {
+    let schema = Arc::new(Schema::new(vec![
+        field("interval", DataType::UInt64, false),
+        field("start_ns", DataType::UInt64, false),
+        field("end_ns", DataType::UInt64, false),
+        field("entity", DataType::Utf8, false),
+        field("metric", DataType::Utf8, false),
+        field("unit", DataType::Utf8, false),
+        field("kind", DataType::Utf8, false),
+        field("value", DataType::Float64, true),
+    ]));
+    let mut w = writer(path, &schema)?;
+    let mut written = 0u64;
+    for c in &table.columns {
+        let entity = c.series.entity.to_string();
+        let kind = format!("{:?}", c.series.kind).to_lowercase();
+        for first in (0..table.rows()).step_by(BATCH) {
+            let rows = first..(first + BATCH).min(table.rows());
+            let n = rows.len();
+            let (mut index, mut start, mut end) =
+                (UInt64Builder::with_capacity(n), UInt64Builder::with_capacity(n), UInt64Builder::with_capacity(n));
+            let (mut ent, mut metric, mut unit, mut kinds) =
+                (StringBuilder::new(), StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
+            let mut value = Float64Builder::with_capacity(n);
+            for r in rows {
+                index.append_value(table.index[r]);
+                start.append_value(table.start_ns[r]);
+                end.append_value(table.end_ns[r]);
+                ent.append_value(&entity);
+                metric.append_value(&c.series.metric);
+                unit.append_value(&c.series.unit);
+                kinds.append_value(&kind);
+                let v = c.values[r];
+                value.append_option(v.is_finite().then_some(v));
+            }
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(index.finish()),
+                Arc::new(start.finish()),
+                Arc::new(end.finish()),
+                Arc::new(ent.finish()),
+                Arc::new(metric.finish()),
+                Arc::new(unit.finish()),
+                Arc::new(kinds.finish()),
+                Arc::new(value.finish()),
+            ];
+            w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+            written += n as u64;
+        }
+    }
+    w.close()?;
+    Ok(written)
+}

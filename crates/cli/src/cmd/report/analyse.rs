@@ -1,0 +1,225 @@
+//! One streaming pass over a recording's trace that feeds every analysis `report`, `export`
+//! and `compare` need: exit durations, vCPU run/wait/blocked accounting over time, and the
+//! trace-derived interval columns. Memory stays bounded whatever the number of events: the
+//! exit analyzer keeps fixed-size histograms, the accounting a bounded number of time
+//! buckets, and the binner adds to the already loaded interval rows.
+
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
+use virtprof_analysis::intervals::{IntervalTable, TraceBinner};
+use virtprof_analysis::qos::VmInfo;
+use virtprof_analysis::sched::{SchedOptions, Span};
+use virtprof_model::interval::Entity;
+use virtprof_model::Event;
+use virtprof_trace::decode::Decoder;
+use virtprof_trace::merge::{merge_cpus, time_range};
+
+use crate::cmd::sched::{recording_tasks, VcpuAccounting};
+use crate::recording::{evidence_event_ids, DecoderNames, Recording};
+
+/// About this many accounting buckets span a recording, whatever its length.
+const TIMELINE_BUCKETS: u64 = 600;
+
+/// Events between progress-bar updates.
+const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Which analyses to run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Want {
+    /// Exit durations and reasons.
+    pub exits: bool,
+    /// Keep a row per exit (for slices in exports; memory grows with the exits).
+    pub exit_rows: bool,
+    /// vCPU run/wait/blocked accounting, whole run and over time.
+    pub accounting: bool,
+    /// Count trace events into the interval rows.
+    pub binning: bool,
+}
+
+/// What the pass found.
+pub struct Analysis {
+    /// Exit analysis (when wanted).
+    pub exits: Option<ExitReport>,
+    /// The whole run's accounting (when wanted).
+    pub total: Option<Span>,
+    /// Accounting per time bucket, oldest first.
+    pub buckets: Vec<Span>,
+    /// Width of those buckets.
+    pub bucket_ns: u64,
+    /// VMs whose vCPU threads were seen (named ones when accounting was not wanted).
+    pub vms: Vec<VmInfo>,
+    /// The interval rows with trace columns added (when the recording has rows).
+    pub table: Option<IntervalTable>,
+    /// Events that fell outside every interval row.
+    pub outside_rows: u64,
+    /// Events decoded.
+    pub events: u64,
+    /// Events lost: pages that said so, and the kernel's per-CPU overrun counts.
+    pub lost_events: u64,
+    /// First and last event timestamps.
+    pub span_ns: Option<(u64, u64)>,
+    /// The decoder, which names reasons and events.
+    pub decoder: Decoder,
+}
+
+impl Analysis {
+    /// Names through the recorded kernel's formats.
+    pub fn names(&self) -> DecoderNames<'_> {
+        DecoderNames(&self.decoder)
+    }
+}
+
+/// Run the wanted analyses over `recording` in one pass, with a progress bar on a terminal.
+pub fn analyse(recording: &mut Recording, want: Want) -> anyhow::Result<Analysis> {
+    analyse_with(recording, want, |_, _| {})
+}
+
+/// [`analyse`], also handing every event to `sink` (exports write their rows from there).
+pub fn analyse_with(
+    recording: &mut Recording,
+    want: Want,
+    mut sink: impl FnMut(&Event, &Decoder),
+) -> anyhow::Result<Analysis> {
+    let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
+    let mut table = if want.binning { recording.intervals.take() } else { None };
+    let recording = &*recording;
+    let streams = recording.streams();
+    let range = time_range(&decoder.layout().header, &streams);
+    let host = recording_tasks(recording);
+    let evidence = evidence_event_ids(&decoder);
+
+    let mut exits = want.exits.then(|| {
+        let options = ExitOptions { rows: want.exit_rows, evidence_events: evidence.clone(), ..Default::default() };
+        ExitAnalyzer::new(options)
+    });
+    let bucket_ns = bucket_width(range);
+    let mut accounting = want.accounting.then(|| {
+        let options = SchedOptions { bucket_ns, keep_buckets: usize::MAX };
+        VcpuAccounting::new(recording, &host, options, evidence)
+    });
+    let named_vms = host.vms(&[], &[]);
+    let mut binner = table.as_mut().map(|t| {
+        let vcpus = named_vms
+            .iter()
+            .flat_map(|vm| vm.vcpus.iter().map(move |&(index, tid)| (tid, Entity::Vcpu { pid: vm.pid, index })))
+            .collect();
+        TraceBinner::new(t, vcpus)
+    });
+
+    let progress = Progress::new(range);
+    let mut span_ns: Option<(u64, u64)> = None;
+    let mut seen = 0u64;
+    let stats = merge_cpus(&mut decoder, &streams, |e: &Event, d| {
+        if let Some(x) = exits.as_mut() {
+            x.on_event(e);
+        }
+        if let Some(a) = accounting.as_mut() {
+            a.on_event(e);
+        }
+        if let Some(b) = binner.as_mut() {
+            b.on_event(e, &DecoderNames(d));
+        }
+        sink(e, d);
+        span_ns = Some(span_ns.map_or((e.ts, e.ts), |(first, _)| (first, e.ts)));
+        seen += 1;
+        if seen % PROGRESS_EVERY == 0 {
+            progress.at(e.ts, seen);
+        }
+    })?;
+    progress.done();
+    drop(streams);
+    let outside_rows = binner.map_or(0, |b| b.outside);
+    let names = DecoderNames(&decoder);
+    let mut exits = exits.map(|x| x.finish(&names));
+    let lost_events = stats.lost.max(exits.as_ref().map_or(0, |x| x.totals.lost_events)) + recording.lost_in_footer();
+    if let Some(x) = exits.as_mut() {
+        x.totals.lost_events = lost_events;
+    }
+    let (total, buckets, vms) = match accounting.as_mut() {
+        Some(a) => {
+            let total = a.finish();
+            let vms = a.vms(&host, &total, &[]);
+            (Some(total), a.inner.buckets().cloned().collect(), vms)
+        }
+        None => (None, Vec::new(), named_vms),
+    };
+    Ok(Analysis {
+        exits,
+        total,
+        buckets,
+        bucket_ns,
+        vms,
+        table,
+        outside_rows,
+        events: stats.events,
+        lost_events,
+        span_ns,
+        decoder,
+    })
+}
+
+/// A round bucket width (1, 2 or 5 × a power of ten, at least 1 ms) that cuts `range` into
+/// about [`TIMELINE_BUCKETS`].
+fn bucket_width(range: Option<(u64, u64)>) -> u64 {
+    let span = range.map_or(0, |(a, b)| b.saturating_sub(a));
+    let target = (span / TIMELINE_BUCKETS).max(1_000_000);
+    let mut decade = 1_000_000u64;
+    loop {
+        for step in [1, 2, 5] {
+            if decade * step >= target {
+                return decade * step;
+            }
+        }
+        decade *= 10;
+    }
+}
+
+/// A progress bar over trace time, drawn only on a terminal.
+struct Progress {
+    bar: Option<ProgressBar>,
+    start: u64,
+}
+
+impl Progress {
+    fn new(range: Option<(u64, u64)>) -> Self {
+        let Some((start, end)) = range.filter(|_| std::io::stderr().is_terminal()) else {
+            return Progress { bar: None, start: 0 };
+        };
+        let bar = ProgressBar::new(end.saturating_sub(start).max(1));
+        let style = ProgressStyle::with_template("{spinner} reading trace [{bar:40}] {percent:>3}% {msg} ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+        bar.set_style(style);
+        Progress { bar: Some(bar), start }
+    }
+
+    fn at(&self, ts: u64, events: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(ts.saturating_sub(self.start));
+            bar.set_message(format!("{:.1} M events", events as f64 / 1e6));
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_round_and_about_the_target_count() {
+        assert_eq!(bucket_width(None), 1_000_000);
+        assert_eq!(bucket_width(Some((0, 10_000_000))), 1_000_000);
+        // 60 s / 600 = 100 ms exactly.
+        assert_eq!(bucket_width(Some((5, 60_000_000_005))), 100_000_000);
+        // 7 s / 600 = 11.7 ms → 20 ms.
+        assert_eq!(bucket_width(Some((0, 7_000_000_000))), 20_000_000);
+    }
+}

@@ -1,0 +1,60 @@
+//! `virtprof report FILE`: what a recording holds — host, VMs, duration, loss, top exits, vCPU
+//! accounting — and, for `record --interval` recordings, the interval analyses: per-metric
+//! totals and rates, phases, and the most correlated metric pairs. As text, `--json`, or one
+//! self-contained HTML page (`--html OUT`).
+
+mod analyse;
+mod html;
+mod model;
+mod text;
+
+use std::process::ExitCode;
+
+pub use analyse::{analyse, analyse_with, Analysis, Want};
+use virtprof_analysis::intervals::IntervalTable;
+
+use crate::args::ReportArgs;
+use crate::exit::usage;
+use crate::recording::Recording;
+
+/// The interval table of a recording with the trace-derived columns and per-VM sums added,
+/// and the number of events outside every row.
+pub fn interval_table(path: &std::path::Path) -> anyhow::Result<(Recording, IntervalTable, u64)> {
+    let mut recording = Recording::open_any(path, None)?;
+    if recording.intervals.is_none() {
+        return Err(no_intervals(path));
+    }
+    let analysis = analyse(&mut recording, Want { binning: true, ..Want::default() })?;
+    let mut table = analysis.table.expect("the recording has interval rows, checked above");
+    table.add_vm_sums();
+    Ok((recording, table, analysis.outside_rows))
+}
+
+/// The error for a recording without interval rows where they are needed.
+pub fn no_intervals(path: &std::path::Path) -> anyhow::Error {
+    usage(format!("'{}' has no interval rows; record with `virtprof record --interval 10ms ...`", path.display()))
+}
+
+/// The features phase detection and correlation look at: host-level delta metrics (app
+/// counters and the phase gauge excluded: they are what the analysis should rediscover).
+pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
+    table.host_metrics().into_iter().filter(|(m, _)| !m.starts_with("app.")).collect()
+}
+
+pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
+    let mut recording = Recording::open_warning(&args.file, None)?;
+    let want = Want { exits: true, exit_rows: false, accounting: true, binning: true };
+    let analysis = analyse(&mut recording, want)?;
+    let report = model::build(&args.file, &recording, analysis, args);
+    if let Some(path) = &args.html {
+        let page = html::render(&report)?;
+        std::fs::write(path, page).map_err(|e| usage(format!("cannot write '{}': {e}", path.display())))?;
+        eprintln!("virtprof: wrote {} ({} KiB)", path.display(), std::fs::metadata(path).map_or(0, |m| m.len() / 1024));
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.html.is_none() {
+        text::print(&report, &mut std::io::stdout().lock())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

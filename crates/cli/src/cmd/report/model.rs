@@ -1,0 +1,328 @@
+//! The report's data: one serializable value that `--json` prints, the text summary reads and
+//! the HTML page draws (documented in docs/report.md).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+use virtprof_analysis::correlate::{self, Method};
+use virtprof_analysis::exits::{ReasonRow, Source, Totals};
+use virtprof_analysis::intervals::IntervalTable;
+use virtprof_analysis::phases;
+use virtprof_analysis::qos::{window_report, WindowReport};
+use virtprof_analysis::sched::Span;
+use virtprof_model::interval::{Entity, SeriesKind};
+
+use super::{features, Analysis};
+use crate::args::ReportArgs;
+use crate::recording::Recording;
+
+/// Most clusters phase detection tries.
+const MAX_PHASES: usize = 8;
+
+/// Most points a drawn time series gets (longer ones are averaged down).
+const MAX_POINTS: usize = 1500;
+
+#[derive(Serialize)]
+pub struct Report {
+    pub recording: String,
+    pub origin: String,
+    pub trace_clock: String,
+    pub host: BTreeMap<String, String>,
+    pub cpus: usize,
+    /// First to last event (or interval row), seconds.
+    pub duration_s: f64,
+    /// Trace events decoded.
+    pub events: u64,
+    pub lost_events: u64,
+    /// Byte offset where the file was cut short, if it was.
+    pub truncated_at: Option<u64>,
+    pub vms: Vec<VmOut>,
+    pub exits: ExitsOut,
+    /// Run/wait/blocked per VM and vCPU over the whole run (`top`'s table).
+    pub accounting: Option<WindowReport>,
+    /// The same per vCPU over time.
+    pub timeline: Option<Timeline>,
+    /// `record --interval` analyses.
+    pub intervals: Option<IntervalsOut>,
+}
+
+#[derive(Serialize)]
+pub struct VmOut {
+    pub pid: u32,
+    pub name: String,
+    pub kind: String,
+    /// (index, thread id) per vCPU.
+    pub vcpus: Vec<(u32, u32)>,
+}
+
+#[derive(Serialize)]
+pub struct ExitsOut {
+    pub source: Source,
+    pub totals: Totals,
+    /// The most frequent reasons (`--top-exits`), as `exits --json` lists them.
+    pub by_reason: Vec<ReasonRow>,
+    /// Duration histograms of the timed reasons among them.
+    pub histograms: Vec<HistogramOut>,
+}
+
+#[derive(Serialize)]
+pub struct HistogramOut {
+    pub reason: String,
+    /// (lowest duration in the bucket in ns, exits), non-empty buckets, shortest first.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+#[derive(Serialize)]
+pub struct Timeline {
+    pub bucket_ns: u64,
+    /// Bucket starts, seconds since the report's origin.
+    pub t_s: Vec<f64>,
+    pub vcpus: Vec<VcpuTimeline>,
+}
+
+#[derive(Serialize)]
+pub struct VcpuTimeline {
+    pub vm: u32,
+    pub index: u32,
+    pub tid: u32,
+    /// Percent of each bucket.
+    pub running_pct: Vec<f64>,
+    pub waiting_pct: Vec<f64>,
+    pub blocked_pct: Vec<f64>,
+}
+
+#[derive(Serialize)]
+pub struct IntervalsOut {
+    pub interval_ns: u64,
+    pub rows: usize,
+    pub seconds: f64,
+    pub missed: u64,
+    pub overwritten: u64,
+    pub events_outside_rows: u64,
+    pub metrics: Vec<MetricOut>,
+    pub phases: PhasesOut,
+    pub correlations: Vec<PairOut>,
+    /// The whole correlation matrix over the host-level metrics (null: undefined).
+    pub matrix: MatrixOut,
+    /// Host-level metrics over time, per second, averaged down to at most 1500 points.
+    pub series: SeriesOut,
+    /// Counters this host refused, with the kernel's reason.
+    pub unavailable: Vec<(String, String)>,
+}
+
+#[derive(Serialize)]
+pub struct MetricOut {
+    pub entity: String,
+    pub metric: String,
+    pub unit: String,
+    pub total: f64,
+    pub per_second: f64,
+}
+
+#[derive(Serialize)]
+pub struct PhasesOut {
+    pub k: usize,
+    pub silhouette: f64,
+    /// Start time (ns since the first row) of each phase change.
+    pub boundaries_ns: Vec<u64>,
+    /// Row of each phase change (the first row of the new phase).
+    pub boundary_rows: Vec<usize>,
+    pub ids: Vec<usize>,
+}
+
+#[derive(Serialize)]
+pub struct PairOut {
+    pub a: String,
+    pub b: String,
+    pub r: f64,
+}
+
+#[derive(Serialize)]
+pub struct MatrixOut {
+    pub method: &'static str,
+    pub names: Vec<String>,
+    pub r: Vec<Vec<Option<f64>>>,
+}
+
+#[derive(Serialize)]
+pub struct SeriesOut {
+    /// Seconds since the report's origin.
+    pub t_s: Vec<f64>,
+    pub metrics: Vec<SeriesMetric>,
+    /// Phase id per point.
+    pub phase: Vec<usize>,
+}
+
+#[derive(Serialize)]
+pub struct SeriesMetric {
+    pub name: String,
+    pub per_s: Vec<f64>,
+}
+
+/// Assemble the report from one analysis pass.
+pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &ReportArgs) -> Report {
+    let md = &recording.metadata;
+    let footer = recording.footer.clone().unwrap_or_default();
+    let mut table = analysis.table.take();
+    if let Some(t) = table.as_mut() {
+        t.add_vm_sums();
+    }
+    // One time origin for trace and interval rows (both on the recording's clock).
+    let first_row = table.as_ref().and_then(|t| t.start_ns.first().copied());
+    let origin_ns = [analysis.span_ns.map(|s| s.0), first_row].into_iter().flatten().min().unwrap_or(0);
+    let last_row = table.as_ref().and_then(|t| t.end_ns.last().copied());
+    let end_ns = [analysis.span_ns.map(|s| s.1), last_row].into_iter().flatten().max().unwrap_or(origin_ns);
+
+    let names = analysis.names();
+    let exits = analysis.exits.clone().expect("report asks for exits");
+    let mut by_reason = exits.by_reason;
+    by_reason.truncate(args.top_exits);
+    let histograms = by_reason
+        .iter()
+        .filter(|r| r.histogram.count() > 0)
+        .map(|r| HistogramOut { reason: r.reason.clone(), buckets: r.histogram.buckets().collect() })
+        .collect();
+    let vms = analysis.vms.clone();
+    let accounting = analysis.total.as_ref().map(|t| window_report(t, "run", &vms, &names, None));
+    let timeline = analysis.total.is_some().then(|| timeline(&analysis.buckets, &vms, analysis.bucket_ns, origin_ns));
+    let identities: Vec<_> = md.vm_identities.iter().chain(footer.vm_identities.iter()).collect();
+    let vms_out = vms
+        .iter()
+        .map(|vm| {
+            let kind = identities.iter().find(|i| i.pid == vm.pid).map_or(vm.kind.clone(), |i| i.kind.clone());
+            VmOut { pid: vm.pid, name: vm.name.clone(), kind, vcpus: vm.vcpus.clone() }
+        })
+        .collect();
+    let intervals = table.map(|t| intervals(&t, recording, analysis.outside_rows, origin_ns, args));
+    Report {
+        recording: path.display().to_string(),
+        origin: md.origin.clone(),
+        trace_clock: md.trace_clock.clone(),
+        host: md.host.clone(),
+        cpus: md.cpus.len(),
+        duration_s: end_ns.saturating_sub(origin_ns) as f64 / 1e9,
+        events: analysis.events,
+        lost_events: analysis.lost_events,
+        truncated_at: recording.truncated_at,
+        vms: vms_out,
+        exits: ExitsOut { source: exits.source, totals: exits.totals, by_reason, histograms },
+        accounting,
+        timeline,
+        intervals,
+    }
+}
+
+fn timeline(buckets: &[Span], vms: &[virtprof_analysis::qos::VmInfo], bucket_ns: u64, origin_ns: u64) -> Timeline {
+    let t_s = buckets.iter().map(|b| b.start_ns.saturating_sub(origin_ns) as f64 / 1e9).collect();
+    let mut vcpus = Vec::new();
+    for vm in vms {
+        for &(index, tid) in &vm.vcpus {
+            let mut line =
+                VcpuTimeline { vm: vm.pid, index, tid, running_pct: vec![], waiting_pct: vec![], blocked_pct: vec![] };
+            for b in buckets {
+                let c = b.thread(tid, None);
+                let width = b.end_ns.saturating_sub(b.start_ns).max(1) as f64 / 100.0;
+                line.running_pct.push(c.run_ns as f64 / width);
+                line.waiting_pct.push(c.wait_ns as f64 / width);
+                line.blocked_pct.push(c.blocked_ns as f64 / width);
+            }
+            vcpus.push(line);
+        }
+    }
+    Timeline { bucket_ns, t_s, vcpus }
+}
+
+fn intervals(
+    table: &IntervalTable,
+    recording: &Recording,
+    outside_rows: u64,
+    origin_ns: u64,
+    args: &ReportArgs,
+) -> IntervalsOut {
+    let footer = recording.footer.clone().unwrap_or_default();
+    let seconds = table.seconds().max(f64::MIN_POSITIVE);
+    let mut metrics: Vec<MetricOut> = table
+        .columns
+        .iter()
+        .filter(|c| c.series.kind == SeriesKind::Delta && matches!(c.series.entity, Entity::Vm(_) | Entity::Cpu(_)))
+        .map(|c| MetricOut {
+            entity: c.series.entity.to_string(),
+            metric: c.series.metric.clone(),
+            unit: c.series.unit.clone(),
+            total: c.total(),
+            per_second: c.total() / seconds,
+        })
+        .filter(|m| m.total != 0.0)
+        .collect();
+    metrics.sort_by(|a, b| a.entity.cmp(&b.entity).then_with(|| a.metric.cmp(&b.metric)));
+
+    let features = features(table);
+    let rows: Vec<Vec<f64>> = (0..table.rows()).map(|r| features.iter().map(|(_, v)| v[r]).collect()).collect();
+    let found = phases::detect(&rows, MAX_PHASES);
+    let t0 = table.start_ns.first().copied().unwrap_or(0);
+    let method = if args.spearman { Method::Spearman } else { Method::Pearson };
+    let m = correlate::matrix(&features, method);
+    let n = m.names.len();
+    let mut pairs = Vec::new();
+    for i in 0..n {
+        for j in i + 1..n {
+            let r = m.get(i, j);
+            if r.is_finite() {
+                pairs.push(PairOut { a: m.names[i].clone(), b: m.names[j].clone(), r });
+            }
+        }
+    }
+    pairs.sort_by(|x, y| y.r.abs().total_cmp(&x.r.abs()));
+    pairs.truncate(args.top);
+    let matrix = MatrixOut {
+        method: if args.spearman { "spearman" } else { "pearson" },
+        names: m.names.clone(),
+        r: (0..n).map(|i| (0..n).map(|j| Some(m.get(i, j)).filter(|r| r.is_finite())).collect()).collect(),
+    };
+    IntervalsOut {
+        interval_ns: table.interval_ns,
+        rows: table.rows(),
+        seconds: table.seconds(),
+        missed: footer.intervals.missed,
+        overwritten: footer.intervals.overwritten,
+        events_outside_rows: outside_rows,
+        metrics,
+        phases: PhasesOut {
+            k: found.k,
+            silhouette: found.silhouette,
+            boundaries_ns: found.boundaries().iter().map(|&r| table.start_ns[r] - t0).collect(),
+            boundary_rows: found.boundaries(),
+            ids: found.ids.clone(),
+        },
+        correlations: pairs,
+        matrix,
+        series: series(table, &found.ids, origin_ns),
+        unavailable: table.unavailable.clone(),
+    }
+}
+
+/// Host-level metrics per second, in groups of rows averaged so at most [`MAX_POINTS`] remain.
+fn series(table: &IntervalTable, phase_ids: &[usize], origin_ns: u64) -> SeriesOut {
+    let rows = table.rows();
+    let group = rows.div_ceil(MAX_POINTS).max(1);
+    let groups: Vec<std::ops::Range<usize>> = (0..rows).step_by(group).map(|s| s..(s + group).min(rows)).collect();
+    let t_s = groups.iter().map(|g| table.start_ns[g.start].saturating_sub(origin_ns) as f64 / 1e9).collect();
+    let seconds_of = |g: &std::ops::Range<usize>| {
+        (table.end_ns[g.end - 1].saturating_sub(table.start_ns[g.start])).max(1) as f64 / 1e9
+    };
+    let metrics = table
+        .host_metrics()
+        .into_iter()
+        .filter(|(_, v)| v.iter().any(|x| *x != 0.0 && x.is_finite()))
+        .map(|(name, v)| SeriesMetric {
+            name,
+            per_s: groups
+                .iter()
+                .map(|g| v[g.clone()].iter().filter(|x| x.is_finite()).sum::<f64>() / seconds_of(g))
+                .collect(),
+        })
+        .collect();
+    let phase = groups.iter().map(|g| phase_ids.get(g.start).copied().unwrap_or(0)).collect();
+    SeriesOut { t_s, metrics, phase }
+}
