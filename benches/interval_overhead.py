@@ -4,14 +4,16 @@
 
   untraced    alone
   trace       under `virtprof record` (default events, no interval sampling)
-  interval    under `virtprof record --interval 1ms` (trace + per-interval sampling of
-              /proc/stat, schedstat, KVM stats, perf counters and the guests' shared pages)
+  interval D  under `virtprof record --interval D` for each D of --intervals (default 1ms,10ms):
+              trace + per-interval sampling of /proc/stat, schedstat, KVM stats, perf counters
+              and the guests' shared pages
 
 Prints guest throughput (iterations/s summed over vCPUs, median of the reps), the loss against
 untraced in %, the recorder's peak RSS (VmHWM of the `virtprof record` process), and the rows,
 missed intervals and lost events it reported. Needs root, tracefs and /dev/kvm.
 
-usage: benches/interval_overhead.py [--reps N] [--duration 3s] [--vcpus 4] [--binary PATH]
+usage: benches/interval_overhead.py [--reps N] [--duration 3s] [--vcpus 4] [--intervals 1ms,10ms]
+                                   [--binary PATH]
 """
 import argparse
 import json
@@ -64,6 +66,7 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--duration", default="3s")
     ap.add_argument("--vcpus", type=int, default=4)
+    ap.add_argument("--intervals", default="1ms,10ms")
     ap.add_argument("--binary", default="target/release/virtprof")
     args = ap.parse_args()
     seconds = float(args.duration.rstrip("s"))
@@ -73,8 +76,9 @@ def main():
     modes = {
         "untraced": guest,
         "trace": [args.binary, "record", "-o", rec, "--"] + guest,
-        "interval": [args.binary, "record", "-o", rec, "--interval", "1ms", "--"] + guest,
     }
+    for d in args.intervals.split(","):
+        modes[f"interval {d}"] = [args.binary, "record", "-o", rec, "--interval", d, "--"] + guest
     results = {m: [] for m in modes}
     rss = {m: 0 for m in modes}
     notes = {}
@@ -88,13 +92,15 @@ def main():
                 lost = re.search(r"lost events: (\d+)", err)
                 notes.setdefault(mode, []).append(
                     (int(rows.group(1)) if rows else 0, int(rows.group(2)) if rows else 0, int(lost.group(1)) if lost else 0))
-            print(f"\rrep {rep + 1}/{args.reps} {mode:10}", end="", file=sys.stderr, flush=True)
-    print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+            if sys.stderr.isatty():
+                print(f"\rrep {rep + 1}/{args.reps} {mode:14}", end="", file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
     os.remove(rec)
     os.rmdir(tmp)
 
     base = statistics.median(results["untraced"])
-    print(f"{'MODE':10} {'ITER/S (median)':>16} {'LOSS %':>7} {'PEAK RSS MiB':>13} {'ROWS':>6} {'MISSED':>7} {'LOST EV':>8}")
+    print(f"{'MODE':14} {'ITER/S (median)':>16} {'LOSS %':>7} {'PEAK RSS MiB':>13} {'ROWS':>6} {'MISSED':>7} {'LOST EV':>8}")
     for mode, xs in results.items():
         med = statistics.median(xs)
         loss = 100.0 * (base - med) / base
@@ -103,8 +109,9 @@ def main():
         missed = max(m for _, m, _ in n)
         lost = max(l for _, _, l in n)
         mib = f"{rss[mode] / 1024:.1f}" if mode != "untraced" else "-"
-        print(f"{mode:10} {med:16.4g} {loss:7.2f} {mib:>13} {rows if mode == 'interval' else '-':>6} "
-              f"{missed if mode == 'interval' else '-':>7} {lost if mode != 'untraced' else '-':>8}")
+        sampled = mode.startswith("interval")
+        print(f"{mode:14} {med:16.4g} {loss:7.2f} {mib:>13} {rows if sampled else '-':>6} "
+              f"{missed if sampled else '-':>7} {lost if mode != 'untraced' else '-':>8}")
     spread = {m: 100.0 * (max(xs) - min(xs)) / statistics.median(xs) for m, xs in results.items()}
     print("run-to-run spread (max-min)/median %: " + ", ".join(f"{m} {s:.1f}" for m, s in spread.items()))
     print(f"({args.reps} reps of testvm compute, {args.vcpus} vCPUs, {args.duration}, interleaved; "

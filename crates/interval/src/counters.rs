@@ -2,14 +2,19 @@
 //! counts, and hardware events split user/kernel and guest/host where the PMU allows. A
 //! counter the kernel refuses is listed with its reason and never reported as zero.
 //!
+//! Software and tracepoint counters of a thread form one perf group, read with one `read(2)`:
+//! reading a counter of a thread running on another CPU costs an IPI to that CPU, which
+//! interrupts the vCPU (one per thread per interval instead of one per counter).
+//!
 //! Hardware events are opened in groups of at most `hw_counters` and take turns
-//! ([`crate::mux::Rotation`]): the sampler calls [`ThreadCounters::rotate`] at every
+//! ([`crate::mux::Rotation`]): the sampler calls [`Counters::rotate`] at every
 //! sub-interval, and values are scaled to the interval with their multiplex ratio.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use perf_event::events::{Hardware, Software, Tracepoint};
-use perf_event::{Builder, Counter, ReadFormat};
+use perf_event::{Builder, Counter, Group, ReadFormat};
 use virtprof_model::interval::SeriesKind;
 
 use crate::mux::{groups_of, scale, Reading, Rotation};
@@ -68,6 +73,27 @@ impl CounterSpec {
     }
 }
 
+/// The per-CPU set made from a per-thread one: `cpu-clock` instead of `task-clock`, every
+/// metric under `perf.cpu.` (so host-level sums never add a CPU's count to its threads'), and
+/// no tracepoints: in a per-CPU group they count nothing on this kernel (6.18, measured: the
+/// group leader counts, a `sched_switch` member stays 0 while the same event opened alone
+/// counts), alone each would cost an IPI per CPU per interval, and the trace counts them
+/// per CPU anyway.
+pub fn per_cpu_specs(thread_specs: &[CounterSpec]) -> Vec<CounterSpec> {
+    thread_specs
+        .iter()
+        .filter(|s| !matches!(s.event, CounterEvent::Tracepoint(_)))
+        .map(|s| match s.event {
+            CounterEvent::Software(c) if c == Software::TASK_CLOCK.0 => CounterSpec {
+                metric: "perf.cpu.cpu-clock".into(),
+                unit: s.unit,
+                event: CounterEvent::Software(Software::CPU_CLOCK.0),
+            },
+            _ => CounterSpec { metric: s.metric.replacen("perf.", "perf.cpu.", 1), ..s.clone() },
+        })
+        .collect()
+}
+
 /// The default set: four software events, the kvm tracepoints this kernel has, and cycles
 /// and instructions split four ways.
 pub fn default_specs(tracefs: &Path) -> Vec<CounterSpec> {
@@ -104,45 +130,128 @@ pub fn default_specs(tracefs: &Path) -> Vec<CounterSpec> {
     specs
 }
 
-/// A column a [`ThreadCounters`] fills: metric, unit, kind.
+/// A column a [`Counters`] fills: metric, unit, kind.
 pub type Column = (String, &'static str, SeriesKind);
 
-/// The counters of one thread.
-pub struct ThreadCounters {
-    /// Software and tracepoint counters (never multiplexed): counter, previous reading.
-    plain: Vec<(Counter, Reading)>,
+/// What a set of counters observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// One thread (a vCPU), on whatever CPU it runs.
+    Thread(u32),
+    /// Everything that runs on one CPU.
+    Cpu(u32),
+}
+
+impl Target {
+    fn apply(self, b: &mut Builder<'_>) {
+        match self {
+            // Thread ids fit in pid_t (the kernel's PID_MAX_LIMIT is 2^22).
+            #[allow(clippy::cast_possible_wrap)]
+            Target::Thread(tid) => b.observe_pid(tid as i32).any_cpu(),
+            Target::Cpu(cpu) => b.any_pid().one_cpu(cpu as usize),
+        };
+    }
+}
+
+/// Software and tracepoint counters of one target in one perf group (never multiplexed: they
+/// always count), read together.
+struct PlainGroup {
+    group: Group,
+    /// The members, kept open; their values come in this order after the leader's.
+    members: Vec<Counter>,
+    /// The previous read's counts, per member.
+    previous: Vec<u64>,
+    /// Read buffer: nr, time_enabled, time_running, then (value, id) of the leader and of
+    /// each member (perf-event2 always asks for ids with a group).
+    buf: Vec<u64>,
+}
+
+impl PlainGroup {
+    /// A group on `target` (with a dummy leader that counts nothing).
+    fn open(target: Target) -> std::io::Result<Self> {
+        let mut leader = Group::builder();
+        target.apply(&mut leader);
+        leader.enabled(true);
+        Ok(PlainGroup { group: leader.build_group()?, members: Vec::new(), previous: Vec::new(), buf: Vec::new() })
+    }
+
+    /// Words a group read of `members` (plus the leader) fills.
+    fn words(members: usize) -> usize {
+        3 + 2 * (1 + members)
+    }
+
+    /// Add `spec` (counting from now).
+    fn add(&mut self, spec: &CounterSpec, target: Target) -> std::io::Result<()> {
+        let mut b = spec.builder();
+        target.apply(&mut b);
+        b.enabled(true);
+        self.members.push(self.group.add(&b)?);
+        self.previous.push(0);
+        self.buf.resize(Self::words(self.members.len()), 0);
+        Ok(())
+    }
+
+    /// Read every member's count since the previous read into `out` (NaN if the read fails).
+    fn sample(&mut self, out: &mut [f64]) {
+        let bytes = std::mem::size_of_val(self.buf.as_slice());
+        // SAFETY: `buf` is a live, writable allocation of exactly `bytes` bytes, and the fd is
+        // the group leader's, open for as long as `self.group` lives.
+        let n = unsafe { libc::read(self.group.as_counter().as_raw_fd(), self.buf.as_mut_ptr().cast(), bytes) };
+        let members = self.members.len();
+        if usize::try_from(n).ok() != Some(8 * Self::words(members)) || self.buf[0] != 1 + members as u64 {
+            out[..members].iter_mut().for_each(|v| *v = f64::NAN);
+            return;
+        }
+        for (i, previous) in self.previous.iter_mut().enumerate() {
+            // Skip the header (3 words) and the leader's (value, id).
+            let now = self.buf[5 + 2 * i];
+            out[i] = now.wrapping_sub(*previous) as f64;
+            *previous = now;
+        }
+    }
+}
+
+/// The counters of one thread or CPU.
+pub struct Counters {
+    /// Software and tracepoint counters (None if not even the group could be opened).
+    plain: Option<PlainGroup>,
     /// Hardware counters by rotation group.
     hardware: Vec<Vec<(Counter, Reading)>>,
     rotation: Rotation,
     columns: Vec<Column>,
 }
 
-impl ThreadCounters {
-    /// Open `specs` on thread `tid`. Returns the counters and, for each refused spec, its
+impl Counters {
+    /// Open `specs` on `target`. Returns the counters and, for each refused spec, its
     /// metric and the kernel's reason.
-    pub fn open(tid: u32, specs: &[CounterSpec], hw_counters: usize) -> (Self, Vec<(String, String)>) {
+    pub fn open(target: Target, specs: &[CounterSpec], hw_counters: usize) -> (Self, Vec<(String, String)>) {
         let mut unavailable = Vec::new();
         let mut columns = Vec::new();
-        let mut plain = Vec::new();
-        let mut hw_specs = Vec::new();
-        for spec in specs {
-            if spec.is_hardware() {
-                hw_specs.push(spec);
-                continue;
+        let (hw_specs, plain_specs): (Vec<&CounterSpec>, Vec<&CounterSpec>) =
+            specs.iter().partition(|s| s.is_hardware());
+        let mut plain = match PlainGroup::open(target) {
+            Ok(group) => Some(group),
+            Err(e) => {
+                unavailable.extend(plain_specs.iter().map(|s| (s.metric.clone(), e.to_string())));
+                None
             }
-            match open_one(spec, tid, true) {
-                Ok(c) => {
-                    plain.push((c, Reading::default()));
-                    columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
+        };
+        if let Some(group) = plain.as_mut() {
+            for spec in &plain_specs {
+                match group.add(spec, target) {
+                    Ok(()) => columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta)),
+                    Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
                 }
-                Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
             }
+            // Baseline: counts start at the first read.
+            let mut scratch = vec![0.0; group.members.len()];
+            group.sample(&mut scratch);
         }
         // Every hardware event is opened alone and disabled, so one refusal does not sink a
         // group; those the PMU accepts are grouped, and group 0 starts counting.
         let mut opened = Vec::new();
         for spec in hw_specs {
-            match open_one(spec, tid, false) {
+            match open_disabled(spec, target) {
                 Ok(c) => {
                     opened.push(c);
                     columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
@@ -164,10 +273,10 @@ impl ThreadCounters {
             }
         }
         let rotation = Rotation::new(hardware.len());
-        (ThreadCounters { plain, hardware, rotation, columns }, unavailable)
+        (Counters { plain, hardware, rotation, columns }, unavailable)
     }
 
-    /// The columns [`ThreadCounters::sample`] fills, in order.
+    /// The columns [`Counters::sample`] fills, in order.
     pub fn columns(&self) -> &[Column] {
         &self.columns
     }
@@ -199,16 +308,9 @@ impl ThreadCounters {
     /// counter did not run or could not be read).
     pub fn sample(&mut self, interval_ns: u64, out: &mut [f64]) {
         let mut i = 0;
-        for (counter, previous) in &mut self.plain {
-            out[i] = match read(counter) {
-                Some(now) => {
-                    let delta = now.since(*previous);
-                    *previous = now;
-                    delta.count as f64
-                }
-                None => f64::NAN,
-            };
-            i += 1;
+        if let Some(group) = self.plain.as_mut() {
+            group.sample(&mut out[..group.members.len()]);
+            i = group.members.len();
         }
         let rotated = self.hardware.len() > 1;
         for group in &mut self.hardware {
@@ -228,14 +330,12 @@ impl ThreadCounters {
     }
 }
 
-fn open_one(spec: &CounterSpec, tid: u32, enabled: bool) -> std::io::Result<Counter> {
+/// `spec` on `target`, not counting until enabled.
+fn open_disabled(spec: &CounterSpec, target: Target) -> std::io::Result<Counter> {
     let mut b = spec.builder();
-    b.observe_pid(tid as i32).any_cpu().enabled(enabled);
-    let mut counter = b.build()?;
-    if enabled {
-        counter.read_count_and_time()?;
-    }
-    Ok(counter)
+    target.apply(&mut b);
+    b.enabled(false);
+    b.build()
 }
 
 fn read(counter: &mut Counter) -> Option<Reading> {
@@ -251,7 +351,7 @@ mod tests {
     fn software_counters_count_this_thread_and_hardware_is_explained_when_refused() {
         let tid = u32::try_from(unsafe_gettid()).unwrap();
         let specs = default_specs(Path::new("/sys/kernel/tracing"));
-        let (mut counters, unavailable) = ThreadCounters::open(tid, &specs, 4);
+        let (mut counters, unavailable) = Counters::open(Target::Thread(tid), &specs, 4);
         let n = counters.columns().len();
         let task_clock = counters.columns().iter().position(|c| c.0 == "perf.task-clock");
         let Some(task_clock) = task_clock else {

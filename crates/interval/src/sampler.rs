@@ -14,7 +14,7 @@ use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_kvm::stats::StatsFd;
 use virtprof_model::interval::{Entity, Series, SeriesKind};
 
-use crate::counters::{CounterSpec, ThreadCounters};
+use crate::counters::{per_cpu_specs, CounterSpec, Counters, Target};
 use crate::procstat::{self, ProcStat};
 
 /// KVM vCPU statistics worth a column, when the kernel has them.
@@ -58,7 +58,7 @@ struct Vcpu {
     index: u32,
     schedstat: Option<File>,
     kvm: Option<(StatsFd, Vec<usize>)>,
-    counters: ThreadCounters,
+    counters: Counters,
 }
 
 struct Vm {
@@ -70,7 +70,7 @@ struct Vm {
 /// Interval sampling configuration.
 #[derive(Debug, Clone)]
 pub struct SamplerConfig {
-    /// perf counters per vCPU thread.
+    /// perf counters per vCPU thread (per CPU: the same, see [`per_cpu_specs`]).
     pub counters: Vec<CounterSpec>,
     /// Hardware counters the PMU can run at once (groups rotate beyond that).
     pub hw_counters: usize,
@@ -81,6 +81,8 @@ pub struct IntervalSampler {
     config: SamplerConfig,
     procstat: ProcStat,
     cpus: Vec<u32>,
+    /// perf counters per CPU, in `cpus` order.
+    cpu_counters: Vec<Counters>,
     vms: Vec<Vm>,
     series: Vec<Series>,
     diffs: Vec<Diff>,
@@ -96,10 +98,21 @@ impl IntervalSampler {
     pub fn new(config: SamplerConfig) -> std::io::Result<Self> {
         let mut procstat = ProcStat::open()?;
         let cpus = procstat.cpus()?;
+        let cpu_specs = per_cpu_specs(&config.counters);
+        let mut unavailable = Vec::new();
+        let cpu_counters = cpus
+            .iter()
+            .map(|&cpu| {
+                let (counters, refused) = Counters::open(Target::Cpu(cpu), &cpu_specs, config.hw_counters);
+                unavailable.extend(refused);
+                counters
+            })
+            .collect();
         let mut sampler = IntervalSampler {
             config,
             procstat,
             cpus,
+            cpu_counters,
             vms: Vec::new(),
             series: Vec::new(),
             diffs: Vec::new(),
@@ -109,6 +122,7 @@ impl IntervalSampler {
             stats_scratch: Vec::new(),
             stats_values: Vec::new(),
         };
+        sampler.note_unavailable(unavailable);
         sampler.rebuild_columns();
         Ok(sampler)
     }
@@ -156,13 +170,18 @@ impl IntervalSampler {
                 .collect();
             Some((fd, picked))
         });
-        let (counters, unavailable) = ThreadCounters::open(thread.tid, &self.config.counters, self.config.hw_counters);
-        for u in unavailable {
+        let (counters, unavailable) =
+            Counters::open(Target::Thread(thread.tid), &self.config.counters, self.config.hw_counters);
+        self.note_unavailable(unavailable);
+        Vcpu { index: thread.index, schedstat, kvm, counters }
+    }
+
+    fn note_unavailable(&mut self, refused: Vec<(String, String)>) {
+        for u in refused {
             if !self.unavailable.contains(&u) {
                 self.unavailable.push(u);
             }
         }
-        Vcpu { index: thread.index, schedstat, kvm, counters }
     }
 
     fn rebuild_columns(&mut self) {
@@ -175,6 +194,11 @@ impl IntervalSampler {
         for &cpu in &self.cpus {
             for field in procstat::FIELDS {
                 add(Entity::Cpu(cpu), format!("stat.{field}_ns"), "ns", SeriesKind::Delta, Diff::Cumulative);
+            }
+        }
+        for (&cpu, counters) in self.cpus.iter().zip(&self.cpu_counters) {
+            for (metric, unit, kind) in counters.columns() {
+                add(Entity::Cpu(cpu), metric.clone(), unit, *kind, Diff::AsIs);
             }
         }
         for vm in &self.vms {
@@ -231,11 +255,13 @@ impl IntervalSampler {
 
     /// Sub-intervals per interval for hardware counter rotation.
     pub fn sub_intervals(&self) -> usize {
-        self.vms.iter().flat_map(|vm| &vm.vcpus).map(|v| v.counters.sub_intervals()).max().unwrap_or(1)
+        let threads = self.vms.iter().flat_map(|vm| &vm.vcpus).map(|v| &v.counters);
+        self.cpu_counters.iter().chain(threads).map(Counters::sub_intervals).max().unwrap_or(1)
     }
 
     /// Hand every rotating counter group over to the next (at each sub-interval boundary).
     pub fn rotate(&mut self) {
+        self.cpu_counters.iter_mut().for_each(Counters::rotate);
         self.vms.iter_mut().flat_map(|vm| &mut vm.vcpus).for_each(|v| v.counters.rotate());
     }
 
@@ -256,6 +282,11 @@ impl IntervalSampler {
             raw[..cpus.len() * 8].iter_mut().for_each(|v| *v = f64::NAN);
         }
         let mut i = cpus.len() * 8;
+        for counters in &mut self.cpu_counters {
+            let n = counters.columns().len();
+            counters.sample(span_ns, &mut raw[i..i + n]);
+            i += n;
+        }
         let mut text = [0u8; 128];
         for vm in &mut self.vms {
             for v in &mut vm.vcpus {

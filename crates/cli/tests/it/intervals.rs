@@ -81,6 +81,25 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
     let io: u64 = vm.vcpus.iter().map(|v| v.userspace_exits.get("IO").copied().unwrap_or(0)).sum();
     assert_eq!(io, 3000 + 60 + truth.marker_io_exits_per_vcpu);
     assert_eq!(metric("trace.userspace_exit.KVM_EXIT_IO"), Some(io as f64));
+    // perf counters on the vCPU thread count from discovery (≤ 10 ms after the VMM starts, so
+    // the first phase marker may precede them); per-CPU counters count all along.
+    let perf_exits = metric("perf.kvm:kvm_userspace_exit").expect("perf tracepoint counts on the vCPU thread");
+    assert!(
+        (io - 2) as f64 <= perf_exits && perf_exits <= io as f64,
+        "perf counted {perf_exits} of {io} userspace exits"
+    );
+    let seconds = report["intervals"]["seconds"].as_f64().unwrap();
+    let clocks: Vec<&Value> = report["intervals"]["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["metric"] == "perf.cpu.cpu-clock")
+        .collect();
+    assert!(!clocks.is_empty(), "per-CPU cpu-clock columns");
+    for m in clocks {
+        let clock = m["total"].as_f64().unwrap();
+        assert!((clock / 1e9 - seconds).abs() < 0.05 * seconds, "{}: cpu-clock {clock} ns in {seconds} s", m["entity"]);
+    }
     // KVM stats fd deltas sum to the VM's final KVM `exits` statistic.
     let kvm_exits: u64 = vm.vcpus.iter().filter_map(|v| v.kvm_stats.get("exits")).sum();
     assert_eq!(metric("kvm.exits"), Some(kvm_exits as f64));

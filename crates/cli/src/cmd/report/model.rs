@@ -163,7 +163,6 @@ pub struct SeriesMetric {
 /// Assemble the report from one analysis pass.
 pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &ReportArgs) -> Report {
     let md = &recording.metadata;
-    let footer = recording.footer.clone().unwrap_or_default();
     let mut table = analysis.table.take();
     if let Some(t) = table.as_mut() {
         t.add_vm_sums();
@@ -174,8 +173,8 @@ pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &
     let last_row = table.as_ref().and_then(|t| t.end_ns.last().copied());
     let end_ns = [analysis.span_ns.map(|s| s.1), last_row].into_iter().flatten().max().unwrap_or(origin_ns);
 
+    let exits = analysis.exits.take().expect("report asks for exits");
     let names = analysis.names();
-    let exits = analysis.exits.clone().expect("report asks for exits");
     let mut by_reason = exits.by_reason;
     by_reason.truncate(args.top_exits);
     let histograms = by_reason
@@ -186,7 +185,8 @@ pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &
     let vms = analysis.vms.clone();
     let accounting = analysis.total.as_ref().map(|t| window_report(t, "run", &vms, &names, None));
     let timeline = analysis.total.is_some().then(|| timeline(&analysis.buckets, &vms, analysis.bucket_ns, origin_ns));
-    let identities: Vec<_> = md.vm_identities.iter().chain(footer.vm_identities.iter()).collect();
+    let late = recording.footer.iter().flat_map(|f| f.vm_identities.iter());
+    let identities: Vec<_> = md.vm_identities.iter().chain(late).collect();
     let vms_out = vms
         .iter()
         .map(|vm| {
@@ -240,7 +240,7 @@ fn intervals(
     origin_ns: u64,
     args: &ReportArgs,
 ) -> IntervalsOut {
-    let footer = recording.footer.clone().unwrap_or_default();
+    let loss = recording.footer.as_ref().map(|f| f.intervals).unwrap_or_default();
     let seconds = table.seconds().max(f64::MIN_POSITIVE);
     let mut metrics: Vec<MetricOut> = table
         .columns
@@ -284,8 +284,8 @@ fn intervals(
         interval_ns: table.interval_ns,
         rows: table.rows(),
         seconds: table.seconds(),
-        missed: footer.intervals.missed,
-        overwritten: footer.intervals.overwritten,
+        missed: loss.missed,
+        overwritten: loss.overwritten,
         events_outside_rows: outside_rows,
         metrics,
         phases: PhasesOut {
