@@ -20,11 +20,10 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
+
+from procwatch import run_watched
 
 
 def testvm_cmd(binary, vcpus, duration):
@@ -36,29 +35,9 @@ def throughput(stdout, seconds):
     return sum(v["iterations"] for v in vm["vcpus"]) / seconds
 
 
-def peak_rss_kb(pid, result):
-    """Follow /proc/PID/status until the process exits; keep its VmHWM (a high-water mark)."""
-    while True:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        result[0] = max(result[0], int(line.split()[1]))
-        except OSError:
-            return
-        time.sleep(0.02)
-
-
 def run(cmd, seconds):
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    rss = [0]
-    watcher = threading.Thread(target=peak_rss_kb, args=(proc.pid, rss))
-    watcher.start()
-    out, err = proc.communicate()
-    watcher.join()
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{err}")
-    return throughput(out, seconds), rss[0], err
+    _, peaks, out, err = run_watched(cmd)
+    return throughput(out, seconds), peaks["VmHWM"], err
 
 
 def main():

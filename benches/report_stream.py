@@ -15,35 +15,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
-
-def watch(pid, peaks):
-    """Follow /proc/PID/status until the process exits, keeping the peaks of RssAnon and VmHWM."""
-    while True:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    key = line.split(":")[0]
-                    if key in peaks:
-                        peaks[key] = max(peaks[key], int(line.split()[1]))
-        except OSError:
-            return
-        time.sleep(0.01)
-
-
-def measured(cmd):
-    peaks = {"RssAnon": 0, "VmHWM": 0}
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    w = threading.Thread(target=watch, args=(proc.pid, peaks))
-    w.start()
-    out, err = proc.communicate()
-    w.join()
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{err}")
-    return time.monotonic() - t0, peaks, out, err
+from procwatch import run_watched
 
 
 def events_in(binary, rec):
@@ -78,7 +51,7 @@ def main():
     html = os.path.join(tmp, "big.html")
     rows = []
     for _ in range(args.reps):
-        wall, peaks, _, err = measured([args.binary, "report", rec, "--html", html])
+        wall, peaks, _, _ = run_watched([args.binary, "report", rec, "--html", html], ("RssAnon", "VmHWM"))
         rows.append((wall, peaks))
     events, lost = events_in(args.binary, rec)
     best = min(rows, key=lambda r: r[0])

@@ -34,8 +34,7 @@ struct ChangeOut {
 }
 
 pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
-    let (_, ta, _) = interval_table(&args.a)?;
-    let (_, tb, _) = interval_table(&args.b)?;
+    let (ta, tb) = (interval_table(&args.a)?, interval_table(&args.b)?);
     let (fa, fb) = (features(&ta), features(&tb));
     let rate = |f: &[(String, Vec<f64>)], name: &str, seconds: f64| {
         f.iter().find(|(m, _)| m == name).map_or(0.0, |(_, v)| v.iter().filter(|x| !x.is_nan()).sum::<f64>())

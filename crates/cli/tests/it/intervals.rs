@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, temp, virtprof};
+use super::util::{have_kvm, have_tracefs, record_testvm, temp, virtprof};
 
 /// The scripted run several tests read: compute → pio-user → io-bound → compute.
 const PHASES: &str = "compute:300ms,pio-user:3000,io-bound:60,compute:300ms";
@@ -40,15 +40,8 @@ pub fn phases_run(test: &str) -> Option<&'static PhasesRun> {
 /// Record `script` at 10 ms intervals; returns the recording and testvm's ground truth.
 fn record_phases(name: &str, script: &str) -> (PathBuf, TestvmReport) {
     let rec = temp(name);
-    let out = virtprof()
-        .args(["record", "--interval", "10ms", "-o"])
-        .arg(&rec)
-        .args(["--", assert_cmd::cargo::cargo_bin("virtprof").to_str().unwrap()])
-        .args(["testvm", "--workload", "phases", "--phases", script, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    (rec, serde_json::from_slice(&out.stdout).unwrap())
+    let truth = record_testvm(&rec, &["--interval", "10ms"], &["--workload", "phases", "--phases", script]);
+    (rec, truth)
 }
 
 pub fn json(args: &[&str], file: &PathBuf) -> Value {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, temp, virtprof};
+use super::util::{have_kvm, have_tracefs, record_testvm, temp, virtprof};
 
 /// A child process killed (SIGKILL) when dropped, e.g. when an assertion fails.
 struct KillOnDrop(std::process::Child);
@@ -129,15 +129,7 @@ fn recorded_phases_count_every_exit_kind_exactly() {
     }
     let rec = temp("phases.vprec");
     let script = "pio-user:300,mmio-user:200,pio-kernel:400,mmio-kernel:100,cpuid:250";
-    let out = virtprof()
-        .args(["record", "-o"])
-        .arg(&rec)
-        .args(["--", assert_cmd::cargo::cargo_bin("virtprof").to_str().unwrap()])
-        .args(["testvm", "--workload", "phases", "--phases", script, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let truth: TestvmReport = serde_json::from_slice(&out.stdout).unwrap();
+    let truth = record_testvm(&rec, &[], &["--workload", "phases", "--phases", script]);
     let pid = truth.vms[0].pid.to_string();
     let r: Value = serde_json::from_slice(
         &virtprof().arg("exits").arg(&rec).args(["--json", "--vm", &pid]).output().unwrap().stdout,

@@ -6,23 +6,9 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-use virtprof_model::testvm::{TestvmReport, VcpuReport};
+use virtprof_model::testvm::VcpuReport;
 
-use super::util::{have_kvm, have_tracefs, parse_report, virtprof};
-
-/// `virtprof record -o FILE -- virtprof testvm ARGS --json`, returning testvm's report.
-fn record_testvm(file: &Path, args: &[&str]) -> TestvmReport {
-    let exe = assert_cmd::cargo::cargo_bin("virtprof");
-    let output = virtprof()
-        .args(["record", "-o"])
-        .arg(file)
-        .args(["--", exe.to_str().unwrap(), "testvm"])
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    parse_report(&output, args)
-}
+use super::util::{have_kvm, have_tracefs, parse_report, record_testvm, virtprof};
 
 fn sched_json(file: &Path, extra: &[&str]) -> Value {
     let out = virtprof().arg("sched").arg(file).args(extra).arg("--json").output().unwrap();
@@ -75,7 +61,7 @@ fn two_compute_vms_on_one_cpu_match_schedstat_and_perf_switch_ins() {
         Ok(output) if output.status.success() => parse_report(&output, &args),
         _ => {
             eprintln!("{test}: perf unavailable; checking against schedstat only");
-            record_testvm(&file, &args)
+            record_testvm(&file, &[], &args)
         }
     };
     let sched = sched_json(&file, &[]);
@@ -140,7 +126,8 @@ fn io_bound_vm_blocked_share_and_io_count_match_testvm() {
         return;
     }
     let file = std::env::temp_dir().join(format!("virtprof-it-sched-io-{}.vprec", std::process::id()));
-    let report = record_testvm(&file, &["--workload", "io-bound", "-n", "150", "--io-latency", "4ms", "--name", "io"]);
+    let report =
+        record_testvm(&file, &[], &["--workload", "io-bound", "-n", "150", "--io-latency", "4ms", "--name", "io"]);
     let sched = sched_json(&file, &[]);
     let v = report.vcpus().next().unwrap();
     let row = vcpu_row(&sched, v.tid);

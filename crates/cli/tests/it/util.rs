@@ -48,6 +48,22 @@ pub fn temp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
 }
 
+/// `virtprof record -o FILE RECORD_ARGS -- virtprof testvm ARGS --json`, returning testvm's
+/// report; panics with stderr on failure.
+pub fn record_testvm(file: &std::path::Path, record_args: &[&str], args: &[&str]) -> TestvmReport {
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let output = virtprof()
+        .args(["record", "-o"])
+        .arg(file)
+        .args(record_args)
+        .args(["--", exe.to_str().unwrap(), "testvm"])
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    parse_report(&output, args)
+}
+
 /// Run `virtprof testvm ARGS --json` and parse the report; panics with stderr on failure.
 pub fn testvm(args: &[&str]) -> TestvmReport {
     let output = virtprof().arg("testvm").args(args).arg("--json").output().expect("run virtprof");

@@ -10,28 +10,22 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::args::{ExportArgs, ExportFormat};
-use crate::cmd::report::{analyse, analyse_with, no_intervals, Want};
+use crate::cmd::report::{analyse_with, interval_table, Want};
 use crate::exit::usage;
 use crate::recording::Recording;
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
-    let mut recording = Recording::open_warning(&args.file, None)?;
     match args.format {
         ExportFormat::Csv => {
-            if recording.intervals.is_none() {
-                return Err(no_intervals(&args.file));
-            }
-            let analysis = analyse(&mut recording, Want { binning: true, ..Want::default() })?;
-            let mut table = analysis.table.expect("the recording has interval rows, checked above");
-            table.add_vm_sums();
-            let mut out = output(args.output.as_deref())?;
-            csv::write(&table, &mut out)?;
+            let table = interval_table(&args.file)?;
+            csv::write(&table, &mut output(args.output.as_deref())?)?;
         }
         ExportFormat::Parquet => {
             let Some(dir) = &args.output else {
                 return Err(usage("--format parquet writes a directory of tables: give it with -o DIR"));
             };
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
+            let mut recording = Recording::open_warning(&args.file, None)?;
             let mut events = parquet::EventTable::create(&dir.join("events.parquet"))?;
             let want = Want { exits: true, exit_rows: true, binning: true, ..Want::default() };
             let analysis = analyse_with(&mut recording, want, |e, d| events.on_event(e, d))?;
@@ -39,14 +33,14 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let exits = analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]);
             let exit_rows = parquet::write_exits(&dir.join("exits.parquet"), exits)?;
             let mut summary = format!("{event_rows} events, {exit_rows} exits");
-            if let Some(mut table) = analysis.table {
-                table.add_vm_sums();
-                let rows = parquet::write_intervals(&dir.join("intervals.parquet"), &table)?;
+            if let Some(table) = &analysis.table {
+                let rows = parquet::write_intervals(&dir.join("intervals.parquet"), table)?;
                 summary += &format!(", {rows} interval values");
             }
             eprintln!("virtprof: wrote {summary} into {}", dir.display());
         }
         ExportFormat::Perfetto => {
+            let mut recording = Recording::open_warning(&args.file, None)?;
             let want = Want { exits: true, exit_rows: true, accounting: true, binning: true };
             // vCPU threads by name are known before the pass; their states are tracked from it.
             // The kernel's task cache also names threads of VMs long gone: the tracks are
@@ -58,16 +52,13 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let analysis = analyse_with(&mut recording, want, |e, _| states.on_event(e))?;
             let (first, last) = analysis.span_ns.unwrap_or((0, 0));
             states.finish(last);
-            let mut table = analysis.table;
-            if let Some(t) = table.as_mut() {
-                t.add_vm_sums();
-            }
-            let origin_ns = table.as_ref().and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
+            let table = analysis.table.as_ref();
+            let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
             let tracks = perfetto::Tracks {
                 vms: &analysis.vms,
                 states: &states.slices,
                 exits: analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]),
-                table: table.as_ref(),
+                table,
                 origin_ns,
             };
             let mut out = output(args.output.as_deref())?;

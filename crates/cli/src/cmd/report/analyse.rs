@@ -50,7 +50,7 @@ pub struct Analysis {
     pub bucket_ns: u64,
     /// VMs whose vCPU threads were seen (named ones when accounting was not wanted).
     pub vms: Vec<VmInfo>,
-    /// The interval rows with trace columns added (when the recording has rows).
+    /// The interval rows with trace columns and per-VM sums added (when the recording has rows).
     pub table: Option<IntervalTable>,
     /// Events that fell outside every interval row.
     pub outside_rows: u64,
@@ -109,7 +109,7 @@ pub fn analyse_with(
     });
 
     let progress = Progress::new(range);
-    let mut span_ns: Option<(u64, u64)> = None;
+    let (mut first_ts, mut last_ts) = (None, 0);
     let mut seen = 0u64;
     let stats = merge_cpus(&mut decoder, &streams, |e: &Event, d| {
         if let Some(x) = exits.as_mut() {
@@ -122,7 +122,8 @@ pub fn analyse_with(
             b.on_event(e, &DecoderNames(d));
         }
         sink(e, d);
-        span_ns = Some(span_ns.map_or((e.ts, e.ts), |(first, _)| (first, e.ts)));
+        first_ts.get_or_insert(e.ts);
+        last_ts = e.ts;
         seen += 1;
         if seen % PROGRESS_EVERY == 0 {
             progress.at(e.ts, seen);
@@ -131,6 +132,9 @@ pub fn analyse_with(
     progress.done();
     drop(streams);
     let outside_rows = binner.map_or(0, |b| b.outside);
+    if let Some(t) = table.as_mut() {
+        t.add_vm_sums();
+    }
     let names = DecoderNames(&decoder);
     let mut exits = exits.map(|x| x.finish(&names));
     let lost_events = stats.lost.max(exits.as_ref().map_or(0, |x| x.totals.lost_events)) + recording.lost_in_footer();
@@ -155,7 +159,7 @@ pub fn analyse_with(
         outside_rows,
         events: stats.events,
         lost_events,
-        span_ns,
+        span_ns: first_ts.map(|first| (first, last_ts)),
         decoder,
     })
 }

@@ -17,22 +17,18 @@ use crate::args::ReportArgs;
 use crate::exit::usage;
 use crate::recording::Recording;
 
-/// The interval table of a recording with the trace-derived columns and per-VM sums added,
-/// and the number of events outside every row.
-pub fn interval_table(path: &std::path::Path) -> anyhow::Result<(Recording, IntervalTable, u64)> {
-    let mut recording = Recording::open_any(path, None)?;
+/// The interval table of a recording with the trace-derived columns and per-VM sums added;
+/// a usage error for a recording without interval rows.
+pub fn interval_table(path: &std::path::Path) -> anyhow::Result<IntervalTable> {
+    let mut recording = Recording::open_warning(path, None)?;
     if recording.intervals.is_none() {
-        return Err(no_intervals(path));
+        return Err(usage(format!(
+            "'{}' has no interval rows; record with `virtprof record --interval 10ms ...`",
+            path.display()
+        )));
     }
     let analysis = analyse(&mut recording, Want { binning: true, ..Want::default() })?;
-    let mut table = analysis.table.expect("the recording has interval rows, checked above");
-    table.add_vm_sums();
-    Ok((recording, table, analysis.outside_rows))
-}
-
-/// The error for a recording without interval rows where they are needed.
-pub fn no_intervals(path: &std::path::Path) -> anyhow::Error {
-    usage(format!("'{}' has no interval rows; record with `virtprof record --interval 10ms ...`", path.display()))
+    Ok(analysis.table.expect("the recording has interval rows, checked above"))
 }
 
 /// The features phase detection and correlation look at: host-level delta metrics (app

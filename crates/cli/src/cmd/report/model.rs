@@ -163,10 +163,7 @@ pub struct SeriesMetric {
 /// Assemble the report from one analysis pass.
 pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &ReportArgs) -> Report {
     let md = &recording.metadata;
-    let mut table = analysis.table.take();
-    if let Some(t) = table.as_mut() {
-        t.add_vm_sums();
-    }
+    let table = analysis.table.take();
     // One time origin for trace and interval rows (both on the recording's clock).
     let first_row = table.as_ref().and_then(|t| t.start_ns.first().copied());
     let origin_ns = [analysis.span_ns.map(|s| s.0), first_row].into_iter().flatten().min().unwrap_or(0);
