@@ -136,10 +136,15 @@ impl IntervalSampler {
         for vm in found {
             let known = self.vms.iter().position(|v| v.pid == vm.pid);
             let at = known.unwrap_or_else(|| {
-                let guest = GuestCounters::attach(Path::new("/proc"), vm.pid).ok().flatten();
-                self.vms.push(Vm { pid: vm.pid, guest, vcpus: Vec::new() });
+                self.vms.push(Vm { pid: vm.pid, guest: None, vcpus: Vec::new() });
                 self.vms.len() - 1
             });
+            // A VMM creates its VM before it maps guest RAM, so discovery can see the VM first:
+            // keep trying until the RAM is there (its counters start from zero either way).
+            if self.vms[at].guest.is_none() {
+                self.vms[at].guest = GuestCounters::attach(Path::new("/proc"), vm.pid).ok().flatten();
+                changed |= self.vms[at].guest.is_some() && !self.vms[at].vcpus.is_empty();
+            }
             let new_threads: Vec<_> =
                 vm.vcpus.iter().filter(|t| !self.vms[at].vcpus.iter().any(|v| v.index == t.index)).cloned().collect();
             if new_threads.is_empty() {
