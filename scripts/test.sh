@@ -17,11 +17,16 @@ if [ "$(id -u)" = 0 ]; then
     command -v tmux >/dev/null || need+=(tmux)
     # chromium: renders `report --html` headless (no console errors, every chart drawn).
     command -v chromium >/dev/null || need+=(chromium)
+    # qemu + gcc: `boot --qemu` profiles a real Debian kernel booting under TCG.
+    command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+    command -v gcc >/dev/null || need+=(gcc)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
+    # Debian's kernel, its real System.map and a marker initramfs, for the `boot --qemu` tests.
+    bash scripts/debian-kernel/fetch.sh target/debian-kernel || echo "test.sh: could not fetch the Debian kernel; boot --qemu tests will skip"
     if ! grep -q ' tracefs ' /proc/mounts; then
         mount -t tracefs nodev /sys/kernel/tracing || echo "test.sh: could not mount tracefs; tracefs tests will skip"
     fi

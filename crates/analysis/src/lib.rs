@@ -8,9 +8,11 @@ pub mod correlate;
 pub mod exits;
 pub mod hist;
 pub mod intervals;
+pub mod pcprof;
 pub mod phases;
 pub mod qos;
 pub mod sched;
+pub mod symbols;
 
 use virtprof_model::StrId;
 

@@ -48,6 +48,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Start a mix of test VMs (contending, I/O-bound, exit-heavy) and watch them in `top`.
     Demo(DemoArgs),
+    /// PC-sampling profile of a guest from its first instruction: realms, top symbols, time bins,
+    /// sequences, differential profiles (testvm, QEMU gdbstub, or kvm_exit guest_rip).
+    Boot(Box<BootArgs>),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -88,7 +91,8 @@ Every vCPU also makes one IO exit per phase start and one when done (markers).
 EXAMPLES:
   virtprof testvm --workload pio-user --iterations 10000
   virtprof testvm --workload compute --vms 2 --pin 0 --duration 2s
-  virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json")]
+  virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json
+  virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s")]
 pub struct TestvmArgs {
     /// What every vCPU runs.
     #[arg(short, long, value_name = "WORKLOAD", default_value = "compute")]
@@ -96,6 +100,13 @@ pub struct TestvmArgs {
     /// Phase script for --workload phases: WORKLOAD:COUNT or WORKLOAD:DURATION, comma-separated.
     #[arg(long, value_name = "SCRIPT")]
     pub phases: Option<String>,
+    /// For --workload boot: named functions and their weights; each runs for its share of
+    /// --duration, in order.
+    #[arg(long, value_name = "NAME=WEIGHT,...", default_value = "init_mm=61,probe_devices=27,start_user=12")]
+    pub shares: String,
+    /// For --workload boot: make these functions K times longer (the seed's ballooning).
+    #[arg(long, value_name = "NAME=K,...")]
+    pub balloon: Option<String>,
     /// Iterations per vCPU.
     #[arg(short = 'n', long, value_name = "N", conflicts_with = "duration")]
     pub iterations: Option<u64>,
@@ -456,4 +467,112 @@ mod tests {
         // Catches clashing short flags and the like, which release builds would not.
         super::Cli::command().debug_assert();
     }
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+SOURCES (one):
+  --testvm             the testvm `boot` workload; the micro-VMM kicks each vCPU at --rate and reads
+                       RIP and CPL (samples landing while the VMM handles an exit: hypervisor realm)
+  --qemu -- ARGS       start QEMU halted with a gdbstub, sample from its first instruction until
+                       --until REGEX shows on its console (give -nographic or -serial stdio), --duration,
+                       or QEMU exits; works for TCG and KVM guests
+  --gdb HOST:PORT      attach to a gdbstub already listening (QEMU -gdb tcp::1234, or a socket path)
+  --recording FILE     kvm_exit guest_rip of a recording: exit-driven, so biased towards code that exits
+  --load FILE          a profile saved earlier with --save
+
+Realms: hypervisor (the VMM handles an exit), firmware (CPL0 below the kernel half: BIOS, boot loader,
+decompressor), kernel (CPL0 in the upper half), user (CPL3).
+
+EXAMPLES:
+  virtprof boot --testvm --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
+  virtprof boot --testvm --balloon probe_devices=8 --save ballooned.json --compare control.json
+  virtprof boot --qemu --system-map /boot/System.map-6.1.0-28-amd64 --until 'Run /init' -- \\
+      -accel tcg -kernel /boot/vmlinuz-6.1.0-28-amd64 -initrd initrd.img -append 'console=ttyS0' -nographic
+  virtprof boot --load run.json --symbol do_one_initcall --bin 100ms --html boot.html
+  virtprof boot --load run.json --folded | flamegraph.pl > boot.svg")]
+pub struct BootArgs {
+    /// Sample the testvm `boot` workload in a micro-VM.
+    #[arg(long, group = "source")]
+    pub testvm: bool,
+    /// Start QEMU with the arguments after `--` and sample it through its gdbstub.
+    #[arg(long, group = "source", requires = "qemu_args")]
+    pub qemu: bool,
+    /// Attach to a running gdbstub: HOST:PORT or a Unix socket path.
+    #[arg(long, value_name = "HOST:PORT", group = "source")]
+    pub gdb: Option<String>,
+    /// Use the kvm_exit guest_rip of a recording as (exit-driven, biased) samples.
+    #[arg(long, value_name = "FILE", group = "source")]
+    pub recording: Option<PathBuf>,
+    /// Analyse a profile saved with --save.
+    #[arg(long, value_name = "FILE", group = "source")]
+    pub load: Option<PathBuf>,
+    /// Samples per second per vCPU.
+    #[arg(long, value_name = "HZ", default_value_t = 1000)]
+    pub rate: u32,
+    /// Stop when a console line matches this regular expression (--qemu).
+    #[arg(long, value_name = "REGEX")]
+    pub until: Option<String>,
+    /// --testvm: the workload's run time before ballooning (default 1s); --qemu/--gdb: stop
+    /// sampling after this long.
+    #[arg(short, long, value_name = "TIME")]
+    pub duration: Option<String>,
+    /// --testvm: named functions and their weights.
+    #[arg(long, value_name = "NAME=WEIGHT,...", default_value = "init_mm=61,probe_devices=27,start_user=12")]
+    pub shares: String,
+    /// --testvm: make these functions K times longer (the seed's ballooning).
+    #[arg(long, value_name = "NAME=K,...")]
+    pub balloon: Option<String>,
+    /// --testvm: vCPUs.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub vcpus: u32,
+    /// Kernel symbols from a System.map.
+    #[arg(long, value_name = "FILE", group = "kernel_symbols")]
+    pub system_map: Option<PathBuf>,
+    /// Kernel symbols from /proc/kallsyms text (read as root).
+    #[arg(long, value_name = "FILE", group = "kernel_symbols")]
+    pub kallsyms: Option<PathBuf>,
+    /// Kernel symbols from an ELF vmlinux.
+    #[arg(long, value_name = "FILE", group = "kernel_symbols")]
+    pub vmlinux: Option<PathBuf>,
+    /// User-realm symbols (System.map form or ELF); --testvm uses its own program's map.
+    #[arg(long, value_name = "FILE")]
+    pub user_symbols: Option<PathBuf>,
+    /// KASLR offset of the kernel in hex, or `auto` (find linux_banner in guest memory; --qemu
+    /// and --gdb only; 0 elsewhere).
+    #[arg(long, value_name = "HEX|auto", default_value = "auto")]
+    pub kaslr: String,
+    /// Time-bin width for the realm split and timelines (default: about 50 bins).
+    #[arg(long, value_name = "TIME")]
+    pub bin: Option<String>,
+    /// Show this symbol's profile over time (repeatable).
+    #[arg(long = "symbol", value_name = "NAME")]
+    pub symbols: Vec<String>,
+    /// Rows of the top-symbol table.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub top: usize,
+    /// Differential profile against a profile saved with --save: share and rank changes.
+    #[arg(long, value_name = "FILE")]
+    pub compare: Option<PathBuf>,
+    /// Save the labelled samples (for --load and --compare).
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
+    /// Print JSON (schema: docs/boot.md).
+    #[arg(long, group = "format")]
+    pub json: bool,
+    /// Print the symbol table as CSV.
+    #[arg(long, group = "format")]
+    pub csv: bool,
+    /// Print `realm;symbol count` lines for flame-graph tools.
+    #[arg(long, group = "format")]
+    pub folded: bool,
+    /// Write charts (realm stacked area over time, top symbols, per-symbol timelines) to OUT.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
+    /// --qemu: copy the guest console to this file.
+    #[arg(long, value_name = "FILE")]
+    pub console: Option<PathBuf>,
+    /// QEMU's own arguments (after `--`).
+    #[arg(last = true, value_name = "QEMU ARGS")]
+    pub qemu_args: Vec<String>,
 }

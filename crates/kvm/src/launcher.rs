@@ -41,6 +41,8 @@ pub struct TestvmConfig {
     pub linger_ns: u64,
     /// VM name prefix (default: the workload's name).
     pub name: Option<String>,
+    /// Sample every vCPU's program counter at this rate (0: off; `virtprof boot --testvm`).
+    pub sample_hz: u32,
 }
 
 impl TestvmConfig {
@@ -72,6 +74,7 @@ impl TestvmConfig {
             io_latency_ns: self.io_latency_ns,
             steal_time: self.steal_time,
             linger_ns: self.linger_ns,
+            sample_hz: self.sample_hz,
         }
     }
 }
@@ -205,6 +208,7 @@ mod tests {
             steal_time: false,
             linger_ns: 0,
             name: None,
+            sample_hz: 0,
         };
         assert_eq!((config.vm_name(0), config.vm_name(1)), ("compute-0".into(), "compute-1".into()));
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);

@@ -16,6 +16,7 @@
 pub mod caps;
 pub mod discover;
 pub mod error;
+pub mod gdbstub;
 pub mod guest;
 pub mod guest_counters;
 pub mod launcher;

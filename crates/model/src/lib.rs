@@ -8,6 +8,7 @@ pub mod event;
 pub mod host;
 pub mod ids;
 pub mod interval;
+pub mod pcsample;
 pub mod testvm;
 pub mod units;
 pub mod vmm;

@@ -31,6 +31,12 @@ pub struct VmReport {
     pub kvm_vm_stats: BTreeMap<String, u64>,
     /// The VM's vCPUs.
     pub vcpus: Vec<VcpuReport>,
+    /// The guest program's symbols in `System.map` form, when its vCPUs were sampled.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "String::is_empty"))]
+    pub system_map: String,
+    /// CLOCK_MONOTONIC when sampling started (sample times count from here).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub sampling_start_ns: Option<u64>,
 }
 
 /// One vCPU: its thread, what its guest program did, and what the host saw.
@@ -69,6 +75,9 @@ pub struct VcpuReport {
     pub phases: Vec<PhaseReport>,
     /// The vCPU's KVM binary stats deltas over the run, by the kernel's stat name.
     pub kvm_stats: BTreeMap<String, u64>,
+    /// Program-counter samples, when the VMM sampled this vCPU (`virtprof boot --testvm`).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
+    pub samples: Vec<crate::pcsample::PcSample>,
 }
 
 /// One scripted phase as the VMM observed it through the phase markers.

@@ -261,6 +261,7 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
         steal_time: false,
         linger_ns: 0,
         name: Some("doctor-probe".into()),
+        sample_hz: 0,
     };
     let exe = std::env::current_exe()?;
     let result = launcher::run_testvm(&exe, &config);
@@ -347,9 +348,26 @@ fn features(
             },
         ),
         f("counters", counters),
+        f("boot", &boot_sources(kvm, tracefs, exits_live)),
         f("energy", energy),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
+}
+
+/// Which `virtprof boot` sources work here.
+fn boot_sources(kvm: &KvmCaps, tracefs: bool, exits_live: Option<bool>) -> String {
+    let qemu =
+        std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success());
+    let mut parts = vec![
+        if kvm.api_version.is_ok() { "--testvm (micro-VMM kicks)" } else { "no --testvm (no /dev/kvm)" },
+        if qemu { "--qemu/--gdb (QEMU gdbstub)" } else { "--gdb only (qemu-system-x86_64 not installed)" },
+    ];
+    parts.push(match (tracefs, exits_live) {
+        (true, Some(true)) => "--recording of kvm_exit guest_rip",
+        (_, Some(false)) => "no kvm_exit guest_rip samples (this KVM emits no kvm_exit)",
+        _ => "--recording if the recording holds kvm_exit",
+    });
+    parts.join("; ")
 }
 
 fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {

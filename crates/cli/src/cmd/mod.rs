@@ -1,11 +1,13 @@
 //! One module per subcommand; `run` dispatches.
 
+mod boot;
 mod compare;
 mod demo;
 mod doctor;
 mod exits;
 mod export;
 pub mod import;
+mod page;
 pub mod record;
 mod report;
 mod sched;
@@ -31,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(args) => export::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Boot(args) => boot::run(&args),
         Command::Vmm { .. } => {
             virtprof_kvm::launcher::install_stop_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

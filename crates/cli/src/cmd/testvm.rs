@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use virtprof_kvm::guest::{Bound, Script, Workload};
+use virtprof_kvm::guest::{boot, Bound, Script, Workload};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::testvm::TestvmReport;
 use virtprof_model::units::{format_duration_ns, parse_cpu_list, parse_duration_ns};
@@ -45,6 +45,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
             return Err(usage(format!("--phases goes with --workload phases, not '{}'", args.workload)))
         }
         (_, Some(spec)) => Script::parse_phases(spec).map_err(|e| usage(format!("--phases: {e}")))?,
+        ("boot", None) => boot_script(args, bound)?,
         (name, None) => Script::single(name.parse::<Workload>().map_err(usage)?, bound),
     };
     if args.phases.is_some() && (args.iterations.is_some() || args.duration.is_some()) {
@@ -84,7 +85,21 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         steal_time: args.steal_time,
         linger_ns,
         name: args.name.clone(),
+        sample_hz: 0,
     })
+}
+
+/// The `boot` workload: `--shares` of `--duration` (iterations make no sense for it).
+fn boot_script(args: &TestvmArgs, bound: Bound) -> anyhow::Result<Script> {
+    let Bound::Duration { ns } = bound else {
+        return Err(usage("--workload boot runs for a --duration, not --iterations"));
+    };
+    let shares = boot::parse_shares(&args.shares).map_err(|e| usage(format!("--shares: {e}")))?;
+    let balloon = match &args.balloon {
+        Some(spec) => boot::parse_shares(spec).map_err(|e| usage(format!("--balloon: {e}")))?,
+        None => Vec::new(),
+    };
+    boot::boot_script(&shares, ns, &balloon).map_err(usage)
 }
 
 fn format_cpus(cpus: &[u32]) -> String {

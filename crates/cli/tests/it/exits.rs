@@ -16,14 +16,15 @@ fn fixture(run: &str) -> PathBuf {
     }
 }
 
-fn import(run: &str) -> PathBuf {
+/// Import a kvm_amd fixture run into a temporary recording.
+pub fn import(run: &str) -> PathBuf {
     let out = std::env::temp_dir().join(format!("virtprof-it-{run}-{}.vprec", std::process::id()));
     let status = virtprof().arg("import").arg(fixture(run)).arg("-o").arg(&out).output().unwrap();
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
     out
 }
 
-fn exits_json(file: &Path, extra: &[&str]) -> Value {
+pub fn exits_json(file: &Path, extra: &[&str]) -> Value {
     let out = virtprof().arg("exits").arg(file).args(extra).arg("--json").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()

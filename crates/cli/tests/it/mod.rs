@@ -1,3 +1,4 @@
+mod boot;
 mod doctor;
 mod errors;
 mod exits;

@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::intervals::{json, phases_run, PhasesRun};
-use super::util::{temp, virtprof};
+use super::util::{chromium, temp, virtprof};
 
 /// The testvm's own count of heavyweight (userspace I/O) exits.
 fn io_exits(run: &PhasesRun) -> u64 {
@@ -58,11 +58,6 @@ fn report_lists_top_exits_and_vcpu_accounting() {
     for section in ["lost events: 0", "vCPU accounting over the run", "phases:", "most correlated metrics"] {
         assert!(text.contains(section), "no '{section}' in:\n{text}");
     }
-}
-
-/// Debian's Chromium, if installed.
-fn chromium() -> Option<&'static str> {
-    ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| Path::new(p).exists())
 }
 
 #[test]

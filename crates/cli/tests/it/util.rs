@@ -19,12 +19,18 @@ static VM_LOCK: Mutex<()> = Mutex::new(());
 /// skipped and return None.
 pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
     match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        Ok(_) => Some(VM_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())),
+        Ok(_) => Some(vm_lock()),
         Err(e) => {
             eprintln!("SKIP {test}: /dev/kvm unavailable ({e})");
             None
         }
     }
+}
+
+/// The exclusive right to run VMs (KVM or emulated): CPU-hungry guests would skew the others'
+/// timing.
+pub fn vm_lock() -> MutexGuard<'static, ()> {
+    VM_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// True if we are root with tracefs mounted (or mountable); otherwise print why not.
@@ -83,4 +89,9 @@ pub fn parse_report(output: &Output, args: &[&str]) -> TestvmReport {
 /// The host kind doctor would report.
 pub fn host_kind() -> Option<virtprof_model::HostKind> {
     virtprof_kvm::caps::KvmCaps::probe().kind
+}
+
+/// Debian's Chromium, if installed.
+pub fn chromium() -> Option<&'static str> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists())
 }

@@ -82,7 +82,7 @@ impl FromStr for Workload {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Workload::ALL.into_iter().find(|w| w.name() == s).ok_or_else(|| {
             let names: Vec<_> = Workload::ALL.iter().map(|w| w.name()).collect();
-            format!("unknown workload '{s}' (expected one of: {}, phases)", names.join(", "))
+            format!("unknown workload '{s}' (expected one of: {}, phases, boot)", names.join(", "))
         })
     }
 }
@@ -100,12 +100,28 @@ pub enum Bound {
 }
 
 /// One step of a script.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Phase {
     /// What the loop does.
     pub workload: Workload,
     /// When it stops.
     pub bound: Bound,
+    /// A function name for the whole phase (the `boot` workload's named functions); None
+    /// names it `phaseN_WORKLOAD` with a separate `_loop` symbol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+}
+
+impl Phase {
+    /// A phase without a function name.
+    pub fn new(workload: Workload, bound: Bound) -> Self {
+        Phase { workload, bound, function: None }
+    }
+
+    /// What reports call this phase: its function name, else its workload.
+    pub fn label(&self) -> &str {
+        self.function.as_deref().unwrap_or(self.workload.name())
+    }
 }
 
 /// The sequence of phases every vCPU of a VM runs.
@@ -118,7 +134,7 @@ pub struct Script {
 impl Script {
     /// A single-phase script.
     pub fn single(workload: Workload, bound: Bound) -> Self {
-        Script { phases: vec![Phase { workload, bound }] }
+        Script { phases: vec![Phase::new(workload, bound)] }
     }
 
     /// Parse `compute:200ms,pio-user:10000,io-bound:50`: a count without a unit is iterations,
@@ -142,7 +158,7 @@ impl Script {
                             .map_err(|e| format!("phase '{item}': {e}"))?,
                     }
                 };
-                Ok(Phase { workload, bound })
+                Ok(Phase::new(workload, bound))
             })
             .collect::<Result<Vec<_>, String>>()?;
         if phases.is_empty() {
@@ -202,7 +218,7 @@ impl fmt::Display for Script {
 /// Registers: r15 = shared page, r14 = iteration counter or TSC deadline, r13 = PIO doorbell
 /// port, rdi = MMIO doorbell address. rax/rbx/rcx/rdx are free for bodies (CPUID clobbers them).
 fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64) -> Result<(), VmmError> {
-    let name = format!("phase{index}_{}", phase.workload.symbol());
+    let name = phase.function.clone().unwrap_or_else(|| format!("phase{index}_{}", phase.workload.symbol()));
     let a = |r: Result<(), IcedError>| r.map_err(asm_err);
     b.function(name.clone())?;
     a(b.asm.mov(eax, index as u32))?;
@@ -229,7 +245,14 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
         }
     }
     let mut end = b.asm.create_label();
-    let top = b.function(format!("{name}_loop"))?;
+    // A named function keeps its loop inside its own symbol, as a compiled function would.
+    let top = if phase.function.is_some() {
+        let mut top = b.asm.create_label();
+        a(b.asm.set_label(&mut top))?;
+        top
+    } else {
+        b.function(format!("{name}_loop"))?
+    };
     match phase.workload {
         Workload::Compute => {}
         Workload::PioUser => a(b.asm.out(i32::from(ports::PIO_USER), al))?,
@@ -280,7 +303,7 @@ mod tests {
         let s = Script::parse_phases("compute:200ms,pio-user:10000,io-bound:50").unwrap();
         assert_eq!(s.phases.len(), 3);
         assert_eq!(s.phases[0].bound, Bound::Duration { ns: 200_000_000 });
-        assert_eq!(s.phases[1], Phase { workload: Workload::PioUser, bound: Bound::Iterations(10_000) });
+        assert_eq!(s.phases[1], Phase::new(Workload::PioUser, Bound::Iterations(10_000)));
         assert_eq!(s.marker_exits(), 4);
         assert_eq!(s.to_string(), "compute:200ms,pio-user:10000,io-bound:50");
     }

@@ -7,6 +7,7 @@
 
 mod exits;
 mod host;
+mod pc_sampler;
 mod shared_page;
 mod vcpu;
 
@@ -54,6 +55,9 @@ pub struct VmConfig {
     pub steal_time: bool,
     /// Keep the VM (and its fds) alive this long after the guest finished, for inspection.
     pub linger_ns: u64,
+    /// Sample every vCPU's program counter at this rate (0: no sampling).
+    #[serde(default)]
+    pub sample_hz: u32,
 }
 
 /// An anonymous shared-memory file of `size` bytes named [`layout::GUEST_RAM_NAME`].
@@ -179,6 +183,12 @@ impl Vm {
         // Opened here and kept until the process exits, so other tools (`virtprof stats`) can
         // borrow them: the kernel serves KVM_GET_STATS_FD only to this process.
         let vcpu_stats: Vec<StatsFd> = vcpus.iter().map(|v| StatsFd::open(v.as_raw_fd())).collect::<Result<_, _>>()?;
+        let sampling = config.sample_hz > 0;
+        if sampling {
+            pc_sampler::install_handler()?;
+        }
+        let slots: Vec<pc_sampler::KickSlot> = (0..config.vcpus).map(|_| Default::default()).collect();
+        let mut kicker = pc_sampler::Kicker::new(config.sample_hz);
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
             for (((index, vcpu), page), stats) in (0u32..).zip(vcpus).zip(pages.iter().cloned()).zip(&vcpu_stats) {
@@ -191,6 +201,7 @@ impl Vm {
                     program: &program,
                     memory: &memory,
                     page,
+                    kick: sampling.then(|| &slots[index as usize]),
                 };
                 let handle = std::thread::Builder::new()
                     .name(format!("vcpu{index}"))
@@ -204,7 +215,11 @@ impl Vm {
                 if STOP_REQUESTED.load(Ordering::Relaxed) {
                     pages.iter().for_each(|p| p.store(shared::STOP, 1));
                 }
-                std::thread::sleep(Duration::from_millis(5));
+                if sampling {
+                    kicker.tick(&slots);
+                } else {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
             }
             handles
                 .into_iter()
@@ -224,7 +239,14 @@ impl Vm {
             std::thread::sleep(Duration::from_nanos(config.linger_ns));
         }
         drop((finished_vcpus, vcpu_stats, vm_stats));
-        Ok(VmReport { index: config.index, pid: std::process::id(), kvm_vm_stats, vcpus: vcpu_reports })
+        Ok(VmReport {
+            index: config.index,
+            pid: std::process::id(),
+            kvm_vm_stats,
+            vcpus: vcpu_reports,
+            system_map: if sampling { program.system_map() } else { String::new() },
+            sampling_start_ns: sampling.then(|| kicker.start_ns()),
+        })
     }
 }
 

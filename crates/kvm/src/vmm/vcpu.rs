@@ -12,6 +12,7 @@ use virtprof_model::testvm::{PhaseReport, VcpuReport};
 use super::exits::exit_reason_name;
 use super::host::{monotonic_ns, read_schedstat};
 use super::kvm_err;
+use super::pc_sampler::{KickSlot, PcSampler};
 use super::shared_page::SharedPage;
 use crate::error::VmmError;
 use crate::guest::layout::{self, ports, shared};
@@ -28,6 +29,8 @@ pub(crate) struct VcpuContext<'a> {
     pub program: &'a GuestProgram,
     pub memory: &'a GuestMemoryMmap,
     pub page: SharedPage,
+    /// Where the VMM's sampling timer kicks this vCPU, when sampling.
+    pub kick: Option<&'a KickSlot>,
 }
 
 /// What the VMM does about one return from `KVM_RUN`.
@@ -96,13 +99,25 @@ pub(crate) fn run_vcpu(
     let mut clock = PhaseClock { starts: Vec::with_capacity(ctx.script.phases.len()), done: None };
     let (mut io_exits, mut mmio_exits, mut total) = (0u64, 0u64, 0u64);
 
+    let mut sampler = ctx.kick.map(|slot| PcSampler::new(&mut vcpu, slot, ctx.index));
+    let mut last_reason = 0;
+
     while clock.done.is_none() {
-        let action = match vcpu.run() {
-            Ok(exit) => classify(&exit),
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Action::Resume,
+        if let Some(s) = &sampler {
+            s.entering();
+        }
+        let (action, interrupted) = match vcpu.run() {
+            Ok(exit) => (classify(&exit), false),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => (Action::Resume, true),
             Err(e) => return Err(kvm_err("KVM_RUN")(e)),
         };
+        if let Some(s) = sampler.as_mut() {
+            s.left(&vcpu, interrupted, last_reason)?;
+        }
         let reason = vcpu.get_kvm_run().exit_reason;
+        if !interrupted {
+            last_reason = reason;
+        }
         exits_by_reason[(reason as usize).min(63)] += 1;
         total += 1;
         match reason {
@@ -145,7 +160,7 @@ pub(crate) fn run_vcpu(
         .map(|(phase, (i, &(start, iters_at_start)))| {
             let (end, iters_at_end) = clock.starts.get(i + 1).copied().unwrap_or((done_ns, iterations));
             PhaseReport {
-                workload: phase.workload.name().to_string(),
+                workload: phase.label().to_string(),
                 iterations: iters_at_end - iters_at_start,
                 start_monotonic_ns: start,
                 end_monotonic_ns: end,
@@ -175,7 +190,9 @@ pub(crate) fn run_vcpu(
         start_monotonic_ns: start_ns,
         phases,
         kvm_stats,
+        samples: sampler.as_mut().map(|s| std::mem::take(&mut s.samples)).unwrap_or_default(),
     };
+    drop(sampler);
     Ok((report, vcpu))
 }
 

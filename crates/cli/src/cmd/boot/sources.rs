@@ -1,0 +1,354 @@
+//! Where samples come from: the micro-VMM's kicks (`--testvm`), a QEMU gdbstub (`--qemu`,
+//! `--gdb`), or the kvm_exit events of a recording (`--recording`).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use virtprof_analysis::symbols::SymbolTable;
+use virtprof_kvm::gdbstub::{GdbClient, GdbError};
+use virtprof_kvm::guest::boot;
+use virtprof_kvm::launcher::{self, TestvmConfig};
+use virtprof_model::pcsample::{PcSample, Realm};
+use virtprof_model::EventKind;
+
+use crate::args::BootArgs;
+use crate::exit::usage;
+use crate::recording::Recording;
+
+/// Samples and what is known about how they were taken.
+pub struct Collected {
+    /// Human description of the source.
+    pub source: String,
+    /// Sampling rate (None for exit-driven samples).
+    pub rate_hz: Option<u32>,
+    /// A caveat to print with the results.
+    pub note: Option<String>,
+    pub samples: Vec<PcSample>,
+    /// The guest program's own symbols (testvm).
+    pub program_symbols: Option<SymbolTable>,
+    /// KASLR offset found in guest memory.
+    pub detected_kaslr: Option<u64>,
+    /// Ground truth from the test bed.
+    pub truth: Option<Truth>,
+}
+
+/// What the testvm run says the profile should be.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Truth {
+    /// Function → its share of the guest's run time, from the durations it was given.
+    pub expected_shares: BTreeMap<String, f64>,
+    /// Guest run time (first phase marker to done), seconds.
+    pub boot_s: f64,
+    /// Loop iterations the guest completed: its work done in that fixed time, which sampling
+    /// overhead lowers.
+    #[serde(default)]
+    pub iterations: u64,
+}
+
+/// `--testvm`: run the boot workload with the VMM sampling every vCPU.
+pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
+    let total_ns = match &args.duration {
+        Some(d) => virtprof_model::units::parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
+        None => 1_000_000_000,
+    };
+    let shares = boot::parse_shares(&args.shares).map_err(|e| usage(format!("--shares: {e}")))?;
+    let balloon = match &args.balloon {
+        Some(spec) => boot::parse_shares(spec).map_err(|e| usage(format!("--balloon: {e}")))?,
+        None => Vec::new(),
+    };
+    let script = boot::boot_script(&shares, total_ns, &balloon).map_err(usage)?;
+    if args.vcpus == 0 || args.vcpus > virtprof_kvm::guest::layout::MAX_VCPUS {
+        return Err(usage(format!("--vcpus {}: must be 1 to {}", args.vcpus, virtprof_kvm::guest::layout::MAX_VCPUS)));
+    }
+    let expected_shares = boot::expected_shares(&script).into_iter().collect();
+    let config = TestvmConfig {
+        script,
+        vms: 1,
+        vcpus: args.vcpus,
+        pin: Vec::new(),
+        io_latency_ns: 0,
+        steal_time: false,
+        linger_ns: 0,
+        name: Some("boot".into()),
+        sample_hz: args.rate,
+    };
+    launcher::install_stop_handler();
+    let exe = std::env::current_exe().context("locating the virtprof executable to start the VMM")?;
+    let mut report = launcher::run_testvm(&exe, &config)?;
+    let vm = report.vms.pop().context("the test bed reported no VM")?;
+    let program_symbols = SymbolTable::from_system_map(&vm.system_map).context("the guest program's symbol map")?;
+    let boot_s = vm.vcpus.iter().map(|v| v.wall_ns).max().unwrap_or(0) as f64 / 1e9;
+    let iterations = vm.vcpus.iter().map(|v| v.iterations).sum();
+    let samples = vm.vcpus.into_iter().flat_map(|v| v.samples).collect();
+    Ok(Collected {
+        source: format!("testvm boot workload ({} vCPU, pid {})", args.vcpus, vm.pid),
+        rate_hz: Some(args.rate),
+        note: None,
+        samples,
+        program_symbols: Some(program_symbols),
+        detected_kaslr: None,
+        truth: Some(Truth { expected_shares, boot_s, iterations }),
+    })
+}
+
+/// `--recording`: every kvm_exit's guest_rip, realm by address.
+pub fn recording(path: &Path) -> anyhow::Result<Collected> {
+    let mut recording = Recording::open_warning(path, None)?;
+    let mut samples = Vec::new();
+    let mut first = None;
+    crate::cmd::report::analyse_with(&mut recording, Default::default(), |e, _| {
+        if let EventKind::KvmExit { guest_rip, vcpu_id, .. } = e.kind {
+            let t0 = *first.get_or_insert(e.ts);
+            samples.push(PcSample {
+                t_ns: e.ts - t0,
+                vcpu: vcpu_id,
+                rip: guest_rip,
+                realm: Realm::of_address(guest_rip),
+                activity: String::new(),
+            });
+        }
+    })?;
+    if samples.is_empty() {
+        return Err(usage(format!(
+            "'{}' holds no kvm_exit events (this host's KVM may not emit them; `virtprof doctor` says); use --testvm or --qemu",
+            path.display()
+        )));
+    }
+    Ok(Collected {
+        source: format!("kvm_exit guest_rip in {}", path.display()),
+        rate_hz: None,
+        note: Some(
+            "exit-driven samples: code that exits often is over-represented and code that never exits is invisible"
+                .into(),
+        ),
+        samples,
+        program_symbols: None,
+        detected_kaslr: None,
+        truth: None,
+    })
+}
+
+/// When gdbstub sampling stops.
+struct Stop {
+    deadline: Option<Instant>,
+    /// Set by the console reader when `--until` matched.
+    matched: Arc<AtomicBool>,
+}
+
+/// `--gdb ADDRESS`: attach to a running gdbstub.
+pub fn gdb(args: &BootArgs, address: &str, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
+    let mut client = GdbClient::connect(address).with_context(|| format!("connecting to the gdbstub at {address}"))?;
+    client.attach()?;
+    let stop = Stop { deadline: deadline(args)?, matched: Arc::new(AtomicBool::new(false)) };
+    let samples = sample_gdb(&mut client, args.rate, &stop)?;
+    let detected_kaslr = detect_kaslr(&mut client, args, kernel);
+    // Leave the guest running as we found it.
+    let _ = client.resume();
+    Ok(gdb_collected(format!("gdbstub at {address}"), args.rate, samples, detected_kaslr))
+}
+
+fn gdb_collected(source: String, rate: u32, samples: Vec<PcSample>, detected_kaslr: Option<u64>) -> Collected {
+    Collected { source, rate_hz: Some(rate), note: None, samples, program_symbols: None, detected_kaslr, truth: None }
+}
+
+fn deadline(args: &BootArgs) -> anyhow::Result<Option<Instant>> {
+    Ok(match &args.duration {
+        Some(d) => Some(
+            Instant::now()
+                + Duration::from_nanos(
+                    virtprof_model::units::parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
+                ),
+        ),
+        None => None,
+    })
+}
+
+/// `--qemu -- ARGS`: start QEMU halted with a gdbstub on a private socket and sample it.
+pub fn qemu(args: &BootArgs, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
+    let until = match &args.until {
+        Some(r) => Some(regex::Regex::new(r).map_err(|e| usage(format!("--until: {e}")))?),
+        None => None,
+    };
+    let stop = Stop { deadline: None, matched: Arc::new(AtomicBool::new(false)) };
+    let dir = std::env::temp_dir().join(format!("virtprof-boot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join("gdb.sock");
+    let (program, qemu_args) = match args.qemu_args.split_first() {
+        Some((first, rest)) if !first.starts_with('-') => (first.clone(), rest.to_vec()),
+        _ => ("qemu-system-x86_64".to_string(), args.qemu_args.clone()),
+    };
+    let mut child = Command::new(&program)
+        .args(&qemu_args)
+        .arg("-S")
+        .arg("-chardev")
+        .arg(format!("socket,id=virtprof-gdb,path={},server=on,wait=off", socket.display()))
+        .arg("-gdb")
+        .arg("chardev:virtprof-gdb")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            usage(format!("starting '{program}': {e} (install qemu-system-x86, or name the binary first after --)"))
+        })?;
+    let guard = QemuGuard { child: &mut child, dir: &dir };
+    let console = Console::start(guard.child, until, args.console.as_deref(), Arc::clone(&stop.matched))?;
+    wait_for_socket(guard.child, &socket, &console)?;
+    let mut client = GdbClient::connect(&socket.to_string_lossy()).context("connecting to QEMU's gdbstub")?;
+    let stop = Stop { deadline: deadline(args)?, ..stop };
+    let samples = sample_gdb(&mut client, args.rate, &stop)?;
+    let detected_kaslr = detect_kaslr(&mut client, args, kernel);
+    if args.until.is_some() && !stop.matched.load(Ordering::Relaxed) {
+        eprintln!(
+            "virtprof: warning: --until never matched the console; the profile runs to QEMU's exit or --duration"
+        );
+    }
+    drop(guard);
+    Ok(gdb_collected(format!("QEMU gdbstub ({program})"), args.rate, samples, detected_kaslr))
+}
+
+/// Kills QEMU and removes the socket directory however sampling ends.
+struct QemuGuard<'a> {
+    child: &'a mut Child,
+    dir: &'a Path,
+}
+
+impl Drop for QemuGuard<'_> {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(self.dir);
+    }
+}
+
+/// QEMU's console (stdout): copied to `--console`, matched against `--until`, tail kept.
+struct Console {
+    tail: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Console {
+    fn start(
+        child: &mut Child,
+        until: Option<regex::Regex>,
+        copy: Option<&Path>,
+        matched: Arc<AtomicBool>,
+    ) -> anyhow::Result<Self> {
+        let mut copy = match copy {
+            Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating --console {}", p.display()))?),
+            None => None,
+        };
+        let tail = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let lines = Arc::clone(&tail);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).split(b'\n').map_while(Result::ok) {
+                let line = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
+                if let Some(f) = copy.as_mut() {
+                    let _ = writeln!(f, "{line}");
+                }
+                if until.as_ref().is_some_and(|r| r.is_match(&line)) {
+                    matched.store(true, Ordering::Relaxed);
+                }
+                let mut t = lines.lock().expect("console tail");
+                t.push(line);
+                if t.len() > 20 {
+                    t.remove(0);
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let err_pipe = child.stderr.take().expect("stderr is piped");
+        let err = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(err_pipe).lines().map_while(Result::ok) {
+                let mut e = err.lock().expect("stderr tail");
+                e.push_str(&line);
+                e.push('\n');
+            }
+        });
+        Ok(Console { tail, stderr })
+    }
+
+    fn describe(&self) -> String {
+        let err = self.stderr.lock().expect("stderr tail").trim().to_string();
+        if !err.is_empty() {
+            return err;
+        }
+        self.tail.lock().expect("console tail").join("\n")
+    }
+}
+
+fn wait_for_socket(child: &mut Child, socket: &Path, console: &Console) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while !socket.exists() {
+        if let Some(status) = child.try_wait()? {
+            std::thread::sleep(Duration::from_millis(50));
+            return Err(usage(format!("QEMU exited ({status}) before its gdbstub opened:\n{}", console.describe())));
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            return Err(anyhow::anyhow!("QEMU did not open its gdbstub socket within 20 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Stop, read every vCPU, resume, at `rate` — until `stop` says so or the guest exits. The
+/// guest is stopped on entry and on return (unless it exited).
+fn sample_gdb(client: &mut GdbClient, rate: u32, stop: &Stop) -> anyhow::Result<Vec<PcSample>> {
+    let period = Duration::from_secs(1) / rate.max(1);
+    let start = Instant::now();
+    let mut next = start;
+    let mut samples = Vec::new();
+    loop {
+        let t_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        for (vcpu, regs) in (0u32..).zip(client.sample_all()?) {
+            let cpl = (regs.cs & 3) as u8;
+            samples.push(PcSample {
+                t_ns,
+                vcpu,
+                rip: regs.rip,
+                realm: Realm::of_guest(cpl, regs.rip),
+                activity: String::new(),
+            });
+        }
+        if stop.matched.load(Ordering::Relaxed) || stop.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(samples);
+        }
+        client.resume()?;
+        next += period;
+        match next.checked_duration_since(Instant::now()) {
+            Some(wait) => std::thread::sleep(wait),
+            None => next = Instant::now(),
+        }
+        match client.interrupt() {
+            Ok(()) => {}
+            Err(GdbError::Exited(_)) => return Ok(samples),
+            Err(GdbError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(samples),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// KASLR slide of the guest kernel: `linux_banner` ("Linux version ...") is searched at every
+/// 2 MiB-aligned slide of its link address (x86-64 randomizes the kernel's virtual base in
+/// 2 MiB steps within 1 GiB).
+fn detect_kaslr(client: &mut GdbClient, args: &BootArgs, kernel: Option<&SymbolTable>) -> Option<u64> {
+    if args.kaslr != "auto" {
+        return None;
+    }
+    let banner = kernel?.address_of("linux_banner")?;
+    const STEP: u64 = 2 << 20;
+    (0..512u64).map(|k| k * STEP).find(|&slide| {
+        banner
+            .checked_add(slide)
+            .is_some_and(|addr| matches!(client.read_memory(addr, 14), Ok(Some(bytes)) if bytes == b"Linux version "))
+    })
+}
