@@ -4,7 +4,9 @@
 //! caller implements over its decoder.
 #![deny(missing_docs)]
 
+pub mod balance;
 pub mod correlate;
+pub mod energy;
 pub mod exits;
 pub mod hist;
 pub mod intervals;
