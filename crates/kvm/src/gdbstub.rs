@@ -2,8 +2,8 @@
 //! counter through QEMU's gdbstub: stop the guest (`^C`), read each vCPU's registers (`g`),
 //! continue (`c`). It also reads guest memory (`m`), for finding the KASLR offset.
 //!
-//! Packets are `$DATA#CK` with CK the modulo-256 sum of DATA in hex; after
-//! `QStartNoAckMode` neither side sends `+` acknowledgements any more.
+//! Packets are `$DATA#CK` with CK the modulo-256 sum of DATA in hex; each is acknowledged with
+//! `+` unless the stub accepts `QStartNoAckMode` (QEMU 7.2 does not).
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::TcpStream;
@@ -93,11 +93,6 @@ impl GdbClient {
         Ok(())
     }
 
-    /// The stub's threads (one per vCPU in QEMU).
-    pub fn threads(&self) -> usize {
-        self.threads.len()
-    }
-
     fn list_threads(&mut self) -> Result<Vec<String>, GdbError> {
         let mut out = Vec::new();
         let mut reply = self.request("qfThreadInfo")?;
@@ -152,13 +147,13 @@ impl GdbClient {
 
     /// RIP and CS of every vCPU (the guest must be stopped).
     pub fn sample_all(&mut self) -> Result<Vec<X86Sample>, GdbError> {
-        let threads = self.threads.clone();
-        let mut out = Vec::with_capacity(threads.len());
-        for thread in &threads {
-            if threads.len() > 1 {
-                let ok = self.request(&format!("Hg{thread}"))?;
+        let mut out = Vec::with_capacity(self.threads.len());
+        for t in 0..self.threads.len() {
+            if self.threads.len() > 1 {
+                let select = format!("Hg{}", self.threads[t]);
+                let ok = self.request(&select)?;
                 if ok != "OK" {
-                    return Err(GdbError::Protocol { request: format!("Hg{thread}"), reply: ok });
+                    return Err(GdbError::Protocol { request: select, reply: ok });
                 }
             }
             let regs = self.request("g")?;

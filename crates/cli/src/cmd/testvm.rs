@@ -94,12 +94,7 @@ fn boot_script(args: &TestvmArgs, bound: Bound) -> anyhow::Result<Script> {
     let Bound::Duration { ns } = bound else {
         return Err(usage("--workload boot runs for a --duration, not --iterations"));
     };
-    let shares = boot::parse_shares(&args.shares).map_err(|e| usage(format!("--shares: {e}")))?;
-    let balloon = match &args.balloon {
-        Some(spec) => boot::parse_shares(spec).map_err(|e| usage(format!("--balloon: {e}")))?,
-        None => Vec::new(),
-    };
-    boot::boot_script(&shares, ns, &balloon).map_err(usage)
+    boot::script_from_specs(&args.shares, args.balloon.as_deref(), ns).map_err(usage)
 }
 
 fn format_cpus(cpus: &[u32]) -> String {

@@ -50,6 +50,16 @@ pub fn boot_script(shares: &[(String, f64)], total_ns: u64, balloon: &[(String, 
     Ok(Script { phases })
 }
 
+/// The script for `--shares SPEC [--balloon SPEC]` over `total_ns`; errors name the option.
+pub fn script_from_specs(shares: &str, balloon: Option<&str>, total_ns: u64) -> Result<Script, String> {
+    let shares = parse_shares(shares).map_err(|e| format!("--shares: {e}"))?;
+    let balloon = match balloon {
+        Some(spec) => parse_shares(spec).map_err(|e| format!("--balloon: {e}"))?,
+        None => Vec::new(),
+    };
+    boot_script(&shares, total_ns, &balloon)
+}
+
 /// Each named function's expected share of the run's time: its duration over the total.
 pub fn expected_shares(script: &Script) -> Vec<(String, f64)> {
     let ns = |p: &Phase| match p.bound {

@@ -76,7 +76,7 @@ pub(crate) struct KickSlot {
 pub(crate) struct PcSampler<'a> {
     slot: &'a KickSlot,
     index: u32,
-    pub samples: Vec<PcSample>,
+    samples: Vec<PcSample>,
 }
 
 impl<'a> PcSampler<'a> {
@@ -121,6 +121,13 @@ impl<'a> PcSampler<'a> {
     }
 }
 
+impl PcSampler<'_> {
+    /// Disarm sampling on this thread and hand over the samples.
+    pub fn into_samples(mut self) -> Vec<PcSample> {
+        std::mem::take(&mut self.samples)
+    }
+}
+
 impl Drop for PcSampler<'_> {
     fn drop(&mut self) {
         IMMEDIATE_EXIT.with(|p| p.store(std::ptr::null_mut(), Ordering::Relaxed));
@@ -145,7 +152,7 @@ impl Kicker {
         self.start_ns
     }
 
-    /// Sleep to the next tick (at most `limit`), then kick every thread whose slot is idle.
+    /// Sleep to the next tick, then kick every thread whose slot is idle.
     /// A slot still pending from the last tick is not kicked again: its vCPU has not been
     /// back in the VMM since, and one sample per tick is all a tick may add.
     pub fn tick(&mut self, slots: &[KickSlot]) {

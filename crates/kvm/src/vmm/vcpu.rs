@@ -190,9 +190,8 @@ pub(crate) fn run_vcpu(
         start_monotonic_ns: start_ns,
         phases,
         kvm_stats,
-        samples: sampler.as_mut().map(|s| std::mem::take(&mut s.samples)).unwrap_or_default(),
+        samples: sampler.map(PcSampler::into_samples).unwrap_or_default(),
     };
-    drop(sampler);
     Ok((report, vcpu))
 }
 

@@ -57,12 +57,7 @@ pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
         Some(d) => virtprof_model::units::parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
         None => 1_000_000_000,
     };
-    let shares = boot::parse_shares(&args.shares).map_err(|e| usage(format!("--shares: {e}")))?;
-    let balloon = match &args.balloon {
-        Some(spec) => boot::parse_shares(spec).map_err(|e| usage(format!("--balloon: {e}")))?,
-        None => Vec::new(),
-    };
-    let script = boot::boot_script(&shares, total_ns, &balloon).map_err(usage)?;
+    let script = boot::script_from_specs(&args.shares, args.balloon.as_deref(), total_ns).map_err(usage)?;
     if args.vcpus == 0 || args.vcpus > virtprof_kvm::guest::layout::MAX_VCPUS {
         return Err(usage(format!("--vcpus {}: must be 1 to {}", args.vcpus, virtprof_kvm::guest::layout::MAX_VCPUS)));
     }
@@ -145,7 +140,8 @@ struct Stop {
 pub fn gdb(args: &BootArgs, address: &str, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
     let mut client = GdbClient::connect(address).with_context(|| format!("connecting to the gdbstub at {address}"))?;
     client.attach()?;
-    let stop = Stop { deadline: deadline(args)?, matched: Arc::new(AtomicBool::new(false)) };
+    let limit = sampling_limit(args)?;
+    let stop = Stop { deadline: limit.map(|d| Instant::now() + d), matched: Arc::new(AtomicBool::new(false)) };
     let samples = sample_gdb(&mut client, args.rate, &stop)?;
     let detected_kaslr = detect_kaslr(&mut client, args, kernel);
     // Leave the guest running as we found it.
@@ -157,16 +153,16 @@ fn gdb_collected(source: String, rate: u32, samples: Vec<PcSample>, detected_kas
     Collected { source, rate_hz: Some(rate), note: None, samples, program_symbols: None, detected_kaslr, truth: None }
 }
 
-fn deadline(args: &BootArgs) -> anyhow::Result<Option<Instant>> {
-    Ok(match &args.duration {
-        Some(d) => Some(
-            Instant::now()
-                + Duration::from_nanos(
-                    virtprof_model::units::parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
-                ),
-        ),
-        None => None,
-    })
+/// `--duration` as a limit on sampling (--qemu, --gdb).
+fn sampling_limit(args: &BootArgs) -> anyhow::Result<Option<Duration>> {
+    args.duration
+        .as_deref()
+        .map(|d| {
+            virtprof_model::units::parse_duration_ns(d)
+                .map(Duration::from_nanos)
+                .map_err(|e| usage(format!("--duration: {e}")))
+        })
+        .transpose()
 }
 
 /// `--qemu -- ARGS`: start QEMU halted with a gdbstub on a private socket and sample it.
@@ -175,7 +171,8 @@ pub fn qemu(args: &BootArgs, kernel: Option<&SymbolTable>) -> anyhow::Result<Col
         Some(r) => Some(regex::Regex::new(r).map_err(|e| usage(format!("--until: {e}")))?),
         None => None,
     };
-    let stop = Stop { deadline: None, matched: Arc::new(AtomicBool::new(false)) };
+    let limit = sampling_limit(args)?;
+    let matched = Arc::new(AtomicBool::new(false));
     let dir = std::env::temp_dir().join(format!("virtprof-boot-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let socket = dir.join("gdb.sock");
@@ -198,10 +195,10 @@ pub fn qemu(args: &BootArgs, kernel: Option<&SymbolTable>) -> anyhow::Result<Col
             usage(format!("starting '{program}': {e} (install qemu-system-x86, or name the binary first after --)"))
         })?;
     let guard = QemuGuard { child: &mut child, dir: &dir };
-    let console = Console::start(guard.child, until, args.console.as_deref(), Arc::clone(&stop.matched))?;
+    let console = Console::start(guard.child, until, args.console.as_deref(), Arc::clone(&matched))?;
     wait_for_socket(guard.child, &socket, &console)?;
     let mut client = GdbClient::connect(&socket.to_string_lossy()).context("connecting to QEMU's gdbstub")?;
-    let stop = Stop { deadline: deadline(args)?, ..stop };
+    let stop = Stop { deadline: limit.map(|d| Instant::now() + d), matched };
     let samples = sample_gdb(&mut client, args.rate, &stop)?;
     let detected_kaslr = detect_kaslr(&mut client, args, kernel);
     if args.until.is_some() && !stop.matched.load(Ordering::Relaxed) {
