@@ -85,6 +85,7 @@ WORKLOADS:
   cpuid        CPUID leaf 0 (lightweight exit on VMX/SVM; on PVM it never reaches our KVM)
   fault        UD2: shows how guest faults are reported
   phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
+  boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
 
 Every vCPU also makes one IO exit per phase start and one when done (markers).
 
