@@ -241,7 +241,10 @@ impl Discovery {
                 if start != known.start {
                     return Some(Known { start, first_seen: Instant::now(), vm: inspect() });
                 }
-                let complete = known.vm.as_ref().is_some_and(|vm| vm.vcpus.len() >= vm.vcpu_fds as usize);
+                // Seen between KVM_CREATE_VM and its first KVM_CREATE_VCPU, a VM has no vCPU fds
+                // yet: that is not complete, or its vCPUs would never be looked for again.
+                let complete =
+                    known.vm.as_ref().is_some_and(|vm| vm.vcpu_fds > 0 && vm.vcpus.len() >= vm.vcpu_fds as usize);
                 Some(if complete { known } else { Known { vm: inspect(), ..known } })
             }
             None => {
@@ -379,6 +382,20 @@ mod tests {
         assert_eq!(seen.iter().map(|v| (v.pid, v.name.clone())).collect::<Vec<_>>(), [(20, "b".into())]);
         fs::remove_dir_all(root).unwrap();
         fs::remove_dir_all(other).unwrap();
+    }
+
+    #[test]
+    fn a_vm_seen_before_its_vcpus_exist_gets_them_later() {
+        // Between KVM_CREATE_VM and KVM_CREATE_VCPU: a VM fd, no vCPU fds, no vCPU threads.
+        let root = fake_proc(&[(30, "virtprof-vm", &["virtprof-vm"], &["anon_inode:kvm-vm"], &["virtprof-vm"])]);
+        let mut discovery = Discovery::new(&root, Vec::new());
+        assert_eq!(discovery.scan()[0].vcpus.len(), 0);
+        let later = fake_proc(&[(30, "virtprof-vm", &["virtprof-vm"], VM_FDS, &["virtprof-vm", "vcpu0", "vcpu1"])]);
+        fs::remove_dir_all(root.join("30")).unwrap();
+        fs::rename(later.join("30"), root.join("30")).unwrap();
+        assert_eq!(discovery.scan()[0].vcpus.len(), 2, "the vCPUs are looked for again");
+        fs::remove_dir_all(root).unwrap();
+        fs::remove_dir_all(later).unwrap();
     }
 
     #[test]

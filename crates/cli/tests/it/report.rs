@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::intervals::{json, phases_run, PhasesRun};
-use super::util::{chromium, temp, virtprof};
+use super::util::{chromium, temp, virtprof, vm_lock};
 
 /// The testvm's own count of heavyweight (userspace I/O) exits.
 fn io_exits(run: &PhasesRun) -> u64 {
@@ -74,6 +74,8 @@ fn report_html_renders_every_chart_in_headless_chromium() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(!page.contains("<script src") && !page.contains("<link"), "self-contained: nothing loaded from elsewhere");
 
+    // Chromium is CPU-hungry: keep it off the VM tests' timing.
+    let _vms = vm_lock();
     let headless = |extra: &[&str]| {
         Command::new(browser)
             .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000"])
