@@ -316,15 +316,15 @@ pub fn compare(this: &[SymbolRow], other: &[SymbolRow]) -> Vec<DiffRow> {
     out
 }
 
-/// Spearman rank correlation of the `top` symbols of `this` with their ranks in `other`
-/// (a symbol `other` never sampled ranks just below its last). None with fewer than 3.
+/// Spearman rank correlation of the `top` symbols of `this`: their shares here against their
+/// shares in `other` (0 where `other` never sampled them), ranked with ties averaged. None with
+/// fewer than 3 symbols.
 pub fn rank_correlation(this: &[SymbolRow], other: &[SymbolRow], top: usize) -> Option<f64> {
-    let head: Vec<&SymbolRow> = this.iter().take(top).collect();
-    let missing = other.len() as f64 + 1.0;
-    let xs: Vec<f64> = head.iter().map(|r| f64::from(r.rank)).collect();
+    let head = &this[..top.min(this.len())];
+    let xs: Vec<f64> = head.iter().map(|r| r.fraction).collect();
     let ys: Vec<f64> = head
         .iter()
-        .map(|r| other.iter().find(|o| o.name == r.name && o.realm == r.realm).map_or(missing, |o| f64::from(o.rank)))
+        .map(|r| other.iter().find(|o| o.name == r.name && o.realm == r.realm).map_or(0.0, |o| o.fraction))
         .collect();
     let r = crate::correlate::pearson(&crate::correlate::ranks(&xs), &crate::correlate::ranks(&ys));
     (!r.is_nan()).then_some(r)

@@ -187,7 +187,9 @@ fn debian_kernel_boots_under_qemu_with_symbols_resolved_and_stable_ranks() {
     let saved: Vec<PathBuf> = (0..3).map(|i| temp(&format!("qemu-boot-{i}.json"))).collect();
     for file in &saved {
         let out = virtprof()
-            .args(["boot", "--qemu", "--until", "VIRTPROF-INIT-MARKER", "--system-map"])
+            // 2 kHz: about 27 k samples a boot, so the lower top-20 ranks (40–60 samples each
+            // at 1 kHz) are not decided by a handful of samples.
+            .args(["boot", "--qemu", "--rate", "2000", "--until", "VIRTPROF-INIT-MARKER", "--system-map"])
             .arg(&map)
             .arg("--save")
             .arg(file)
