@@ -221,7 +221,7 @@ mod tests {
             let cold = hot * ratio;
             let (mut e0, mut e1) = (0.0, 0.0);
             let mut on0 = hot; // core 0 runs the hot vCPU
-            let bound = 2.0 * (hot - cold).max((k - 1.0) * cold) + hot;
+            let bound = crate::balancer::gap_bound_j(hot, cold, k);
             for _ in 0..2000 {
                 let on1 = hot + cold - on0;
                 e0 += on0;

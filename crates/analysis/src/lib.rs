@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod balance;
+pub mod balancer;
 pub mod correlate;
 pub mod energy;
 pub mod exits;

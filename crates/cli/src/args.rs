@@ -51,6 +51,9 @@ pub enum Command {
     /// PC-sampling profile of a guest from its first instruction: realms, top symbols, time bins,
     /// sequences, differential profiles (testvm, QEMU gdbstub, or kvm_exit guest_rip).
     Boot(Box<BootArgs>),
+    /// Energy accounting per vCPU and core, and thermal balancing: swap hot and cold vCPUs
+    /// between cores (live, --dry-run, --replay a recording; calibrate; bench).
+    Balance(Box<BalanceArgs>),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -576,4 +579,163 @@ pub struct BootArgs {
     /// QEMU's own arguments (after `--`).
     #[arg(last = true, value_name = "QEMU ARGS")]
     pub qemu_args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    after_help = "\
+Every --period, each vCPU's energy is active power x its run time + the weighted sum of its
+events (exits, emulated instructions, context switches, page faults...; weights: --weights FILE,
+defaults: `virtprof balance weights`). A core's energy is the sum over its vCPUs. The policy is
+seed 002's seven cases with threshold --k, pairing the hottest core of the last period with the
+coldest; a swap exchanges the CPU affinity of their vCPU threads. Threads get their original
+affinity back on exit.
+
+EXAMPLES:
+  virtprof balance --vm 4242 --vm 4243 --duration 30s     balance two VMs' vCPUs over all CPUs
+  virtprof balance --dry-run --json                       decisions only, nothing moves
+  virtprof balance --vm 4242 --force-hz 100 --verify      swap 100x/s and check the sched trace
+  virtprof balance --replay run.vpr --k 1.2 --html gap.html
+  virtprof balance bench --html bench.html                seed 002's overhead table and gap plot
+  virtprof balance calibrate --input meter.csv -o weights.toml"
+)]
+pub struct BalanceArgs {
+    #[command(subcommand)]
+    pub action: Option<BalanceAction>,
+    /// Balance the vCPUs of this VMM process (repeatable; default: every VM found).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
+    /// Host CPUs to balance over (default: every online CPU).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Accounting and decision period.
+    #[arg(long, value_name = "TIME", default_value = "100ms")]
+    pub period: String,
+    /// Threshold k > 1: swap only when the hotter core used more than k times the energy.
+    #[arg(long, value_name = "K", default_value_t = 1.2)]
+    pub k: f64,
+    /// Energy weights and thermal parameters (TOML).
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Stop after this long (default: until Ctrl-C or the VMs exit).
+    #[arg(short, long, value_name = "TIME")]
+    pub duration: Option<String>,
+    /// Decide and account, but move no thread.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Simulate on a recording's interval rows: energy gap with and without the policy.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["vm", "dry_run", "force_hz", "verify"])]
+    pub replay: Option<PathBuf>,
+    /// --replay: cores to simulate (default: one per vCPU).
+    #[arg(long, value_name = "N", requires = "replay")]
+    pub cores: Option<usize>,
+    /// Swap core pairs this often whatever the policy says (the overhead experiment).
+    #[arg(long, value_name = "HZ")]
+    pub force_hz: Option<f64>,
+    /// Trace sched_switch and check that every moved thread runs on its new core.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print JSON (schema: docs/balance.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Write charts (per-core energy gap and temperature over time) to OUT.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BalanceAction {
+    /// Print the default model file (energy weights, thermal parameters) with its documentation.
+    Weights,
+    /// Fit the energy weights by least squares to measured energy.
+    Calibrate(CalibrateArgs),
+    /// Seed 002's experiments on test VMs: forced-swap overhead, and the policy's energy gap.
+    Bench(BalanceBenchArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+--input CSV: a header `run_ns,METRIC...,energy_j` (and optionally `seconds`, which fits static
+power), then one row per period: vCPU run time, event counts, and the energy measured.
+--live: sample every VM's vCPUs and RAPL package energy (powercap) every --period.
+
+EXAMPLES:
+  virtprof balance calibrate --input meter.csv
+  virtprof balance calibrate --live --duration 60s -o weights.toml")]
+pub struct CalibrateArgs {
+    /// Periods with measured energy, as CSV.
+    #[arg(long, value_name = "CSV", group = "source", required = true)]
+    pub input: Option<PathBuf>,
+    /// Measure: every VM's vCPU activity against RAPL/powercap package energy.
+    #[arg(long, group = "source")]
+    pub live: bool,
+    /// --live: how long.
+    #[arg(short, long, value_name = "TIME", default_value = "60s")]
+    pub duration: String,
+    /// --live: period length.
+    #[arg(long, value_name = "TIME", default_value = "1s")]
+    pub period: String,
+    /// Thermal parameters to keep in the written file.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Write the fitted model here (TOML, for --weights).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+(a) overhead: two compute test VMs, one vCPU each, pinned to two CPUs and swapped by force at 0,
+1, 10, 20, 100 and 1000 Hz; guest throughput from the guests' own counters, loss against 0 Hz.
+(b) policy: a compute (hot) and an io-bound (cold) test VM on two CPUs, without and with the
+policy: the per-core energy gap over time and the swap rate the policy chose.
+
+EXAMPLES:
+  virtprof balance bench
+  virtprof balance bench --segment 3s --reps 5 --json > bench.json
+  virtprof balance bench --only policy --k 1.5 --html policy.html")]
+pub struct BalanceBenchArgs {
+    /// The two host CPUs (default: the first two online).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Length of one overhead measurement.
+    #[arg(long, value_name = "TIME", default_value = "3s")]
+    pub segment: String,
+    /// Repetitions of the frequency sweep (medians are reported).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub reps: u32,
+    /// Length of each policy run (without, then with the policy).
+    #[arg(long = "policy-time", value_name = "TIME", default_value = "5s")]
+    pub policy_time: String,
+    /// Accounting period of the policy runs.
+    #[arg(long, value_name = "TIME", default_value = "100ms")]
+    pub period: String,
+    /// Threshold.
+    #[arg(long, value_name = "K", default_value_t = 1.2)]
+    pub k: f64,
+    /// Energy weights and thermal parameters.
+    #[arg(long, value_name = "FILE")]
+    pub weights: Option<PathBuf>,
+    /// Run one experiment only.
+    #[arg(long, value_enum)]
+    pub only: Option<Experiment>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the table and plots to OUT.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
+}
+
+/// One of `balance bench`'s experiments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Experiment {
+    /// (a) forced-swap overhead.
+    Overhead,
+    /// (b) the policy on a hot and a cold vCPU.
+    Policy,
 }

@@ -28,6 +28,13 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
     Ok(ns.round() as u64)
 }
 
+/// A count or duration measured as f64, as u64: NaN and negatives become 0, values beyond
+/// u64::MAX become u64::MAX (which is what `as` does; this names the intent).
+#[allow(clippy::cast_possible_truncation)]
+pub fn saturating_u64(x: f64) -> u64 {
+    x as u64
+}
+
 /// Print nanoseconds with the largest unit that keeps an integer (`200ms`, `1500us`).
 pub fn format_duration_ns(ns: u64) -> String {
     for (unit, scale) in

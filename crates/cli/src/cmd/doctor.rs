@@ -332,9 +332,14 @@ fn features(
         Availability::Unavailable(_) => "software counters and tracepoint counts only (no hardware PMU)",
     };
     let energy = if rapl {
-        "model calibrated against RAPL"
+        "per-vCPU model; `balance calibrate --live` fits its weights against RAPL package energy"
     } else {
-        "model only (default weights; no RAPL to calibrate against)"
+        "per-vCPU model with default weights; `balance calibrate --live` unavailable (no RAPL/powercap): fit with --input CSV from another meter"
+    };
+    let balance = if kvm.api_version.is_ok() || tracefs {
+        "live swaps by CPU affinity, --dry-run, --replay; --verify needs tracefs; bench needs /dev/kvm"
+    } else {
+        "--replay of recordings; live swaps need VMs (no /dev/kvm here)"
     };
     vec![
         f("testvm", testvm),
@@ -350,6 +355,7 @@ fn features(
         f("counters", counters),
         f("boot", &boot_sources(kvm, tracefs, exits_live)),
         f("energy", energy),
+        f("balance", balance),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
 }

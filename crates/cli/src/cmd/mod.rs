@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+mod balance;
 mod boot;
 mod compare;
 mod demo;
@@ -13,6 +14,7 @@ mod report;
 mod sched;
 mod stats;
 mod testvm;
+mod testvms;
 mod top;
 
 use std::process::ExitCode;
@@ -34,6 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Top(args) => top::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Boot(args) => boot::run(&args),
+        Command::Balance(args) => balance::run(&args),
         Command::Vmm { .. } => {
             virtprof_kvm::launcher::install_stop_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

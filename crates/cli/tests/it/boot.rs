@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::exits::{exits_json, import};
-use super::util::{chromium, have_kvm, temp, virtprof, vm_lock};
+use super::util::{chromium, have_kvm, rendered_body, temp, virtprof, vm_lock};
 
 fn boot_json(args: &[&str]) -> Value {
     let out = virtprof().arg("boot").args(args).arg("--json").output().unwrap();
@@ -84,17 +84,11 @@ fn testvm_shares_are_measured_within_two_points_and_ballooning_moves_rank() {
     assert!(String::from_utf8(csv.stdout).unwrap().starts_with("RANK,REALM,SYMBOL,COUNT,FRACTION"));
 
     // The HTML page draws the realm area, one timeline per listed symbol, and the bars.
-    if let Some(browser) = chromium() {
+    if chromium().is_some() {
         let html = Path::new(env!("CARGO_TARGET_TMPDIR")).join("boot.html");
         let out = virtprof().args(["boot", "--load"]).arg(&control_file).arg("--html").arg(&html).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let dom = Command::new(browser)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom"])
-            .arg(format!("file://{}", html.display()))
-            .output()
-            .unwrap();
-        let dom = String::from_utf8_lossy(&dom.stdout);
-        let body = dom.split("<body").nth(1).and_then(|b| b.split('>').next()).expect("a <body> tag");
+        let body = rendered_body(&html).expect("Chromium is there");
         assert!(body.contains("data-ready=\"ok\""), "{body}");
         // The realm chart plus one per symbol timeline; a bar per symbol (at most 25).
         let charts = 1 + control["bins"]["symbols"].as_array().unwrap().len();

@@ -1,3 +1,4 @@
+mod balance;
 mod boot;
 mod doctor;
 mod errors;

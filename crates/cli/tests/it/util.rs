@@ -95,3 +95,16 @@ pub fn host_kind() -> Option<virtprof_model::HostKind> {
 pub fn chromium() -> Option<&'static str> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists())
 }
+
+/// The attributes of `<body>` after Chromium loaded `html` and ran its scripts (pages set
+/// `data-ready` and `data-charts` there); None without Chromium.
+pub fn rendered_body(html: &std::path::Path) -> Option<String> {
+    let browser = chromium()?;
+    let dom = std::process::Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom"])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    Some(dom.split("<body").nth(1).and_then(|b| b.split('>').next()).expect("a <body> tag").to_string())
+}

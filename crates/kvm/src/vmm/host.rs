@@ -43,16 +43,30 @@ pub fn read_schedstat() -> Schedstat {
 
 /// The host CPUs this process may run on (its affinity mask).
 pub fn allowed_cpus() -> Vec<u32> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Vec::new();
+    crate::affinity::get(0).unwrap_or_default()
+}
+
+/// Ask for SCHED_FIFO priority 1 for the calling thread: a sampler or actuator that wakes late
+/// blurs its intervals, while the few microseconds it runs per wake-up cost the same either
+/// way. Busy vCPU threads otherwise delay its wake-ups by whole scheduler slices. Without the
+/// privilege the thread stays best-effort (callers count and report late wake-ups).
+pub fn prefer_realtime() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        log::debug!("this thread stays best-effort: {}", std::io::Error::last_os_error());
     }
-    (0..libc::CPU_SETSIZE as u32)
-        // SAFETY: CPU_ISSET reads one bit of `set`; the index is below CPU_SETSIZE.
-        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu as usize, &set) })
-        .collect()
+}
+
+/// Sleep until `deadline_ns` of CLOCK_MONOTONIC ([`monotonic_ns`]).
+pub fn sleep_until(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: an absolute CLOCK_MONOTONIC sleep on a timespec we own; EINTR just wakes early,
+    // which the caller's interval arithmetic tolerates.
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
 }
 
 #[cfg(test)]

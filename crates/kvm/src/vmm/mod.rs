@@ -29,7 +29,7 @@ use crate::guest::{GuestProgram, Script};
 use crate::stats::StatsFd;
 
 pub use exits::exit_reason_name;
-pub use host::{allowed_cpus, monotonic_ns, read_schedstat, Schedstat};
+pub use host::{allowed_cpus, monotonic_ns, prefer_realtime, read_schedstat, sleep_until, Schedstat};
 use shared_page::SharedPage;
 
 /// `MSR_KVM_STEAL_TIME`: the guest-physical address of the steal-time record, bit 0 enables.

@@ -241,19 +241,7 @@ fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
 }
 
 fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: CPU_SET writes one bit inside `set`; `cpu` is bounds-checked against CPU_SETSIZE.
-    if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: see above; the index is in range.
-    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    // SAFETY: sched_setaffinity reads `set` for the calling thread (pid 0).
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    crate::affinity::set(0, &[cpu])
 }
 
 fn current_tid() -> u32 {

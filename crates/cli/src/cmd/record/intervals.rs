@@ -14,7 +14,7 @@ use virtprof_interval::counters::default_specs;
 use virtprof_interval::ring::IntervalRing;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::Discovery;
-use virtprof_kvm::vmm::monotonic_ns;
+use virtprof_kvm::vmm::{monotonic_ns, prefer_realtime, sleep_until};
 use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
 
 use super::WriterMsg;
@@ -137,26 +137,4 @@ fn run(
         }
     }
     Ok(IntervalStats { interval_ns, rows, missed: ring.missed(), overwritten: ring.overwritten() })
-}
-
-/// Ask for SCHED_FIFO priority 1 for the calling thread: an interval sampler that wakes late
-/// blurs the intervals, while the few microseconds it runs per wake-up cost the same either
-/// way. Busy vCPU threads otherwise delay its wake-ups by whole scheduler slices. Without the
-/// privilege the thread stays best-effort (missed intervals are counted and reported).
-fn prefer_realtime() {
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param we own.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-        log::debug!("interval sampler stays best-effort: {}", std::io::Error::last_os_error());
-    }
-}
-
-fn sleep_until(deadline_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: an absolute CLOCK_MONOTONIC sleep on a timespec we own; EINTR just wakes early,
-    // which the caller's interval arithmetic tolerates.
-    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
 }

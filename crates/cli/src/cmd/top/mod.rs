@@ -1,6 +1,7 @@
 //! `virtprof top`: live XenMon-style view of the host's VMs. [`sampler`] gathers, [`view`]
 //! draws; this module runs the loop, the `--once` mode and the CSV log.
 
+mod energy;
 pub mod sampler;
 pub mod view;
 
@@ -175,6 +176,7 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
         snapshot.lost_events
     )?;
     table(window, true).write_text(&mut out)?;
+    writeln!(out, "{}", energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer))?;
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::{merge_cpus, CpuStream};
 use virtprof_trace::tracefs::{load_layout, Tracefs};
 
+use super::energy::{CoreRow, EnergyBook};
 use crate::qos::HostTasks;
 use crate::recording::{evidence_event_ids, DecoderNames};
 
@@ -56,6 +57,12 @@ pub struct Snapshot {
     pub lost_events: u64,
     /// Last 1 s, last 10 s, whole run.
     pub windows: Vec<WindowReport>,
+    /// Per-core energy and temperature estimates (`balance`'s model).
+    pub cores: Vec<CoreRow>,
+    /// Swaps per second of running `virtprof balance` processes (None: none running).
+    pub swaps_per_s: Option<f64>,
+    /// The `virtprof balance` whose per-core accounts `cores` are (None: `top`'s estimate).
+    pub balancer: Option<u32>,
 }
 
 /// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).
@@ -107,6 +114,7 @@ pub struct Sampler {
     stats_history: History<StatsSample>,
     source: Source,
     refreshes: u64,
+    energy: EnergyBook,
 }
 
 enum Source {
@@ -148,6 +156,7 @@ impl Sampler {
             only,
             stats: HashMap::new(),
             stats_history: History::new(),
+            energy: EnergyBook::new(&virtprof_trace::capture::online_cpus()),
             source,
             refreshes: 0,
         };
@@ -164,6 +173,8 @@ impl Sampler {
             Source::Polling(p) => p.poll(now, &self.vms),
         }
         self.poll_kvm_stats(now);
+        let run = self.window("run", u64::MAX, None);
+        self.energy.update(now, &run);
         Ok(())
     }
 
@@ -222,24 +233,32 @@ impl Sampler {
     /// The windows, for all CPUs or only `cpu`.
     pub fn snapshot(&self, cpu: Option<u32>) -> Snapshot {
         const WINDOWS: [(&str, u64); 3] = [("1s", SECOND), ("10s", 10 * SECOND), ("run", u64::MAX)];
-        let (mode, lost_events, names): (_, _, Box<dyn virtprof_analysis::Names + '_>) = match &self.source {
-            Source::Trace(t) => ("trace", t.total_lost, Box::new(DecoderNames(&t.decoder))),
-            Source::Polling(_) => ("polling", 0, Box::new(NoNames)),
+        let (mode, lost_events) = match &self.source {
+            Source::Trace(t) => ("trace", t.total_lost),
+            Source::Polling(_) => ("polling", 0),
         };
-        let windows = WINDOWS
-            .iter()
-            .map(|&(label, ns)| {
-                let span = match &self.source {
-                    Source::Trace(t) if ns == u64::MAX => t.acc.total().clone(),
-                    Source::Trace(t) => t.acc.last(ns),
-                    Source::Polling(p) => p.span(ns),
-                };
-                let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu);
-                self.apply_kvm_stats(&mut report);
-                report
-            })
-            .collect();
-        Snapshot { mode, approximate: mode == "polling", lost_events, windows }
+        let windows = WINDOWS.iter().map(|&(label, ns)| self.window(label, ns, cpu)).collect();
+        Snapshot {
+            mode,
+            approximate: mode == "polling",
+            lost_events,
+            windows,
+            cores: self.energy.rows(),
+            swaps_per_s: self.energy.swaps_per_s,
+            balancer: self.energy.balancer,
+        }
+    }
+
+    /// The window of the last `ns` (u64::MAX: the whole run), for all CPUs or only `cpu`.
+    fn window(&self, label: &str, ns: u64, cpu: Option<u32>) -> WindowReport {
+        let (span, names): (_, Box<dyn virtprof_analysis::Names + '_>) = match &self.source {
+            Source::Trace(t) if ns == u64::MAX => (t.acc.total().clone(), Box::new(DecoderNames(&t.decoder))),
+            Source::Trace(t) => (t.acc.last(ns), Box::new(DecoderNames(&t.decoder))),
+            Source::Polling(p) => (p.span(ns), Box::new(NoNames)),
+        };
+        let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu);
+        self.apply_kvm_stats(&mut report);
+        report
     }
 
     /// Exits per second from the KVM stats fds (exact on every host) where they are readable;

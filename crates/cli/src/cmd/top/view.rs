@@ -155,7 +155,7 @@ pub fn render(frame: &mut Frame, snapshot: &Snapshot, state: &ViewState, status:
         return;
     }
     let [header, body, keys] =
-        Layout::vertical([Constraint::Length(2), Constraint::Min(1), Constraint::Length(1)]).areas(area);
+        Layout::vertical([Constraint::Length(3), Constraint::Min(1), Constraint::Length(1)]).areas(area);
     let Some(window) = snapshot.windows.get(state.window) else { return };
     frame.render_widget(Paragraph::new(header_lines(snapshot, window, state, status)), header);
     if window.vms.is_empty() {
@@ -195,7 +195,8 @@ fn header_lines<'a>(snapshot: &Snapshot, window: &WindowReport, state: &ViewStat
     } else {
         format!("{status} · mode {}", snapshot.mode)
     };
-    vec![Line::from(first).bold(), Line::from(second)]
+    let third = super::energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer);
+    vec![Line::from(first).bold(), Line::from(second), Line::from(third)]
 }
 
 /// The VMs that pass the filter, sorted.
@@ -305,7 +306,16 @@ mod tests {
             exits_source: "kvm-stats".into(),
             vms: vec![vm(100, "contend-0", 48.3), vm(200, "contend-1", 51.7)],
         };
-        Snapshot { mode: "trace", approximate: false, lost_events: 0, windows: vec![window("1s"), window("10s")] }
+        let core = |cpu| super::super::energy::CoreRow { cpu, power_w: 9.5, total_j: 120.0, temp_c: 44.8 };
+        Snapshot {
+            mode: "trace",
+            approximate: false,
+            lost_events: 0,
+            windows: vec![window("1s"), window("10s")],
+            cores: vec![core(0), core(1)],
+            swaps_per_s: Some(9.5),
+            balancer: None,
+        }
     }
 
     fn screen(snapshot: &Snapshot, state: &ViewState, size: (u16, u16)) -> String {
@@ -332,6 +342,7 @@ mod tests {
         }
         assert!(text.contains(" vcpu0") && text.contains("KVM_EXIT_IO 3") && text.contains("4057"), "{text}");
         assert!(text.contains("window 1s") && text.contains("exits from kvm-stats"), "{text}");
+        assert!(text.contains("energy: cpu0 9.5 W 120 J 44.8 °C · cpu1") && text.contains("swaps/s 9.5"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,361 @@
+//! One live balancing run: every period, sample the vCPU threads (the interval sampler's
+//! schedstat, KVM stats and perf columns), turn each vCPU's activity into joules, book them
+//! on the cores, let the policy decide, and move threads. Forced swaps (for the overhead
+//! experiment) run on their own clock between periods. A dry run books and decides the same
+//! way but never touches a thread.
+
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use virtprof_analysis::balance::{Decision, PairDecision};
+use virtprof_analysis::balancer::{CoreAccount, Ledger, Policy, Swap};
+use virtprof_analysis::energy::{Activity, Weights};
+use virtprof_interval::counters::default_specs;
+use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
+use virtprof_kvm::discover::DiscoveredVm;
+use virtprof_kvm::vmm::{monotonic_ns, prefer_realtime, sleep_until, STOP_REQUESTED};
+use virtprof_model::interval::Entity;
+use virtprof_model::units::saturating_u64;
+
+use super::actuator::Actuator;
+use super::model::Model;
+use super::verify::{Placement, Tracer, Verification};
+
+/// A vCPU under balancing.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// VMM pid.
+    pub pid: u32,
+    /// vCPU index.
+    pub index: u32,
+    /// Its thread.
+    pub tid: u32,
+    /// `vmPID/vcpuN`, or the VM's name.
+    pub label: String,
+}
+
+impl Target {
+    /// Every vCPU of `vms`, in (pid, index) order.
+    pub fn of(vms: &[DiscoveredVm]) -> Vec<Target> {
+        let mut targets: Vec<Target> = vms
+            .iter()
+            .flat_map(|vm| {
+                vm.vcpus.iter().map(|v| Target {
+                    pid: vm.pid,
+                    index: v.index,
+                    tid: v.tid,
+                    label: format!("{}/vcpu{}", vm.name, v.index),
+                })
+            })
+            .collect();
+        targets.sort_by_key(|t| (t.pid, t.index));
+        targets
+    }
+}
+
+/// How a run behaves.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Host CPUs; ledger core `c` is `cpus[c]`.
+    pub cpus: Vec<u32>,
+    /// Accounting and decision period.
+    pub period_ns: u64,
+    /// Stop after this long (None: until SIGINT/SIGTERM or every VM has exited).
+    pub duration_ns: Option<u64>,
+    /// Who decides swaps at period ends.
+    pub policy: Policy,
+    /// Swap core pairs (0↔1, 2↔3, ...) this often regardless of the policy (0: never).
+    pub forced_hz: f64,
+    /// Move threads (false: dry run).
+    pub actuate: bool,
+    /// Check the moves in a sched trace.
+    pub verify: bool,
+    /// Energy weights and thermal parameters.
+    pub model: Model,
+    /// A status line on stderr every second.
+    pub progress: bool,
+}
+
+/// One accounting period.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeriodRow {
+    /// End of the period, seconds from the start.
+    pub t_s: f64,
+    /// Joules of each vCPU in this period.
+    pub vcpu_j: Vec<f64>,
+    /// Each core's accounts after booking the period.
+    pub cores: Vec<CoreAccount>,
+    /// Largest per-core difference of energy since the start.
+    pub gap_j: f64,
+    /// The policy's decisions (empty for the fixed policy).
+    pub decisions: Vec<PairDecision>,
+}
+
+/// One swap carried out (or, in a dry run, decided).
+#[derive(Debug, Clone, Serialize)]
+pub struct SwapRow {
+    /// When, seconds from the start.
+    pub t_s: f64,
+    /// Host CPUs whose vCPUs were exchanged: the hotter one first.
+    pub cpus: (u32, u32),
+    /// The seed's case that decided it; 0 for a forced swap.
+    pub case: u8,
+    /// Threads moved, with their new CPU.
+    pub moved: Vec<(u32, u32)>,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// vCPUs balanced.
+    pub targets: Vec<Target>,
+    /// Host CPUs used.
+    pub cpus: Vec<u32>,
+    /// Seconds the run lasted.
+    pub elapsed_s: f64,
+    /// The CPU each target was on at the end (where the policy put it).
+    pub final_cpus: Vec<u32>,
+    /// Per period.
+    pub periods: Vec<PeriodRow>,
+    /// Swaps, in order.
+    pub swaps: Vec<SwapRow>,
+    /// How often each of the seed's cases (1–7) decided.
+    pub cases: [u64; 7],
+    /// Weighted metrics none of the vCPUs offers here (they count nothing).
+    pub unavailable_metrics: Vec<String>,
+    /// The sched-trace check (`--verify`).
+    pub verify: Option<Verification>,
+}
+
+/// Where a vCPU's numbers are in the sampler's row.
+struct Columns {
+    run_ns: Option<usize>,
+    events: Vec<(String, usize)>,
+}
+
+/// Run the balancer over `targets` until the duration ends, a stop is requested, or every
+/// target's VMM has exited.
+pub fn run(vms: &[DiscoveredVm], targets: Vec<Target>, config: &RunConfig) -> anyhow::Result<RunResult> {
+    run_observed(vms, targets, config, &mut |_| {})
+}
+
+/// [`run`], handing every period's per-vCPU activity to `observe` (calibration).
+pub fn run_observed(
+    vms: &[DiscoveredVm],
+    targets: Vec<Target>,
+    config: &RunConfig,
+    observe: &mut dyn FnMut(&[Activity]),
+) -> anyhow::Result<RunResult> {
+    let weights = config.model.weights();
+    let (mut sampler, columns, unavailable_metrics) = open_sampler(vms, &targets, &weights)?;
+    let tids: Vec<u32> = targets.iter().map(|t| t.tid).collect();
+    let core_of = starting_cores(&tids, &config.cpus, config.actuate);
+    let mut ledger = Ledger::new(core_of.clone(), config.cpus.len(), config.model.thermal);
+    let mut tracer = if config.verify { Some(Tracer::start(&tids)?) } else { None };
+    let mut placements = Vec::new();
+    let t0 = monotonic_ns();
+    let mut actuator = config.actuate.then(Actuator::new);
+    // Move `tid` to `cpu` (when actuating), noting when its own affinity call began and ended.
+    let mut place = |actuator: &mut Option<Actuator>, tid: u32, cpu: u32| -> anyhow::Result<()> {
+        let Some(a) = actuator else { return Ok(()) };
+        let start_ns = monotonic_ns();
+        a.set(tid, cpu)?;
+        placements.push(Placement { tid, cpu, start_ns, done_ns: monotonic_ns() });
+        Ok(())
+    };
+    for (&tid, &core) in tids.iter().zip(&core_of) {
+        place(&mut actuator, tid, config.cpus[core])?;
+    }
+    prefer_realtime();
+    // Only swaps carried out are published (a dry run moves nothing).
+    let status = config.actuate.then(super::status::StatusFile::create);
+
+    let mut row = vec![0.0; sampler.series().len()];
+    let mut last_sample = monotonic_ns();
+    sampler.sample(0, &mut row);
+    let end = config.duration_ns.map_or(u64::MAX, |d| t0.saturating_add(d));
+    let forced_every = (config.forced_hz > 0.0).then(|| saturating_u64(1e9 / config.forced_hz));
+    let mut next_period = t0 + config.period_ns;
+    let mut next_forced = forced_every.map_or(u64::MAX, |every| t0 + every);
+    let mut next_status = t0 + 1_000_000_000;
+    let mut result = RunResult {
+        targets,
+        cpus: config.cpus.clone(),
+        elapsed_s: 0.0,
+        final_cpus: Vec::new(),
+        periods: Vec::new(),
+        swaps: Vec::new(),
+        cases: [0; 7],
+        unavailable_metrics,
+        verify: None,
+    };
+    let seconds = |ns: u64| (ns - t0) as f64 / 1e9;
+    let mut carry_out = |swaps: Vec<Swap>,
+                         case_of: &dyn Fn(&Swap) -> u8,
+                         result: &mut RunResult|
+     -> anyhow::Result<()> {
+        for swap in swaps {
+            let mut moved = Vec::new();
+            for (&v, core) in
+                swap.to_cold.iter().map(|v| (v, swap.pair.cold)).chain(swap.to_hot.iter().map(|v| (v, swap.pair.hot)))
+            {
+                let cpu = config.cpus[core];
+                place(&mut actuator, tids[v], cpu)?;
+                moved.push((tids[v], cpu));
+            }
+            let done_ns = monotonic_ns();
+            result.swaps.push(SwapRow {
+                t_s: seconds(done_ns),
+                cpus: (config.cpus[swap.pair.hot], config.cpus[swap.pair.cold]),
+                case: case_of(&swap),
+                moved,
+            });
+        }
+        Ok(())
+    };
+
+    loop {
+        sleep_until(next_period.min(next_forced).min(end));
+        let now = monotonic_ns();
+        let stopping = STOP_REQUESTED.load(Ordering::Relaxed) || now >= end;
+        if let Some(every) = forced_every.filter(|_| now >= next_forced && !stopping) {
+            let swaps: Vec<Swap> = (0..config.cpus.len() / 2)
+                .map(|p| {
+                    let forced = Decision { case: 0, swap: true };
+                    ledger.swap(PairDecision { hot: 2 * p, cold: 2 * p + 1, decision: forced })
+                })
+                .collect();
+            carry_out(swaps, &|_| 0, &mut result)?;
+            // A late wake-up skips the swaps it missed rather than bunching them.
+            while next_forced <= now {
+                next_forced += every;
+            }
+        }
+        if now >= next_period || stopping {
+            sampler.sample(now - last_sample, &mut row);
+            last_sample = now;
+            let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
+            observe(&activities);
+            let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();
+            let period_s = config.period_ns as f64 / 1e9;
+            ledger.account(&vcpu_j, period_s);
+            let decisions = ledger.decide(config.policy);
+            for d in &decisions {
+                result.cases[usize::from(d.decision.case - 1)] += 1;
+            }
+            let swaps = if stopping { Vec::new() } else { ledger.apply(&decisions) };
+            let case_of = |s: &Swap| s.pair.decision.case;
+            carry_out(swaps, &case_of, &mut result)?;
+            result.periods.push(PeriodRow {
+                t_s: seconds(now),
+                vcpu_j,
+                cores: ledger.cores().to_vec(),
+                gap_j: ledger.gap_j(),
+                decisions,
+            });
+            while next_period <= now {
+                next_period += config.period_ns;
+            }
+            if let Some(t) = tracer.as_mut() {
+                t.drain()?;
+            }
+            if let Some(s) = &status {
+                let cores = config.cpus.iter().zip(ledger.cores());
+                let period_s = config.period_ns as f64 / 1e9;
+                s.publish(
+                    result.swaps.len() as u64,
+                    cores.map(|(&cpu, a)| (cpu, a.total_j, a.last_j / period_s, a.temp_c)).collect(),
+                );
+            }
+        }
+        if config.progress && now >= next_status {
+            eprintln!("{}", status_line(seconds(now), &config.cpus, &ledger, result.swaps.len()));
+            next_status += 1_000_000_000;
+        }
+        if stopping || targets_gone(&result.targets) {
+            break;
+        }
+    }
+    result.elapsed_s = seconds(monotonic_ns());
+    result.final_cpus = ledger.core_of().iter().map(|&c| config.cpus[c]).collect();
+    drop(actuator);
+    if let Some(t) = tracer {
+        result.verify = Some(t.finish(&placements)?);
+    }
+    Ok(result)
+}
+
+/// The sampler over the targets' VMs, where each target's columns are, and the weighted
+/// metrics no target offers.
+fn open_sampler(
+    vms: &[DiscoveredVm],
+    targets: &[Target],
+    weights: &Weights,
+) -> anyhow::Result<(IntervalSampler, Vec<Columns>, Vec<String>)> {
+    let tracefs = virtprof_trace::tracefs::Tracefs::locate_or_mount()
+        .map(|t| t.root().to_path_buf())
+        .unwrap_or_else(|_| "/sys/kernel/tracing".into());
+    let mut sampler = IntervalSampler::new(SamplerConfig { counters: default_specs(&tracefs), hw_counters: 4 })?;
+    sampler.add_vms(vms);
+    let series = sampler.series();
+    let find = |t: &Target, metric: &str| {
+        series.iter().position(|s| s.entity == Entity::Vcpu { pid: t.pid, index: t.index } && s.metric == metric)
+    };
+    let columns: Vec<Columns> = targets
+        .iter()
+        .map(|t| Columns {
+            run_ns: find(t, "schedstat.run_ns"),
+            events: weights.per_event_j.keys().filter_map(|m| find(t, m).map(|at| (m.clone(), at))).collect(),
+        })
+        .collect();
+    if let Some(t) = targets.iter().zip(&columns).find(|(_, c)| c.run_ns.is_none()).map(|(t, _)| t) {
+        anyhow::bail!(
+            "no schedstat for vCPU thread {} of VM {}: the kernel needs CONFIG_SCHED_INFO, and the thread must still exist",
+            t.tid,
+            t.pid
+        );
+    }
+    let unavailable = weights
+        .per_event_j
+        .keys()
+        .filter(|m| !columns.iter().any(|c| c.events.iter().any(|(name, _)| name == *m)))
+        .cloned()
+        .collect();
+    Ok((sampler, columns, unavailable))
+}
+
+fn activity(columns: &Columns, row: &[f64]) -> Activity {
+    let value = |at: usize| if row[at].is_finite() { row[at].max(0.0) } else { 0.0 };
+    Activity {
+        run_ns: columns.run_ns.map_or(0, |at| saturating_u64(value(at))),
+        events: columns.events.iter().map(|(m, at)| (m.clone(), value(*at))).collect(),
+    }
+}
+
+/// Where each vCPU starts: round-robin over the cores, except that a dry run keeps a thread
+/// already pinned to one of the cores where it is.
+fn starting_cores(tids: &[u32], cpus: &[u32], actuate: bool) -> Vec<usize> {
+    tids.iter()
+        .enumerate()
+        .map(|(v, &tid)| {
+            let pinned = if actuate { None } else { virtprof_kvm::affinity::get(tid).ok() };
+            match pinned.as_deref() {
+                Some(&[cpu]) => cpus.iter().position(|&c| c == cpu).unwrap_or(v % cpus.len()),
+                _ => v % cpus.len(),
+            }
+        })
+        .collect()
+}
+
+fn targets_gone(targets: &[Target]) -> bool {
+    targets.iter().all(|t| !std::path::Path::new(&format!("/proc/{}/task/{}", t.pid, t.tid)).exists())
+}
+
+fn status_line(t_s: f64, cpus: &[u32], ledger: &Ledger, swaps: usize) -> String {
+    let cores: Vec<String> = cpus
+        .iter()
+        .zip(ledger.cores())
+        .map(|(cpu, a)| format!("cpu{cpu} {:.1} J {:.1} °C", a.total_j, a.temp_c))
+        .collect();
+    format!("{t_s:6.1}s  {}  gap {:.2} J  swaps {swaps}", cores.join("  "), ledger.gap_j())
+}

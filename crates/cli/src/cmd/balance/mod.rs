@@ -1,0 +1,206 @@
+//! `virtprof balance`: energy accounting per vCPU and core, and seed 002's thermal balancing
+//! policy acting on real vCPU threads (live), deciding only (`--dry-run`), or simulated on a
+//! recording (`--replay`); `calibrate` fits the energy weights, `bench` runs the seed's
+//! experiments on test VMs.
+
+mod actuator;
+mod bench;
+mod calibrate;
+mod live;
+mod model;
+mod output;
+mod powercap;
+mod replay;
+pub mod status;
+mod verify;
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use virtprof_analysis::balancer::Policy;
+use virtprof_kvm::discover::Discovery;
+use virtprof_kvm::launcher::install_stop_handler;
+use virtprof_model::units::{parse_cpu_list, parse_duration_ns};
+
+use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs};
+use crate::exit::usage;
+pub use model::Model;
+
+pub fn run(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
+    match &args.action {
+        Some(BalanceAction::Weights) => {
+            print!("{}", model::DEFAULT_TOML);
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(BalanceAction::Calibrate(c)) => run_calibrate(c),
+        Some(BalanceAction::Bench(b)) => run_bench(b),
+        None => run_balance(args),
+    }
+}
+
+fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
+    if !(args.k > 1.0 && args.k.is_finite()) {
+        return Err(usage(format!("--k {}: the threshold must be a number greater than 1", args.k)));
+    }
+    let period_ns = duration(&args.period, "--period")?;
+    if period_ns < 1_000_000 {
+        return Err(usage("--period: at least 1ms (the energy of shorter periods is mostly rounding)"));
+    }
+    let model = Model::load(args.weights.as_deref())?;
+    if let Some(file) = &args.replay {
+        let replay = replay::run(file, period_ns, args.k, args.cores.unwrap_or(0), &model)?;
+        return output::replay(&replay, args.json, args.html.as_deref());
+    }
+    let duration_ns = args.duration.as_deref().map(|d| duration(d, "--duration")).transpose()?;
+    let forced_hz = args.force_hz.unwrap_or(0.0);
+    if !(0.0..=10_000.0).contains(&forced_hz) {
+        return Err(usage(format!("--force-hz {forced_hz}: between 0 and 10000")));
+    }
+    let cpus = cpus(args.cpus.as_deref())?;
+    if cpus.len() < 2 {
+        return Err(usage(format!("--cpus: balancing needs at least two CPUs, got {cpus:?}")));
+    }
+    let vms = find_vms(&args.vm)?;
+    let targets = live::Target::of(&vms);
+    install_stop_handler();
+    let config = live::RunConfig {
+        cpus,
+        period_ns,
+        duration_ns,
+        policy: Policy::Thermal { k: args.k },
+        forced_hz,
+        actuate: !args.dry_run,
+        verify: args.verify,
+        model,
+        progress: !args.json,
+    };
+    if !args.json {
+        eprintln!(
+            "virtprof balance: {} vCPUs of {} VMs over CPUs {:?}, period {}, k {}{} (Ctrl-C stops)",
+            targets.len(),
+            vms.len(),
+            config.cpus,
+            args.period,
+            args.k,
+            if args.dry_run { ", dry run" } else { "" }
+        );
+    }
+    let result = live::run(&vms, targets, &config)?;
+    output::run(&result, &config, args.json, args.html.as_deref())
+}
+
+/// The VMs to balance: those given, or every VM found; each with its vCPU threads.
+fn find_vms(only: &[u32]) -> anyhow::Result<Vec<virtprof_kvm::discover::DiscoveredVm>> {
+    for &pid in only {
+        if virtprof_kvm::discover::inspect(Path::new("/proc"), pid).ok().flatten().is_none() {
+            return Err(usage(format!(
+                "--vm {pid}: no such process holding a KVM VM (list VMs with `virtprof top --once`; run as root)"
+            )));
+        }
+    }
+    let vms: Vec<_> =
+        Discovery::new("/proc", only.to_vec()).scan().into_iter().filter(|vm| !vm.vcpus.is_empty()).collect();
+    if vms.is_empty() {
+        return Err(usage(
+            "no VM with vCPU threads found (start one, e.g. `virtprof testvm --workload compute --duration 60s &`)",
+        ));
+    }
+    Ok(vms)
+}
+
+fn cpus(list: Option<&str>) -> anyhow::Result<Vec<u32>> {
+    match list {
+        Some(text) => parse_cpu_list(text).map_err(|e| usage(format!("--cpus {text}: {e}"))),
+        None => Ok(virtprof_trace::capture::online_cpus()),
+    }
+}
+
+fn duration(text: &str, flag: &str) -> anyhow::Result<u64> {
+    parse_duration_ns(text).map_err(|e| usage(format!("{flag}: {e}")))
+}
+
+fn run_calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
+    let base = Model::load(args.weights.as_deref())?;
+    let samples = match &args.input {
+        Some(path) => calibrate::read_csv(path)?,
+        None => live_samples(args)?,
+    };
+    let fit = calibrate::fit(&samples, &base)?;
+    if let Some(out) = &args.output {
+        std::fs::write(out, fit.model.to_toml()).map_err(|e| usage(format!("-o {}: {e}", out.display())))?;
+    }
+    output::calibration(&fit, args.json, args.output.as_deref())
+}
+
+/// `calibrate --live`: every VM's vCPU activity per period against RAPL package energy.
+fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
+    let Some(mut meter) = powercap::Powercap::open(Path::new(powercap::ROOT)) else {
+        return Err(usage(format!(
+            "--live: this host has no RAPL package energy ({} has no readable package zone; \
+             `virtprof doctor` says what is missing). Log energy with another meter and pass --input CSV",
+            powercap::ROOT
+        )));
+    };
+    let period_ns = duration(&args.period, "--period")?;
+    let vms = find_vms(&[])?;
+    let targets = live::Target::of(&vms);
+    let weights = Model::default_model();
+    let metrics: Vec<String> =
+        weights.per_event_j.keys().cloned().chain(std::iter::once(calibrate::SECONDS.to_string())).collect();
+    install_stop_handler();
+    let config = live::RunConfig {
+        cpus: virtprof_trace::capture::online_cpus(),
+        period_ns,
+        duration_ns: Some(duration(&args.duration, "--duration")?),
+        policy: Policy::Fixed,
+        forced_hz: 0.0,
+        actuate: false,
+        verify: false,
+        model: weights,
+        progress: !args.json,
+    };
+    meter.joules();
+    let mut samples = calibrate::Samples { periods: Vec::new(), measured_j: Vec::new(), metrics };
+    let period_s = period_ns as f64 / 1e9;
+    live::run_observed(&vms, targets, &config, &mut |activities| {
+        let mut total = virtprof_analysis::energy::Activity::default();
+        for a in activities {
+            total.run_ns += a.run_ns;
+            for (m, n) in &a.events {
+                *total.events.entry(m.clone()).or_default() += n;
+            }
+        }
+        total.events.insert(calibrate::SECONDS.to_string(), period_s);
+        samples.periods.push(total);
+        samples.measured_j.push(meter.joules());
+    })?;
+    Ok(samples)
+}
+
+fn run_bench(args: &BalanceBenchArgs) -> anyhow::Result<ExitCode> {
+    virtprof_kvm::launcher::check_kvm()?;
+    let mut cpus = cpus(args.cpus.as_deref())?;
+    cpus.truncate(2);
+    if cpus.len() < 2 {
+        return Err(usage(format!("--cpus: the bench needs two CPUs, got {cpus:?}")));
+    }
+    if !(args.k > 1.0 && args.k.is_finite()) {
+        return Err(usage(format!("--k {}: the threshold must be a number greater than 1", args.k)));
+    }
+    if args.reps == 0 {
+        return Err(usage("--reps: at least 1"));
+    }
+    let config = bench::BenchConfig {
+        cpus,
+        segment_ns: duration(&args.segment, "--segment")?,
+        reps: args.reps,
+        policy_ns: duration(&args.policy_time, "--policy-time")?,
+        period_ns: duration(&args.period, "--period")?,
+        k: args.k,
+        model: Model::load(args.weights.as_deref())?,
+        only: args.only,
+    };
+    install_stop_handler();
+    let result = bench::run(&config)?;
+    output::bench(&result, args.json, args.html.as_deref())
+}

@@ -1,0 +1,103 @@
+//! Test VMs started by another command (`demo`, `balance bench`): `virtprof testvm` child
+//! processes, found again as the VMM processes they start, and stopped whatever happens.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::exit::usage;
+
+/// Running `virtprof testvm` processes; dropping them stops them (and their VMMs).
+pub struct TestVms {
+    children: Vec<Child>,
+    /// Who started them, for error messages (`demo`, `balance bench`).
+    what: &'static str,
+}
+
+impl TestVms {
+    /// None started yet.
+    pub fn new(what: &'static str) -> TestVms {
+        TestVms { children: Vec::new(), what }
+    }
+
+    /// Start `virtprof testvm ARGS`.
+    pub fn start(&mut self, args: &[&str]) -> anyhow::Result<()> {
+        let child = Command::new(std::env::current_exe()?)
+            .arg("testvm")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        self.children.push(child);
+        Ok(())
+    }
+
+    /// The VMM processes (children of our testvm children) once `count` of them hold a VM
+    /// with all its vCPU threads, in start order of the testvm processes.
+    pub fn wait_for_vmms(&mut self, count: usize) -> anyhow::Result<Vec<u32>> {
+        let parents: Vec<u32> = self.children.iter().map(Child::id).collect();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let vmms: Vec<u32> = children_of(&parents)
+                .into_iter()
+                .filter(|&(pid, _)| {
+                    virtprof_kvm::discover::inspect(Path::new("/proc"), pid).ok().flatten().is_some_and(|vm| {
+                        vm.vcpu_fds > 0 && u32::try_from(vm.vcpus.len()).is_ok_and(|n| n == vm.vcpu_fds)
+                    })
+                })
+                .map(|(pid, _)| pid)
+                .collect();
+            if vmms.len() == count {
+                return Ok(vmms);
+            }
+            for child in &mut self.children {
+                if let Some(status) = child.try_wait()? {
+                    let mut stderr = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+                    }
+                    // testvm's own message says what to fix (no /dev/kvm, no permission, ...).
+                    let reason = stderr.trim().lines().last().unwrap_or("no message").trim_start_matches("virtprof: ");
+                    return Err(usage(format!("a {} test VM failed to start ({status}): {reason}", self.what)));
+                }
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("the {} test VMs did not start within 10 s (found {} of {count})", self.what, vmms.len());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for TestVms {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            // testvm forwards SIGTERM to its VMM processes and waits for them.
+            let pid = libc::pid_t::try_from(child.id()).unwrap_or(0);
+            // SAFETY: kill with the pid of a child we spawned and a valid signal.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        for child in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Processes whose parent is one of `parents`, as (pid, parent), ordered by parent position
+/// then pid.
+fn children_of(parents: &[u32]) -> Vec<(u32, usize)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut pids: Vec<(u32, usize)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 1..];
+            let ppid = rest.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            Some((pid, parents.iter().position(|&p| p == ppid)?))
+        })
+        .collect();
+    pids.sort_unstable_by_key(|&(pid, parent)| (parent, pid));
+    pids
+}

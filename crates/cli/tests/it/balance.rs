@@ -1,0 +1,311 @@
+//! `balance`: live swaps checked in the kernel's sched trace, the policy's gap against the
+//! seed's bound (and the linear growth without it), the forced-swap overhead sweep, replay on
+//! a recording, calibration on synthetic data with known weights, and usage errors.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::util::{have_kvm, have_tracefs, rendered_body, temp, virtprof};
+
+/// At least two online CPUs, or a loud skip.
+fn two_cpus(test: &str) -> bool {
+    let n = std::thread::available_parallelism().map_or(1, usize::from);
+    if n < 2 {
+        eprintln!("SKIP {test}: balancing needs two CPUs, this host has {n}");
+    }
+    n >= 2
+}
+
+/// A hot (compute) and a cold (io-bound) test VM; killed on drop.
+struct HotAndCold(Vec<Child>);
+
+impl HotAndCold {
+    fn start(seconds: u32) -> (HotAndCold, Vec<u32>) {
+        let duration = format!("{seconds}s");
+        let spawn = |args: &[&str]| {
+            virtprof().arg("testvm").args(args).args(["--duration", &duration]).stdout(Stdio::null()).spawn().unwrap()
+        };
+        let vms = HotAndCold(vec![
+            spawn(&["--workload", "compute", "--name", "bal-hot"]),
+            spawn(&["--workload", "io-bound", "--io-latency", "2ms", "--name", "bal-cold"]),
+        ]);
+        let pids = vms.0.iter().map(|c| vmm_of(c.id())).collect();
+        (vms, pids)
+    }
+}
+
+impl Drop for HotAndCold {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The VMM process a `virtprof testvm` started, once its vCPU thread exists.
+fn vmm_of(parent: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat.rsplit(')').next().and_then(|r| r.split_whitespace().nth(1)).and_then(|p| p.parse().ok());
+            let has_vcpu = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("vcpu")));
+            if ppid == Some(parent) && has_vcpu {
+                return pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("testvm {parent} started no VMM with a vCPU thread within 10 s");
+}
+
+fn json(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "exit {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn live_swaps_move_both_threads_and_the_policy_keeps_the_gap_within_the_seed_bound() {
+    let test = "live_swaps_move_both_threads_and_the_policy_keeps_the_gap_within_the_seed_bound";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) || !two_cpus(test) {
+        return;
+    }
+    let (_vms, pids) = HotAndCold::start(10);
+    let mut cmd = virtprof();
+    cmd.args(["balance", "--cpus", "0,1", "--period", "100ms", "--k", "1.2", "--duration", "3s", "--verify", "--json"]);
+    for pid in &pids {
+        cmd.args(["--vm", &pid.to_string()]);
+    }
+    let r = json(&cmd.output().unwrap());
+    let swaps = r["swap_count"].as_u64().unwrap();
+    assert!(swaps >= 5, "a hot and a cold vCPU are swapped often: {swaps}");
+
+    // The kernel's sched trace: after every placement (2 pins + 2 per swap) each thread ran on
+    // its new CPU, and never anywhere else until its next move.
+    let v = &r["verify"];
+    assert_eq!(v["lost_events"], 0, "{v}");
+    assert_eq!(v["placements"].as_u64().unwrap(), 2 + 2 * swaps, "{v}");
+    assert_eq!(v["wrong_cpu"], 0, "{v}");
+    // Most moves show as a switch-in on the new CPU before the next move. Not all: about one
+    // in eight placements on CPU 1 is not seen there within 100 ms on this host (unexplained
+    // so far; never a switch-in on the wrong CPU).
+    let (observed, placements) = (v["observed"].as_u64().unwrap(), v["placements"].as_u64().unwrap());
+    assert!(observed * 10 >= placements * 7, "{v}");
+
+    // Swaps happen only in the seed's swapping cases; the policy decides every period.
+    for p in r["periods"].as_array().unwrap() {
+        for d in p["decisions"].as_array().unwrap() {
+            let case = d["decision"]["case"].as_u64().unwrap();
+            assert_eq!(d["decision"]["swap"].as_bool().unwrap(), (3..=5).contains(&case), "{d}");
+        }
+    }
+    let swap_cases: u64 = r["swaps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["case"].as_u64().unwrap())
+        .filter(|c| (3..=5).contains(c))
+        .count() as u64;
+    assert_eq!(swap_cases, swaps);
+    let (gap, bound) = (r["max_gap_j"].as_f64().unwrap(), r["bound_j"].as_f64().unwrap());
+    assert!(gap <= bound, "largest gap {gap} J above the seed's bound {bound} J");
+    // Threads got their affinity back.
+    for pid in pids {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let allowed = status.lines().find(|l| l.starts_with("Cpus_allowed_list")).unwrap().to_string();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+            let s = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+            if let Some(line) = s.lines().find(|l| l.starts_with("Cpus_allowed_list")) {
+                assert_eq!(line, allowed, "thread {:?} still pinned", task.file_name());
+            }
+        }
+    }
+}
+
+#[test]
+fn without_the_policy_the_gap_grows_linearly_and_with_it_stays_bounded() {
+    let test = "without_the_policy_the_gap_grows_linearly_and_with_it_stays_bounded";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !two_cpus(test) {
+        return;
+    }
+    let html = temp("balance-bench").with_extension("html");
+    let out = virtprof()
+        .args(["balance", "bench", "--only", "policy", "--policy-time", "3s", "--json", "--html"])
+        .arg(&html)
+        .output()
+        .unwrap();
+    let r = json(&out);
+    let p = &r["policy"];
+    let f = |k: &str| p[k].as_f64().unwrap();
+    assert!(f("r2_without") > 0.98, "linear growth without the policy: {p}");
+    // The hot vCPU runs ~all of a core, the cold one a few percent: the gap grows by most of
+    // the active power (10 W by default).
+    assert!((5.0..=11.0).contains(&f("slope_without_j_per_s")), "{p}");
+    assert!(f("max_gap_with_j") <= f("bound_j"), "{p}");
+    assert!(f("gap_without_j") > 5.0 * f("bound_j"), "{p}");
+    assert!(f("swaps_per_s") > 1.0, "{p}");
+    assert_eq!(f("k"), 1.2);
+    if let Some(body) = rendered_body(&html) {
+        assert!(body.contains("data-ready=\"ok\"") && body.contains("data-charts=\"1\""), "{body}");
+    } else {
+        eprintln!("SKIP {test} (HTML part): no Chromium (scripts/test.sh installs it)");
+    }
+    let _ = std::fs::remove_file(html);
+}
+
+#[test]
+fn the_overhead_sweep_swaps_at_the_asked_frequencies() {
+    let test = "the_overhead_sweep_swaps_at_the_asked_frequencies";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !two_cpus(test) {
+        return;
+    }
+    let out = virtprof()
+        .args(["balance", "bench", "--only", "overhead", "--segment", "500ms", "--reps", "1", "--json"])
+        .output();
+    let r = json(&out.unwrap());
+    let rows = r["overhead"].as_array().unwrap();
+    let freqs: Vec<f64> = rows.iter().map(|o| o["freq_hz"].as_f64().unwrap()).collect();
+    assert_eq!(freqs, [0.0, 1.0, 10.0, 20.0, 100.0, 1000.0]);
+    assert_eq!(rows[0]["loss_pct"], 0.0);
+    assert_eq!(rows[0]["swaps_per_s"], 0.0);
+    for o in rows {
+        assert!(o["throughput"].as_f64().unwrap() > 0.0, "{o}");
+        let (asked, done) = (o["freq_hz"].as_f64().unwrap(), o["swaps_per_s"].as_f64().unwrap());
+        if asked >= 10.0 {
+            // Swaps land on a fixed clock; a late wake-up skips rather than bunches.
+            assert!(done >= 0.7 * asked && done <= 1.05 * asked, "{o}");
+        }
+    }
+}
+
+#[test]
+fn a_replayed_recording_shows_the_gap_with_and_without_the_policy() {
+    let test = "a_replayed_recording_shows_the_gap_with_and_without_the_policy";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let rec = temp("balance-replay.vpr");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let script = format!(
+        "{0} testvm --workload compute --duration 2s --name hot & {0} testvm --workload io-bound --io-latency 2ms --duration 2s --name cold; wait",
+        exe.display()
+    );
+    let out = virtprof()
+        .args(["record", "--interval", "10ms", "-o"])
+        .arg(&rec)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = json(
+        &virtprof().args(["balance", "--replay"]).arg(&rec).args(["--period", "100ms", "--json"]).output().unwrap(),
+    );
+    assert_eq!(r["vcpus"].as_array().unwrap().len(), 2, "{}", r["vcpus"]);
+    assert_eq!(r["cores"], 2);
+    let points = r["points"].as_array().unwrap();
+    assert!(points.len() >= 15, "{} periods", points.len());
+    let last = points.last().unwrap();
+    let bound = r["bound_j"].as_f64().unwrap();
+    assert!(last["gap_without_j"].as_f64().unwrap() > 5.0 * bound, "{last} vs bound {bound}");
+    assert!(points.iter().all(|p| p["gap_with_j"].as_f64().unwrap() <= bound), "bound {bound}");
+    let text = virtprof().args(["balance", "--replay"]).arg(&rec).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("with the policy"));
+    let _ = std::fs::remove_file(rec);
+}
+
+#[test]
+fn calibration_recovers_known_weights_from_a_csv() {
+    let dir = temp("calibrate");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Known model: 12 W active, 3 W static, 2 µJ per exit, 0.5 µJ per page fault; ±1 % noise.
+    let mut csv = String::from("run_ns,kvm.exits,perf.page-faults,seconds,energy_j\n");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % 100_000) as f64 / 100_000.0
+    };
+    for _ in 0..300 {
+        let (run, exits, faults, secs) = (rnd() * 1e9, rnd() * 2e6, rnd() * 4e6, 1.0 + rnd());
+        let energy = (12.0 * run / 1e9 + 2e-6 * exits + 5e-7 * faults + 3.0 * secs) * (1.0 + (rnd() - 0.5) * 0.02);
+        csv += &format!("{run:.0},{exits:.0},{faults:.0},{secs},{energy}\n");
+    }
+    let input = dir.join("meter.csv");
+    std::fs::write(&input, csv).unwrap();
+    let model = dir.join("fitted.toml");
+    let r = json(
+        &virtprof()
+            .args(["balance", "calibrate", "--json", "--input"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&model)
+            .output()
+            .unwrap(),
+    );
+    let close = |got: &Value, want: f64| (got.as_f64().unwrap() - want).abs() <= 0.05 * want;
+    assert!(close(&r["model"]["active_power_w"], 12.0), "{r}");
+    assert!(close(&r["static_power_w"], 3.0), "{r}");
+    assert!(close(&r["model"]["per_event_j"]["kvm.exits"], 2e-6), "{r}");
+    assert!(close(&r["model"]["per_event_j"]["perf.page-faults"], 5e-7), "{r}");
+    // The written model is a valid --weights file.
+    let replay_err =
+        virtprof().args(["balance", "--replay", "/nonexistent.vpr", "--weights"]).arg(&model).output().unwrap();
+    let stderr = String::from_utf8_lossy(&replay_err.stderr);
+    assert!(!stderr.contains("--weights"), "the fitted file loads: {stderr}");
+
+    // A bad cell is named by file, line and column.
+    std::fs::write(&input, "run_ns,kvm.exits,energy_j\n1,2,3\n4,x,6\n").unwrap();
+    let out = virtprof().args(["balance", "calibrate", "--input"]).arg(&input).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("meter.csv:3") && stderr.contains("kvm.exits"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn usage_errors_exit_2_with_a_way_out() {
+    let dir = temp("balance-usage");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("weights.toml");
+    std::fs::write(
+        &bad,
+        "active_power_w = 10\n[thermal]\ncapacity_j_per_k = -1\nresistance_k_per_w = 1\nambient_c = 20\n",
+    )
+    .unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--k".into(), "0.9".into()], "greater than 1"),
+        (vec!["--period".into(), "0ms".into()], "--period"),
+        (vec!["--weights".into(), bad.display().to_string()], "capacity_j_per_k"),
+        (vec!["--replay".into(), "/nonexistent/run.vpr".into()], "run.vpr"),
+        (vec!["--vm".into(), "1".into()], "--vm 1"),
+        (vec!["--cpus".into(), "0".into()], "at least two CPUs"),
+    ];
+    for (args, want) in cases {
+        let out = virtprof().arg("balance").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    // The documented defaults are a valid model file.
+    let out = virtprof().args(["balance", "weights"]).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("active_power_w = 10.0") && text.contains("[thermal]"), "{text}");
+    std::fs::write(&bad, text).unwrap();
+    let out = virtprof().args(["balance", "--replay", "/nonexistent/run.vpr", "--weights"]).arg(&bad).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run.vpr"), "the defaults load as --weights");
+    let _ = std::fs::remove_dir_all(dir);
+}

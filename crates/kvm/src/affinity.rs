@@ -1,0 +1,60 @@
+//! CPU affinity of a thread by tid (0: the calling thread): what the VMM pins its vCPU threads
+//! with, and what `virtprof balance` swaps between them.
+
+use std::io;
+
+/// The CPUs thread `tid` may run on.
+pub fn get(tid: u32) -> io::Result<Vec<u32>> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let pid = libc::pid_t::try_from(tid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into `set`.
+    if unsafe { libc::sched_getaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((0..libc::CPU_SETSIZE as u32)
+        // SAFETY: CPU_ISSET reads one bit of `set`; the index is below CPU_SETSIZE.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu as usize, &set) })
+        .collect())
+}
+
+/// Let thread `tid` run only on `cpus`. The kernel moves a running thread off a CPU it may no
+/// longer use before this returns.
+pub fn set(tid: u32, cpus: &[u32]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        if cpu as usize >= libc::CPU_SETSIZE as usize {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: CPU_SET writes one bit inside `set`; the index was checked above.
+        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    }
+    let pid = libc::pid_t::try_from(tid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: sched_setaffinity reads `set` for thread `pid`.
+    if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_can_be_pinned_and_released() {
+        let all = get(0).unwrap();
+        assert!(!all.is_empty());
+        let handle = std::thread::spawn(move || {
+            set(0, &all[..1]).unwrap();
+            let pinned = get(0).unwrap();
+            set(0, &all).unwrap();
+            (pinned, get(0).unwrap(), all)
+        });
+        let (pinned, released, all) = handle.join().unwrap();
+        assert_eq!(pinned, all[..1]);
+        assert_eq!(released, all);
+        assert!(set(0, &[u32::MAX]).is_err());
+    }
+}
