@@ -152,6 +152,7 @@ mod tests {
         let mut ins = vec![(50, 1, 0), (150, 1, 0)];
         let v = judge(&mut ins, &placements);
         assert_eq!((v.observed, v.switch_ins, v.wrong_cpu), (1, 2, 1), "a move never seen on its CPU: {v:?}");
-        assert!(v.examples[0].contains("thread 1 ran on CPU 0"), "{v:?}");
+        assert!(v.examples.iter().any(|e| e.contains("thread 1 ran on CPU 0 at 150 ns")), "{v:?}");
+        assert!(v.examples.iter().any(|e| e.contains("thread 1 placed on CPU 1 at 100 ns was not seen")), "{v:?}");
     }
 }
