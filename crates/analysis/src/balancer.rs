@@ -193,6 +193,14 @@ pub fn gap_bound_j(hot_j: f64, cold_j: f64, k: f64) -> f64 {
     2.0 * (hot_j - cold_j).max((k - 1.0) * cold_j) + hot_j
 }
 
+/// [`gap_bound_j`] for the loads seen: the largest and smallest per-core period energies.
+pub fn gap_bound_seen_j(per_core_period_j: impl IntoIterator<Item = f64>, k: f64) -> f64 {
+    let (hot, cold) = per_core_period_j
+        .into_iter()
+        .fold((0.0, f64::INFINITY), |(hot, cold), j| (f64::max(hot, j), f64::min(cold, j)));
+    gap_bound_j(hot, cold.min(hot), k)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +246,7 @@ mod tests {
         let last = points.last().unwrap();
         assert!((last.gap_without_j - 450.0).abs() < 1e-6, "0.9 J per period for 500 periods");
         let bound = gap_bound_j(1.0, 0.1, 1.2);
+        assert_eq!(gap_bound_seen_j([0.1, 1.0, 0.5], 1.2), bound);
         assert!(points.iter().all(|p| p.gap_with_j <= bound + 1e-9), "bound {bound}");
         assert!(last.max_temp_with_c < last.max_temp_without_c, "balanced cores run cooler");
         let swaps: u32 = points.iter().map(|p| p.swaps).sum();

@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use serde::Serialize;
-use virtprof_analysis::balancer::{gap_bound_j, Policy};
+use virtprof_analysis::balancer::{gap_bound_seen_j, Policy};
 use virtprof_kvm::discover::inspect;
 use virtprof_kvm::guest_counters::GuestCounters;
 use virtprof_kvm::vmm::{monotonic_ns, STOP_REQUESTED};
@@ -220,9 +220,6 @@ pub fn summarize(config: &BenchConfig, without: &RunResult, with: &RunResult) ->
     let curve = |r: &RunResult| r.periods.iter().map(|p| (p.t_s, p.gap_j)).collect::<Vec<_>>();
     let (without_curve, with_curve) = (curve(without), curve(with));
     let last_gap = |c: &[(f64, f64)]| c.last().map_or(0.0, |p| p.1);
-    let per_core_last = with.periods.iter().flat_map(|p| p.cores.iter().map(|c| c.last_j));
-    let hot = per_core_last.clone().fold(0.0, f64::max);
-    let cold = per_core_last.fold(f64::INFINITY, f64::min).min(hot);
     let (slope, r2) = linear_fit(&without_curve);
     PolicyResult {
         k: config.k,
@@ -230,7 +227,7 @@ pub fn summarize(config: &BenchConfig, without: &RunResult, with: &RunResult) ->
         gap_without_j: last_gap(&without_curve),
         gap_with_j: last_gap(&with_curve),
         max_gap_with_j: with_curve.iter().map(|p| p.1).fold(0.0, f64::max),
-        bound_j: gap_bound_j(hot, cold, config.k),
+        bound_j: gap_bound_seen_j(with.periods.iter().flat_map(|p| p.cores.iter().map(|c| c.last_j)), config.k),
         swaps_per_s: with.swaps.len() as f64 / with.elapsed_s.max(1e-9),
         slope_without_j_per_s: slope,
         r2_without: r2,

@@ -52,8 +52,9 @@ pub fn read_csv(path: &Path) -> anyhow::Result<Samples> {
             path.display()
         )));
     };
-    let metrics: Vec<String> =
-        names.iter().filter(|n| !["run_ns", "energy_j"].contains(n)).map(|n| (*n).to_string()).collect();
+    let metric_columns: Vec<(usize, &str)> =
+        names.iter().copied().enumerate().filter(|(_, n)| !["run_ns", "energy_j"].contains(n)).collect();
+    let metrics: Vec<String> = metric_columns.iter().map(|(_, n)| (*n).to_string()).collect();
     let mut samples = Samples { periods: Vec::new(), measured_j: Vec::new(), metrics };
     for (line_no, line) in lines {
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -78,8 +79,8 @@ pub fn read_csv(path: &Path) -> anyhow::Result<Samples> {
             )));
         }
         let mut activity = Activity { run_ns: saturating_u64(number(run_at)?), ..Activity::default() };
-        for (at, name) in names.iter().enumerate().filter(|(_, n)| !["run_ns", "energy_j"].contains(n)) {
-            activity.events.insert((*name).to_string(), number(at)?);
+        for &(at, name) in &metric_columns {
+            activity.events.insert(name.to_string(), number(at)?);
         }
         samples.periods.push(activity);
         samples.measured_j.push(number(energy_at)?);

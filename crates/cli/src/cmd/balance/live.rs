@@ -178,6 +178,7 @@ pub fn run_observed(
     let mut next_period = t0 + config.period_ns;
     let mut next_forced = forced_every.map_or(u64::MAX, |every| t0 + every);
     let mut next_status = t0 + 1_000_000_000;
+    let period_s = config.period_ns as f64 / 1e9;
     let mut result = RunResult {
         targets,
         cpus: config.cpus.clone(),
@@ -237,7 +238,6 @@ pub fn run_observed(
             let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
             observe(&activities);
             let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();
-            let period_s = config.period_ns as f64 / 1e9;
             ledger.account(&vcpu_j, period_s);
             let decisions = ledger.decide(config.policy);
             for d in &decisions {
@@ -259,9 +259,12 @@ pub fn run_observed(
             if let Some(t) = tracer.as_mut() {
                 t.drain()?;
             }
+            // Checked per period, not per wake-up: forced swaps wake up to 1000 times a second.
+            if targets_gone(&result.targets) {
+                break;
+            }
             if let Some(s) = &status {
                 let cores = config.cpus.iter().zip(ledger.cores());
-                let period_s = config.period_ns as f64 / 1e9;
                 s.publish(
                     result.swaps.len() as u64,
                     cores.map(|(&cpu, a)| (cpu, a.total_j, a.last_j / period_s, a.temp_c)).collect(),
@@ -272,7 +275,7 @@ pub fn run_observed(
             eprintln!("{}", status_line(seconds(now), &config.cpus, &ledger, result.swaps.len()));
             next_status += 1_000_000_000;
         }
-        if stopping || targets_gone(&result.targets) {
+        if stopping {
             break;
         }
     }

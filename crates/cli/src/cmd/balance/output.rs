@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use virtprof_analysis::balancer::{gap_bound_j, Policy};
+use virtprof_analysis::balancer::{gap_bound_seen_j, Policy};
 
 use super::bench::BenchResult;
 use super::calibrate::Fit;
@@ -46,9 +46,6 @@ struct RunReport<'a> {
 
 pub fn run(result: &RunResult, config: &RunConfig, json: bool, html: Option<&Path>) -> anyhow::Result<ExitCode> {
     let last = result.periods.last();
-    let per_core_last = result.periods.iter().flat_map(|p| p.cores.iter().map(|c| c.last_j));
-    let hot = per_core_last.clone().fold(0.0, f64::max);
-    let cold = per_core_last.fold(f64::INFINITY, f64::min).min(hot);
     let k = match config.policy {
         Policy::Thermal { k } => k,
         Policy::Fixed => f64::NAN,
@@ -63,7 +60,11 @@ pub fn run(result: &RunResult, config: &RunConfig, json: bool, html: Option<&Pat
         swaps_per_s: result.swaps.len() as f64 / result.elapsed_s.max(1e-9),
         gap_j: last.map_or(0.0, |p| p.gap_j),
         max_gap_j: result.periods.iter().map(|p| p.gap_j).fold(0.0, f64::max),
-        bound_j: if k.is_finite() { gap_bound_j(hot, cold, k) } else { 0.0 },
+        bound_j: if k.is_finite() {
+            gap_bound_seen_j(result.periods.iter().flat_map(|p| p.cores.iter().map(|c| c.last_j)), k)
+        } else {
+            0.0
+        },
         cores: result
             .cpus
             .iter()

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use serde::Serialize;
-use virtprof_analysis::balancer::{gap_bound_j, replay, ReplayPoint};
+use virtprof_analysis::balancer::{gap_bound_seen_j, replay, ReplayPoint};
 use virtprof_analysis::energy::Activity;
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_model::interval::Entity;
@@ -67,9 +67,8 @@ pub fn run(file: &Path, period_ns: u64, k: f64, cores: usize, model: &Model) -> 
     // Per-core energies per period under the fixed mapping bound the hot and cold loads.
     let on_core =
         |vj: &[f64], c: usize| -> f64 { vj.iter().zip(&core_of).filter(|(_, &k)| k == c).map(|(j, _)| j).sum() };
-    let per_core: Vec<f64> = periods.iter().flat_map(|vj| (0..cores).map(move |c| on_core(vj, c))).collect();
-    let hot = per_core.iter().copied().fold(0.0, f64::max);
-    let cold = per_core.iter().copied().fold(f64::INFINITY, f64::min).min(hot);
+    let per_core = periods.iter().flat_map(|vj| (0..cores).map(move |c| on_core(vj, c)));
+    let bound_j = gap_bound_seen_j(per_core, k);
     Ok(Replay {
         file: file.display().to_string(),
         vcpus: vcpus.iter().map(ToString::to_string).zip(core_of).collect(),
@@ -78,7 +77,7 @@ pub fn run(file: &Path, period_ns: u64, k: f64, cores: usize, model: &Model) -> 
         k,
         points,
         swaps_per_s: if seconds > 0.0 { f64::from(swaps) / seconds } else { 0.0 },
-        bound_j: gap_bound_j(hot, cold, k),
+        bound_j,
     })
 }
 
