@@ -155,6 +155,11 @@ pub enum EventKind {
         /// Event id.
         event: u16,
     },
+    /// `nmi:nmi_handler`, written when an NMI handler returns.
+    Nmi {
+        /// How long the handler ran (`delta_ns`): the NMI spans `[ts - handler_ns, ts]`.
+        handler_ns: u64,
+    },
     /// Any other event, by its tracefs id.
     Other {
         /// The event's tracefs id.
@@ -187,6 +192,7 @@ impl EventKind {
             EventKind::SoftirqEntry { .. } => "softirq_entry",
             EventKind::SoftirqExit { .. } => "softirq_exit",
             EventKind::SoftirqRaise { .. } => "softirq_raise",
+            EventKind::Nmi { .. } => "nmi_handler",
             EventKind::IrqVectorEntry { .. } | EventKind::IrqVectorExit { .. } | EventKind::Other { .. } => {
                 return None
             }

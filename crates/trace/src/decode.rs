@@ -86,6 +86,7 @@ enum Typed {
     IrqExit { irq: Slot },
     Softirq { vec: Slot, phase: SoftirqPhase },
     Vector { vector: Slot, entry: bool, id: u16 },
+    Nmi { delta: Slot },
     Other { id: u16 },
 }
 
@@ -138,6 +139,7 @@ impl Typed {
             ("irq_vectors", name) if name.ends_with("_exit") => {
                 Typed::Vector { vector: s("vector"), entry: false, id: f.id }
             }
+            ("nmi", "nmi_handler") => Typed::Nmi { delta: s("delta_ns") },
             _ => Typed::Other { id: f.id },
         }
     }
@@ -278,6 +280,7 @@ impl Decoder {
             Typed::Vector { vector, entry: false, id } => {
                 EventKind::IrqVectorExit { vector: vector.read(d) as u32, event: id }
             }
+            Typed::Nmi { delta } => EventKind::Nmi { handler_ns: delta.read(d) },
             Typed::Other { id } => EventKind::Other { event: id },
         };
         Ok(Event { ts: rec.ts, cpu, tid, kind })

@@ -95,11 +95,11 @@ fn live_swaps_move_both_threads_and_the_policy_keeps_the_gap_within_the_seed_bou
     assert_eq!(v["lost_events"], 0, "{v}");
     assert_eq!(v["placements"].as_u64().unwrap(), 2 + 2 * swaps, "{v}");
     assert_eq!(v["wrong_cpu"], 0, "{v}");
-    // Most moves show as a switch-in on the new CPU before the next move. Not all: about one
-    // in eight placements on CPU 1 is not seen there within 100 ms on this host (unexplained
-    // so far; never a switch-in on the wrong CPU).
+    // Every move shows in the trace as the thread switching in or out on its new CPU, except
+    // perhaps each thread's last one: a compute thread may run on there untouched until the
+    // trace stops.
     let (observed, placements) = (v["observed"].as_u64().unwrap(), v["placements"].as_u64().unwrap());
-    assert!(observed * 10 >= placements * 7, "{v}");
+    assert!(observed + 2 >= placements, "{v}");
 
     // Swaps happen only in the seed's swapping cases; the policy decides every period.
     for p in r["periods"].as_array().unwrap() {

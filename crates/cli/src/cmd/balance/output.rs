@@ -147,8 +147,8 @@ fn run_text(r: &RunReport<'_>) -> String {
     if let Some(v) = &run.verify {
         let _ = writeln!(
             s,
-            "verify (sched trace): {} placements, {} seen running after the move, {} switch-ins judged, {} on a wrong CPU, {} events lost",
-            v.placements, v.observed, v.switch_ins, v.wrong_cpu, v.lost_events
+            "verify (sched trace): {} placements, {} seen running after the move, {} switches judged, {} on a wrong CPU, {} events lost",
+            v.placements, v.observed, v.switches, v.wrong_cpu, v.lost_events
         );
         for e in &v.examples {
             let _ = writeln!(s, "  {e}");

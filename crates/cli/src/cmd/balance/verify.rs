@@ -1,7 +1,11 @@
 //! `--verify`: the kernel's own word that swaps moved the threads. A private tracefs instance
-//! records `sched_switch`; every time a vCPU thread is switched in, it must be on the CPU the
-//! actuator last put it on. Switch-ins while a move is in flight (between the start and the
-//! end of the affinity calls) are not judged.
+//! records `sched_switch`; every time a vCPU thread is switched in or out, it must be on the
+//! CPU the actuator last put it on. Switches while a move is in flight (between the start and
+//! the end of the affinity calls) are not judged.
+//!
+//! Switch-outs count as evidence because switch-ins are not always traced: on some kernels
+//! (this project's PVM-based CI host among them) a CPU leaving idle emits no `sched_switch`,
+//! so a thread moved onto an idle CPU is first seen there when it leaves it.
 
 use serde::Serialize;
 use virtprof_model::event::EventKind;
@@ -29,11 +33,11 @@ pub struct Placement {
 pub struct Verification {
     /// Placements judged (pins and swap moves).
     pub placements: u64,
-    /// Placements after which the thread was switched in on its new CPU before its next move.
+    /// Placements after which the thread was seen switching in or out on its new CPU.
     pub observed: u64,
-    /// Switch-ins of vCPU threads judged.
-    pub switch_ins: u64,
-    /// Switch-ins on a CPU other than the one the thread was placed on.
+    /// Switches (in and out) of vCPU threads judged.
+    pub switches: u64,
+    /// Switches on a CPU other than the one the thread was placed on.
     pub wrong_cpu: u64,
     /// The first few of those, for the report.
     pub examples: Vec<String>,
@@ -47,7 +51,17 @@ pub struct Tracer {
     capture: Capture,
     decoder: Decoder,
     tids: Vec<u32>,
-    switch_ins: Vec<(u64, u32, u32)>,
+    switches: Vec<Switch>,
+}
+
+/// A vCPU thread entering or leaving a CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Switch {
+    ts: u64,
+    tid: u32,
+    cpu: u32,
+    /// Leaving (it ran there until `ts`) rather than entering.
+    out: bool,
 }
 
 impl Tracer {
@@ -63,7 +77,7 @@ impl Tracer {
             anyhow::bail!("--verify needs the sched:sched_switch tracepoint, which this kernel lacks");
         }
         let decoder = Decoder::new(load_layout(tracefs.root(), &["sched"])?);
-        Ok(Tracer { capture, decoder, tids: tids.to_vec(), switch_ins: Vec::new() })
+        Ok(Tracer { capture, decoder, tids: tids.to_vec(), switches: Vec::new() })
     }
 
     /// Take in what the kernel has buffered (call often enough that the buffer never fills).
@@ -71,11 +85,13 @@ impl Tracer {
         let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
         while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
         let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
-        let (tids, switch_ins) = (&self.tids, &mut self.switch_ins);
+        let (tids, switches) = (&self.tids, &mut self.switches);
         merge_cpus(&mut self.decoder, &streams, |e, _| {
-            if let EventKind::SchedSwitch { next_tid, .. } = e.kind {
-                if tids.contains(&next_tid) {
-                    switch_ins.push((e.ts, next_tid, e.cpu));
+            if let EventKind::SchedSwitch { prev_tid, next_tid, .. } = e.kind {
+                for (tid, out) in [(prev_tid, true), (next_tid, false)] {
+                    if tids.contains(&tid) {
+                        switches.push(Switch { ts: e.ts, tid, cpu: e.cpu, out });
+                    }
                 }
             }
         })?;
@@ -87,47 +103,51 @@ impl Tracer {
         self.capture.stop()?;
         self.drain()?;
         let lost_events = self.capture.loss().iter().map(|l| l.overrun + l.dropped).sum();
-        let mut v = judge(&mut self.switch_ins, placements);
+        let mut v = judge(&mut self.switches, placements);
         v.lost_events = lost_events;
         self.capture.close();
         Ok(v)
     }
 }
 
-/// Judge switch-ins `(ts, tid, cpu)` against the placements: a switch-in on the new CPU from
-/// the start of the thread's affinity call shows the move (the kernel may run it there before
-/// the call returns); one on another CPU after the call returned is wrong.
-fn judge(switch_ins: &mut [(u64, u32, u32)], placements: &[Placement]) -> Verification {
-    switch_ins.sort_unstable();
+/// Judge switches against the placements. A switch on the new CPU from the start of the
+/// thread's affinity call shows the move (the kernel may run it there before the call
+/// returns); so does a switch-out there until the thread's next move has settled (that move
+/// is what takes it off). A switch on another CPU after the call returned and before the next
+/// move began is wrong.
+fn judge(switches: &mut [Switch], placements: &[Placement]) -> Verification {
+    switches.sort_unstable();
     let mut v = Verification::default();
     for (n, p) in placements.iter().enumerate() {
         // This placement holds until the thread's next move begins.
-        let until = placements[n + 1..].iter().find(|q| q.tid == p.tid).map_or(u64::MAX, |q| q.start_ns);
+        let next = placements[n + 1..].iter().find(|q| q.tid == p.tid);
+        let (until, settled) = next.map_or((u64::MAX, u64::MAX), |q| (q.start_ns, q.done_ns));
         v.placements += 1;
-        let first = switch_ins.partition_point(|s| s.0 < p.start_ns);
+        let first = switches.partition_point(|s| s.ts < p.start_ns);
         let mut seen = false;
-        for &(ts, tid, cpu) in switch_ins[first..].iter().take_while(|s| s.0 < until) {
-            if tid != p.tid {
+        for s in switches[first..].iter().take_while(|s| s.ts <= settled).filter(|s| s.tid == p.tid) {
+            if s.ts >= until {
+                seen |= s.out && s.cpu == p.cpu;
                 continue;
             }
-            if cpu == p.cpu {
-                seen = true;
-            }
-            if ts <= p.done_ns {
+            seen |= s.cpu == p.cpu;
+            if s.ts <= p.done_ns {
                 continue;
             }
-            v.switch_ins += 1;
-            if cpu != p.cpu {
+            v.switches += 1;
+            if s.cpu != p.cpu {
                 v.wrong_cpu += 1;
                 if v.examples.len() < 5 {
-                    v.examples.push(format!("thread {tid} ran on CPU {cpu} at {ts} ns, placed on CPU {}", p.cpu));
+                    let what = if s.out { "left" } else { "entered" };
+                    v.examples
+                        .push(format!("thread {} {what} CPU {} at {} ns, placed on CPU {}", s.tid, s.cpu, s.ts, p.cpu));
                 }
             }
         }
         v.observed += u64::from(seen);
         if !seen && v.examples.len() < 5 {
             v.examples.push(format!(
-                "thread {} placed on CPU {} at {} ns was not seen running there before its next move",
+                "thread {} placed on CPU {} at {} ns was not seen there before its next move",
                 p.tid, p.cpu, p.start_ns
             ));
         }
@@ -143,16 +163,40 @@ mod tests {
         Placement { tid, cpu, start_ns, done_ns: start_ns + 5 }
     }
 
+    fn enter(ts: u64, tid: u32, cpu: u32) -> Switch {
+        Switch { ts, tid, cpu, out: false }
+    }
+
+    fn leave(ts: u64, tid: u32, cpu: u32) -> Switch {
+        Switch { ts, tid, cpu, out: true }
+    }
+
     #[test]
-    fn switch_ins_are_judged_against_the_latest_placement() {
+    fn switches_are_judged_against_the_latest_placement() {
         let placements = [at(1, 0, 0), at(2, 1, 0), at(1, 1, 100), at(2, 0, 100)];
-        let mut ins = vec![(50, 1, 0), (60, 2, 1), (103, 1, 0), (150, 1, 1), (160, 2, 0), (170, 3, 1)];
-        let v = judge(&mut ins, &placements);
-        assert_eq!((v.placements, v.observed, v.switch_ins, v.wrong_cpu), (4, 4, 4, 0), "{v:?}");
-        let mut ins = vec![(50, 1, 0), (150, 1, 0)];
-        let v = judge(&mut ins, &placements);
-        assert_eq!((v.observed, v.switch_ins, v.wrong_cpu), (1, 2, 1), "a move never seen on its CPU: {v:?}");
-        assert!(v.examples.iter().any(|e| e.contains("thread 1 ran on CPU 0 at 150 ns")), "{v:?}");
+        let mut sw = vec![enter(50, 1, 0), enter(60, 2, 1), enter(103, 1, 0), enter(150, 1, 1), enter(160, 2, 0)];
+        sw.push(enter(170, 3, 1));
+        let v = judge(&mut sw, &placements);
+        assert_eq!((v.placements, v.observed, v.switches, v.wrong_cpu), (4, 4, 4, 0), "{v:?}");
+        let mut sw = vec![enter(50, 1, 0), enter(150, 1, 0)];
+        let v = judge(&mut sw, &placements);
+        assert_eq!((v.observed, v.switches, v.wrong_cpu), (1, 2, 1), "a move never seen on its CPU: {v:?}");
+        assert!(v.examples.iter().any(|e| e.contains("thread 1 entered CPU 0 at 150 ns")), "{v:?}");
         assert!(v.examples.iter().any(|e| e.contains("thread 1 placed on CPU 1 at 100 ns was not seen")), "{v:?}");
+    }
+
+    #[test]
+    fn a_switch_out_shows_a_move_whose_switch_in_was_not_traced() {
+        // Thread 1 goes onto an idle CPU 1 at 100 (no switch-in traced) and is taken off it by
+        // its next move at 200, which is settled at 205.
+        let placements = [at(1, 0, 0), at(1, 1, 100), at(1, 0, 200)];
+        let mut sw = vec![enter(10, 1, 0), leave(101, 1, 0), leave(202, 1, 1), enter(204, 1, 0)];
+        let v = judge(&mut sw, &placements);
+        assert_eq!((v.placements, v.observed, v.wrong_cpu), (3, 3, 0), "{v:?}");
+        // A switch-out on the old CPU after the move settled is wrong.
+        let mut sw = vec![enter(10, 1, 0), leave(150, 1, 0), leave(202, 1, 1)];
+        let v = judge(&mut sw, &placements);
+        assert_eq!(v.wrong_cpu, 1, "{v:?}");
+        assert!(v.examples.iter().any(|e| e.contains("thread 1 left CPU 0 at 150 ns, placed on CPU 1")), "{v:?}");
     }
 }

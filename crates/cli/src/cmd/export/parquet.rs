@@ -123,6 +123,7 @@ impl EventTable {
             }
             EventKind::Lost { count } => (None, None, count),
             EventKind::KvmFpu { load } => (None, None, Some(u64::from(load))),
+            EventKind::Nmi { handler_ns } => (None, None, Some(handler_ns)),
             EventKind::Other { .. } => (None, None, None),
         };
         self.ts.append_value(e.ts);
