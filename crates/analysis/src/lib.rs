@@ -11,6 +11,7 @@ pub mod energy;
 pub mod exits;
 pub mod hist;
 pub mod intervals;
+pub mod noise;
 pub mod pcprof;
 pub mod phases;
 pub mod qos;

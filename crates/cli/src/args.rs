@@ -54,6 +54,9 @@ pub enum Command {
     /// Energy accounting per vCPU and core, and thermal balancing: swap hot and cold vCPUs
     /// between cores (live, --dry-run, --replay a recording; calibrate; bench).
     Balance(Box<BalanceArgs>),
+    /// OS noise (osnoise for VMs): gaps a pinned loop sees, attributed to NMI, IRQ, softirq,
+    /// thread, and inside a VM to steal and hypervisor; --testvm attributes guest noise to host events.
+    Noise(Box<NoiseArgs>),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -87,6 +90,8 @@ WORKLOADS:
   io-bound     each request makes the VMM sleep --io-latency (the vCPU blocks like on a disk)
   cpuid        CPUID leaf 0 (lightweight exit on VMX/SVM; on PVM it never reaches our KVM)
   fault        UD2: shows how guest faults are reported
+  noise        a TSC gap loop: each gap above --noise-threshold is stored with steal and exit
+               counts (seed 004's guest columns; --duration only)
   phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
   boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
 
@@ -129,9 +134,16 @@ pub struct TestvmArgs {
     /// How long the VMM sleeps per io-bound request.
     #[arg(long, value_name = "TIME", default_value = "1ms")]
     pub io_latency: String,
-    /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page.
+    /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page
+    /// (always on for --workload noise).
     #[arg(long)]
     pub steal_time: bool,
+    /// For --workload noise: a TSC step longer than this is a noise sample.
+    #[arg(long, value_name = "TIME", default_value = "1us")]
+    pub noise_threshold: String,
+    /// Kick every vCPU thread this often: each kick is a heavyweight exit (KVM_RUN returns EINTR).
+    #[arg(long, value_name = "HZ", default_value_t = 0)]
+    pub inject_hz: u32,
     /// Keep the VMs alive this long after their guests finish, so other tools can inspect them.
     #[arg(long, value_name = "TIME")]
     pub linger: Option<String>,
@@ -738,4 +750,85 @@ pub enum Experiment {
     Overhead,
     /// (b) the policy on a hot and a cold vCPU.
     Policy,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+One thread per CPU, pinned, reads the clock in a loop; a step longer than --threshold is a
+noise sample. A private tracefs instance records NMIs, IRQs, IRQ vectors, softirqs and context
+switches on those CPUs, and each sample's time is split by the innermost context (nested
+interference is subtracted). What the trace does not explain is hardware noise on bare metal;
+inside a VM (detected) it is virtualization noise: steal (the CPU's steal-time delta, largest
+samples first) and hypervisor. Times are in microseconds.
+
+--testvm runs the guest-side loop inside a micro-VM instead, records the host meanwhile, and
+attributes every guest sample to host events (preemption, exits, host IRQs) on a clock mapping
+whose error bound is printed.
+
+EXAMPLES:
+  virtprof noise --cpus 1 --duration 10s                   rtla osnoise top, plus STEAL and HYP
+  virtprof noise --threshold 5us --hist                    histogram of sample lengths
+  virtprof noise --stop-single 200us --snapshot stop.txt   stop at the first 200 us sample
+  virtprof noise --testvm --pin 1 --inject-hz 100 --json   guest noise explained by the host")]
+pub struct NoiseArgs {
+    /// CPUs to measure (default: every online CPU).
+    #[arg(long, value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// How long to measure.
+    #[arg(short, long, value_name = "TIME", default_value = "5s")]
+    pub duration: String,
+    /// A step between two clock reads longer than this is a noise sample.
+    #[arg(long, value_name = "TIME", default_value = "1us")]
+    pub threshold: String,
+    /// Reporting period.
+    #[arg(long, value_name = "TIME", default_value = "1s")]
+    pub period: String,
+    /// Measuring part of each period (default: all of it).
+    #[arg(long, value_name = "TIME")]
+    pub runtime: Option<String>,
+    /// The clock the loop reads: tsc (default where the TSC is constant) or mono-raw.
+    #[arg(long, value_enum)]
+    pub clock: Option<NoiseClock>,
+    /// Run the measurement threads SCHED_FIFO at this priority.
+    #[arg(long, value_name = "PRIO")]
+    pub fifo: Option<u8>,
+    /// Print a histogram of sample lengths (rtla osnoise hist).
+    #[arg(long)]
+    pub hist: bool,
+    /// Histogram bucket width.
+    #[arg(long, value_name = "TIME", default_value = "1us")]
+    pub bucket_size: String,
+    /// Histogram buckets (longer samples count in `over`).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub entries: usize,
+    /// Stop when a single sample is longer than this, and save a trace snapshot around it.
+    #[arg(long, value_name = "TIME")]
+    pub stop_single: Option<String>,
+    /// Stop when a period's noise on one CPU exceeds this, and save a trace snapshot.
+    #[arg(long, value_name = "TIME")]
+    pub stop_total: Option<String>,
+    /// Where a stop saves its trace snapshot.
+    #[arg(long, value_name = "FILE", default_value = "noise-snapshot.txt")]
+    pub snapshot: PathBuf,
+    /// Print JSON (schema in docs/noise.md).
+    #[arg(long)]
+    pub json: bool,
+    /// Measure inside a micro-VM (the guest-side loop) and attribute its samples to host events.
+    #[arg(long)]
+    pub testvm: bool,
+    /// --testvm: host CPU of the vCPU.
+    #[arg(long, value_name = "CPU")]
+    pub pin: Option<u32>,
+    /// --testvm: inject heavyweight exits at this rate (the VMM kicks the vCPU thread).
+    #[arg(long, value_name = "HZ", default_value_t = 0)]
+    pub inject_hz: u32,
+}
+
+/// The loop's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NoiseClock {
+    /// The time-stamp counter, calibrated against CLOCK_MONOTONIC_RAW.
+    Tsc,
+    /// CLOCK_MONOTONIC_RAW.
+    MonoRaw,
 }

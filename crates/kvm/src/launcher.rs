@@ -43,6 +43,8 @@ pub struct TestvmConfig {
     pub name: Option<String>,
     /// Sample every vCPU's program counter at this rate (0: off; `virtprof boot --testvm`).
     pub sample_hz: u32,
+    /// The `noise` workload's threshold.
+    pub noise_threshold_ns: u64,
 }
 
 impl TestvmConfig {
@@ -75,6 +77,7 @@ impl TestvmConfig {
             steal_time: self.steal_time,
             linger_ns: self.linger_ns,
             sample_hz: self.sample_hz,
+            noise_threshold_ns: self.noise_threshold_ns,
         }
     }
 }
@@ -209,6 +212,7 @@ mod tests {
             linger_ns: 0,
             name: None,
             sample_hz: 0,
+            noise_threshold_ns: 0,
         };
         assert_eq!((config.vm_name(0), config.vm_name(1)), ("compute-0".into(), "compute-1".into()));
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);

@@ -78,6 +78,53 @@ pub struct VcpuReport {
     /// Program-counter samples, when the VMM sampled this vCPU (`virtprof boot --testvm`).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Vec::is_empty"))]
     pub samples: Vec<crate::pcsample::PcSample>,
+    /// What the `noise` workload recorded in guest memory.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub noise: Option<GuestNoise>,
+}
+
+/// The `noise` workload's own record: its samples and the clock-sync exits around the loop.
+#[derive(Debug, Clone, PartialEq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GuestNoise {
+    /// Guest TSC frequency.
+    pub tsc_khz: u64,
+    /// The loop's threshold in TSC ticks.
+    pub threshold_ticks: u64,
+    /// Samples the guest detected (those beyond its buffer are not in `samples`).
+    pub detected: u64,
+    /// The samples, in order.
+    pub samples: Vec<NoiseRecord>,
+    /// Clock-sync exits, before and after the loop.
+    pub sync: Vec<SyncPoint>,
+}
+
+/// One gap the guest loop saw, with what its counters said meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct NoiseRecord {
+    /// Guest TSC before the gap.
+    pub start_tsc: u64,
+    /// Gap length in TSC ticks.
+    pub len_tsc: u64,
+    /// Steal time (the KVM steal-time record) accrued since the previous sample, ns.
+    pub steal_ns: u64,
+    /// Heavyweight exits (KVM_RUN returns the VMM handled) since the previous sample.
+    pub hw_exits: u32,
+    /// Lightweight exits (KVM stats fd, published by the VMM) since the previous sample.
+    pub lw_exits: u32,
+}
+
+/// The guest's TSC read (by the VMM, at a sync exit) between two host CLOCK_MONOTONIC readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SyncPoint {
+    /// Guest TSC.
+    pub tsc: u64,
+    /// Host CLOCK_MONOTONIC before the read.
+    pub before_ns: u64,
+    /// Host CLOCK_MONOTONIC after it.
+    pub after_ns: u64,
 }
 
 /// One scripted phase as the VMM observed it through the phase markers.

@@ -262,6 +262,7 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
         linger_ns: 0,
         name: Some("doctor-probe".into()),
         sample_hz: 0,
+        noise_threshold_ns: 0,
     };
     let exe = std::env::current_exe()?;
     let result = launcher::run_testvm(&exe, &config);

@@ -8,6 +8,7 @@ mod doctor;
 mod exits;
 mod export;
 pub mod import;
+mod noise;
 mod page;
 pub mod record;
 mod report;
@@ -37,6 +38,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(&args),
         Command::Boot(args) => boot::run(&args),
         Command::Balance(args) => balance::run(&args),
+        Command::Noise(args) => noise::run(&args),
         Command::Vmm { .. } => {
             virtprof_kvm::launcher::install_stop_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

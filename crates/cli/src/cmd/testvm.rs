@@ -76,16 +76,30 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         Some(d) => parse_duration_ns(d).map_err(|e| usage(format!("--linger: {e}")))?,
         None => 0,
     };
+    let noise = script.phases.iter().any(|p| p.workload == Workload::Noise);
+    if noise && args.vcpus > virtprof_kvm::guest::layout::NOISE_VCPUS {
+        return Err(usage(format!(
+            "--vcpus {}: the noise workload supports 1 to {}",
+            args.vcpus,
+            virtprof_kvm::guest::layout::NOISE_VCPUS
+        )));
+    }
+    if noise && matches!(bound, Bound::Iterations(_)) && args.phases.is_none() {
+        return Err(usage("--workload noise runs for a --duration, not --iterations"));
+    }
+    let noise_threshold_ns =
+        parse_duration_ns(&args.noise_threshold).map_err(|e| usage(format!("--noise-threshold: {e}")))?;
     Ok(TestvmConfig {
         script,
         vms: args.vms,
         vcpus: args.vcpus,
         pin,
         io_latency_ns,
-        steal_time: args.steal_time,
+        steal_time: args.steal_time || noise,
         linger_ns,
         name: args.name.clone(),
-        sample_hz: 0,
+        sample_hz: args.inject_hz,
+        noise_threshold_ns,
     })
 }
 

@@ -11,8 +11,17 @@ use kvm_bindings::{kvm_segment, kvm_sregs};
 use super::program::{asm_err, GuestProgram, ProgramBuilder};
 use crate::error::VmmError;
 
-/// Guest RAM size.
-pub const RAM_SIZE: u64 = 4 << 20;
+/// Start of the `noise` workload's sample buffers, one [`NOISE_AREA`] per vCPU.
+pub const NOISE_BASE: u64 = 4 << 20;
+/// Bytes of samples per vCPU.
+pub const NOISE_AREA: u64 = 4 << 20;
+/// vCPUs a `noise` VM may have.
+pub const NOISE_VCPUS: u32 = 8;
+/// Bytes per noise sample: start TSC, length in TSC ticks, steal ns since the previous sample,
+/// heavyweight (low 32 bits) and lightweight (high 32 bits) exits since the previous sample.
+pub const NOISE_RECORD: u64 = 32;
+/// Guest RAM size (the sample buffers are untouched, so unallocated, unless `noise` runs).
+pub const RAM_SIZE: u64 = NOISE_BASE + NOISE_VCPUS as u64 * NOISE_AREA;
 /// Global descriptor table.
 pub const GDT_ADDR: u64 = 0x1000;
 /// 64-bit task state segment: RSP0 for exception entry, then an I/O permission bitmap that
@@ -42,7 +51,7 @@ pub const PER_VCPU_BASE: u64 = 0x10_0000;
 /// Bytes per vCPU area.
 pub const PER_VCPU_SIZE: u64 = 0x2000;
 /// vCPUs that fit in RAM.
-pub const MAX_VCPUS: u32 = ((RAM_SIZE - PER_VCPU_BASE) / PER_VCPU_SIZE) as u32;
+pub const MAX_VCPUS: u32 = ((NOISE_BASE - PER_VCPU_BASE) / PER_VCPU_SIZE) as u32;
 /// Userspace-handled MMIO doorbell (no memslot, no ioeventfd).
 pub const MMIO_USER_ADDR: u64 = 0x2000_0000;
 /// In-kernel MMIO doorbells (ioeventfd), 8 bytes per vCPU.
@@ -67,6 +76,9 @@ pub mod ports {
     pub const FAULT: u16 = 0xf3;
     /// "Disk" request: the VMM sleeps `--io-latency` before returning.
     pub const IO_BLOCK: u16 = 0xf4;
+    /// Clock sync: the VMM reads the guest's TSC between two CLOCK_MONOTONIC readings (the
+    /// guest also leaves its own reading in [`super::shared::SYNC_TSC`], for checking).
+    pub const SYNC: u16 = 0xf5;
 }
 
 /// Offsets inside a vCPU's shared page (first page of its per-vCPU area).
@@ -89,10 +101,21 @@ pub mod shared {
     pub const PIO_KERNEL_PORT: u64 = 0x38;
     /// VMM → guest: this vCPU's in-kernel MMIO doorbell address.
     pub const MMIO_KERNEL_ADDR: u64 = 0x40;
+    /// VMM → guest: the `noise` loop's threshold in TSC ticks.
+    pub const NOISE_THRESHOLD: u64 = 0x48;
+    /// VMM → guest: guest-physical address of this vCPU's noise sample buffer.
+    pub const NOISE_BUFFER: u64 = 0x50;
+    /// VMM → guest: lightweight exits (the KVM stats fd's `exits` minus the VMM's returns),
+    /// published by the VMM's main thread every 100 µs.
+    pub const VMM_LW_EXITS: u64 = 0x58;
     /// Guest → VMM: workload iterations completed (the application counter).
     pub const ITERATIONS: u64 = 0x80;
     /// Guest → VMM: index of the phase running now.
     pub const PHASE: u64 = 0x88;
+    /// Guest → VMM: noise samples detected (records beyond the buffer are counted, not kept).
+    pub const NOISE_SAMPLES: u64 = 0x90;
+    /// Guest → VMM: the guest's TSC at a [`super::ports::SYNC`] exit.
+    pub const SYNC_TSC: u64 = 0x98;
     /// The KVM steal-time record (64-byte aligned), when `--steal-time` is on.
     pub const STEAL_TIME: u64 = 0x800;
     /// Magic value.
@@ -105,6 +128,11 @@ pub const GUEST_RAM_NAME: &str = "virtprof-guest-ram";
 /// Guest-physical address of vCPU `index`'s shared page.
 pub fn shared_page(index: u32) -> u64 {
     PER_VCPU_BASE + u64::from(index) * PER_VCPU_SIZE
+}
+
+/// Guest-physical address of vCPU `index`'s noise sample buffer.
+pub fn noise_buffer(index: u32) -> u64 {
+    NOISE_BASE + u64::from(index) * NOISE_AREA
 }
 
 /// Initial stack pointer of vCPU `index`.
@@ -249,6 +277,7 @@ const _: () = {
     assert!(KERNEL_STACK_TOP <= CODE_ADDR);
     assert!(shared::STEAL_TIME % 64 == 0);
     assert!(MMIO_USER_ADDR >= RAM_SIZE && MMIO_KERNEL_BASE >= RAM_SIZE);
+    assert!(PER_VCPU_BASE + MAX_VCPUS as u64 * PER_VCPU_SIZE <= NOISE_BASE);
 };
 
 #[cfg(test)]

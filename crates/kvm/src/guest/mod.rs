@@ -7,4 +7,4 @@ pub mod program;
 pub mod workload;
 
 pub use program::{GuestProgram, ProgramBuilder, Symbol};
-pub use workload::{Bound, Phase, Script, Workload};
+pub use workload::{Bound, Phase, Script, Workload, SYNC_ROUNDS};

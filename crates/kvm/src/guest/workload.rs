@@ -37,11 +37,15 @@ pub enum Workload {
     Cpuid,
     /// `UD2`: faults on purpose, to exercise fault reporting.
     Fault,
+    /// An OS-noise loop: reads the TSC; a step above the VMM-given threshold is a sample,
+    /// stored with the steal time and the VMM's exit counters accumulated since the previous
+    /// sample. Clock-sync exits before and after let the host map guest TSC to its clock.
+    Noise,
 }
 
 impl Workload {
     /// Every workload, in help order.
-    pub const ALL: [Workload; 8] = [
+    pub const ALL: [Workload; 9] = [
         Workload::Compute,
         Workload::PioUser,
         Workload::PioKernel,
@@ -50,6 +54,7 @@ impl Workload {
         Workload::IoBound,
         Workload::Cpuid,
         Workload::Fault,
+        Workload::Noise,
     ];
 
     /// The command-line name.
@@ -63,6 +68,7 @@ impl Workload {
             Workload::IoBound => "io-bound",
             Workload::Cpuid => "cpuid",
             Workload::Fault => "fault",
+            Workload::Noise => "noise",
         }
     }
 
@@ -224,6 +230,9 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
     a(b.asm.mov(eax, index as u32))?;
     a(b.asm.out(i32::from(ports::PHASE), eax))?;
     a(b.asm.mov(qword_ptr(r15 + shared::PHASE as i32), index as i32))?;
+    if phase.workload == Workload::Noise {
+        return emit_noise(b, &name, phase.bound, tsc_khz);
+    }
     match phase.workload {
         Workload::PioKernel => a(b.asm.movzx(r13d, word_ptr(r15 + shared::PIO_KERNEL_PORT as i32)))?,
         Workload::MmioKernel => a(b.asm.mov(rdi, qword_ptr(r15 + shared::MMIO_KERNEL_ADDR as i32)))?,
@@ -267,6 +276,7 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
             a(b.asm.cpuid())?
         }
         Workload::Fault => a(b.asm.ud2())?,
+        Workload::Noise => unreachable!("noise phases have their own loop"),
     }
     a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;
     a(b.asm.cmp(qword_ptr(r15 + shared::STOP as i32), 0))?;
@@ -285,6 +295,90 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
     a(b.asm.set_label(&mut end))?;
     a(b.asm.nop())?;
     Ok(())
+}
+
+/// Clock-sync exits at each end of a noise phase (the tightest bracket wins).
+pub const SYNC_ROUNDS: u64 = 8;
+
+/// The noise loop. Registers: rbx = threshold ticks, r12 = sample buffer, r13 = samples seen,
+/// r14 = TSC deadline, r11 = previous TSC; r8/r9/r10 = steal, heavyweight and lightweight
+/// counters at the previous sample.
+fn emit_noise(b: &mut ProgramBuilder, name: &str, bound: Bound, tsc_khz: u64) -> Result<(), VmmError> {
+    let a = |r: Result<(), IcedError>| r.map_err(asm_err);
+    let Bound::Duration { ns } = bound else {
+        return Err(VmmError::Assemble("the noise workload runs for a duration, not a count".into()));
+    };
+    let capacity = layout::NOISE_AREA / layout::NOISE_RECORD;
+    emit_sync(b)?;
+    a(b.asm.mov(rbx, qword_ptr(r15 + shared::NOISE_THRESHOLD as i32)))?;
+    a(b.asm.mov(r12, qword_ptr(r15 + shared::NOISE_BUFFER as i32)))?;
+    a(b.asm.xor(r13, r13))?;
+    a(b.asm.mov(r8, qword_ptr(r15 + shared::STEAL_TIME as i32)))?;
+    a(b.asm.mov(r9, qword_ptr(r15 + shared::VMM_USERSPACE_EXITS as i32)))?;
+    a(b.asm.mov(r10, qword_ptr(r15 + shared::VMM_LW_EXITS as i32)))?;
+    let ticks = u128::from(ns) * u128::from(tsc_khz) / 1_000_000;
+    emit_rdtsc64(b)?;
+    a(b.asm.mov(r11, rax))?;
+    a(b.asm.mov(r14, u64::try_from(ticks).unwrap_or(u64::MAX / 2)))?;
+    a(b.asm.add(r14, rax))?;
+    let (mut quiet, mut full, mut end) = (b.asm.create_label(), b.asm.create_label(), b.asm.create_label());
+    let top = b.function(format!("{name}_loop"))?;
+    emit_rdtsc64(b)?;
+    a(b.asm.mov(rcx, rax))?;
+    a(b.asm.sub(rcx, r11))?;
+    a(b.asm.cmp(rcx, rbx))?;
+    a(b.asm.jbe(quiet))?;
+    // A sample: [r12 + 32 * r13] = start, length, steal delta, exit deltas.
+    a(b.asm.cmp(r13, capacity as i32))?;
+    a(b.asm.jae(full))?;
+    a(b.asm.mov(rdx, r13))?;
+    a(b.asm.shl(rdx, 5))?;
+    a(b.asm.add(rdx, r12))?;
+    a(b.asm.mov(qword_ptr(rdx), r11))?;
+    a(b.asm.mov(qword_ptr(rdx + 8), rcx))?;
+    a(b.asm.mov(rsi, qword_ptr(r15 + shared::STEAL_TIME as i32)))?;
+    a(b.asm.mov(rdi, rsi))?;
+    a(b.asm.sub(rdi, r8))?;
+    a(b.asm.mov(r8, rsi))?;
+    a(b.asm.mov(qword_ptr(rdx + 16), rdi))?;
+    a(b.asm.mov(rsi, qword_ptr(r15 + shared::VMM_USERSPACE_EXITS as i32)))?;
+    a(b.asm.mov(edi, esi))?;
+    a(b.asm.sub(edi, r9d))?;
+    a(b.asm.mov(r9, rsi))?;
+    a(b.asm.mov(rsi, qword_ptr(r15 + shared::VMM_LW_EXITS as i32)))?;
+    a(b.asm.mov(ecx, esi))?;
+    a(b.asm.sub(ecx, r10d))?;
+    a(b.asm.mov(r10, rsi))?;
+    a(b.asm.shl(rcx, 32))?;
+    a(b.asm.or(rdi, rcx))?;
+    a(b.asm.mov(qword_ptr(rdx + 24), rdi))?;
+    a(b.asm.set_label(&mut full))?;
+    a(b.asm.inc(r13))?;
+    a(b.asm.mov(qword_ptr(r15 + shared::NOISE_SAMPLES as i32), r13))?;
+    // Restart the clock after storing, so the store is not the next sample.
+    emit_rdtsc64(b)?;
+    a(b.asm.set_label(&mut quiet))?;
+    a(b.asm.mov(r11, rax))?;
+    a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;
+    a(b.asm.cmp(qword_ptr(r15 + shared::STOP as i32), 0))?;
+    a(b.asm.jne(end))?;
+    a(b.asm.cmp(rax, r14))?;
+    a(b.asm.jb(top))?;
+    a(b.asm.set_label(&mut end))?;
+    emit_sync(b)
+}
+
+/// [`SYNC_ROUNDS`] clock-sync exits: TSC into the shared page, then `OUT` to the sync port.
+fn emit_sync(b: &mut ProgramBuilder) -> Result<(), VmmError> {
+    let a = |r: Result<(), IcedError>| r.map_err(asm_err);
+    a(b.asm.mov(rsi, SYNC_ROUNDS))?;
+    let mut again = b.asm.create_label();
+    a(b.asm.set_label(&mut again))?;
+    emit_rdtsc64(b)?;
+    a(b.asm.mov(qword_ptr(r15 + shared::SYNC_TSC as i32), rax))?;
+    a(b.asm.out(i32::from(ports::SYNC), al))?;
+    a(b.asm.dec(rsi))?;
+    a(b.asm.jnz(again))
 }
 
 /// rax = full 64-bit TSC (clobbers rdx).

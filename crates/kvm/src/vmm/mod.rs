@@ -55,9 +55,13 @@ pub struct VmConfig {
     pub steal_time: bool,
     /// Keep the VM (and its fds) alive this long after the guest finished, for inspection.
     pub linger_ns: u64,
-    /// Sample every vCPU's program counter at this rate (0: no sampling).
+    /// Sample every vCPU's program counter at this rate (0: no sampling). Every sample is a
+    /// heavyweight exit, which is how `noise --inject-hz` injects them.
     #[serde(default)]
     pub sample_hz: u32,
+    /// The `noise` workload's threshold.
+    #[serde(default)]
+    pub noise_threshold_ns: u64,
 }
 
 /// An anonymous shared-memory file of `size` bytes named [`layout::GUEST_RAM_NAME`].
@@ -93,6 +97,14 @@ impl Vm {
                 "{} vCPUs requested; 1 to {} supported",
                 config.vcpus,
                 layout::MAX_VCPUS
+            )));
+        }
+        let noise = config.script.phases.iter().any(|p| p.workload == crate::guest::Workload::Noise);
+        if noise && config.vcpus > layout::NOISE_VCPUS {
+            return Err(VmmError::Memory(format!(
+                "{} vCPUs requested; the noise workload has sample buffers for {}",
+                config.vcpus,
+                layout::NOISE_VCPUS
             )));
         }
         let kvm = Kvm::new().map_err(VmmError::OpenKvm)?;
@@ -146,6 +158,8 @@ impl Vm {
             page.store(shared::VCPU_INDEX, u64::from(index));
             page.store(shared::PIO_KERNEL_PORT, u64::from(pio_doorbell(index)));
             page.store(shared::MMIO_KERNEL_ADDR, mmio_doorbell(index));
+            page.store(shared::NOISE_THRESHOLD, config.noise_threshold_ns * tsc_khz / 1_000_000);
+            page.store(shared::NOISE_BUFFER, layout::noise_buffer(index));
             doorbells.push(register_doorbells(&vm, index)?);
             init_vcpu_registers(vcpu, &program, index)?;
             if config.steal_time {
@@ -189,6 +203,10 @@ impl Vm {
         }
         let slots: Vec<pc_sampler::KickSlot> = (0..config.vcpus).map(|_| Default::default()).collect();
         let mut kicker = pc_sampler::Kicker::new(config.sample_hz);
+        let noise = config.script.phases.iter().any(|p| p.workload == crate::guest::Workload::Noise);
+        if noise {
+            keep_off_vcpu_cpus(&config.pin);
+        }
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
             for (((index, vcpu), page), stats) in (0u32..).zip(vcpus).zip(pages.iter().cloned()).zip(&vcpu_stats) {
@@ -215,8 +233,13 @@ impl Vm {
                 if STOP_REQUESTED.load(Ordering::Relaxed) {
                     pages.iter().for_each(|p| p.store(shared::STOP, 1));
                 }
+                if noise {
+                    publish_lightweight_exits(&pages, &vcpu_stats);
+                }
                 if sampling {
                     kicker.tick(&slots);
+                } else if noise {
+                    std::thread::sleep(Duration::from_micros(100));
                 } else {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -247,6 +270,25 @@ impl Vm {
             system_map: if sampling { program.system_map() } else { String::new() },
             sampling_start_ns: sampling.then(|| kicker.start_ns()),
         })
+    }
+}
+
+/// Run the VMM's main thread off the CPUs its vCPUs are pinned to, so that its polling is not
+/// noise in the guest it measures (when there is another CPU to go to).
+fn keep_off_vcpu_cpus(pin: &[Option<u32>]) {
+    let others: Vec<u32> = allowed_cpus().into_iter().filter(|c| !pin.contains(&Some(*c))).collect();
+    if !others.is_empty() {
+        let _ = crate::affinity::set(0, &others);
+    }
+}
+
+/// Tell each guest how many lightweight exits its vCPU has taken: KVM's `exits` counter minus
+/// the returns to this VMM (the heavyweight ones, which the vCPU thread publishes itself).
+fn publish_lightweight_exits(pages: &[SharedPage], stats: &[StatsFd]) {
+    for (page, fd) in pages.iter().zip(stats) {
+        if let Some(exits) = fd.read().ok().and_then(|s| s.get("exits")) {
+            page.store(shared::VMM_LW_EXITS, exits.saturating_sub(page.load(shared::VMM_USERSPACE_EXITS)));
+        }
     }
 }
 

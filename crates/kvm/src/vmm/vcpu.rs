@@ -7,7 +7,7 @@ use std::time::Duration;
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use virtprof_model::testvm::{PhaseReport, VcpuReport};
+use virtprof_model::testvm::{GuestNoise, NoiseRecord, PhaseReport, SyncPoint, VcpuReport};
 
 use super::exits::exit_reason_name;
 use super::host::{monotonic_ns, read_schedstat};
@@ -46,6 +46,8 @@ pub(crate) enum Action {
     Block,
     /// An exception reached a fault stub (vector).
     Fault(u32),
+    /// A clock-sync exit of the noise workload.
+    Sync,
     /// Something the test bed never asks for.
     Unexpected(String),
 }
@@ -59,6 +61,7 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
         VcpuExit::IoOut(ports::PHASE, data) => Action::Phase(first_u32(data)),
         VcpuExit::IoOut(ports::DONE, _) => Action::Done,
         VcpuExit::IoOut(ports::IO_BLOCK, _) => Action::Block,
+        VcpuExit::IoOut(ports::SYNC, _) => Action::Sync,
         VcpuExit::IoOut(ports::FAULT, data) => Action::Fault(first_u32(data)),
         VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, _) => Action::Resume,
         VcpuExit::IoOut(port, _) => Action::Unexpected(format!("OUT to unexpected port {port:#x}")),
@@ -101,6 +104,7 @@ pub(crate) fn run_vcpu(
 
     let mut sampler = ctx.kick.map(|slot| PcSampler::new(&mut vcpu, slot, ctx.index));
     let mut last_reason = 0;
+    let mut sync = Vec::new();
 
     while clock.done.is_none() {
         if let Some(s) = &sampler {
@@ -131,6 +135,11 @@ pub(crate) fn run_vcpu(
         match action {
             Action::Resume => {}
             Action::Block => std::thread::sleep(ctx.io_latency),
+            Action::Sync => {
+                let before_ns = monotonic_ns();
+                let tsc = guest_tsc(&vcpu)?;
+                sync.push(SyncPoint { tsc, before_ns, after_ns: monotonic_ns() });
+            }
             Action::Phase(_) => clock.starts.push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
             Action::Done => clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
             Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
@@ -191,8 +200,48 @@ pub(crate) fn run_vcpu(
         phases,
         kvm_stats,
         samples: sampler.map(PcSampler::into_samples).unwrap_or_default(),
+        noise: (!sync.is_empty()).then(|| guest_noise(&ctx, sync)),
     };
     Ok((report, vcpu))
+}
+
+/// The guest's TSC now (`IA32_TSC` through `KVM_GET_MSRS`: the vCPU is stopped, so the read
+/// takes one ioctl, and bracketing it with the host clock gives a tight sync point).
+fn guest_tsc(vcpu: &VcpuFd) -> Result<u64, VmmError> {
+    const MSR_IA32_TSC: u32 = 0x10;
+    let mut msrs =
+        kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry { index: MSR_IA32_TSC, ..Default::default() }])
+            .map_err(|e| VmmError::Memory(format!("MSR list: {e:?}")))?;
+    vcpu.get_msrs(&mut msrs).map_err(kvm_err("KVM_GET_MSRS (IA32_TSC)"))?;
+    Ok(msrs.as_slice()[0].data)
+}
+
+/// The noise workload's samples, read out of guest memory.
+fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>) -> GuestNoise {
+    let detected = ctx.page.load(shared::NOISE_SAMPLES);
+    let kept = detected.min(layout::NOISE_AREA / layout::NOISE_RECORD);
+    let base = layout::noise_buffer(ctx.index);
+    let samples = (0..kept)
+        .map(|i| {
+            let word =
+                |k: u64| ctx.memory.read_obj::<u64>(GuestAddress(base + i * layout::NOISE_RECORD + 8 * k)).unwrap_or(0);
+            let exits = word(3);
+            NoiseRecord {
+                start_tsc: word(0),
+                len_tsc: word(1),
+                steal_ns: word(2),
+                hw_exits: (exits & 0xffff_ffff) as u32,
+                lw_exits: (exits >> 32) as u32,
+            }
+        })
+        .collect();
+    GuestNoise {
+        tsc_khz: ctx.page.load(shared::TSC_KHZ),
+        threshold_ticks: ctx.page.load(shared::NOISE_THRESHOLD),
+        detected,
+        samples,
+        sync,
+    }
 }
 
 const VECTOR_NAMES: [&str; 22] = [

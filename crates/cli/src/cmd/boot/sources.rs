@@ -72,6 +72,7 @@ pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
         linger_ns: 0,
         name: Some("boot".into()),
         sample_hz: args.rate,
+        noise_threshold_ns: 0,
     };
     launcher::install_stop_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start the VMM")?;

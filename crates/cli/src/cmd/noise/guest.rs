@@ -1,0 +1,208 @@
+//! `virtprof noise --testvm`: the guest-side loop runs in a micro-VM (the `noise` workload)
+//! while the host is traced; the guest's TSC is mapped onto the host clock through the sync
+//! exits around the loop, and every guest sample is explained by what the host did meanwhile.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use serde::Serialize;
+use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostCause, HostView};
+use virtprof_kvm::guest::{Bound, Script, Workload, SYNC_ROUNDS};
+use virtprof_kvm::launcher::{self, TestvmConfig};
+use virtprof_model::testvm::{GuestNoise, SyncPoint, VcpuReport};
+use virtprof_model::units::saturating_u64;
+
+use super::trace::{NoiseTrace, EVENTS};
+use super::Settings;
+use crate::args::NoiseArgs;
+use crate::exit::usage;
+
+/// The host events that explain guest noise: the noise set plus KVM's exits.
+const HOST_EVENTS: [&str; 3] = ["kvm:kvm_userspace_exit", "kvm:kvm_exit", "kvm:kvm_entry"];
+
+/// Guest TSC → host CLOCK_MONOTONIC, with its error bound.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ClockMap {
+    /// Host ns at guest TSC 0 (the offset), as a float to keep sub-ns precision of the slope.
+    pub offset_ns: f64,
+    /// Host ns per guest TSC tick.
+    pub ns_per_tick: f64,
+    /// Every mapped time is within this of the truth (half the widest of the two brackets used).
+    pub bound_ns: u64,
+}
+
+impl ClockMap {
+    /// The line through the tightest sync point before the loop and the tightest after it.
+    fn from_sync(sync: &[SyncPoint]) -> anyhow::Result<ClockMap> {
+        let rounds = usize::try_from(SYNC_ROUNDS).unwrap_or(8);
+        if sync.len() < 2 * rounds {
+            anyhow::bail!("the guest made {} clock-sync exits; {} expected", sync.len(), 2 * rounds);
+        }
+        let tightest =
+            |points: &[SyncPoint]| *points.iter().min_by_key(|p| p.after_ns - p.before_ns).expect("not empty");
+        let (a, b) = (tightest(&sync[..rounds]), tightest(&sync[sync.len() - rounds..]));
+        let mid = |p: SyncPoint| (p.before_ns as f64 + p.after_ns as f64) / 2.0;
+        let ns_per_tick = (mid(b) - mid(a)) / (b.tsc - a.tsc).max(1) as f64;
+        let bound_ns = (a.after_ns - a.before_ns).max(b.after_ns - b.before_ns).div_ceil(2);
+        Ok(ClockMap { offset_ns: mid(a) - a.tsc as f64 * ns_per_tick, ns_per_tick, bound_ns })
+    }
+
+    fn ns(&self, tsc: u64) -> u64 {
+        saturating_u64(self.offset_ns + tsc as f64 * self.ns_per_tick)
+    }
+
+    fn len(&self, ticks: u64) -> u64 {
+        saturating_u64(ticks as f64 * self.ns_per_tick)
+    }
+}
+
+/// Samples and time per host cause.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CauseTotal {
+    pub samples: u64,
+    pub ns: u64,
+}
+
+/// What `noise --testvm` reports.
+#[derive(Debug, Serialize)]
+pub struct GuestReport {
+    pub kind: &'static str,
+    pub cpu: u32,
+    pub vcpu_tid: u32,
+    pub duration_ns: u64,
+    pub threshold_ns: u64,
+    pub inject_hz: u32,
+    /// Heavyweight exits the VMM's kicks caused (`INTR` returns).
+    pub injected: u64,
+    pub clock: ClockMap,
+    /// The seed's guest-side columns.
+    pub guest: GuestColumns,
+    /// Samples the guest detected but had no room to keep.
+    pub dropped_samples: u64,
+    /// The vCPU thread's schedstat wait over the run (compare with `guest.steal_ns`).
+    pub schedstat_wait_ns: u64,
+    /// Time the host trace shows the vCPU thread off its CPU during samples.
+    pub host_steal_ns: u64,
+    /// By the cause of each sample's non-steal part (`steal` when preemption is all of it).
+    pub by_cause: BTreeMap<HostCause, CauseTotal>,
+    /// Who preempted the vCPU, ns.
+    pub preemptors: BTreeMap<String, u64>,
+    /// Exits that explain samples, by reason.
+    pub exit_reasons: BTreeMap<String, u64>,
+    /// Share of guest noise time the host explains, %.
+    pub explained_pct: f64,
+    pub lost_events: u64,
+    pub missing_events: Vec<String>,
+}
+
+pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
+    if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
+        return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
+    }
+    virtprof_kvm::launcher::install_stop_handler();
+    let allowed = virtprof_kvm::vmm::allowed_cpus();
+    let cpu = args.pin.or_else(|| allowed.last().copied()).unwrap_or(0);
+    if !allowed.contains(&cpu) {
+        return Err(usage(format!("--pin {cpu}: CPU not available here (allowed: {allowed:?})")));
+    }
+    // Drain the trace from another CPU, or this thread is noise in the guest it measures.
+    let others: Vec<u32> = allowed.iter().copied().filter(|&c| c != cpu).collect();
+    if !others.is_empty() {
+        let _ = virtprof_kvm::affinity::set(0, &others);
+    }
+    let events: Vec<&str> = EVENTS.iter().chain(HOST_EVENTS.iter()).copied().collect();
+    let mut trace = NoiseTrace::start(&allowed, "mono", &events)?;
+    let config = TestvmConfig {
+        script: Script::single(Workload::Noise, Bound::Duration { ns: s.duration_ns }),
+        vms: 1,
+        vcpus: 1,
+        pin: vec![cpu],
+        io_latency_ns: 0,
+        steal_time: true,
+        linger_ns: 0,
+        name: Some("noise".into()),
+        sample_hz: args.inject_hz,
+        noise_threshold_ns: s.threshold_ns,
+    };
+    let exe = std::env::current_exe()?;
+    let vm = std::thread::spawn(move || launcher::run_testvm(&exe, &config));
+    while !vm.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        trace.drain()?;
+    }
+    let report = vm.join().map_err(|_| anyhow::anyhow!("the test VM thread panicked"))??;
+    let missing_events = trace.missing.clone();
+    let (mut host_events, lost_events, decoder) = trace.finish()?;
+    host_events.sort_by_key(|e| e.ts);
+    let vcpu: &VcpuReport = report
+        .vms
+        .first()
+        .and_then(|v| v.vcpus.first())
+        .ok_or_else(|| anyhow::anyhow!("the test VM reported no vCPU"))?;
+    let noise: &GuestNoise =
+        vcpu.noise.as_ref().ok_or_else(|| anyhow::anyhow!("the test VM recorded no noise samples"))?;
+    let clock = ClockMap::from_sync(&noise.sync)?;
+
+    let guest_samples: Vec<GuestSample> = noise
+        .samples
+        .iter()
+        .map(|r| GuestSample {
+            len_ns: clock.len(r.len_tsc),
+            steal_ns: r.steal_ns,
+            hw_exits: u64::from(r.hw_exits),
+            lw_exits: u64::from(r.lw_exits),
+        })
+        .collect();
+    let host = HostView::new(&host_events, vcpu.tid, cpu);
+    let mut by_cause: BTreeMap<HostCause, CauseTotal> = BTreeMap::new();
+    let mut preemptors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut exit_reasons: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut host_steal_ns, mut explained, mut total) = (0, 0, 0);
+    for r in &noise.samples {
+        let (start, len) = (clock.ns(r.start_tsc), clock.len(r.len_tsc));
+        let a = host.attribute(start, len, clock.bound_ns);
+        host_steal_ns += a.steal_ns;
+        if let Some(who) = a.preemptor {
+            *preemptors.entry(decoder.strings.resolve(who).to_string()).or_default() += a.steal_ns;
+        }
+        if let Some((heavy, reason, isa)) = a.reason {
+            let name = if heavy {
+                decoder.symbol("kvm", "kvm_userspace_exit", "reason", u64::from(reason)).map(str::to_string)
+            } else {
+                decoder.exit_reason_name(reason, isa).map(str::to_string)
+            };
+            *exit_reasons.entry(name.unwrap_or_else(|| reason.to_string())).or_default() += 1;
+        }
+        let entry = by_cause.entry(a.cause).or_default();
+        entry.samples += 1;
+        entry.ns += len - a.steal_ns;
+        total += len;
+        explained += if a.cause == HostCause::Unexplained { a.steal_ns } else { len };
+    }
+    let out = GuestReport {
+        kind: "noise-testvm",
+        cpu,
+        vcpu_tid: vcpu.tid,
+        duration_ns: s.duration_ns,
+        threshold_ns: s.threshold_ns,
+        inject_hz: args.inject_hz,
+        injected: vcpu.exits("INTR"),
+        clock,
+        guest: guest_columns(&guest_samples),
+        dropped_samples: noise.detected - noise.samples.len() as u64,
+        schedstat_wait_ns: vcpu.wait_ns,
+        host_steal_ns,
+        by_cause,
+        preemptors,
+        exit_reasons,
+        explained_pct: if total == 0 { 100.0 } else { 100.0 * explained as f64 / total as f64 },
+        lost_events,
+        missing_events,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!("{}", super::output::guest_table(&out));
+    }
+    Ok(ExitCode::SUCCESS)
+}

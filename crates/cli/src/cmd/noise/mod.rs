@@ -1,0 +1,368 @@
+//! `virtprof noise`: OS noise per CPU with its causes (rtla osnoise top's columns plus STEAL and
+//! HYP), or, with `--testvm`, a guest's noise explained by host events.
+
+mod guest;
+mod measure;
+mod output;
+mod trace;
+
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use virtprof_analysis::noise::{attribute, split_steal, summarize, CpuContexts, PeriodSummary, Sample};
+use virtprof_interval::procstat::ProcStat;
+use virtprof_model::event::Event;
+use virtprof_model::units::{parse_cpu_list, parse_duration_ns, saturating_u64};
+
+use crate::args::{NoiseArgs, NoiseClock};
+use crate::exit::usage;
+use measure::{Clock, LoopConfig, LoopResult, TscMap};
+
+/// Settings common to both modes, validated.
+pub struct Settings {
+    pub cpus: Vec<u32>,
+    pub duration_ns: u64,
+    pub threshold_ns: u64,
+    pub period_ns: u64,
+    pub runtime_ns: u64,
+    pub clock: Clock,
+    pub stop_single_ns: Option<u64>,
+    pub stop_total_ns: Option<u64>,
+    pub bucket_ns: u64,
+}
+
+pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
+    let settings = settings(args)?;
+    if args.testvm {
+        return guest::run(args, &settings);
+    }
+    virtprof_kvm::launcher::install_stop_handler();
+    let report = measure_host(args, &settings)?;
+    output::print(&report, args)
+}
+
+fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
+    let time = |flag: &str, text: &str| -> anyhow::Result<u64> {
+        let ns = parse_duration_ns(text).map_err(|e| usage(format!("{flag} {text}: {e}")))?;
+        if ns == 0 {
+            return Err(usage(format!("{flag} must be more than 0")));
+        }
+        Ok(ns)
+    };
+    let online = virtprof_trace::capture::online_cpus();
+    let cpus = match &args.cpus {
+        Some(text) => parse_cpu_list(text).map_err(|e| usage(format!("--cpus {text}: {e}")))?,
+        None => online.clone(),
+    };
+    if let Some(cpu) = cpus.iter().find(|c| !online.contains(c)) {
+        return Err(usage(format!("--cpus: CPU {cpu} is not online (online: {online:?})")));
+    }
+    let period_ns = time("--period", &args.period)?;
+    let runtime_ns = args.runtime.as_deref().map(|r| time("--runtime", r)).transpose()?.unwrap_or(period_ns);
+    if runtime_ns > period_ns {
+        return Err(usage(format!(
+            "--runtime {} is longer than --period {}",
+            args.runtime.as_deref().unwrap_or(""),
+            args.period
+        )));
+    }
+    let tsc_usable = cfg!(target_arch = "x86_64")
+        && std::fs::read_to_string("/proc/cpuinfo")
+            .is_ok_and(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"));
+    let clock = match args.clock {
+        Some(NoiseClock::Tsc) if !tsc_usable => {
+            return Err(usage("--clock tsc: this CPU's TSC is not constant and non-stop; use --clock mono-raw"))
+        }
+        Some(NoiseClock::Tsc) => Clock::Tsc,
+        Some(NoiseClock::MonoRaw) => Clock::MonoRaw,
+        None if tsc_usable => Clock::Tsc,
+        None => Clock::MonoRaw,
+    };
+    if args.entries == 0 {
+        return Err(usage("--entries must be at least 1"));
+    }
+    Ok(Settings {
+        cpus,
+        duration_ns: time("--duration", &args.duration)?,
+        threshold_ns: time("--threshold", &args.threshold)?,
+        period_ns,
+        runtime_ns,
+        clock,
+        stop_single_ns: args.stop_single.as_deref().map(|t| time("--stop-single", t)).transpose()?,
+        stop_total_ns: args.stop_total.as_deref().map(|t| time("--stop-total", t)).transpose()?,
+        bucket_ns: time("--bucket-size", &args.bucket_size)?,
+    })
+}
+
+/// Does this kernel run on a hypervisor? (The CPU flag every hypervisor sets.)
+pub fn in_vm() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" hypervisor"))
+}
+
+/// One CPU's results.
+#[derive(Debug, Serialize)]
+pub struct CpuReport {
+    pub cpu: u32,
+    /// The measurement thread.
+    pub tid: u32,
+    /// Mean time of one loop iteration.
+    pub loop_ns: f64,
+    /// Smallest step between two reads seen (the clock's read cost).
+    pub min_step_ns: u64,
+    /// Samples that did not fit the buffer.
+    pub dropped_samples: u64,
+    pub periods: Vec<PeriodSummary>,
+    /// The whole run.
+    pub total: PeriodSummary,
+    /// Sample lengths in `bucket_ns` buckets.
+    pub hist: Vec<u64>,
+    /// Samples longer than the last bucket.
+    pub hist_over: u64,
+}
+
+/// Why the run stopped early.
+#[derive(Debug, Serialize)]
+pub struct StopReport {
+    pub cpu: u32,
+    pub start_ns: u64,
+    pub len_ns: u64,
+    /// The sample's attribution, ns per class.
+    pub noise_ns_by_class: virtprof_analysis::noise::ByClass,
+    pub snapshot: String,
+}
+
+/// Everything `virtprof noise` measured.
+#[derive(Debug, Serialize)]
+pub struct NoiseReport {
+    pub kind: &'static str,
+    pub in_vm: bool,
+    pub clock: &'static str,
+    pub tsc_hz: Option<f64>,
+    pub threshold_ns: u64,
+    pub period_ns: u64,
+    pub runtime_ns: u64,
+    pub bucket_ns: u64,
+    /// Was a trace recorded (else nothing is attributed)?
+    pub traced: bool,
+    /// Events the kernel lacks (their causes fall into hw / virtualization).
+    pub missing_events: Vec<String>,
+    pub lost_events: u64,
+    pub cpus: Vec<CpuReport>,
+    pub stopped: Option<StopReport>,
+}
+
+fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
+    let in_vm = in_vm();
+    let trace_clock = match s.clock {
+        // The trace runs on CLOCK_MONOTONIC_RAW either way; TSC samples are mapped onto it.
+        Clock::Tsc | Clock::MonoRaw => "mono_raw",
+    };
+    let mut tracer = match trace::NoiseTrace::start(&s.cpus, trace_clock, &trace::EVENTS) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("virtprof noise: no trace ({e:#}); samples are counted but not attributed");
+            None
+        }
+    };
+    let mut procstat = ProcStat::open().ok();
+    let mut steal_at = Vec::new();
+    let read_steal = |procstat: &mut Option<ProcStat>| {
+        let mut steal = vec![0u64; s.cpus.len()];
+        if let Some(p) = procstat {
+            let _ = p.read(|cpu, f| {
+                if let Some(i) = s.cpus.iter().position(|&c| c == cpu) {
+                    steal[i] = saturating_u64(f[7]);
+                }
+            });
+        }
+        steal
+    };
+    let periods = s.duration_ns.div_ceil(s.period_ns);
+    let first_pair = TscMap::pair();
+    let ticks_per_ns = match s.clock {
+        Clock::Tsc => calibrate_tsc(),
+        Clock::MonoRaw => 1.0,
+    };
+    let t0 = measure::mono_raw_ns() + 20_000_000;
+    let config = |cpu| LoopConfig {
+        cpu,
+        clock: s.clock,
+        threshold_ns: s.threshold_ns,
+        t0_ns: t0,
+        period_ns: s.period_ns,
+        runtime_ns: s.runtime_ns,
+        periods,
+        fifo: args.fifo.unwrap_or(0),
+        stop_single_ns: s.stop_single_ns,
+        stop_total_ns: s.stop_total_ns,
+        capacity: 1 << 20,
+    };
+    steal_at.push(read_steal(&mut procstat));
+    let results: Vec<anyhow::Result<LoopResult>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = s
+            .cpus
+            .iter()
+            .map(|&cpu| {
+                let c = config(cpu);
+                std::thread::Builder::new()
+                    .name(format!("noise/{cpu}"))
+                    .spawn_scoped(scope, move || measure::run(c, ticks_per_ns))
+            })
+            .collect();
+        // Every period: steal counters and the trace buffers.
+        for k in 1..=periods {
+            let end = t0 + (k - 1) * s.period_ns + s.runtime_ns;
+            while measure::mono_raw_ns() < end + 1_000_000 && !measure::STOP.load(Ordering::Relaxed) {
+                if virtprof_kvm::vmm::STOP_REQUESTED.load(Ordering::Relaxed) {
+                    measure::STOP.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            steal_at.push(read_steal(&mut procstat));
+            if let Some(t) = tracer.as_mut() {
+                if let Err(e) = t.drain() {
+                    eprintln!("virtprof noise: reading the trace: {e:#}");
+                }
+            }
+            if measure::STOP.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        measure::STOP.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a measurement thread panicked"))),
+                Err(e) => Err(anyhow::anyhow!("starting a measurement thread: {e}")),
+            })
+            .collect()
+    });
+    let map = (s.clock == Clock::Tsc).then(|| TscMap::between(first_pair, TscMap::pair()));
+    let mut loops = Vec::with_capacity(results.len());
+    for r in results {
+        let mut r = r?;
+        measure::convert(&mut r, map.as_ref());
+        loops.push(r);
+    }
+    let (events, lost_events, missing_events, traced) = match tracer {
+        Some(t) => {
+            let missing = t.missing.clone();
+            let (events, lost, _) = t.finish()?;
+            (events, lost, missing, true)
+        }
+        None => (Vec::new(), 0, Vec::new(), false),
+    };
+    let stop = stop_sample(map.as_ref());
+    let mut cpus = Vec::new();
+    let mut stopped = None;
+    for (i, l) in loops.iter().enumerate() {
+        let cpu_events: &[Event] = slice_of_cpu(&events, l.cpu);
+        let mut contexts = CpuContexts::default();
+        cpu_events.iter().for_each(|e| contexts.push(e));
+        contexts.finish(cpu_events.last().map_or(0, |e| e.ts).max(l.periods.last().map_or(0, |p| p.1)));
+        let mut summaries = Vec::new();
+        let mut all: Vec<Sample> = Vec::new();
+        for (k, &(start, end, _)) in l.periods.iter().enumerate() {
+            let mut samples: Vec<Sample> = l
+                .samples
+                .iter()
+                .filter(|(t, _)| *t >= start && *t <= end)
+                .map(|&(t, len)| attribute(&contexts, t, len, l.tid, in_vm))
+                .collect();
+            if in_vm {
+                let steal = match (steal_at.get(k), steal_at.get(k + 1)) {
+                    (Some(a), Some(b)) => b[i].saturating_sub(a[i]),
+                    _ => 0,
+                };
+                split_steal(&mut samples, steal);
+            }
+            summaries.push(summarize(end - start, &samples));
+            all.extend(samples);
+        }
+        if let Some((cpu, start, len)) = stop.filter(|&(cpu, ..)| cpu == l.cpu) {
+            let sample = all
+                .iter()
+                .find(|x| x.start_ns == start)
+                .cloned()
+                .unwrap_or_else(|| attribute(&contexts, start, len, l.tid, in_vm));
+            let snapshot = output::write_snapshot(&args.snapshot, &events, start, len)?;
+            stopped = Some(StopReport { cpu, start_ns: start, len_ns: len, noise_ns_by_class: sample.ns, snapshot });
+        }
+        let runtime: u64 = l.periods.iter().map(|p| p.1 - p.0).sum();
+        let iterations: u64 = l.periods.iter().map(|p| p.2).sum();
+        let (hist, hist_over) = histogram(&all, s.bucket_ns, args.entries);
+        cpus.push(CpuReport {
+            cpu: l.cpu,
+            tid: l.tid,
+            loop_ns: if iterations == 0 { 0.0 } else { runtime as f64 / iterations as f64 },
+            min_step_ns: if l.min_step_ns == u64::MAX { 0 } else { l.min_step_ns },
+            dropped_samples: l.dropped,
+            total: summarize(runtime, &all),
+            periods: summaries,
+            hist,
+            hist_over,
+        });
+    }
+    Ok(NoiseReport {
+        kind: "noise",
+        in_vm,
+        clock: match s.clock {
+            Clock::Tsc => "tsc",
+            Clock::MonoRaw => "mono-raw",
+        },
+        tsc_hz: map.map(|m| m.hz()),
+        threshold_ns: s.threshold_ns,
+        period_ns: s.period_ns,
+        runtime_ns: s.runtime_ns,
+        bucket_ns: s.bucket_ns,
+        traced,
+        missing_events,
+        lost_events,
+        cpus,
+        stopped,
+    })
+}
+
+/// The events of one CPU (they are sorted by CPU, then time).
+fn slice_of_cpu(events: &[Event], cpu: u32) -> &[Event] {
+    let a = events.partition_point(|e| e.cpu < cpu);
+    let b = events.partition_point(|e| e.cpu <= cpu);
+    &events[a..b]
+}
+
+/// TSC ticks per ns over a short busy wait (only for the loop's threshold; samples are mapped
+/// with the run-long pairs).
+fn calibrate_tsc() -> f64 {
+    let a = TscMap::pair();
+    let until = a.1 + 20_000_000;
+    while measure::mono_raw_ns() < until {}
+    TscMap::between(a, TscMap::pair()).hz() / 1e9
+}
+
+/// The sample that stopped the run, in ns.
+fn stop_sample(map: Option<&TscMap>) -> Option<(u32, u64, u64)> {
+    let len = measure::STOPPED_BY[2].load(Ordering::Relaxed);
+    if len == 0 {
+        return None;
+    }
+    let cpu = u32::try_from(measure::STOPPED_BY[0].load(Ordering::Relaxed)).unwrap_or(0);
+    let start = measure::STOPPED_BY[1].load(Ordering::Relaxed);
+    Some(match map {
+        Some(m) => (cpu, m.ns(start), m.len_ns(len)),
+        None => (cpu, start, len),
+    })
+}
+
+/// Sample lengths in buckets of `bucket_ns`, and how many were longer.
+fn histogram(samples: &[Sample], bucket_ns: u64, entries: usize) -> (Vec<u64>, u64) {
+    let mut hist = vec![0u64; entries];
+    let mut over = 0;
+    for s in samples {
+        match hist.get_mut(usize::try_from(s.len_ns / bucket_ns).unwrap_or(usize::MAX)) {
+            Some(slot) => *slot += 1,
+            None => over += 1,
+        }
+    }
+    (hist, over)
+}

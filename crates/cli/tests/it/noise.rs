@@ -1,0 +1,162 @@
+//! `virtprof noise`: host-side measurement with attribution, and the guest-side loop in a
+//! micro-VM explained by the host's trace, against the kernel's own schedstat and the VMM's
+//! own counts.
+
+use std::process::{Command, Stdio};
+
+use super::util::{have_kvm, have_tracefs, temp, virtprof, vm_lock};
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = virtprof().args(args).output().unwrap();
+    assert!(out.status.success(), "virtprof {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The highest CPU this process may use (the vCPU goes there; the rest of the test elsewhere).
+fn last_cpu() -> u32 {
+    virtprof_kvm::vmm::allowed_cpus().last().copied().unwrap_or(0)
+}
+
+#[test]
+fn host_noise_is_measured_attributed_and_split_by_period() {
+    let test = "host_noise_is_measured_attributed_and_split_by_period";
+    if !have_tracefs(test) {
+        return;
+    }
+    let _lock = vm_lock();
+    let cpu = last_cpu().to_string();
+    let r = json(&["noise", "--cpus", &cpu, "--duration", "2s", "--period", "500ms", "--runtime", "400ms", "--json"]);
+    let in_vm = std::fs::read_to_string("/proc/cpuinfo").unwrap().contains(" hypervisor");
+    assert_eq!(r["in_vm"], in_vm, "{}", r["in_vm"]);
+    assert_eq!(r["traced"], true);
+    assert_eq!(r["lost_events"], 0);
+    let c = &r["cpus"][0];
+    let periods = c["periods"].as_array().unwrap();
+    assert_eq!(periods.len(), 4, "2 s in 500 ms periods");
+    let mut samples = 0;
+    for p in periods {
+        let runtime = p["runtime_ns"].as_u64().unwrap();
+        assert!((390_000_000..=410_000_000).contains(&runtime), "runtime {runtime}");
+        // Every sample's time is split over the classes, exactly.
+        let by_class: u64 = p["noise_ns_by_class"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(by_class, p["noise_ns"].as_u64().unwrap(), "{p}");
+        let noise = p["noise_ns"].as_f64().unwrap();
+        let avail = p["available_pct"].as_f64().unwrap();
+        assert!((avail - 100.0 * (1.0 - noise / runtime as f64)).abs() < 1e-6, "{p}");
+        assert!(p["max_single_ns"].as_u64().unwrap() <= p["noise_ns"].as_u64().unwrap());
+        for key in ["hw", "nmi", "irq", "softirq", "thread", "steal", "hyp_lw", "hyp_hw"] {
+            assert!(p["counts"][key].is_u64() && p["noise_ns_by_class"][key].is_u64(), "{key} in {p}");
+        }
+        samples += p["samples"].as_u64().unwrap();
+    }
+    assert!(samples > 0, "a 1 us threshold sees some noise in 1.6 s");
+    // The timer interrupt fires on every CPU: the trace explains some samples as IRQs.
+    assert!(c["total"]["counts"]["irq"].as_u64().unwrap() > 0, "{}", c["total"]);
+    if in_vm {
+        // Inside a VM, unexplained time is virtualization, never hardware.
+        assert_eq!(c["total"]["noise_ns_by_class"]["hw"], 0, "{}", c["total"]);
+    } else {
+        assert_eq!(c["total"]["noise_ns_by_class"]["steal"], 0, "{}", c["total"]);
+    }
+    let hist: u64 = c["hist"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(hist + c["hist_over"].as_u64().unwrap(), c["total"]["samples"].as_u64().unwrap());
+}
+
+#[test]
+fn a_competing_thread_is_attributed_and_stop_single_saves_a_snapshot() {
+    let test = "a_competing_thread_is_attributed_and_stop_single_saves_a_snapshot";
+    if !have_tracefs(test) {
+        return;
+    }
+    let _lock = vm_lock();
+    let cpu = last_cpu().to_string();
+    // A CPU hog at the same priority shares the CPU: the loop loses time slices to it.
+    let mut hog = Command::new("taskset").args(["-c", &cpu, "sh", "-c", "while :; do :; done"]).spawn().unwrap();
+    let snapshot = temp("noise-stop.txt");
+    let r = json(&[
+        "noise",
+        "--cpus",
+        &cpu,
+        "--duration",
+        "3s",
+        "--stop-single",
+        "1ms",
+        "--snapshot",
+        snapshot.to_str().unwrap(),
+        "--json",
+    ]);
+    hog.kill().unwrap();
+    let _ = hog.wait();
+    let stop = &r["stopped"];
+    assert!(stop["len_ns"].as_u64().unwrap() > 1_000_000, "{stop}");
+    assert!(stop["noise_ns_by_class"]["thread"].as_u64().unwrap() > 500_000, "the hog explains it: {stop}");
+    let text = std::fs::read_to_string(&snapshot).unwrap();
+    assert!(text.contains("sched_switch") && text.lines().any(|l| l.starts_with('*')), "{text}");
+    let runtime: u64 =
+        r["cpus"][0]["periods"].as_array().unwrap().iter().map(|p| p["runtime_ns"].as_u64().unwrap()).sum();
+    assert!(runtime < 3_000_000_000, "stopped early: {runtime}");
+}
+
+#[test]
+fn guest_steal_equals_schedstat_wait_and_the_host_explains_it() {
+    let test = "guest_steal_equals_schedstat_wait_and_the_host_explains_it";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let cpu = last_cpu().to_string();
+    let mut hog = Command::new("taskset")
+        .args(["-c", &cpu, "sh", "-c", "while :; do :; done"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let r = json(&["noise", "--testvm", "--pin", &cpu, "--duration", "2s", "--json"]);
+    hog.kill().unwrap();
+    let _ = hog.wait();
+    let steal = r["guest"]["steal_ns"].as_f64().unwrap();
+    let wait = r["schedstat_wait_ns"].as_f64().unwrap();
+    assert!(steal > 0.2e9, "the hog takes a large share of the vCPU's CPU: steal {steal}");
+    assert!((steal - wait).abs() <= 0.02 * wait, "guest steal {steal} vs schedstat wait {wait}");
+    // The host trace sees the same preemption, and names the hog.
+    let host = r["host_steal_ns"].as_f64().unwrap();
+    assert!((host - steal).abs() <= 0.02 * steal, "host trace {host} vs guest {steal}");
+    let (who, ns) = r["preemptors"].as_object().unwrap().iter().max_by_key(|(_, v)| v.as_u64().unwrap()).unwrap();
+    assert_eq!(who, "sh", "{ns}");
+    assert_eq!(r["lost_events"], 0);
+    assert!(r["explained_pct"].as_f64().unwrap() >= 95.0, "{}", r["explained_pct"]);
+    assert!(r["clock"]["bound_ns"].as_u64().unwrap() < 50_000, "{}", r["clock"]);
+}
+
+#[test]
+fn injected_heavyweight_exits_show_up_as_hyp_samples_at_their_count() {
+    let test = "injected_heavyweight_exits_show_up_as_hyp_samples_at_their_count";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let cpu = last_cpu().to_string();
+    let r = json(&["noise", "--testvm", "--pin", &cpu, "--duration", "2s", "--inject-hz", "100", "--json"]);
+    let injected = r["injected"].as_u64().unwrap();
+    assert!((190..=210).contains(&injected), "100 Hz for 2 s: {injected}");
+    // Every kick lands in exactly one guest sample, seen by the guest's counter and by the
+    // host's kvm_userspace_exit (reason KVM_EXIT_INTR).
+    assert_eq!(r["guest"]["hw_exit_samples"], injected, "{}", r["guest"]);
+    assert_eq!(r["guest"]["hw_exits"], injected);
+    assert_eq!(r["by_cause"]["hyp_hw"]["samples"], injected, "{}", r["by_cause"]);
+    assert_eq!(r["exit_reasons"]["KVM_EXIT_INTR"], injected, "{}", r["exit_reasons"]);
+}
+
+#[test]
+fn noise_usage_errors_exit_2() {
+    for (args, needle) in [
+        (&["noise", "--threshold", "fast"][..], "--threshold"),
+        (&["noise", "--cpus", "999"], "not online"),
+        (&["noise", "--period", "1s", "--runtime", "2s"], "longer than --period"),
+        (&["noise", "--testvm", "--hist"], "drop them with --testvm"),
+    ] {
+        let out = virtprof().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
