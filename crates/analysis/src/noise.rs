@@ -79,8 +79,17 @@ impl ByClass {
 
     /// The value of `class`.
     pub fn value(&self, class: Class) -> u64 {
-        let mut copy = *self;
-        *copy.get_mut(class)
+        match class {
+            Class::Hw => self.hw,
+            Class::Nmi => self.nmi,
+            Class::Irq => self.irq,
+            Class::Softirq => self.softirq,
+            Class::Thread => self.thread,
+            Class::Steal => self.steal,
+            Class::HypLw => self.hyp_lw,
+            Class::HypHw => self.hyp_hw,
+            Class::Hyp => self.hyp,
+        }
     }
 
     /// Sum over every class.

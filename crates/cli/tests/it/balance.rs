@@ -18,7 +18,7 @@ fn two_cpus(test: &str) -> bool {
     n >= 2
 }
 
-/// A hot (compute) and a cold (io-bound) test VM; killed on drop.
+/// A hot (compute) and a cold (io-bound) test VM; stopped on drop.
 struct HotAndCold(Vec<Child>);
 
 impl HotAndCold {
@@ -38,8 +38,13 @@ impl HotAndCold {
 
 impl Drop for HotAndCold {
     fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: `testvm` forwards it to its VMM processes, which would
+        // otherwise run on for their --duration and compete with the next test's VMs.
         for c in &mut self.0 {
-            let _ = c.kill();
+            // SAFETY: kill with the pid of a child we spawned and have not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        for c in &mut self.0 {
             let _ = c.wait();
         }
     }

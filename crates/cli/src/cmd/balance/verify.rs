@@ -8,11 +8,9 @@
 //! so a thread moved onto an idle CPU is first seen there when it leaves it.
 
 use serde::Serialize;
-use virtprof_model::event::EventKind;
-use virtprof_trace::capture::{Capture, CaptureConfig};
-use virtprof_trace::decode::Decoder;
-use virtprof_trace::merge::{merge_cpus, CpuStream};
-use virtprof_trace::tracefs::{load_layout, Tracefs};
+use virtprof_model::event::{Event, EventKind};
+
+use crate::live_trace::LiveTrace;
 
 /// A placement the actuator made: from `start_ns` (affinity calls begin) and settled at
 /// `done_ns` (they returned), thread `tid` belongs on `cpu`.
@@ -47,9 +45,7 @@ pub struct Verification {
 
 /// A running sched trace of the vCPU threads.
 pub struct Tracer {
-    // Field order is drop order: the capture (and its tracefs instance) goes first.
-    capture: Capture,
-    decoder: Decoder,
+    trace: LiveTrace,
     tids: Vec<u32>,
     switches: Vec<Switch>,
 }
@@ -64,48 +60,39 @@ struct Switch {
     out: bool,
 }
 
+/// Note the switches of `tids` in `e`.
+fn collect(tids: &[u32], switches: &mut Vec<Switch>, e: &Event) {
+    if let EventKind::SchedSwitch { prev_tid, next_tid, .. } = e.kind {
+        for (tid, out) in [(prev_tid, true), (next_tid, false)] {
+            if tids.contains(&tid) {
+                switches.push(Switch { ts: e.ts, tid, cpu: e.cpu, out });
+            }
+        }
+    }
+}
+
 impl Tracer {
     /// Start tracing `sched_switch` for `tids`.
     pub fn start(tids: &[u32]) -> anyhow::Result<Tracer> {
-        let tracefs = Tracefs::locate_or_mount()?;
-        let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))?;
-        let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-        let config =
-            CaptureConfig { events: vec!["sched:sched_switch".into()], buffer_size_kb: 4096, clock: "mono".into() };
-        let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;
-        if !missing.is_empty() {
+        let trace = LiveTrace::start(&["sched:sched_switch"], "mono", 4096, &["sched"])?;
+        if !trace.missing.is_empty() {
             anyhow::bail!("--verify needs the sched:sched_switch tracepoint, which this kernel lacks");
         }
-        let decoder = Decoder::new(load_layout(tracefs.root(), &["sched"])?);
-        Ok(Tracer { capture, decoder, tids: tids.to_vec(), switches: Vec::new() })
+        Ok(Tracer { trace, tids: tids.to_vec(), switches: Vec::new() })
     }
 
     /// Take in what the kernel has buffered (call often enough that the buffer never fills).
     pub fn drain(&mut self) -> anyhow::Result<()> {
-        let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
-        while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
-        let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
         let (tids, switches) = (&self.tids, &mut self.switches);
-        merge_cpus(&mut self.decoder, &streams, |e, _| {
-            if let EventKind::SchedSwitch { prev_tid, next_tid, .. } = e.kind {
-                for (tid, out) in [(prev_tid, true), (next_tid, false)] {
-                    if tids.contains(&tid) {
-                        switches.push(Switch { ts: e.ts, tid, cpu: e.cpu, out });
-                    }
-                }
-            }
-        })?;
-        Ok(())
+        self.trace.drain(|e| collect(tids, switches, e))
     }
 
     /// Stop, read the rest, and judge every placement.
-    pub fn finish(mut self, placements: &[Placement]) -> anyhow::Result<Verification> {
-        self.capture.stop()?;
-        self.drain()?;
-        let lost_events = self.capture.loss().iter().map(|l| l.overrun + l.dropped).sum();
-        let mut v = judge(&mut self.switches, placements);
-        v.lost_events = lost_events;
-        self.capture.close();
+    pub fn finish(self, placements: &[Placement]) -> anyhow::Result<Verification> {
+        let Tracer { trace, tids, mut switches } = self;
+        let (lost, _) = trace.finish(|e| collect(&tids, &mut switches, e))?;
+        let mut v = judge(&mut switches, placements);
+        v.lost_events = lost.iter().map(|l| l.1).sum();
         Ok(v)
     }
 }

@@ -131,7 +131,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
         trace.drain()?;
     }
     let report = vm.join().map_err(|_| anyhow::anyhow!("the test VM thread panicked"))??;
-    let missing_events = trace.missing.clone();
+    let missing_events = trace.missing().to_vec();
     let (mut host_events, lost_events, decoder) = trace.finish()?;
     host_events.sort_by_key(|e| e.ts);
     let vcpu: &VcpuReport = report
@@ -177,7 +177,8 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
         entry.samples += 1;
         entry.ns += len - a.steal_ns;
         total += len;
-        explained += if a.cause == HostCause::Unexplained { a.steal_ns } else { len };
+        // An unexplained sample has no off-CPU time either (that would make it `steal`).
+        explained += if a.cause == HostCause::Unexplained { 0 } else { len };
     }
     let out = GuestReport {
         kind: "noise-testvm",

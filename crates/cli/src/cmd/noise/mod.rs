@@ -247,7 +247,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
     }
     let (events, lost_events, missing_events, traced) = match tracer {
         Some(t) => {
-            let missing = t.missing.clone();
+            let missing = t.missing().to_vec();
             let (events, lost, _) = t.finish()?;
             (events, lost, missing, true)
         }
@@ -264,12 +264,10 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         let mut summaries = Vec::new();
         let mut all: Vec<Sample> = Vec::new();
         for (k, &(start, end, _)) in l.periods.iter().enumerate() {
-            let mut samples: Vec<Sample> = l
-                .samples
-                .iter()
-                .filter(|(t, _)| *t >= start && *t <= end)
-                .map(|&(t, len)| attribute(&contexts, t, len, l.tid, in_vm))
-                .collect();
+            // Samples are in time order: each period takes its own slice.
+            let (from, to) = (l.samples.partition_point(|s| s.0 < start), l.samples.partition_point(|s| s.0 <= end));
+            let mut samples: Vec<Sample> =
+                l.samples[from..to].iter().map(|&(t, len)| attribute(&contexts, t, len, l.tid, in_vm)).collect();
             if in_vm {
                 let steal = match (steal_at.get(k), steal_at.get(k + 1)) {
                     (Some(a), Some(b)) => b[i].saturating_sub(a[i]),

@@ -1,0 +1,57 @@
+//! A private tracefs instance decoded as it runs: the commands that check or explain something
+//! live (`balance --verify`, `noise`) start one, drain it now and then into a sink of typed
+//! events, and read the kernel's loss count at the end. The instance is removed when it is
+//! finished or dropped.
+
+use virtprof_model::event::Event;
+use virtprof_trace::capture::{Capture, CaptureConfig};
+use virtprof_trace::decode::Decoder;
+use virtprof_trace::merge::{merge_cpus, CpuStream};
+use virtprof_trace::tracefs::{load_layout, Tracefs};
+
+/// A running, decoding trace.
+pub struct LiveTrace {
+    // Field order is drop order: the capture (and its tracefs instance) goes first.
+    capture: Capture,
+    decoder: Decoder,
+    /// Requested events this kernel lacks.
+    pub missing: Vec<String>,
+}
+
+impl LiveTrace {
+    /// Trace `events` (`system` or `system:event`) on trace clock `clock`, decoding the formats
+    /// of `systems`.
+    pub fn start(events: &[&str], clock: &str, buffer_size_kb: u32, systems: &[&str]) -> anyhow::Result<LiveTrace> {
+        let tracefs = Tracefs::locate_or_mount()?;
+        let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))?;
+        let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
+        let config = CaptureConfig {
+            events: events.iter().map(|e| (*e).to_string()).collect(),
+            buffer_size_kb,
+            clock: clock.into(),
+        };
+        let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;
+        let decoder = Decoder::new(load_layout(tracefs.root(), systems)?);
+        Ok(LiveTrace { capture, decoder, missing })
+    }
+
+    /// Decode what the kernel has buffered, per drain in time order across CPUs (call often
+    /// enough that the buffers never fill).
+    pub fn drain(&mut self, mut sink: impl FnMut(&Event)) -> anyhow::Result<()> {
+        let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
+        while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
+        let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
+        merge_cpus(&mut self.decoder, &streams, |e, _| sink(e))?;
+        Ok(())
+    }
+
+    /// Stop tracing, decode the rest, remove the instance; returns the events the kernel lost
+    /// on each CPU and the decoder (for task names and symbol tables).
+    pub fn finish(mut self, sink: impl FnMut(&Event)) -> anyhow::Result<(Vec<(u32, u64)>, Decoder)> {
+        self.capture.stop()?;
+        self.drain(sink)?;
+        let lost = self.capture.loss().iter().map(|l| (l.cpu, l.overrun + l.dropped)).collect();
+        self.capture.close();
+        Ok((lost, self.decoder))
+    }
+}
