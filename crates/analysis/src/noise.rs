@@ -164,6 +164,14 @@ impl CpuContexts {
         }
     }
 
+    /// Thread `tid` is known to run at `ts` in no interrupt context (a measurement loop that
+    /// read its clock then): repairs a switch into it the trace missed.
+    pub fn running(&mut self, ts: u64, tid: u32) {
+        if self.stack.is_empty() {
+            self.note_task(ts, tid);
+        }
+    }
+
     fn occurrence(&mut self) -> u32 {
         self.next_occurrence += 1;
         self.next_occurrence
@@ -254,6 +262,20 @@ impl CpuContexts {
             out.count(Class::Nmi, occurrence);
         }
         out
+    }
+}
+
+impl CpuContexts {
+    /// The threads other than `tid` that ran in `[start, end)`, with their ns (an NMI inside a
+    /// thread's time is not subtracted here): who the `thread` class was.
+    pub fn threads(&self, start: u64, end: u64, tid: u32) -> impl Iterator<Item = (u32, u64)> + '_ {
+        let first = self.segments.partition_point(|s| s.end <= start);
+        self.segments[first..]
+            .iter()
+            .take_while(move |s| s.start < end)
+            .filter(move |s| s.class == Class::Thread && s.tid != tid)
+            .map(move |s| (s.tid, overlap(s.start, s.end, start, end)))
+            .filter(|&(_, ns)| ns > 0)
     }
 }
 
@@ -595,6 +617,13 @@ mod tests {
         let s = attribute(&contexts(), 290, 120, ME, false);
         assert_eq!((s.ns.thread, s.ns.nmi, s.ns.hw), (95, 5, 20), "{s:?}");
         assert_eq!((s.counts.thread, s.counts.nmi), (1, 1), "{s:?}");
+    }
+
+    #[test]
+    fn the_interfering_thread_is_named_with_its_time() {
+        let c = contexts();
+        assert_eq!(c.threads(290, 410, ME).collect::<Vec<_>>(), vec![(9, 100)]);
+        assert_eq!(c.threads(95, 165, ME).count(), 0, "the loop's own time is not interference");
     }
 
     #[test]

@@ -764,12 +764,17 @@ samples first) and hypervisor. Times are in microseconds.
 --testvm runs the guest-side loop inside a micro-VM instead, records the host meanwhile, and
 attributes every guest sample to host events (preemption, exits, host IRQs) on a clock mapping
 whose error bound is printed.
+--host-recording FILE --guest REPORT does that afterwards, from a recording of the host made
+while `virtprof testvm -w noise` ran pinned.
 
 EXAMPLES:
   virtprof noise --cpus 1 --duration 10s                   rtla osnoise top, plus STEAL and HYP
   virtprof noise --threshold 5us --hist                    histogram of sample lengths
   virtprof noise --stop-single 200us --snapshot stop.txt   stop at the first 200 us sample
-  virtprof noise --testvm --pin 1 --inject-hz 100 --json   guest noise explained by the host")]
+  virtprof noise --cpus 1 --no-trace                       counts only, as oslat does
+  virtprof noise --testvm --pin 1 --inject-hz 100 --json   guest noise explained by the host
+  virtprof record -o host.vprec -- virtprof testvm -w noise --pin 1 --duration 2s --json > guest.json
+  virtprof noise --host-recording host.vprec --guest guest.json   the same, afterwards")]
 pub struct NoiseArgs {
     /// CPUs to measure (default: every online CPU).
     #[arg(long, value_name = "LIST")]
@@ -813,12 +818,22 @@ pub struct NoiseArgs {
     /// Print JSON (schema in docs/noise.md).
     #[arg(long)]
     pub json: bool,
+    /// Count samples without tracing (oslat's mode: the least overhead, nothing attributed).
+    #[arg(long, conflicts_with_all = ["stop_single", "stop_total", "testvm"])]
+    pub no_trace: bool,
     /// Measure inside a micro-VM (the guest-side loop) and attribute its samples to host events.
     #[arg(long)]
     pub testvm: bool,
     /// --testvm: host CPU of the vCPU.
     #[arg(long, value_name = "CPU")]
     pub pin: Option<u32>,
+    /// Explain a recorded guest run instead: the host's `virtprof record` of a testvm `noise`
+    /// run (with --guest, that run's JSON report).
+    #[arg(long, value_name = "FILE", requires = "guest", conflicts_with_all = ["testvm", "no_trace"])]
+    pub host_recording: Option<PathBuf>,
+    /// --host-recording: the `virtprof testvm -w noise --pin CPU --json` report of the recorded run.
+    #[arg(long, value_name = "FILE", requires = "host_recording")]
+    pub guest: Option<PathBuf>,
     /// --testvm: inject heavyweight exits at this rate (the VMM kicks the vCPU thread).
     #[arg(long, value_name = "HZ", default_value_t = 0)]
     pub inject_hz: u32,

@@ -38,6 +38,17 @@ pub fn set(tid: u32, cpus: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// Move the calling thread (and the threads it starts later, which inherit its mask) off
+/// `busy`, onto the other CPUs it may use: a tool's own bookkeeping must not run where it
+/// measures. Returns the CPUs it moved to; empty (nothing changed) when `busy` covers them all.
+pub fn keep_off(busy: &[u32]) -> Vec<u32> {
+    let others: Vec<u32> = get(0).unwrap_or_default().into_iter().filter(|c| !busy.contains(c)).collect();
+    if others.is_empty() || set(0, &others).is_err() {
+        return Vec::new();
+    }
+    others
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +67,22 @@ mod tests {
         assert_eq!(pinned, all[..1]);
         assert_eq!(released, all);
         assert!(set(0, &[u32::MAX]).is_err());
+    }
+
+    #[test]
+    fn keep_off_leaves_the_named_cpus_unless_they_are_all() {
+        let all = get(0).unwrap();
+        let first = all[0];
+        let handle = std::thread::spawn(move || {
+            let everywhere = keep_off(&all);
+            let moved = keep_off(&[first]);
+            (everywhere, moved, get(0).unwrap())
+        });
+        let (everywhere, moved, now) = handle.join().unwrap();
+        assert!(everywhere.is_empty());
+        assert!(!moved.contains(&first));
+        if !moved.is_empty() {
+            assert_eq!(now, moved);
+        }
     }
 }

@@ -357,8 +357,25 @@ fn features(
         f("boot", &boot_sources(kvm, tracefs, exits_live)),
         f("energy", energy),
         f("balance", balance),
+        f("noise", &noise_mode(kvm, tracefs)),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
+}
+
+/// What `virtprof noise` measures and attributes here.
+fn noise_mode(kvm: &KvmCaps, tracefs: bool) -> String {
+    use crate::cmd::noise::{in_vm, tsc_usable};
+    let clock = if tsc_usable() { "TSC loop" } else { "CLOCK_MONOTONIC_RAW loop (no constant, non-stop TSC)" };
+    let rest =
+        if in_vm() { "unexplained noise is STEAL/HYP (inside a VM)" } else { "unexplained noise is HW (bare metal)" };
+    let attribution =
+        if tracefs { "NMI/IRQ/softirq/thread from a private trace" } else { "no attribution (needs tracefs)" };
+    let testvm = if kvm.api_version.is_ok() && tracefs {
+        "--testvm explains guest samples by host events"
+    } else {
+        "no --testvm (needs /dev/kvm and tracefs)"
+    };
+    format!("{clock}; {attribution}; {rest}; {testvm}")
 }
 
 /// Which `virtprof boot` sources work here.

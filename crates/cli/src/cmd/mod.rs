@@ -8,7 +8,7 @@ mod doctor;
 mod exits;
 mod export;
 pub mod import;
-mod noise;
+pub mod noise;
 mod page;
 pub mod record;
 mod report;

@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::exits::{exits_json, import};
-use super::util::{chromium, have_kvm, rendered_body, temp, virtprof, vm_lock};
+use super::util::{chromium, debian_kernel, have_kvm, rendered_body, temp, virtprof, vm_lock};
 
 fn boot_json(args: &[&str]) -> Value {
     let out = virtprof().arg("boot").args(args).arg("--json").output().unwrap();
@@ -132,18 +132,6 @@ fn bad_boot_input_is_a_usage_error() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-}
-
-/// The Debian kernel, its real System.map and the marker initramfs from
-/// scripts/debian-kernel/fetch.sh (scripts/test.sh runs it).
-fn debian_kernel(test: &str) -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debian-kernel");
-    let qemu = Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success());
-    if !qemu || !dir.join("initrd.cpio").exists() {
-        eprintln!("SKIP {test}: needs qemu-system-x86_64 and target/debian-kernel (scripts/test.sh installs both)");
-        return None;
-    }
-    Some(dir)
 }
 
 /// QEMU arguments booting the Debian kernel to the marker. `-icount` makes TCG's clocks count

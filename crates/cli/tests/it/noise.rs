@@ -153,10 +153,119 @@ fn noise_usage_errors_exit_2() {
         (&["noise", "--cpus", "999"], "not online"),
         (&["noise", "--period", "1s", "--runtime", "2s"], "longer than --period"),
         (&["noise", "--testvm", "--hist"], "drop them with --testvm"),
+        (&["noise", "--no-trace", "--stop-single", "1ms"], "cannot be used with"),
     ] {
         let out = virtprof().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn without_a_trace_samples_are_counted_but_not_attributed() {
+    let test = "without_a_trace_samples_are_counted_but_not_attributed";
+    if !have_tracefs(test) {
+        return;
+    }
+    let _lock = vm_lock();
+    let cpu = last_cpu().to_string();
+    let r = json(&["noise", "--cpus", &cpu, "--duration", "500ms", "--no-trace", "--json"]);
+    assert_eq!(r["traced"], false);
+    let total = &r["cpus"][0]["total"];
+    let rest = if r["in_vm"] == true { "hyp" } else { "hw" };
+    // Untraced, every sample is unexplained: all of it lands in the one class.
+    assert_eq!(total["noise_ns_by_class"][rest], total["noise_ns"], "{total}");
+    assert_eq!(total["counts"][rest], total["samples"], "{total}");
+}
+
+/// Inside a QEMU TCG guest running Debian's kernel (the guest's init runs the test's own
+/// binary and powers off): the command works there, sees it is in a VM, and traces that
+/// kernel.
+#[test]
+fn noise_runs_inside_a_qemu_tcg_debian_guest() {
+    let test = "noise_runs_inside_a_qemu_tcg_debian_guest";
+    let Some(dir) = super::util::debian_kernel(test) else { return };
+    let _lock = vm_lock();
+    let initrd = temp("noise-guest.cpio");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/debian-kernel/guest-initrd.sh");
+    let built =
+        Command::new("bash").arg(&script).arg(assert_cmd::cargo::cargo_bin("virtprof")).arg(&initrd).output().unwrap();
+    assert!(built.status.success(), "guest-initrd.sh: {}", String::from_utf8_lossy(&built.stderr));
+    let command = "/virtprof noise --cpus 1 --duration 1s --period 500ms --threshold 20us --json";
+    let out = Command::new("timeout")
+        .args(["300", "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1G"])
+        .args(["-nographic", "-no-reboot", "-net", "none", "-kernel"])
+        .arg(dir.join("vmlinuz"))
+        .arg("-initrd")
+        .arg(&initrd)
+        .args(["-append", &format!("console=ttyS0 quiet -- {command}")])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&initrd);
+    let console = String::from_utf8_lossy(&out.stdout);
+    let body = console
+        .split_once("VIRTPROF-RUN-BEGIN")
+        .and_then(|(_, rest)| rest.split_once("VIRTPROF-RUN-END status=0"))
+        .unwrap_or_else(|| panic!("no successful run on the guest console:\n{console}"))
+        .0;
+    // The serial console turns \n into \r\n.
+    let r: serde_json::Value = serde_json::from_str(&body.replace('\r', "")).unwrap();
+    assert_eq!(r["in_vm"], true, "QEMU sets the hypervisor CPUID bit");
+    assert_eq!(r["traced"], true, "the guest kernel's tracefs");
+    assert_eq!(r["own_cpus"], serde_json::json!([0]), "virtprof's own threads stay off CPU 1");
+    let c = &r["cpus"][0];
+    assert_eq!(c["cpu"], 1);
+    let periods = c["periods"].as_array().unwrap();
+    assert_eq!(periods.len(), 2, "1 s in 500 ms periods");
+    for p in periods {
+        let split: u64 = p["noise_ns_by_class"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(split, p["noise_ns"].as_u64().unwrap(), "{p}");
+        assert!(p["runtime_ns"].as_u64().unwrap() > 400_000_000, "{p}");
+    }
+    // The guest kernel's timer interrupts land in the trace and explain samples.
+    assert!(c["total"]["counts"]["irq"].as_u64().unwrap() > 0, "{}", c["total"]);
+}
+
+/// A guest run recorded by `virtprof record` and explained afterwards gives the same exact
+/// counts as the live `--testvm` path: every kick is one guest sample with a heavyweight exit
+/// and one host `hyp_hw` sample.
+#[test]
+fn a_recorded_guest_run_is_explained_from_the_host_recording() {
+    let test = "a_recorded_guest_run_is_explained_from_the_host_recording";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let cpu = last_cpu().to_string();
+    let (rec, guest) = (temp("noise-host.vprec"), temp("noise-guest.json"));
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["--", exe.to_str().unwrap(), "testvm", "-w", "noise", "--pin", &cpu, "--duration", "1s"])
+        .args(["--inject-hz", "100", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(&guest, &out.stdout).unwrap();
+    let (rec_s, guest_s) = (rec.to_str().unwrap(), guest.to_str().unwrap());
+    let r = json(&["noise", "--host-recording", rec_s, "--guest", guest_s, "--json"]);
+    let injected = r["injected"].as_u64().unwrap();
+    assert!((90..=105).contains(&injected), "100 Hz for 1 s: {injected}");
+    assert_eq!(r["guest"]["hw_exit_samples"], injected, "{}", r["guest"]);
+    assert_eq!(r["by_cause"]["hyp_hw"]["samples"], injected, "{}", r["by_cause"]);
+    assert_eq!(r["exit_reasons"]["KVM_EXIT_INTR"], injected, "{}", r["exit_reasons"]);
+    assert_eq!(r["inject_hz"], serde_json::Value::Null, "a recording does not say the rate");
+    assert_eq!(r["lost_events"], 0);
+    // The guest's steal record equals the vCPU thread's schedstat wait (both from KVM/the host
+    // scheduler, exactly), as in the live path.
+    let (steal, wait) = (r["guest"]["steal_ns"].as_f64().unwrap(), r["schedstat_wait_ns"].as_f64().unwrap());
+    assert!((steal - wait).abs() <= 0.02 * wait.max(1e6), "guest steal {steal} vs schedstat wait {wait}");
+    // A report that is not testvm's is refused with exit 2, naming the file.
+    let bad = virtprof().args(["noise", "--host-recording", rec_s, "--guest", rec_s]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--guest"), "{}", String::from_utf8_lossy(&bad.stderr));
+    let _ = std::fs::remove_file(&rec);
+    let _ = std::fs::remove_file(&guest);
 }

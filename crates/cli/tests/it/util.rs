@@ -108,3 +108,17 @@ pub fn rendered_body(html: &std::path::Path) -> Option<String> {
     let dom = String::from_utf8_lossy(&dom.stdout);
     Some(dom.split("<body").nth(1).and_then(|b| b.split('>').next()).expect("a <body> tag").to_string())
 }
+
+/// The Debian kernel, its real System.map and the marker initramfs from
+/// scripts/debian-kernel/fetch.sh (scripts/test.sh runs it), if QEMU is here too; otherwise
+/// print why the test is skipped and return None.
+pub fn debian_kernel(test: &str) -> Option<std::path::PathBuf> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debian-kernel");
+    let qemu =
+        std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !qemu || !dir.join("initrd.cpio").exists() {
+        eprintln!("SKIP {test}: needs qemu-system-x86_64 and target/debian-kernel (scripts/test.sh installs both)");
+        return None;
+    }
+    Some(dir)
+}

@@ -276,10 +276,8 @@ impl Vm {
 /// Run the VMM's main thread off the CPUs its vCPUs are pinned to, so that its polling is not
 /// noise in the guest it measures (when there is another CPU to go to).
 fn keep_off_vcpu_cpus(pin: &[Option<u32>]) {
-    let others: Vec<u32> = allowed_cpus().into_iter().filter(|c| !pin.contains(&Some(*c))).collect();
-    if !others.is_empty() {
-        let _ = crate::affinity::set(0, &others);
-    }
+    let pinned: Vec<u32> = pin.iter().flatten().copied().collect();
+    crate::affinity::keep_off(&pinned);
 }
 
 /// Tell each guest how many lightweight exits its vCPU has taken: KVM's `exits` counter minus

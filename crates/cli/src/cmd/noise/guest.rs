@@ -1,21 +1,29 @@
 //! `virtprof noise --testvm`: the guest-side loop runs in a micro-VM (the `noise` workload)
 //! while the host is traced; the guest's TSC is mapped onto the host clock through the sync
 //! exits around the loop, and every guest sample is explained by what the host did meanwhile.
+//! `--host-recording FILE --guest REPORT` does the same afterwards, from a `virtprof record`
+//! of the host and the JSON report of the testvm run it recorded.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostCause, HostView};
 use virtprof_kvm::guest::{Bound, Script, Workload, SYNC_ROUNDS};
 use virtprof_kvm::launcher::{self, TestvmConfig};
-use virtprof_model::testvm::{GuestNoise, SyncPoint, VcpuReport};
+use virtprof_model::event::{Event, EventKind};
+use virtprof_model::testvm::{GuestNoise, SyncPoint, TestvmReport, VcpuReport};
 use virtprof_model::units::saturating_u64;
+
+use virtprof_trace::decode::Decoder;
+use virtprof_trace::merge::merge_cpus;
 
 use super::trace::{NoiseTrace, EVENTS};
 use super::Settings;
 use crate::args::NoiseArgs;
 use crate::exit::usage;
+use crate::recording::Recording;
 
 /// The host events that explain guest noise: the noise set plus KVM's exits.
 const HOST_EVENTS: [&str; 3] = ["kvm:kvm_userspace_exit", "kvm:kvm_exit", "kvm:kvm_entry"];
@@ -71,7 +79,8 @@ pub struct GuestReport {
     pub vcpu_tid: u32,
     pub duration_ns: u64,
     pub threshold_ns: u64,
-    pub inject_hz: u32,
+    /// The kick rate asked for (null when explaining a recording: the report does not say).
+    pub inject_hz: Option<u32>,
     /// Heavyweight exits the VMM's kicks caused (`INTR` returns).
     pub injected: u64,
     pub clock: ClockMap,
@@ -95,6 +104,14 @@ pub struct GuestReport {
     pub missing_events: Vec<String>,
 }
 
+/// The host's side of a guest run: its events in time order, and what the trace lacked.
+struct HostTrace {
+    events: Vec<Event>,
+    lost_events: u64,
+    missing_events: Vec<String>,
+    decoder: Decoder,
+}
+
 pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
     if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
         return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
@@ -106,10 +123,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
         return Err(usage(format!("--pin {cpu}: CPU not available here (allowed: {allowed:?})")));
     }
     // Drain the trace from another CPU, or this thread is noise in the guest it measures.
-    let others: Vec<u32> = allowed.iter().copied().filter(|&c| c != cpu).collect();
-    if !others.is_empty() {
-        let _ = virtprof_kvm::affinity::set(0, &others);
-    }
+    virtprof_kvm::affinity::keep_off(&[cpu]);
     let events: Vec<&str> = EVENTS.iter().chain(HOST_EVENTS.iter()).copied().collect();
     let mut trace = NoiseTrace::start(&allowed, "mono", &events)?;
     let config = TestvmConfig {
@@ -132,13 +146,85 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
     }
     let report = vm.join().map_err(|_| anyhow::anyhow!("the test VM thread panicked"))??;
     let missing_events = trace.missing().to_vec();
-    let (mut host_events, lost_events, decoder) = trace.finish()?;
-    host_events.sort_by_key(|e| e.ts);
-    let vcpu: &VcpuReport = report
-        .vms
-        .first()
-        .and_then(|v| v.vcpus.first())
-        .ok_or_else(|| anyhow::anyhow!("the test VM reported no vCPU"))?;
+    let (mut events, lost_events, decoder) = trace.finish()?;
+    events.sort_by_key(|e| e.ts);
+    let host = HostTrace { events, lost_events, missing_events, decoder };
+    let out = explain(&report, &host, Some(args.inject_hz))?;
+    print(&out, args)
+}
+
+/// `--host-recording FILE --guest REPORT`: a testvm `noise` run recorded by `virtprof record`
+/// (on the default `mono` clock), explained afterwards.
+pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(guest).map_err(|e| usage(format!("--guest '{}': {e}", guest.display())))?;
+    let report: TestvmReport = serde_json::from_str(&text).map_err(|e| {
+        usage(format!(
+            "--guest '{}': not a `virtprof testvm --json` report ({e}); save one with `virtprof testvm -w noise --pin CPU --json > FILE`",
+            guest.display()
+        ))
+    })?;
+    let vcpu = first_vcpu(&report).map_err(|e| usage(format!("--guest '{}': {e}", guest.display())))?;
+    let cpu = vcpu.pinned_cpu.ok_or_else(|| {
+        usage(format!("--guest '{}': the vCPU was not pinned; run testvm with --pin CPU", guest.display()))
+    })?;
+    let recording = Recording::open_warning(recording, None)?;
+    if recording.metadata.trace_clock != "mono" {
+        return Err(usage(format!(
+            "--host-recording: traced on the '{}' clock; the guest's sync points are CLOCK_MONOTONIC (record with --clock mono, the default)",
+            recording.metadata.trace_clock
+        )));
+    }
+    let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors", "nmi"])?;
+    let missing_events = [EVENTS.as_slice(), HOST_EVENTS.as_slice()]
+        .concat()
+        .into_iter()
+        .filter(|name| {
+            let (system, event) = name.split_once(':').unwrap_or((name, ""));
+            let layout = decoder.layout();
+            if event.is_empty() {
+                !layout.formats().iter().any(|f| f.system == system)
+            } else {
+                layout.format_by_name(system, event).is_none()
+            }
+        })
+        .map(str::to_string)
+        .collect();
+    // Only the vCPU's CPU and the vCPU thread matter: the rest of a long recording is skipped.
+    let tid = vcpu.tid;
+    let mut events = Vec::new();
+    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| {
+        let involves_vcpu = match e.kind {
+            EventKind::SchedSwitch { prev_tid, next_tid, .. } => prev_tid == tid || next_tid == tid,
+            _ => e.tid == tid,
+        };
+        if e.cpu == cpu || involves_vcpu {
+            events.push(*e);
+        }
+    })?;
+    let lost_events = stats.lost + recording.lost_in_footer();
+    let host = HostTrace { events, lost_events, missing_events, decoder };
+    let out = explain(&report, &host, None)?;
+    print(&out, args)
+}
+
+fn first_vcpu(report: &TestvmReport) -> anyhow::Result<&VcpuReport> {
+    report.vms.first().and_then(|v| v.vcpus.first()).ok_or_else(|| anyhow::anyhow!("the test VM reported no vCPU"))
+}
+
+fn print(out: &GuestReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(out)?);
+    } else {
+        print!("{}", super::output::guest_table(out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Explain every guest sample of `report`'s first vCPU by `host`'s events.
+fn explain(report: &TestvmReport, host_trace: &HostTrace, inject_hz: Option<u32>) -> anyhow::Result<GuestReport> {
+    let decoder = &host_trace.decoder;
+    let vcpu = first_vcpu(report)?;
+    let cpu = vcpu.pinned_cpu.ok_or_else(|| anyhow::anyhow!("the vCPU was not pinned"))?;
     let noise: &GuestNoise =
         vcpu.noise.as_ref().ok_or_else(|| anyhow::anyhow!("the test VM recorded no noise samples"))?;
     let clock = ClockMap::from_sync(&noise.sync)?;
@@ -153,7 +239,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
             lw_exits: u64::from(r.lw_exits),
         })
         .collect();
-    let host = HostView::new(&host_events, vcpu.tid, cpu);
+    let host = HostView::new(&host_trace.events, vcpu.tid, cpu);
     let mut by_cause: BTreeMap<HostCause, CauseTotal> = BTreeMap::new();
     let mut preemptors: BTreeMap<String, u64> = BTreeMap::new();
     let mut exit_reasons: BTreeMap<String, u64> = BTreeMap::new();
@@ -180,13 +266,13 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
         // An unexplained sample has no off-CPU time either (that would make it `steal`).
         explained += if a.cause == HostCause::Unexplained { 0 } else { len };
     }
-    let out = GuestReport {
+    Ok(GuestReport {
         kind: "noise-testvm",
         cpu,
         vcpu_tid: vcpu.tid,
-        duration_ns: s.duration_ns,
-        threshold_ns: s.threshold_ns,
-        inject_hz: args.inject_hz,
+        duration_ns: vcpu.wall_ns,
+        threshold_ns: saturating_u64((noise.threshold_ticks as f64 * 1e6 / noise.tsc_khz.max(1) as f64).round()),
+        inject_hz,
         injected: vcpu.exits("INTR"),
         clock,
         guest: guest_columns(&guest_samples),
@@ -197,13 +283,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
         preemptors,
         exit_reasons,
         explained_pct: if total == 0 { 100.0 } else { 100.0 * explained as f64 / total as f64 },
-        lost_events,
-        missing_events,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        print!("{}", super::output::guest_table(&out));
-    }
-    Ok(ExitCode::SUCCESS)
+        lost_events: host_trace.lost_events,
+        missing_events: host_trace.missing_events.clone(),
+    })
 }

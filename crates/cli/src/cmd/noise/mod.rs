@@ -6,14 +6,16 @@ mod measure;
 mod output;
 mod trace;
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 use virtprof_analysis::noise::{attribute, split_steal, summarize, CpuContexts, PeriodSummary, Sample};
 use virtprof_interval::procstat::ProcStat;
-use virtprof_model::event::Event;
+use virtprof_model::event::{Event, EventKind};
 use virtprof_model::units::{parse_cpu_list, parse_duration_ns, saturating_u64};
+use virtprof_trace::decode::Decoder;
 
 use crate::args::{NoiseArgs, NoiseClock};
 use crate::exit::usage;
@@ -33,6 +35,9 @@ pub struct Settings {
 }
 
 pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
+    if let (Some(recording), Some(guest)) = (&args.host_recording, &args.guest) {
+        return guest::run_recorded(args, recording, guest);
+    }
     let settings = settings(args)?;
     if args.testvm {
         return guest::run(args, &settings);
@@ -67,9 +72,7 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
             args.period
         )));
     }
-    let tsc_usable = cfg!(target_arch = "x86_64")
-        && std::fs::read_to_string("/proc/cpuinfo")
-            .is_ok_and(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"));
+    let tsc_usable = tsc_usable();
     let clock = match args.clock {
         Some(NoiseClock::Tsc) if !tsc_usable => {
             return Err(usage("--clock tsc: this CPU's TSC is not constant and non-stop; use --clock mono-raw"))
@@ -93,6 +96,13 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
         stop_total_ns: args.stop_total.as_deref().map(|t| time("--stop-total", t)).transpose()?,
         bucket_ns: time("--bucket-size", &args.bucket_size)?,
     })
+}
+
+/// Can the loop read the TSC as a clock (constant rate, ticking in every C-state)?
+pub fn tsc_usable() -> bool {
+    cfg!(target_arch = "x86_64")
+        && std::fs::read_to_string("/proc/cpuinfo")
+            .is_ok_and(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"))
 }
 
 /// Does this kernel run on a hypervisor? (The CPU flag every hypervisor sets.)
@@ -119,6 +129,24 @@ pub struct CpuReport {
     pub hist: Vec<u64>,
     /// Samples longer than the last bucket.
     pub hist_over: u64,
+    /// The threads that took this CPU from the loop, most time first (at most
+    /// [`TOP_THREADS`]).
+    pub threads: Vec<ThreadNoise>,
+}
+
+/// How many interfering threads a CPU's report names.
+const TOP_THREADS: usize = 8;
+
+/// A thread that ran while the loop waited.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadNoise {
+    pub tid: u32,
+    /// Its name as the scheduler last reported it ("?" if no switch named it).
+    pub comm: String,
+    /// Samples it ran in.
+    pub samples: u64,
+    /// Its time inside samples.
+    pub noise_ns: u64,
 }
 
 /// Why the run stopped early.
@@ -148,17 +176,22 @@ pub struct NoiseReport {
     /// Events the kernel lacks (their causes fall into hw / virtualization).
     pub missing_events: Vec<String>,
     pub lost_events: u64,
+    /// Where virtprof's own threads (trace readers, main) ran: the CPUs not measured.
+    pub own_cpus: Vec<u32>,
     pub cpus: Vec<CpuReport>,
     pub stopped: Option<StopReport>,
 }
 
 fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
     let in_vm = in_vm();
+    // Like oslat's main thread: trace readers and this thread keep off the measured CPUs.
+    let own_cpus = virtprof_kvm::affinity::keep_off(&s.cpus);
     let trace_clock = match s.clock {
         // The trace runs on CLOCK_MONOTONIC_RAW either way; TSC samples are mapped onto it.
         Clock::Tsc | Clock::MonoRaw => "mono_raw",
     };
     let mut tracer = match trace::NoiseTrace::start(&s.cpus, trace_clock, &trace::EVENTS) {
+        _ if args.no_trace => None,
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("virtprof noise: no trace ({e:#}); samples are counted but not attributed");
@@ -245,22 +278,21 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         measure::convert(&mut r, map.as_ref());
         loops.push(r);
     }
-    let (events, lost_events, missing_events, traced) = match tracer {
+    let (events, lost_events, missing_events, traced, names) = match tracer {
         Some(t) => {
             let missing = t.missing().to_vec();
-            let (events, lost, _) = t.finish()?;
-            (events, lost, missing, true)
+            let (events, lost, decoder) = t.finish()?;
+            let names = task_names(&events, &decoder);
+            (events, lost, missing, true, names)
         }
-        None => (Vec::new(), 0, Vec::new(), false),
+        None => (Vec::new(), 0, Vec::new(), false, HashMap::new()),
     };
     let stop = stop_sample(map.as_ref());
     let mut cpus = Vec::new();
     let mut stopped = None;
     for (i, l) in loops.iter().enumerate() {
         let cpu_events: &[Event] = slice_of_cpu(&events, l.cpu);
-        let mut contexts = CpuContexts::default();
-        cpu_events.iter().for_each(|e| contexts.push(e));
-        contexts.finish(cpu_events.last().map_or(0, |e| e.ts).max(l.periods.last().map_or(0, |p| p.1)));
+        let contexts = contexts_of(cpu_events, l);
         let mut summaries = Vec::new();
         let mut all: Vec<Sample> = Vec::new();
         for (k, &(start, end, _)) in l.periods.iter().enumerate() {
@@ -284,7 +316,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
                 .find(|x| x.start_ns == start)
                 .cloned()
                 .unwrap_or_else(|| attribute(&contexts, start, len, l.tid, in_vm));
-            let snapshot = output::write_snapshot(&args.snapshot, &events, start, len)?;
+            let snapshot = output::write_snapshot(&args.snapshot, &events, &names, start, len)?;
             stopped = Some(StopReport { cpu, start_ns: start, len_ns: len, noise_ns_by_class: sample.ns, snapshot });
         }
         let runtime: u64 = l.periods.iter().map(|p| p.1 - p.0).sum();
@@ -300,6 +332,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
             periods: summaries,
             hist,
             hist_over,
+            threads: interfering_threads(&contexts, &all, l.tid, &names),
         });
     }
     Ok(NoiseReport {
@@ -317,9 +350,75 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         traced,
         missing_events,
         lost_events,
+        own_cpus,
         cpus,
         stopped,
     })
+}
+
+/// Task names by tid, from the scheduler's switches (the last name wins, as after an exec).
+fn task_names(events: &[Event], decoder: &Decoder) -> HashMap<u32, String> {
+    let mut names = HashMap::new();
+    for e in events {
+        if let EventKind::SchedSwitch { prev_tid, prev_comm, next_tid, next_comm, .. } = e.kind {
+            names.insert(prev_tid, decoder.strings.resolve(prev_comm).to_string());
+            names.insert(next_tid, decoder.strings.resolve(next_comm).to_string());
+        }
+    }
+    names
+}
+
+/// The threads that ran inside `samples` instead of loop thread `tid`, most time first.
+fn interfering_threads(
+    contexts: &CpuContexts,
+    samples: &[Sample],
+    tid: u32,
+    names: &HashMap<u32, String>,
+) -> Vec<ThreadNoise> {
+    let mut by_tid: HashMap<u32, (u64, u64)> = HashMap::new();
+    for sample in samples.iter().filter(|x| x.ns.thread > 0) {
+        let mut seen = Vec::new();
+        for (who, ns) in contexts.threads(sample.start_ns, sample.start_ns + sample.len_ns, tid) {
+            let entry = by_tid.entry(who).or_default();
+            entry.1 += ns;
+            if !seen.contains(&who) {
+                seen.push(who);
+                entry.0 += 1;
+            }
+        }
+    }
+    let mut threads: Vec<ThreadNoise> = by_tid
+        .into_iter()
+        .map(|(who, (samples, noise_ns))| ThreadNoise {
+            tid: who,
+            comm: names.get(&who).map_or_else(|| "?".to_string(), Clone::clone),
+            samples,
+            noise_ns,
+        })
+        .collect();
+    threads.sort_unstable_by_key(|t| (std::cmp::Reverse(t.noise_ns), t.tid));
+    threads.truncate(TOP_THREADS);
+    threads
+}
+
+/// One CPU's contexts. The loop thread is known to run where each of its periods begins: that
+/// repairs a switch into it the kernel did not trace (some emit none when a CPU leaves idle),
+/// which would otherwise leave its first samples inside the idle task.
+fn contexts_of(cpu_events: &[Event], l: &LoopResult) -> CpuContexts {
+    let mut contexts = CpuContexts::default();
+    let mut starts = l.periods.iter().map(|p| p.0).peekable();
+    for e in cpu_events {
+        while let Some(start) = starts.next_if(|&start| start <= e.ts) {
+            contexts.running(start, l.tid);
+        }
+        contexts.push(e);
+    }
+    for start in starts {
+        contexts.running(start, l.tid);
+    }
+    let end = cpu_events.last().map_or(0, |e| e.ts).max(l.periods.last().map_or(0, |p| p.1));
+    contexts.finish(end);
+    contexts
 }
 
 /// The events of one CPU (they are sorted by CPU, then time).

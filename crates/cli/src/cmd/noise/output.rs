@@ -1,6 +1,7 @@
 //! What `virtprof noise` prints: the rtla osnoise top table with STEAL and HYP columns, the
 //! noise time per class, an optional histogram, JSON, and the stop snapshot.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
@@ -42,7 +43,7 @@ pub fn table(r: &NoiseReport) -> String {
     };
     let _ = writeln!(s, "OS noise, {} clock, threshold {} us; {where_}; time in us", r.clock, us(r.threshold_ns));
     if !r.traced {
-        let _ = writeln!(s, "no trace: nothing below is attributed (tracefs unavailable)");
+        let _ = writeln!(s, "no trace (--no-trace, or tracefs unavailable): nothing below is attributed");
     } else if !r.missing_events.is_empty() {
         let _ =
             writeln!(s, "events this kernel lacks (their time counts as unexplained): {}", r.missing_events.join(", "));
@@ -100,8 +101,23 @@ pub fn table(r: &NoiseReport) -> String {
             us(hyp(n))
         );
     }
+    for c in r.cpus.iter().filter(|c| !c.threads.is_empty()) {
+        let who: Vec<String> = c
+            .threads
+            .iter()
+            .map(|t| format!("{}({}) {:.1} us in {}", t.comm, t.tid, us(t.noise_ns), t.samples))
+            .collect();
+        let _ = writeln!(s, "threads on CPU {}: {}", c.cpu, who.join(", "));
+    }
     let loops: Vec<String> = r.cpus.iter().map(|c| format!("CPU {} {:.0} ns", c.cpu, c.loop_ns)).collect();
     let _ = writeln!(s, "loop period: {} (a gap must exceed the threshold to count)", loops.join(", "));
+    for c in r.cpus.iter().filter(|c| c.loop_ns * 2.0 > r.threshold_ns as f64) {
+        let _ = writeln!(
+            s,
+            "warning: CPU {}'s loop period ({:.0} ns) is over half the threshold: the loop's own steps count as noise; raise --threshold",
+            c.cpu, c.loop_ns
+        );
+    }
     let dropped: u64 = r.cpus.iter().map(|c| c.dropped_samples).sum();
     if dropped > 0 {
         let _ = writeln!(s, "warning: {dropped} samples did not fit the buffer and are not attributed");
@@ -154,7 +170,14 @@ fn hist(r: &NoiseReport) -> String {
 }
 
 /// Write the events within 10 ms of the sample `[start, start + len)` as text; returns the path.
-pub fn write_snapshot(path: &Path, events: &[Event], start: u64, len: u64) -> anyhow::Result<String> {
+pub fn write_snapshot(
+    path: &Path,
+    events: &[Event],
+    names: &HashMap<u32, String>,
+    start: u64,
+    len: u64,
+) -> anyhow::Result<String> {
+    let name = |tid: u32| names.get(&tid).map_or("?", String::as_str);
     const MARGIN_NS: u64 = 10_000_000;
     let (from, to) = (start.saturating_sub(MARGIN_NS), start + len + MARGIN_NS);
     let mut around: Vec<&Event> = events.iter().filter(|e| e.ts >= from && e.ts <= to).collect();
@@ -166,7 +189,9 @@ pub fn write_snapshot(path: &Path, events: &[Event], start: u64, len: u64) -> an
     for e in around {
         let mark = if e.ts >= start && e.ts < start + len { '*' } else { ' ' };
         let what = match e.kind {
-            EventKind::SchedSwitch { prev_tid, next_tid, .. } => format!("sched_switch {prev_tid} -> {next_tid}"),
+            EventKind::SchedSwitch { prev_tid, next_tid, .. } => {
+                format!("sched_switch {}({prev_tid}) -> {}({next_tid})", name(prev_tid), name(next_tid))
+            }
             EventKind::IrqEntry { irq } => format!("irq_handler_entry irq={irq}"),
             EventKind::IrqExit { irq } => format!("irq_handler_exit irq={irq}"),
             EventKind::SoftirqEntry { vec } => format!("softirq_entry vec={vec}"),
@@ -217,11 +242,12 @@ pub fn guest_table(r: &super::guest::GuestReport) -> String {
         us(r.schedstat_wait_ns),
         us(r.host_steal_ns)
     );
-    if r.inject_hz > 0 {
+    if r.injected > 0 || r.inject_hz.is_some_and(|hz| hz > 0) {
+        let rate = r.inject_hz.map_or_else(String::new, |hz| format!(" at {hz} Hz"));
         let _ = writeln!(
             s,
-            "injected heavyweight exits: {} at {} Hz; guest samples with a heavyweight exit: {}",
-            r.injected, r.inject_hz, g.hw_exit_samples
+            "injected heavyweight exits: {}{rate}; guest samples with a heavyweight exit: {}",
+            r.injected, g.hw_exit_samples
         );
     }
     let _ = writeln!(
