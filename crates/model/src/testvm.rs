@@ -97,6 +97,14 @@ pub struct GuestNoise {
     pub samples: Vec<NoiseRecord>,
     /// Clock-sync exits, before and after the loop.
     pub sync: Vec<SyncPoint>,
+    /// Kicks (`--inject-hz`) that landed inside the loop, between the two brackets of sync
+    /// exits: each is one heavyweight exit the loop can see.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub loop_kicks: u64,
+    /// The vCPU thread's schedstat wait over the loop (from the last sync exit before it to
+    /// the first after it): what the guest's steal samples add up to.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub loop_wait_ns: u64,
 }
 
 /// One gap the guest loop saw, with what its counters said meanwhile.

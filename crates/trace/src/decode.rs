@@ -177,6 +177,11 @@ impl StringTable {
     pub fn resolve(&self, id: StrId) -> &str {
         self.names.get(id.0 as usize).map_or("?", String::as_str)
     }
+
+    /// The names interned from the `first`-th on (ids `first..`), in id order.
+    pub fn names_from(&self, first: usize) -> &[String] {
+        self.names.get(first..).unwrap_or_default()
+    }
 }
 
 /// Decodes records of one layout into typed events.
@@ -205,6 +210,17 @@ impl Decoder {
             .find_map(|f| f.field("common_pid").map(|c| Slot { offset: c.offset, size: c.size }))
             .unwrap_or(Slot { offset: 4, size: 4 });
         Decoder { layout, typed, common_pid, strings: StringTable::default() }
+    }
+
+    /// A decoder of the same layout that has interned no names yet: one per thread when CPUs
+    /// are decoded in parallel, its names merged back into this one's afterwards.
+    pub fn fork(&self) -> Decoder {
+        Decoder {
+            layout: self.layout.clone(),
+            typed: self.typed.clone(),
+            common_pid: self.common_pid,
+            strings: StringTable::default(),
+        }
     }
 
     /// The layout decoded.

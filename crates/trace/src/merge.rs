@@ -3,9 +3,11 @@
 //! Ties go to the lower CPU number, so every path (live, replay, shuffled input) agrees.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use virtprof_model::{Event, EventKind};
+use virtprof_model::{Event, EventKind, StrId};
 
 use crate::decode::Decoder;
 use crate::format::PageHeader;
@@ -22,6 +24,15 @@ pub struct WalkStats {
     pub lost: u64,
     /// Pages that said events were lost without a count.
     pub lost_unknown: u64,
+}
+
+impl WalkStats {
+    fn add(&mut self, other: &WalkStats) {
+        self.pages += other.pages;
+        self.events += other.events;
+        self.lost += other.lost;
+        self.lost_unknown += other.lost_unknown;
+    }
 }
 
 /// Where a walk failed.
@@ -88,6 +99,20 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    fn new(stream: &'a CpuStream<'a>) -> Self {
+        Cursor { cpu: stream.cpu, segments: &stream.segments, segment: 0, next_page: 0, pages_before: 0, records: None }
+    }
+
+    fn error(&self, page: usize, page_size: usize, offset: usize, message: String) -> WalkError {
+        WalkError { cpu: self.cpu, page, offset: page * page_size + offset, message }
+    }
+}
+
+impl Source for Cursor<'_> {
+    fn cpu(&self) -> u32 {
+        self.cpu
+    }
+
     fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
         let page_size = decoder.layout().header.page_size;
         loop {
@@ -137,46 +162,204 @@ impl<'a> Cursor<'a> {
             }
         }
     }
+}
 
-    fn error(&self, page: usize, page_size: usize, offset: usize, message: String) -> WalkError {
-        WalkError { cpu: self.cpu, page, offset: page * page_size + offset, message }
+/// Decode the pages of every CPU and deliver all events to `sink` in timestamp order. Big
+/// traces of a few CPUs are decoded on a thread per CPU ([`merge_cpus_parallel`]); the order
+/// delivered is the same either way.
+pub fn merge_cpus<'a>(
+    decoder: &mut Decoder,
+    cpus: &'a [CpuStream<'a>],
+    sink: impl FnMut(&Event, &Decoder),
+) -> Result<WalkStats, WalkError> {
+    let bytes: usize = cpus.iter().flat_map(|s| &s.segments).map(|seg| seg.len()).sum();
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    if threads > 1 && (2..=MAX_PARALLEL_CPUS).contains(&cpus.len()) && bytes >= PARALLEL_BYTES {
+        merge_cpus_parallel(decoder, cpus, sink)
+    } else {
+        merge_cpus_serial(decoder, cpus, sink)
     }
 }
 
-/// Decode the pages of every CPU and deliver all events to `sink` in timestamp order.
-pub fn merge_cpus<'a>(
+/// Below this many bytes of pages, threads cost more than they save.
+const PARALLEL_BYTES: usize = 8 << 20;
+/// Above this many CPUs, a thread each (and their batches in flight) is too much.
+const MAX_PARALLEL_CPUS: usize = 64;
+
+/// [`merge_cpus`] on the calling thread alone.
+pub fn merge_cpus_serial<'a>(
     decoder: &mut Decoder,
     cpus: &'a [CpuStream<'a>],
     mut sink: impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
+    let mut cursors: Vec<Cursor<'a>> = cpus.iter().map(Cursor::new).collect();
+    merge(&mut cursors, decoder, &mut sink)
+}
+
+/// One CPU's events in time order: decoded on the merging thread ([`Cursor`]) or handed over
+/// by a thread of its own ([`Feed`]).
+trait Source {
+    fn cpu(&self) -> u32;
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError>;
+}
+
+/// Deliver the events of `sources` to `sink` in timestamp order.
+fn merge<S: Source>(
+    sources: &mut [S],
+    decoder: &mut Decoder,
+    sink: &mut impl FnMut(&Event, &Decoder),
+) -> Result<WalkStats, WalkError> {
     let mut stats = WalkStats::default();
-    let mut cursors: Vec<Cursor<'a>> = cpus
-        .iter()
-        .map(|s| Cursor { cpu: s.cpu, segments: &s.segments, segment: 0, next_page: 0, pages_before: 0, records: None })
-        .collect();
-    let mut heap = BinaryHeap::with_capacity(cursors.len());
-    let mut pending: Vec<Option<Event>> = vec![None; cursors.len()];
-    for (i, c) in cursors.iter_mut().enumerate() {
-        if let Some(e) = c.next(decoder, &mut stats)? {
-            heap.push(Reverse((e.ts, c.cpu, i)));
+    let mut pending: Vec<Option<Event>> = vec![None; sources.len()];
+    let mut heap = BinaryHeap::with_capacity(sources.len());
+    for (i, source) in sources.iter_mut().enumerate() {
+        if let Some(e) = source.next(decoder, &mut stats)? {
+            heap.push(Reverse((e.ts, source.cpu(), i)));
             pending[i] = Some(e);
         }
     }
-    while let Some(Reverse((_, _, i))) = heap.pop() {
+    // Earliest on top (ties: the lower CPU). Each delivered event replaces its CPU's entry in
+    // place: one sift instead of a pop and a push.
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((_, cpu, i)) = *top;
         let event = pending[i].take().expect("heap entries have a pending event");
         sink(&event, decoder);
-        // Keep taking from this CPU while it stays the earliest: the heap is only touched when
-        // the order between CPUs changes (ties still go to the lower CPU).
-        let bound = heap.peek().map(|Reverse((ts, cpu, _))| (*ts, *cpu));
-        while let Some(e) = cursors[i].next(decoder, &mut stats)? {
-            if bound.is_none_or(|b| (e.ts, cursors[i].cpu) < b) {
-                sink(&e, decoder);
-                continue;
+        match sources[i].next(decoder, &mut stats)? {
+            Some(e) => {
+                *top = Reverse((e.ts, cpu, i));
+                pending[i] = Some(e);
             }
-            heap.push(Reverse((e.ts, cursors[i].cpu, i)));
-            pending[i] = Some(e);
-            break;
+            None => {
+                PeekMut::pop(top);
+            }
         }
     }
     Ok(stats)
+}
+
+/// Events a decoding thread hands over at a time.
+const BATCH: usize = 2048;
+
+/// What a decoding thread sends: events in order, the task names it interned since its last
+/// batch, and, last, how its walk ended.
+struct Batch {
+    events: Vec<Event>,
+    names: Vec<String>,
+    end: Option<Result<WalkStats, WalkError>>,
+}
+
+/// One CPU's decoding thread, as the merge sees it.
+struct Feed {
+    cpu: u32,
+    rx: Receiver<Batch>,
+    events: std::vec::IntoIter<Event>,
+    /// The thread's name ids → `decoder`'s.
+    names: Vec<StrId>,
+    /// The thread has sent its last batch.
+    done: bool,
+    /// Where its walk failed, reported once the events before it are delivered (as the serial
+    /// walk would).
+    error: Option<WalkError>,
+}
+
+impl Source for Feed {
+    fn cpu(&self) -> u32 {
+        self.cpu
+    }
+
+    /// The next event of this CPU, waiting for its thread if need be; names are translated to
+    /// the merging decoder's ids.
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+        loop {
+            if let Some(mut e) = self.events.next() {
+                if let EventKind::SchedSwitch { prev_comm, next_comm, .. } = &mut e.kind {
+                    *prev_comm = self.names[prev_comm.0 as usize];
+                    *next_comm = self.names[next_comm.0 as usize];
+                }
+                return Ok(Some(e));
+            }
+            if let Some(e) = self.error.take() {
+                return Err(e);
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let Ok(batch) = self.rx.recv() else {
+                return Err(WalkError {
+                    cpu: self.cpu,
+                    page: 0,
+                    offset: 0,
+                    message: "the decoding thread stopped".into(),
+                });
+            };
+            self.names.extend(batch.names.iter().map(|n| decoder.strings.intern(n.as_bytes())));
+            self.events = batch.events.into_iter();
+            match batch.end {
+                Some(Ok(s)) => stats.add(&s),
+                Some(Err(e)) => self.error = Some(e),
+                None => continue,
+            }
+            self.done = true;
+        }
+    }
+}
+
+/// [`merge_cpus`] with each CPU decoded on a thread of its own (a forked [`Decoder`]) and
+/// handed over in batches; the merge and `sink` run on the calling thread, in the same order
+/// as [`merge_cpus_serial`].
+pub fn merge_cpus_parallel<'a>(
+    decoder: &mut Decoder,
+    cpus: &'a [CpuStream<'a>],
+    mut sink: impl FnMut(&Event, &Decoder),
+) -> Result<WalkStats, WalkError> {
+    std::thread::scope(|scope| {
+        let mut feeds: Vec<Feed> = cpus
+            .iter()
+            .map(|stream| {
+                let (tx, rx) = sync_channel(2);
+                let mut worker = decoder.fork();
+                scope.spawn(move || decode_into(&mut worker, stream, &tx));
+                Feed {
+                    cpu: stream.cpu,
+                    rx,
+                    events: Vec::new().into_iter(),
+                    names: Vec::new(),
+                    done: false,
+                    error: None,
+                }
+            })
+            .collect();
+        merge(&mut feeds, decoder, &mut sink)
+    })
+}
+
+/// A decoding thread: walk one CPU's pages, sending batches until the end or an error (or
+/// until the merge stops listening).
+fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Batch>) {
+    let mut cursor = Cursor::new(stream);
+    let mut stats = WalkStats::default();
+    let mut named = 0;
+    loop {
+        let mut events = Vec::with_capacity(BATCH);
+        let mut end = None;
+        while events.len() < BATCH {
+            match cursor.next(decoder, &mut stats) {
+                Ok(Some(e)) => events.push(e),
+                Ok(None) => {
+                    end = Some(Ok(stats));
+                    break;
+                }
+                Err(e) => {
+                    end = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        let names = decoder.strings.names_from(named).to_vec();
+        named += names.len();
+        let last = end.is_some();
+        if tx.send(Batch { events, names, end }).is_err() || last {
+            return;
+        }
+    }
 }

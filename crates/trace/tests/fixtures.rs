@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use virtprof_model::{Event, EventKind};
+use virtprof_model::{Event, EventKind, StrId};
+use virtprof_trace::decode::Decoder;
 use virtprof_trace::decode::{field_value, FieldValue};
 use virtprof_trace::dump::Dump;
-use virtprof_trace::merge::{merge_cpus, CpuStream};
+use virtprof_trace::merge::{merge_cpus, CpuStream, WalkError, WalkStats};
 use virtprof_trace::page::Page;
 
 const RUNS: [&str; 2] = ["kvm-amd-run1_1vcpu_clock-local", "kvm-amd-run3_2vcpu_2cpu_pinned"];
@@ -284,5 +285,58 @@ fn text_trace_reencoded_equals_the_raw_pages() {
             }
             assert_eq!(i, mine.len(), "{run} cpu{cpu}: event count");
         }
+    }
+}
+
+/// Events as delivered, task names spelled out (each decoder numbers them its own way).
+type Delivered = Vec<(Event, String, String)>;
+
+/// What a walk delivered and how it ended, on the fixture `run` (with page `cut` of the first
+/// CPU damaged, if given).
+fn walk(
+    run: &str,
+    cut: Option<usize>,
+    merge: impl Fn(&mut Decoder, &[CpuStream<'_>], &mut dyn FnMut(&Event, &Decoder)) -> Result<WalkStats, WalkError>,
+) -> (Delivered, Result<WalkStats, String>) {
+    let mut dump = Dump::open(&fixture(run).join("tracefs")).unwrap();
+    let mut raws: Vec<(u32, Vec<u8>)> = dump.cpus.iter().map(|c| (c.cpu, c.raw.clone())).collect();
+    if let Some(page) = cut {
+        // Break one CPU's page: a commit size larger than the page.
+        let raw = &mut raws[0].1;
+        raw[page * 4096 + 8..page * 4096 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+    }
+    let streams: Vec<CpuStream<'_>> = raws.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
+    let mut out = Vec::new();
+    let result = merge(&mut dump.decoder, &streams, &mut |e, d| {
+        let mut e = *e;
+        let names = match &mut e.kind {
+            EventKind::SchedSwitch { prev_comm, next_comm, .. } => {
+                let names = (d.strings.resolve(*prev_comm).to_string(), d.strings.resolve(*next_comm).to_string());
+                (*prev_comm, *next_comm) = (StrId(0), StrId(0));
+                names
+            }
+            _ => (String::new(), String::new()),
+        };
+        out.push((e, names.0, names.1));
+    });
+    (out, result.map_err(|e| e.to_string()))
+}
+
+#[test]
+fn parallel_decoding_delivers_what_serial_decoding_does() {
+    use virtprof_trace::merge::{merge_cpus_parallel, merge_cpus_serial};
+    let serial = |d: &mut _, s: &[CpuStream<'_>], f: &mut dyn FnMut(&Event, &_)| merge_cpus_serial(d, s, f);
+    let parallel = |d: &mut _, s: &[CpuStream<'_>], f: &mut dyn FnMut(&Event, &_)| merge_cpus_parallel(d, s, f);
+    for run in RUNS {
+        let (a, sa) = walk(run, None, serial);
+        let (b, sb) = walk(run, None, parallel);
+        assert!(a.len() > 1000 && a.iter().any(|x| !x.1.is_empty()), "{run}: events with task names");
+        assert_eq!(a, b, "{run}: same events, same order, same names");
+        assert_eq!(sa, sb, "{run}: same counts");
+        // A damaged page: the same events up to it, then the same error.
+        let (a, sa) = walk(run, Some(1), serial);
+        let (b, sb) = walk(run, Some(1), parallel);
+        assert!(sa.is_err(), "{run}: {sa:?}");
+        assert_eq!((a, sa), (b, sb), "{run}");
     }
 }

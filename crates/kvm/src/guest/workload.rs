@@ -309,6 +309,16 @@ fn emit_noise(b: &mut ProgramBuilder, name: &str, bound: Bound, tsc_khz: u64) ->
         return Err(VmmError::Assemble("the noise workload runs for a duration, not a count".into()));
     };
     let capacity = layout::NOISE_AREA / layout::NOISE_RECORD;
+    // Touch every page of the sample buffer first: a first touch inside the loop is an exit
+    // (the host maps the page) that would land in the middle of storing a sample.
+    a(b.asm.mov(rdx, qword_ptr(r15 + shared::NOISE_BUFFER as i32)))?;
+    a(b.asm.mov(rcx, layout::NOISE_AREA / 4096))?;
+    let mut touch = b.asm.create_label();
+    a(b.asm.set_label(&mut touch))?;
+    a(b.asm.mov(qword_ptr(rdx), 0))?;
+    a(b.asm.add(rdx, 4096))?;
+    a(b.asm.dec(rcx))?;
+    a(b.asm.jnz(touch))?;
     emit_sync(b)?;
     a(b.asm.mov(rbx, qword_ptr(r15 + shared::NOISE_THRESHOLD as i32)))?;
     a(b.asm.mov(r12, qword_ptr(r15 + shared::NOISE_BUFFER as i32)))?;
@@ -355,8 +365,9 @@ fn emit_noise(b: &mut ProgramBuilder, name: &str, bound: Bound, tsc_khz: u64) ->
     a(b.asm.set_label(&mut full))?;
     a(b.asm.inc(r13))?;
     a(b.asm.mov(qword_ptr(r15 + shared::NOISE_SAMPLES as i32), r13))?;
-    // Restart the clock after storing, so the store is not the next sample.
-    emit_rdtsc64(b)?;
+    // The next step is measured from the end of this gap (rax), so storing the sample is
+    // inside it: an exit that lands while the sample is stored is seen (with the clock
+    // restarted here it went unseen, while its counters were charged to this sample).
     a(b.asm.set_label(&mut quiet))?;
     a(b.asm.mov(r11, rax))?;
     a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;

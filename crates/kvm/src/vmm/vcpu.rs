@@ -16,6 +16,7 @@ use super::pc_sampler::{KickSlot, PcSampler};
 use super::shared_page::SharedPage;
 use crate::error::VmmError;
 use crate::guest::layout::{self, ports, shared};
+use crate::guest::SYNC_ROUNDS;
 use crate::guest::{GuestProgram, Script};
 use crate::stats::StatsFd;
 
@@ -105,6 +106,11 @@ pub(crate) fn run_vcpu(
     let mut sampler = ctx.kick.map(|slot| PcSampler::new(&mut vcpu, slot, ctx.index));
     let mut last_reason = 0;
     let mut sync = Vec::new();
+    // Kicks that land inside the noise loop (between its two brackets of sync exits), and the
+    // thread's schedstat where the loop starts and ends (its steal is summed over the loop).
+    let mut loop_kicks = 0u64;
+    let mut iterations_at_return = 0u64;
+    let mut loop_sched = (None, None);
 
     while clock.done.is_none() {
         if let Some(s) = &sampler {
@@ -118,6 +124,14 @@ pub(crate) fn run_vcpu(
         if let Some(s) = sampler.as_mut() {
             s.left(&vcpu, interrupted, last_reason)?;
         }
+        // A kick counts when the loop ran since the previous return: one that lands while
+        // this thread handles an exit returns at once from the next KVM_RUN, unseen by the
+        // guest (its time falls into that exit's gap).
+        let iterations = ctx.page.load(shared::ITERATIONS);
+        if interrupted && sync.len() as u64 == SYNC_ROUNDS && iterations != iterations_at_return {
+            loop_kicks += 1;
+        }
+        iterations_at_return = iterations;
         let reason = vcpu.get_kvm_run().exit_reason;
         if !interrupted {
             last_reason = reason;
@@ -139,6 +153,11 @@ pub(crate) fn run_vcpu(
                 let before_ns = monotonic_ns();
                 let tsc = guest_tsc(&vcpu)?;
                 sync.push(SyncPoint { tsc, before_ns, after_ns: monotonic_ns() });
+                match sync.len() as u64 {
+                    n if n == SYNC_ROUNDS => loop_sched.0 = Some(read_schedstat()),
+                    n if n == SYNC_ROUNDS + 1 => loop_sched.1 = Some(read_schedstat()),
+                    _ => {}
+                }
             }
             Action::Phase(_) => clock.starts.push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
             Action::Done => clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
@@ -200,7 +219,13 @@ pub(crate) fn run_vcpu(
         phases,
         kvm_stats,
         samples: sampler.map(PcSampler::into_samples).unwrap_or_default(),
-        noise: (!sync.is_empty()).then(|| guest_noise(&ctx, sync)),
+        noise: (!sync.is_empty()).then(|| {
+            let loop_wait_ns = match loop_sched {
+                (Some(start), Some(end)) => end.since(start).wait_ns,
+                _ => 0,
+            };
+            guest_noise(&ctx, sync, loop_kicks, loop_wait_ns)
+        }),
     };
     Ok((report, vcpu))
 }
@@ -217,7 +242,7 @@ fn guest_tsc(vcpu: &VcpuFd) -> Result<u64, VmmError> {
 }
 
 /// The noise workload's samples, read out of guest memory.
-fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>) -> GuestNoise {
+fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>, loop_kicks: u64, loop_wait_ns: u64) -> GuestNoise {
     let detected = ctx.page.load(shared::NOISE_SAMPLES);
     let kept = detected.min(layout::NOISE_AREA / layout::NOISE_RECORD);
     let base = layout::noise_buffer(ctx.index);
@@ -241,6 +266,8 @@ fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>) -> GuestNoise {
         detected,
         samples,
         sync,
+        loop_kicks,
+        loop_wait_ns,
     }
 }
 

@@ -81,14 +81,15 @@ pub struct GuestReport {
     pub threshold_ns: u64,
     /// The kick rate asked for (null when explaining a recording: the report does not say).
     pub inject_hz: Option<u32>,
-    /// Heavyweight exits the VMM's kicks caused (`INTR` returns).
+    /// Heavyweight exits the VMM's kicks caused inside the loop (`INTR` returns between the
+    /// sync exits; kicks before or after the loop are not noise the guest can see).
     pub injected: u64,
     pub clock: ClockMap,
     /// The seed's guest-side columns.
     pub guest: GuestColumns,
     /// Samples the guest detected but had no room to keep.
     pub dropped_samples: u64,
-    /// The vCPU thread's schedstat wait over the run (compare with `guest.steal_ns`).
+    /// The vCPU thread's schedstat wait over the loop (compare with `guest.steal_ns`).
     pub schedstat_wait_ns: u64,
     /// Time the host trace shows the vCPU thread off its CPU during samples.
     pub host_steal_ns: u64,
@@ -273,11 +274,11 @@ fn explain(report: &TestvmReport, host_trace: &HostTrace, inject_hz: Option<u32>
         duration_ns: vcpu.wall_ns,
         threshold_ns: saturating_u64((noise.threshold_ticks as f64 * 1e6 / noise.tsc_khz.max(1) as f64).round()),
         inject_hz,
-        injected: vcpu.exits("INTR"),
+        injected: noise.loop_kicks,
         clock,
         guest: guest_columns(&guest_samples),
         dropped_samples: noise.detected - noise.samples.len() as u64,
-        schedstat_wait_ns: vcpu.wait_ns,
+        schedstat_wait_ns: noise.loop_wait_ns,
         host_steal_ns,
         by_cause,
         preemptors,
