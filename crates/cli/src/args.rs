@@ -763,9 +763,8 @@ samples first) and hypervisor. Times are in microseconds.
 
 --testvm runs the guest-side loop inside a micro-VM instead, records the host meanwhile, and
 attributes every guest sample to host events (preemption, exits, host IRQs) on a clock mapping
-whose error bound is printed.
---host-recording FILE --guest REPORT does that afterwards, from a recording of the host made
-while `virtprof testvm -w noise` ran pinned.
+whose error bound is printed. --host-recording FILE --guest REPORT does the same afterwards,
+from a recording of the host made while `virtprof testvm -w noise` ran pinned.
 
 EXAMPLES:
   virtprof noise --cpus 1 --duration 10s                   rtla osnoise top, plus STEAL and HYP
@@ -773,8 +772,8 @@ EXAMPLES:
   virtprof noise --stop-single 200us --snapshot stop.txt   stop at the first 200 us sample
   virtprof noise --cpus 1 --no-trace                       counts only, as oslat does
   virtprof noise --testvm --pin 1 --inject-hz 100 --json   guest noise explained by the host
-  virtprof record -o host.vprec -- virtprof testvm -w noise --pin 1 --duration 2s --json > guest.json
-  virtprof noise --host-recording host.vprec --guest guest.json   the same, afterwards")]
+  virtprof record -o h.vprec -- virtprof testvm -w noise --pin 1 --json > g.json
+  virtprof noise --host-recording h.vprec --guest g.json   the same, afterwards")]
 pub struct NoiseArgs {
     /// CPUs to measure (default: every online CPU).
     #[arg(long, value_name = "LIST")]
