@@ -1,5 +1,6 @@
 //! Merging per-CPU event streams into one timestamp-ordered stream, lazily: each CPU keeps one
-//! decoded event pending, so memory is bounded by the CPU count whatever the trace length.
+//! decoded event pending (or, decoded on its own thread, a few batches in flight), so memory
+//! is bounded by the CPU count whatever the trace length.
 //! Ties go to the lower CPU number, so every path (live, replay, shuffled input) agrees.
 
 use std::cmp::Reverse;

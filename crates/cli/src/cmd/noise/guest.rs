@@ -150,7 +150,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
     let (mut events, lost_events, decoder) = trace.finish()?;
     events.sort_by_key(|e| e.ts);
     let host = HostTrace { events, lost_events, missing_events, decoder };
-    let out = explain(&report, &host, Some(args.inject_hz))?;
+    let out = explain(&report, host, Some(args.inject_hz))?;
     print(&out, args)
 }
 
@@ -204,7 +204,7 @@ pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow:
     })?;
     let lost_events = stats.lost + recording.lost_in_footer();
     let host = HostTrace { events, lost_events, missing_events, decoder };
-    let out = explain(&report, &host, None)?;
+    let out = explain(&report, host, None)?;
     print(&out, args)
 }
 
@@ -222,7 +222,7 @@ fn print(out: &GuestReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Explain every guest sample of `report`'s first vCPU by `host`'s events.
-fn explain(report: &TestvmReport, host_trace: &HostTrace, inject_hz: Option<u32>) -> anyhow::Result<GuestReport> {
+fn explain(report: &TestvmReport, host_trace: HostTrace, inject_hz: Option<u32>) -> anyhow::Result<GuestReport> {
     let decoder = &host_trace.decoder;
     let vcpu = first_vcpu(report)?;
     let cpu = vcpu.pinned_cpu.ok_or_else(|| anyhow::anyhow!("the vCPU was not pinned"))?;
@@ -285,6 +285,6 @@ fn explain(report: &TestvmReport, host_trace: &HostTrace, inject_hz: Option<u32>
         exit_reasons,
         explained_pct: if total == 0 { 100.0 } else { 100.0 * explained as f64 / total as f64 },
         lost_events: host_trace.lost_events,
-        missing_events: host_trace.missing_events.clone(),
+        missing_events: host_trace.missing_events,
     })
 }
