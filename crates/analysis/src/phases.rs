@@ -1,12 +1,13 @@
-//! Phase detection over interval vectors: every row is a point (its columns log-scaled and
-//! z-scored), k-means
-//! groups them, and k is the one with the best mean silhouette. Deterministic: the seeds are
-//! chosen farthest-first from the first row, so the same table always gives the same phases.
+//! Phase detection over interval vectors: every row is a point (its columns median-filtered
+//! over time, log-scaled and z-scored), k-means groups them, k is the one with the best mean
+//! silhouette, runs no longer than the filter's reach are merged into a neighbour, and each
+//! boundary is then placed where the unfiltered rows change. Deterministic: the seeds are chosen farthest-first from the first row, so the same table
+//! always gives the same phases.
 
 /// The phases found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Phases {
-    /// Clusters chosen.
+    /// Distinct phases (the clusters left once short runs are merged into their neighbours).
     pub k: usize,
     /// Mean silhouette of that clustering (−1..1; above ~0.5 is a clear structure).
     pub silhouette: f64,
@@ -24,9 +25,12 @@ impl Phases {
 /// Rows at most this many enter the silhouette (it is quadratic); longer runs are strided.
 const SILHOUETTE_ROWS: usize = 1500;
 
-/// Cluster `rows` (one feature vector each; NaN counts as the column's mean) into phases,
-/// trying k = 1..=max_k. A single phase is chosen when no k ≥ 2 separates the rows well.
-pub fn detect(rows: &[Vec<f64>], max_k: usize) -> Phases {
+/// Cluster `rows` (one feature vector each, in time order; NaN counts as the column's mean)
+/// into phases, trying k = 1..=max_k. A single phase is chosen when no k ≥ 2 separates the
+/// rows well. Runs of at most `blip_rows` rows are not phases: a VM that got no CPU for an
+/// interval or two (host contention) changes every count at once, which looks like a phase
+/// to k-means but is not one of the workload's.
+pub fn detect(rows: &[Vec<f64>], max_k: usize, blip_rows: usize) -> Phases {
     let n = rows.len();
     let single = Phases { k: 1, silhouette: 0.0, ids: vec![0; n] };
     // z-scoring makes noise look like structure, and the silhouette is scale-free: a run
@@ -44,24 +48,134 @@ pub fn detect(rows: &[Vec<f64>], max_k: usize) -> Phases {
     let min_rows = (n / 20).max(2);
     let kept: Vec<usize> =
         (0..width).filter(|&c| rows.iter().filter(|r| r[c].is_finite() && r[c] != 0.0).count() >= min_rows).collect();
-    let logged: Vec<Vec<f64>> = rows
-        .iter()
-        .map(|r| {
-            kept.iter().map(|&c| if r[c].is_finite() { r[c].signum() * r[c].abs().ln_1p() } else { r[c] }).collect()
-        })
-        .collect();
-    let points = standardize(&logged);
+    let kept_rows: Vec<Vec<f64>> = rows.iter().map(|r| kept.iter().map(|&c| r[c]).collect()).collect();
+    let log = |rows: &[Vec<f64>]| -> Vec<Vec<f64>> {
+        rows.iter()
+            .map(|r| r.iter().map(|&v| if v.is_finite() { v.signum() * v.abs().ln_1p() } else { v }).collect())
+            .collect()
+    };
+    let points = standardize(&log(&median_filtered(&kept_rows, blip_rows)));
     let mut best = single;
     for k in 2..=max_k.min(n - 1) {
         let labels = kmeans(&points, k);
         let s = silhouette(&points, &labels, k);
-        // A clearly better structure is needed to split further: over-splitting a phase
-        // gives a slightly higher silhouette by noise alone.
-        if s > best.silhouette + 0.02 && s > 0.25 {
-            best = Phases { k, silhouette: s, ids: renumber(&labels) };
+        // A better structure is needed to split further, by a margin: over-splitting a phase
+        // gives a slightly higher silhouette by noise alone. The margin is small because a
+        // short phase (a tenth of the run) raises the mean silhouette only a little, and the
+        // median filter has already taken out most of the noise.
+        if s > best.silhouette + 0.005 && s > 0.25 {
+            best = Phases { k, silhouette: s, ids: labels };
         }
     }
+    if best.k > 1 {
+        absorb_blips(&mut best.ids, &points, blip_rows);
+        refine_boundaries(&mut best.ids, &standardize(&log(&kept_rows)), blip_rows);
+        best.ids = renumber(&best.ids);
+        best.k = best.ids.iter().max().map_or(1, |m| m + 1);
+    }
     best
+}
+
+/// Every column replaced by its running median over `reach` rows either side (the window
+/// shrinks at the ends). A median keeps the edge of a step where it is, unlike a mean, and
+/// removes any excursion of at most `reach` rows.
+fn median_filtered(rows: &[Vec<f64>], reach: usize) -> Vec<Vec<f64>> {
+    if reach == 0 {
+        return rows.to_vec();
+    }
+    let mut out = rows.to_vec();
+    let mut window = Vec::with_capacity(2 * reach + 1);
+    for c in 0..rows.first().map_or(0, Vec::len) {
+        for (r, row) in out.iter_mut().enumerate() {
+            window.clear();
+            let span = r.saturating_sub(reach)..(r + reach + 1).min(rows.len());
+            window.extend(rows[span].iter().map(|w| w[c]).filter(|v| v.is_finite()));
+            if window.is_empty() {
+                continue;
+            }
+            window.sort_unstable_by(f64::total_cmp);
+            let mid = window.len() / 2;
+            row[c] = if window.len() % 2 == 1 { window[mid] } else { (window[mid - 1] + window[mid]) / 2.0 };
+        }
+    }
+    out
+}
+
+/// Merges every run of at most `blip_rows` rows into the neighbouring run whose centre is
+/// nearer, shortest runs first, until none is left (or one run remains). A run between two
+/// phases (the rows that straddle a change) joins one of them: the boundary moves by at most
+/// its length.
+fn absorb_blips(labels: &mut [usize], points: &[Vec<f64>], blip_rows: usize) {
+    loop {
+        let runs = runs(labels);
+        if runs.len() < 2 {
+            return;
+        }
+        let Some(short) = (0..runs.len()).filter(|&i| runs[i].len() <= blip_rows).min_by_key(|&i| runs[i].len()) else {
+            return;
+        };
+        let run = runs[short].clone();
+        let neighbours = [short.checked_sub(1), (short + 1 < runs.len()).then_some(short + 1)];
+        let target = neighbours
+            .into_iter()
+            .flatten()
+            .min_by(|&a, &b| run_distance(points, &run, &runs[a]).total_cmp(&run_distance(points, &run, &runs[b])))
+            .expect("a run among two or more has a neighbour");
+        let label = labels[runs[target].start];
+        labels[run].fill(label);
+    }
+}
+
+/// Moves every boundary to where the unfiltered rows change: the median filter keeps a clean
+/// step in place, but on noisy rows (few events per interval) it can shift it by a few rows.
+/// Each boundary may move by up to `reach` rows, staying inside its two runs, to the split
+/// that puts the rows around it nearest to their runs' centres.
+fn refine_boundaries(labels: &mut [usize], raw: &[Vec<f64>], reach: usize) {
+    let runs = runs(labels);
+    // Taken before any boundary moves: a moved boundary may relabel the next run's first row.
+    let run_labels: Vec<usize> = runs.iter().map(|r| labels[r.start]).collect();
+    for (i, pair) in runs.windows(2).enumerate() {
+        let (a, b) = (&pair[0], &pair[1]);
+        let (ca, cb) = (centre(raw, a), centre(raw, b));
+        let lo = b.start.saturating_sub(reach).max(a.start + 1);
+        let hi = (b.start + reach).min(b.end - 1);
+        let cost = |split: usize| -> f64 {
+            (lo - 1..=hi).map(|r| distance2(&raw[r], if r < split { &ca } else { &cb })).sum()
+        };
+        let best =
+            (lo..=hi).min_by(|&x, &y| cost(x).total_cmp(&cost(y)).then(x.abs_diff(b.start).cmp(&y.abs_diff(b.start))));
+        if let Some(split) = best {
+            labels[lo - 1..split].fill(run_labels[i]);
+            labels[split..=hi].fill(run_labels[i + 1]);
+        }
+    }
+}
+
+/// Mean of a run of rows.
+fn centre(points: &[Vec<f64>], run: &std::ops::Range<usize>) -> Vec<f64> {
+    let mut c = vec![0.0; points[0].len()];
+    for p in &points[run.clone()] {
+        c.iter_mut().zip(p).for_each(|(c, x)| *c += x / run.len() as f64);
+    }
+    c
+}
+
+/// Consecutive rows with the same label.
+fn runs(labels: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=labels.len() {
+        if i == labels.len() || labels[i] != labels[start] {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
+/// Distance between the centres of two runs of rows.
+fn run_distance(points: &[Vec<f64>], a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> f64 {
+    distance2(&centre(points, a), &centre(points, b))
 }
 
 /// Coefficient of variation (sd / |mean|) a column needs for the run to have phases at all.
@@ -211,7 +325,7 @@ mod tests {
         rows.extend(noisy([10.0, 5000.0], 20, &mut seed));
         rows.extend(noisy([50.0, 0.0], 25, &mut seed));
         rows.extend(noisy([100.0, 0.0], 30, &mut seed));
-        let p = detect(&rows, 6);
+        let p = detect(&rows, 6, 1);
         assert_eq!(p.k, 3, "silhouette {}", p.silhouette);
         assert_eq!(p.boundaries(), vec![30, 50, 75]);
         assert_eq!(p.ids[0], p.ids[104], "the return to the first phase gets its id back");
@@ -220,8 +334,58 @@ mod tests {
     #[test]
     fn a_flat_run_is_one_phase() {
         let mut seed = 7;
-        let p = detect(&noisy([100.0, 20.0], 50, &mut seed), 6);
+        let p = detect(&noisy([100.0, 20.0], 50, &mut seed), 6, 1);
         assert_eq!(p.k, 1);
         assert!(p.boundaries().is_empty());
+    }
+
+    /// Host contention: now and then the VM gets no CPU for an interval or two, and every
+    /// count drops at once. Those rows are not phases.
+    #[test]
+    fn starved_intervals_are_not_phases() {
+        let mut seed = 3;
+        let mut rows = noisy([1000.0, 0.0], 30, &mut seed);
+        rows.extend(noisy([100.0, 5000.0], 30, &mut seed));
+        rows.extend(noisy([1000.0, 0.0], 30, &mut seed));
+        for starved in [5, 6, 20, 41, 42, 70] {
+            rows[starved].iter_mut().for_each(|v| *v *= 0.05);
+        }
+        let p = detect(&rows, 6, 2);
+        assert_eq!(p.boundaries(), vec![30, 60]);
+        assert_eq!(p.k, 2);
+        let blips = detect(&rows, 6, 0);
+        assert!(blips.boundaries().len() > 2, "without the filter the starved rows split: {:?}", blips.boundaries());
+    }
+
+    #[test]
+    fn a_run_between_two_phases_joins_the_nearer_one() {
+        let points = vec![vec![0.0], vec![0.0], vec![0.0], vec![0.9], vec![1.0], vec![1.0], vec![1.0]];
+        let mut labels = vec![0, 0, 0, 2, 1, 1, 1];
+        absorb_blips(&mut labels, &points, 1);
+        assert_eq!(labels, vec![0, 0, 0, 1, 1, 1, 1]);
+        let mut a_b_a = vec![0, 0, 1, 0, 0];
+        absorb_blips(&mut a_b_a, &points[..5], 1);
+        assert_eq!(a_b_a, vec![0; 5]);
+    }
+
+    #[test]
+    fn boundaries_move_to_where_the_unfiltered_rows_change() {
+        let raw: Vec<Vec<f64>> = (0..30).map(|r| vec![if (10..20).contains(&r) { 1.0 } else { 0.0 }]).collect();
+        // Both boundaries found two rows early: moving the first one relabels the second
+        // run's first row, which must not change the label the second boundary gives it.
+        let mut labels: Vec<usize> = (0..30)
+            .map(|r| {
+                if r < 8 {
+                    0
+                } else if r < 18 {
+                    1
+                } else {
+                    2
+                }
+            })
+            .collect();
+        refine_boundaries(&mut labels, &raw, 3);
+        let want: Vec<usize> = (0..30).map(|r| r / 10).collect();
+        assert_eq!(labels, want);
     }
 }

@@ -36,8 +36,9 @@ struct ChangeOut {
 pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     let (ta, tb) = (interval_table(&args.a)?, interval_table(&args.b)?);
     let (fa, fb) = (features(&ta), features(&tb));
-    let rate = |f: &[(String, Vec<f64>)], name: &str, seconds: f64| {
-        f.iter().find(|(m, _)| m == name).map_or(0.0, |(_, v)| v.iter().filter(|x| !x.is_nan()).sum::<f64>())
+    let (totals_a, totals_b) = (ta.host_metrics(), tb.host_metrics());
+    let rate = |totals: &[(String, Vec<f64>)], name: &str, seconds: f64| {
+        totals.iter().find(|(m, _)| m == name).map_or(0.0, |(_, v)| v.iter().filter(|x| !x.is_nan()).sum::<f64>())
             / seconds.max(f64::MIN_POSITIVE)
     };
     let mut names: Vec<&String> = fa.iter().chain(&fb).map(|(m, _)| m).collect();
@@ -47,8 +48,8 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|m| Rate {
             metric: (*m).clone(),
-            a_per_second: rate(&fa, m, ta.seconds()),
-            b_per_second: rate(&fb, m, tb.seconds()),
+            a_per_second: rate(&totals_a, m, ta.seconds()),
+            b_per_second: rate(&totals_b, m, tb.seconds()),
         })
         .filter(|r| r.a_per_second != 0.0 || r.b_per_second != 0.0)
         .collect();

@@ -113,9 +113,16 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
         .iter()
         .map(|v| usize::try_from(v.as_u64().unwrap()).unwrap())
         .collect();
-    for t in truth_rows {
+    for &t in &truth_rows {
         assert!(found.iter().any(|&f| f.abs_diff(t) <= 1), "boundary at row {t} not found in {found:?}");
     }
+    // And nothing splits the scripted phases in between (the first and the last one also hold
+    // the VM's start-up and end, which are phases of their own).
+    let spurious: Vec<&usize> = found
+        .iter()
+        .filter(|&&f| f > truth_rows[0] + 1 && f + 1 < truth_rows[2] && f.abs_diff(truth_rows[1]) > 1)
+        .collect();
+    assert!(spurious.is_empty(), "boundaries {spurious:?} inside the scripted phases {truth_rows:?}");
 }
 
 #[test]

@@ -31,10 +31,19 @@ pub fn interval_table(path: &std::path::Path) -> anyhow::Result<IntervalTable> {
     Ok(analysis.table.expect("the recording has interval rows, checked above"))
 }
 
-/// The features phase detection and correlation look at: host-level delta metrics (app
-/// counters and the phase gauge excluded: they are what the analysis should rediscover).
+/// The features phase detection and correlation look at: host-level delta metrics per second
+/// of their row (app counters and the phase gauge excluded: they are what the analysis should
+/// rediscover). Rates, not counts: a row that covers a missed one is twice as long, and a
+/// short last row counts little, yet neither is a change of phase.
 pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
-    table.host_metrics().into_iter().filter(|(m, _)| !m.starts_with("app.")).collect()
+    let seconds: Vec<f64> =
+        table.start_ns.iter().zip(&table.end_ns).map(|(s, e)| e.saturating_sub(*s).max(1) as f64 / 1e9).collect();
+    table
+        .host_metrics()
+        .into_iter()
+        .filter(|(m, _)| !m.starts_with("app."))
+        .map(|(m, counts)| (m, counts.iter().zip(&seconds).map(|(c, s)| c / s).collect()))
+        .collect()
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {

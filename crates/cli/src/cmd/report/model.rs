@@ -20,6 +20,15 @@ use crate::recording::Recording;
 /// Most clusters phase detection tries.
 const MAX_PHASES: usize = 8;
 
+/// A phase lasts longer than this; shorter excursions (a VM starved of CPU for an interval
+/// or two by other host load) are smoothed away.
+const MIN_PHASE_NS: u64 = 20_000_000;
+
+/// How many rows an excursion may span and still be smoothed away: at least one.
+fn blip_rows(interval_ns: u64) -> usize {
+    usize::try_from(MIN_PHASE_NS.div_ceil(interval_ns.max(1))).unwrap_or(usize::MAX).clamp(1, 100)
+}
+
 /// Most points a drawn time series gets (longer ones are averaged down).
 const MAX_POINTS: usize = 1500;
 
@@ -256,7 +265,7 @@ fn intervals(
 
     let features = features(table);
     let rows: Vec<Vec<f64>> = (0..table.rows()).map(|r| features.iter().map(|(_, v)| v[r]).collect()).collect();
-    let found = phases::detect(&rows, MAX_PHASES);
+    let found = phases::detect(&rows, MAX_PHASES, blip_rows(table.interval_ns));
     let t0 = table.start_ns.first().copied().unwrap_or(0);
     let method = if args.spearman { Method::Spearman } else { Method::Pearson };
     let m = correlate::matrix(&features, method);
