@@ -33,6 +33,7 @@ usage: benches/record_overhead_toggle.py [--cycles N] [--window-ms MS] [--worklo
 """
 import argparse
 import glob
+import json
 import mmap
 import multiprocessing
 import os
@@ -183,9 +184,12 @@ class Record(Instance):
         sys.exit("virtprof record did not start tracing: " + self.proc.stderr.read())
 
     def close(self):
+        # Peak RSS over the whole run (target: bounded, <= 64 MiB, whatever the duration).
+        peak = next((line.split(":")[1].strip() for line in open(f"/proc/{self.pid}/status")
+                     if line.startswith("VmHWM")), "?")
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate()
-        self.summary = [line.strip() for line in err.splitlines() if "lost" in line]
+        self.summary = [line.strip() for line in err.splitlines() if "lost" in line] + [f"peak RSS {peak}"]
 
 
 class Perf:
@@ -319,6 +323,7 @@ def main():
     ap.add_argument("--out-dir", default=None, help="where the recordings go (default: a temporary directory)")
     ap.add_argument("--record-cpus", default=None, help="run virtprof record (and the drained reader) on these CPUs")
     ap.add_argument("--record-args", default="", help="more arguments for virtprof record")
+    ap.add_argument("--save", default=None, metavar="FILE", help="also write every window's added ns as JSON")
     ap.add_argument("--control-load", default=None, metavar="CPU:PERCENT",
                     help="also switch a busy loop on CPU, PERCENT%% of the time (a control: no tracing)")
     args = ap.parse_args()
@@ -373,6 +378,9 @@ def main():
         vm.wait()
         shutil.rmtree(tmp)
 
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump({"args": vars(args), "added_ns_per_iteration": added}, f)
     print(f"{'TRACER':14} {'ADDED_NS/ITER':>14} {'95% CI':>20} {'WINDOWS':>8} {'ITS_CPU%':>9}")
     med = {}
     for name, xs in added.items():
