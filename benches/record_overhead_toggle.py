@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Recording overhead measured inside one long guest run, by switching tracers on and off.
 
-Separate runs per mode (benches/record_overhead.py) cannot resolve the tracepoint floor on
-a host whose speed drifts by more than the floor between runs. Here one `testvm` loop runs
-for the whole measurement, and the tracers stay attached to it all along:
+Separate runs per mode (the method of benches/results/2026-11-21-record-overhead-*.txt,
+whose script this one replaces) cannot resolve the tracepoint floor on a host whose speed
+drifts by more than the floor between runs. Here one `testvm` loop runs for the whole
+measurement, and the tracers stay attached to it all along:
 
   floor           record's default events enabled in a tracefs instance, nobody reading
                   (the kernel's default instance settings: `local` clock, 1.4 MB per CPU)

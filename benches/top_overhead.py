@@ -4,7 +4,7 @@
 Starts 8 busy vCPUs (4 testvm compute VMs x 2 vCPUs), runs `virtprof top -d 1` in a tmux
 terminal for SECONDS (default 60) in trace mode and then in polling mode (--no-trace), and
 reads the CPU time (utime + stime from /proc/PID/stat) the top process used. The kernel's cost
-of the enabled tracepoints is paid by the traced threads, not by top: compare record_overhead.py
+of the enabled tracepoints is paid by the traced threads, not by top: compare record_overhead_toggle.py
 for that. Needs root, tracefs, /dev/kvm, tmux.
 
 Usage: benches/top_overhead.py [SECONDS]

@@ -151,13 +151,22 @@ fn refine_boundaries(labels: &mut [usize], raw: &[Vec<f64>], reach: usize) {
     }
 }
 
-/// Mean of a run of rows.
+/// Mean of a run of rows (runs are never empty).
 fn centre(points: &[Vec<f64>], run: &std::ops::Range<usize>) -> Vec<f64> {
-    let mut c = vec![0.0; points[0].len()];
-    for p in &points[run.clone()] {
-        c.iter_mut().zip(p).for_each(|(c, x)| *c += x / run.len() as f64);
+    mean(&points[run.clone()]).expect("a run has rows")
+}
+
+/// Component-wise mean of some points; None when there are none.
+fn mean<'a>(points: impl IntoIterator<Item = &'a Vec<f64>>) -> Option<Vec<f64>> {
+    let mut points = points.into_iter();
+    let mut sum = points.next()?.clone();
+    let mut n = 1.0;
+    for p in points {
+        sum.iter_mut().zip(p).for_each(|(s, x)| *s += x);
+        n += 1.0;
     }
-    c
+    sum.iter_mut().for_each(|s| *s /= n);
+    Some(sum)
 }
 
 /// Consecutive rows with the same label.
@@ -241,12 +250,9 @@ fn kmeans(points: &[Vec<f64>], k: usize) -> Vec<usize> {
             *label = nearest;
         }
         for (c, center) in centers.iter_mut().enumerate() {
-            let members: Vec<&Vec<f64>> = points.iter().zip(&labels).filter(|(_, &l)| l == c).map(|(p, _)| p).collect();
-            if members.is_empty() {
-                continue;
-            }
-            for (d, x) in center.iter_mut().enumerate() {
-                *x = members.iter().map(|m| m[d]).sum::<f64>() / members.len() as f64;
+            // An emptied cluster keeps its centre.
+            if let Some(m) = mean(points.iter().zip(&labels).filter(|(_, &l)| l == c).map(|(p, _)| p)) {
+                *center = m;
             }
         }
         if !moved {
