@@ -48,7 +48,14 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "test.sh: cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+notes=target/tmp/host-notes.txt
+rm -f "$notes"
 cargo test --workspace --locked 2>&1 | tee "$log"
+# What passing tests found this host lacks (skips, operations that make no exit): said, not hidden.
+if [ -s "$notes" ]; then
+    echo "test.sh: notes on this host from the tests:"
+    sed 's/^/  /' "$notes"
+fi
 # One closing line for the whole suite (cargo prints one per test binary, the last often a
 # doc-test binary with 0 tests).
 awk '/^test result:/ { p += $4; f += $6; s += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -184,12 +184,14 @@ fn set_process_name(name: &str) {
     unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr() as libc::c_ulong, 0, 0, 0) };
 }
 
-/// Install SIGINT/SIGTERM handlers that set [`STOP_REQUESTED`] so runs end cleanly.
+/// Install SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers that set [`STOP_REQUESTED`] so runs end
+/// cleanly (a closed terminal or ssh session sends SIGHUP; tracefs instances and VMs must not
+/// outlive it).
 pub fn install_stop_handler() {
     extern "C" fn on_signal(_: libc::c_int) {
         STOP_REQUESTED.store(true, Ordering::Relaxed);
     }
-    for signal in [libc::SIGINT, libc::SIGTERM] {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     }

@@ -147,6 +147,11 @@ pub struct PhaseReport {
     pub start_monotonic_ns: u64,
     /// CLOCK_MONOTONIC when the next marker (or done) arrived.
     pub end_monotonic_ns: u64,
+    /// Exits this phase made into KVM: the vCPU's KVM stats `exits` counter read at this
+    /// phase's marker and at the next one, less that next marker's own exit. Independent of
+    /// any trace, so it tells which guest operations reach KVM on this host at all.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub kvm_exits: Option<u64>,
 }
 
 impl VcpuReport {

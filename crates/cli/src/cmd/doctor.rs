@@ -46,13 +46,45 @@ struct Report {
     host_kind: Option<HostKind>,
     checks: Vec<Check>,
     features: Vec<Feature>,
+    /// Which guest operations exit to KVM here, measured by the live probe.
+    guest_operations: Vec<GuestOperation>,
+}
+
+/// Whether one guest operation reaches this host's KVM, as the live probe measured it.
+#[derive(Debug, Clone, Serialize)]
+struct GuestOperation {
+    operation: &'static str,
+    /// Guest privilege level it ran at.
+    cpl: u8,
+    /// Times the guest ran it (None: not probed).
+    iterations: Option<u64>,
+    /// Exits into KVM meanwhile, by the vCPU's KVM stats fd (`exits`).
+    kvm_exits: Option<u64>,
+    /// `exits` if the operation exits to KVM, `none` if it is handled below KVM, `not probed`.
+    verdict: &'static str,
+    detail: String,
 }
 
 /// Events the live probe counted, by name.
 type EventCounts = BTreeMap<String, u64>;
 
-/// The guest work of the live probe: each kind of exit our test bed can make.
-const PROBE_SCRIPT: &str = "pio-user:200,mmio-user:200,pio-kernel:200,cpuid:200";
+/// What the live probe found: kvm events by name, and each guest operation's exits.
+struct Probe {
+    events: EventCounts,
+    operations: Vec<GuestOperation>,
+}
+
+/// The guest work of the live probe: a compute phase first (it absorbs the exits of the guest's
+/// first page touches), then each kind of exit our test bed can make.
+const PROBE_SCRIPT: &str = "compute:200,cpuid:200,pio-user:200,pio-kernel:200,mmio-user:200,mmio-kernel:200";
+/// What each probed phase is, and where it is expected to be handled on VMX/SVM.
+const PROBED: [(&str, &str, &str); 5] = [
+    ("cpuid", "CPUID", "a lightweight exit on VMX/SVM"),
+    ("pio-user", "PIO (OUT), VMM port", "a heavyweight exit to the VMM"),
+    ("pio-kernel", "PIO (OUT), ioeventfd port", "a lightweight exit handled in KVM"),
+    ("mmio-user", "MMIO store, VMM address", "a heavyweight exit to the VMM"),
+    ("mmio-kernel", "MMIO store, ioeventfd address", "a lightweight exit handled in KVM"),
+];
 
 fn check(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
     Check { name, status, detail: detail.into(), fix: fix.map(str::to_string) }
@@ -148,7 +180,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     match &probe {
-        Some(Ok(counts)) => checks.extend(probe_checks(counts)),
+        Some(Ok(p)) => checks.extend(probe_checks(&p.events)),
         Some(Err(e)) => checks.push(check("live probe", Status::Warn, format!("failed: {e:#}"), None)),
         None => checks.push(check(
             "live probe",
@@ -225,9 +257,11 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         });
     }
 
-    let exits_live = probe.as_ref().and_then(|p| p.as_ref().ok()).map(|c| c.get("kvm_exit").copied().unwrap_or(0) > 0);
+    let probed = probe.as_ref().and_then(|p| p.as_ref().ok());
+    let exits_live = probed.map(|p| p.events.get("kvm_exit").copied().unwrap_or(0) > 0);
     let features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
-    let report = Report { host_kind: kvm.kind, checks, features };
+    let guest_operations = probed.map(|p| p.operations.clone()).unwrap_or_default();
+    let report = Report { host_kind: kvm.kind, checks, features, guest_operations };
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -246,8 +280,9 @@ fn tool_check_name(tool: &str) -> &'static str {
     }
 }
 
-/// Run one micro-VM with every kvm event enabled in a private instance and count what fired.
-fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
+/// Run one micro-VM with every kvm event enabled in a private instance and count what fired,
+/// and measure per phase which guest operations exit to KVM (its stats fd, not the trace).
+fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
     let mut instance = tracefs.create_instance("doctor")?;
     instance.write("buffer_size_kb", "4096")?;
     instance.enable("kvm", None)?;
@@ -270,7 +305,54 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<EventCounts> {
     let report = result?;
     // The instance sees every VM on the host; count only the probe VM's vCPU threads.
     let tids: Vec<u32> = report.vcpus().map(|v| v.tid).collect();
-    Ok(count_text_events(&instance.read("trace")?, &tids))
+    let events = count_text_events(&instance.read("trace")?, &tids);
+    let phases = report.vcpus().next().map(|v| v.phases.clone()).unwrap_or_default();
+    Ok(Probe { events, operations: guest_operations(&phases) })
+}
+
+/// Each probed operation's verdict from its phase's exits into KVM per iteration (an
+/// operation that exits makes one each; a stray host interrupt adds a few hundredths).
+fn guest_operations(phases: &[virtprof_model::testvm::PhaseReport]) -> Vec<GuestOperation> {
+    let rate = |p: &virtprof_model::testvm::PhaseReport| {
+        p.kvm_exits.map(|e| if p.iterations == 0 { 0.0 } else { e as f64 / p.iterations as f64 })
+    };
+    let mut ops: Vec<GuestOperation> = PROBED
+        .iter()
+        .map(|&(workload, operation, usual)| {
+            let phase = phases.iter().find(|p| p.workload == workload);
+            let per_op = phase.and_then(rate);
+            let (verdict, detail) = match per_op {
+                None => ("not probed", "the KVM stats fd has no `exits` counter".to_string()),
+                Some(r) if r >= 0.5 => ("exits", format!("{r:.2} exits into KVM per operation (usually {usual})")),
+                Some(r) => (
+                    "none",
+                    format!(
+                        "{r:.2} exits into KVM per operation: handled below this host's KVM, so no trace \
+                         shows an exit for it (usually {usual})"
+                    ),
+                ),
+            };
+            GuestOperation {
+                operation,
+                cpl: 3,
+                iterations: phase.map(|p| p.iterations),
+                kvm_exits: phase.and_then(|p| p.kvm_exits),
+                verdict,
+                detail,
+            }
+        })
+        .collect();
+    for operation in ["HLT", "RDMSR/WRMSR"] {
+        ops.push(GuestOperation {
+            operation,
+            cpl: 3,
+            iterations: None,
+            kvm_exits: None,
+            verdict: "not probed",
+            detail: "privileged: at CPL3 it raises #GP in the guest; testvm guests run at CPL3 only".into(),
+        });
+    }
+    ops
 }
 
 /// Count events by name in ftrace text output (`comm-pid [cpu] flags ts: name: fields`),
@@ -409,6 +491,22 @@ fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
         }
     }
     table.write_text(&mut *out)?;
+    if !report.guest_operations.is_empty() {
+        writeln!(out, "\nGUEST OPERATIONS (live probe; exits counted by the vCPU's KVM stats fd)")?;
+        let mut ops = Table::new(["OPERATION", "CPL", "ITERATIONS", "KVM_EXITS", "EXITS TO KVM", "DETAIL"]);
+        for o in &report.guest_operations {
+            let num = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+            ops.row([
+                o.operation.to_string(),
+                o.cpl.to_string(),
+                num(o.iterations),
+                num(o.kvm_exits),
+                o.verdict.to_string(),
+                o.detail.clone(),
+            ]);
+        }
+        ops.write_text(&mut *out)?;
+    }
     writeln!(out, "\nWHAT VIRTPROF WILL DO HERE")?;
     let mut features = Table::new(["FEATURE", "MODE"]);
     for f in &report.features {

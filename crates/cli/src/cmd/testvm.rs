@@ -165,5 +165,58 @@ fn write_human(report: &TestvmReport, config: &TestvmConfig, out: &mut impl Writ
             ]);
         }
     }
-    table.write_text(out)
+    table.write_text(&mut *out)?;
+    write_phase_exits(report, out)
+}
+
+/// Per phase, the exits that reached KVM (its stats fd, read at each marker): which guest
+/// operations exit on this host, measured rather than assumed.
+fn write_phase_exits(report: &TestvmReport, out: &mut impl Write) -> std::io::Result<()> {
+    let mut table = Table::new(["VM", "VCPU", "PHASE", "ITERATIONS", "KVM_EXITS", "EXITS/ITER", "NOTE"]);
+    let mut silent = Vec::new();
+    for vm in &report.vms {
+        for v in &vm.vcpus {
+            for p in &v.phases {
+                let Some(exits) = p.kvm_exits else { continue };
+                let per_iter = if p.iterations == 0 {
+                    String::new()
+                } else {
+                    format!("{:.2}", exits as f64 / p.iterations as f64)
+                };
+                // Compute loops (and the boot workload's named functions) make no exits by design.
+                let expects_exits = report.workload != "boot" && !matches!(p.workload.as_str(), "compute" | "noise");
+                let note = if exits == 0 && p.iterations > 0 && expects_exits {
+                    silent.push(p.workload.clone());
+                    "none reached KVM"
+                } else {
+                    ""
+                };
+                table.row([
+                    vm.index.to_string(),
+                    v.index.to_string(),
+                    p.workload.clone(),
+                    p.iterations.to_string(),
+                    exits.to_string(),
+                    per_iter,
+                    note.to_string(),
+                ]);
+            }
+        }
+    }
+    if table.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    table.write_text(&mut *out)?;
+    silent.sort();
+    silent.dedup();
+    if !silent.is_empty() {
+        writeln!(
+            out,
+            "note: {} made no exit into this host's KVM (KVM stats fd): the operation is handled below it \
+             (e.g. a CPL3 CPUID on PVM), so traces show no exit for it",
+            silent.join(", ")
+        )?;
+    }
+    Ok(())
 }

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::util::{have_kvm, have_tracefs, rendered_body, temp, virtprof};
+use super::util::{have_kvm, have_tracefs, note, rendered_body, temp, virtprof};
 
 /// At least two online CPUs, or a loud skip.
 fn two_cpus(test: &str) -> bool {
     let n = std::thread::available_parallelism().map_or(1, usize::from);
     if n < 2 {
-        eprintln!("SKIP {test}: balancing needs two CPUs, this host has {n}");
+        note(test, format!("SKIP: balancing needs two CPUs, this host has {n}"));
     }
     n >= 2
 }
@@ -163,7 +163,7 @@ fn without_the_policy_the_gap_grows_linearly_and_with_it_stays_bounded() {
     if let Some(body) = rendered_body(&html) {
         assert!(body.contains("data-ready=\"ok\"") && body.contains("data-charts=\"1\""), "{body}");
     } else {
-        eprintln!("SKIP {test} (HTML part): no Chromium (scripts/test.sh installs it)");
+        note(test, "SKIP (HTML part): no Chromium (scripts/test.sh installs it)");
     }
     let _ = std::fs::remove_file(html);
 }

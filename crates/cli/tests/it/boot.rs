@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::exits::{exits_json, import};
-use super::util::{chromium, debian_kernel, have_kvm, rendered_body, temp, virtprof, vm_lock};
+use super::util::{chromium, debian_kernel, have_kvm, note, rendered_body, temp, virtprof, vm_lock};
 
 fn boot_json(args: &[&str]) -> Value {
     let out = virtprof().arg("boot").args(args).arg("--json").output().unwrap();
@@ -97,7 +97,7 @@ fn testvm_shares_are_measured_within_two_points_and_ballooning_moves_rank() {
         assert!(body.contains(&format!("data-charts=\"{charts}\"")), "{charts} charts: {body}");
         assert!(body.contains(&format!("data-top-symbols=\"{bars}\"")), "{bars} bars: {body}");
     } else {
-        eprintln!("SKIP {test} (HTML part): no Chromium (scripts/test.sh installs it)");
+        note(test, "SKIP (HTML part): no Chromium (scripts/test.sh installs it)");
     }
     let _ = std::fs::remove_file(control_file);
 }

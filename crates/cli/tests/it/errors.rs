@@ -1,7 +1,7 @@
 //! Bad input gets one clear line on stderr and exit code 2; runtime failures exit 1; never a
 //! panic.
 
-use super::util::{have_kvm, virtprof};
+use super::util::{have_kvm, note, virtprof};
 
 fn assert_usage_error(args: &[&str], needle: &str) {
     let out = virtprof().args(args).output().unwrap();
@@ -62,7 +62,7 @@ fn missing_dev_kvm_is_a_usage_error() {
     let test = "missing_dev_kvm_is_a_usage_error";
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 || std::process::Command::new("unshare").arg("--help").output().is_err() {
-        eprintln!("SKIP {test}: needs root and unshare to hide /dev/kvm in a mount namespace");
+        note(test, "SKIP: needs root and unshare to hide /dev/kvm in a mount namespace");
         return;
     }
     let exe = assert_cmd::cargo::cargo_bin("virtprof");
@@ -86,7 +86,7 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
         m.permissions().mode() & 0o006 != 0
     });
     if !root || kvm_world_accessible || std::process::Command::new("setpriv").arg("--help").output().is_err() {
-        eprintln!("SKIP {test}: needs root, setpriv, and a /dev/kvm that 'nobody' cannot open");
+        note(test, "SKIP: needs root, setpriv, and a /dev/kvm that 'nobody' cannot open");
         return;
     }
     let out = std::process::Command::new("setpriv")
@@ -97,7 +97,7 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("Permission denied") && !stderr.contains("/dev/kvm") {
-        eprintln!("SKIP {test}: 'nobody' cannot execute the test binary here: {stderr}");
+        note(test, format!("SKIP: 'nobody' cannot execute the test binary here: {stderr}"));
         return;
     }
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::util::virtprof;
+use super::util::{note, virtprof};
 
 fn fixture(run: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures").join(run);
@@ -79,7 +79,7 @@ fn uncompressed_trace_dat_is_read_in_place_with_the_same_results() {
         .arg(&none)
         .output();
     if !converted.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIP {test}: needs trace-cmd (apt install trace-cmd) to write an uncompressed trace.dat");
+        note(test, "SKIP: needs trace-cmd (apt install trace-cmd) to write an uncompressed trace.dat");
         return;
     }
     let head = std::fs::read(&none).unwrap();

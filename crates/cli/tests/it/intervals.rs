@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, record_testvm, temp, virtprof};
+use super::util::{have_kvm, have_tracefs, note, record_testvm, temp, virtprof};
 
 /// The scripted run several tests read: compute → pio-user → io-bound → compute.
 const PHASES: &str = "compute:300ms,pio-user:3000,io-bound:60,compute:300ms";
@@ -32,7 +32,7 @@ pub fn phases_run(test: &str) -> Option<&'static PhasesRun> {
         Some(PhasesRun { rec, truth })
     });
     if run.is_none() {
-        eprintln!("SKIP {test}: no recording of a testvm run on this host (see the first SKIP)");
+        note(test, "SKIP: no recording of a testvm run on this host (see the first SKIP)");
     }
     run.as_ref()
 }

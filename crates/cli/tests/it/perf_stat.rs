@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use super::util::{have_kvm, have_tracefs, parse_report};
+use super::util::{have_kvm, have_tracefs, note, parse_report};
 
 #[test]
 fn testvm_counts_equal_perf_stat_tracepoint_counts() {
@@ -15,7 +15,7 @@ fn testvm_counts_equal_perf_stat_tracepoint_counts() {
         return;
     }
     if Command::new("perf").arg("--version").output().is_err() {
-        eprintln!("SKIP {test}: perf is not installed (apt-get install linux-perf)");
+        note(test, "SKIP: perf is not installed (apt-get install linux-perf)");
         return;
     }
     let exe = assert_cmd::cargo::cargo_bin("virtprof");

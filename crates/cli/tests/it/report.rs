@@ -9,7 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use super::intervals::{json, phases_run, PhasesRun};
-use super::util::{chromium, temp, virtprof, vm_lock};
+use super::util::{chromium, note, temp, virtprof, vm_lock};
 
 /// The testvm's own count of heavyweight (userspace I/O) exits.
 fn io_exits(run: &PhasesRun) -> u64 {
@@ -65,7 +65,7 @@ fn report_html_renders_every_chart_in_headless_chromium() {
     let test = "report_html_renders_every_chart_in_headless_chromium";
     let Some(run) = phases_run(test) else { return };
     let Some(browser) = chromium() else {
-        eprintln!("SKIP {test}: no Chromium (apt-get install chromium; scripts/test.sh does)");
+        note(test, "SKIP: no Chromium (apt-get install chromium; scripts/test.sh does)");
         return;
     };
     let html = Path::new(env!("CARGO_TARGET_TMPDIR")).join("report.html");
@@ -112,7 +112,7 @@ fn report_html_renders_every_chart_in_headless_chromium() {
 fn have_pyarrow(test: &str) -> bool {
     let ok = Command::new("python3").args(["-c", "import pyarrow.parquet"]).output().is_ok_and(|o| o.status.success());
     if !ok {
-        eprintln!("SKIP {test}: python3 with pyarrow is missing (pip install pyarrow; scripts/test.sh does)");
+        note(test, "SKIP: python3 with pyarrow is missing (pip install pyarrow; scripts/test.sh does)");
     }
     ok
 }

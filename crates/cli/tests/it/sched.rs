@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 use virtprof_model::testvm::VcpuReport;
 
-use super::util::{have_kvm, have_tracefs, parse_report, record_testvm, virtprof};
+use super::util::{have_kvm, have_tracefs, note, parse_report, record_testvm, virtprof};
 
 fn sched_json(file: &Path, extra: &[&str]) -> Value {
     let out = virtprof().arg("sched").arg(file).args(extra).arg("--json").output().unwrap();
@@ -60,7 +60,7 @@ fn two_compute_vms_on_one_cpu_match_schedstat_and_perf_switch_ins() {
     let report = match perf {
         Ok(output) if output.status.success() => parse_report(&output, &args),
         _ => {
-            eprintln!("{test}: perf unavailable; checking against schedstat only");
+            note(test, "perf unavailable; checking against schedstat only");
             record_testvm(&file, &[], &args)
         }
     };

@@ -3,7 +3,7 @@
 
 use virtprof_model::HostKind;
 
-use super::util::{have_kvm, host_kind, testvm};
+use super::util::{have_kvm, host_kind, note, testvm};
 
 const MARKERS: u64 = 2;
 
@@ -135,19 +135,33 @@ fn steal_time_record_tracks_run_queue_wait() {
     }
 }
 
-/// The KVM binary stats agree with the VMM's own counts, per host kind: on VMX/SVM every
-/// userspace PIO/MMIO is an `io_exits`/`mmio_exits`; on PVM the CPL3 I/O traps into KVM's
-/// instruction emulator instead, counted by `insn_emulation`.
+/// The KVM binary stats agree with the VMM's own counts. Which counter carries a userspace
+/// PIO/MMIO depends on the host: `io_exits`/`mmio_exits` on VMX/SVM; on PVM (today) the CPL3
+/// I/O traps into KVM's instruction emulator, counted by `insn_emulation`. Exact on VMX/SVM;
+/// elsewhere the counters together must cover every exit the VMM handled, and the test says
+/// which carried them.
 fn assert_stats_agree(v: &virtprof_model::testvm::VcpuReport) {
     let (io, mmio) = (v.exits("IO"), v.exits("MMIO"));
     let userspace: u64 = v.userspace_exits.values().sum();
     assert!(v.stat("exits") >= userspace, "KVM exits {} < userspace exits {userspace}", v.stat("exits"));
     match host_kind() {
-        Some(HostKind::Pvm) => assert_eq!(v.stat("insn_emulation"), io + mmio, "PVM emulates each CPL3 IN/OUT/MMIO"),
         Some(HostKind::Vmx | HostKind::Svm) => {
             assert_eq!(v.stat("io_exits"), io);
             assert_eq!(v.stat("mmio_exits"), mmio);
         }
-        _ => eprintln!("note: unknown host kind, only the exits >= userspace check applies"),
+        kind => {
+            let counted = v.stat("io_exits") + v.stat("mmio_exits") + v.stat("insn_emulation");
+            assert!(counted >= io + mmio, "stats {counted} < VMM's {io} IO + {mmio} MMIO exits");
+            if v.stat("io_exits") + v.stat("mmio_exits") < io + mmio {
+                note(
+                    "testvm",
+                    format!(
+                        "host kind {kind:?}: userspace I/O exits are counted as insn_emulation ({}), not io_exits ({})",
+                        v.stat("insn_emulation"),
+                        v.stat("io_exits")
+                    ),
+                );
+            }
+        }
     }
 }

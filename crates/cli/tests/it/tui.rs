@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::util::{have_kvm, have_tracefs};
+use super::util::{have_kvm, have_tracefs, note};
 
 struct Session(String);
 
@@ -49,7 +49,7 @@ fn demo_in_tmux_answers_keys_and_restores_the_terminal() {
         return;
     }
     if Command::new("tmux").arg("-V").output().is_err() {
-        eprintln!("SKIP {test}: tmux is not installed (apt-get install tmux)");
+        note(test, "SKIP: tmux is not installed (apt-get install tmux)");
         return;
     }
     let exe = assert_cmd::cargo::cargo_bin("virtprof");

@@ -6,6 +6,19 @@ use std::sync::{Mutex, MutexGuard};
 use assert_cmd::cargo::CommandCargoExt;
 use virtprof_model::testvm::TestvmReport;
 
+/// Say something about this host that a passing test would otherwise hide (a skip, or a
+/// behaviour the host lacks): on stderr, and appended to `host-notes.txt` in cargo's test temp
+/// folder, which `scripts/test.sh` prints after the suite.
+pub fn note(test: &str, message: impl std::fmt::Display) {
+    use std::io::Write;
+    let line = format!("{test}: {message}");
+    eprintln!("{line}");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-notes.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
 /// `virtprof` built by cargo for this test run.
 pub fn virtprof() -> std::process::Command {
     std::process::Command::cargo_bin("virtprof").expect("virtprof binary")
@@ -21,7 +34,7 @@ pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
     match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         Ok(_) => Some(vm_lock()),
         Err(e) => {
-            eprintln!("SKIP {test}: /dev/kvm unavailable ({e})");
+            note(test, format!("SKIP: /dev/kvm unavailable ({e})"));
             None
         }
     }
@@ -37,13 +50,13 @@ pub fn vm_lock() -> MutexGuard<'static, ()> {
 pub fn have_tracefs(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP {test}: needs root for tracefs");
+        note(test, "SKIP: needs root for tracefs");
         return false;
     }
     match virtprof_trace::Tracefs::locate_or_mount() {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIP {test}: {e}");
+            note(test, format!("SKIP: {e}"));
             false
         }
     }
@@ -117,8 +130,45 @@ pub fn debian_kernel(test: &str) -> Option<std::path::PathBuf> {
     let qemu =
         std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success());
     if !qemu || !dir.join("initrd.cpio").exists() {
-        eprintln!("SKIP {test}: needs qemu-system-x86_64 and target/debian-kernel (scripts/test.sh installs both)");
+        note(test, "SKIP: needs qemu-system-x86_64 and target/debian-kernel (scripts/test.sh installs both)");
         return None;
     }
     Some(dir)
+}
+
+/// Whether `perf` is installed; if not, print why `test` skips.
+pub fn have_perf(test: &str) -> bool {
+    let ok = std::process::Command::new("perf").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ok {
+        note(test, "SKIP: perf is not installed (apt-get install linux-perf)");
+    }
+    ok
+}
+
+/// Run `argv` under `perf stat -e EVENTS` (counting its whole process tree) and return its
+/// output and the kernel's count of each event: ground truth measured in the same run.
+pub fn perf_stat(events: &[&str], argv: &[&std::ffi::OsStr]) -> (Output, std::collections::BTreeMap<String, u64>) {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let csv = temp(&format!("perf-stat-{}.csv", RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    let output = std::process::Command::new("perf")
+        .args(["stat", "-x", ",", "-o"])
+        .arg(&csv)
+        .args(["-e", &events.join(","), "--"])
+        .args(argv)
+        .output()
+        .expect("run perf stat");
+    let text = std::fs::read_to_string(&csv).unwrap_or_default();
+    let _ = std::fs::remove_file(&csv);
+    let counts = events
+        .iter()
+        .map(|&event| {
+            let count = text
+                .lines()
+                .find(|l| l.split(',').nth(2) == Some(event))
+                .and_then(|l| l.split(',').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("perf stat has no count for {event}:\n{text}"));
+            (event.to_string(), count)
+        })
+        .collect();
+    (output, counts)
 }

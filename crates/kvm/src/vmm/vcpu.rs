@@ -81,9 +81,11 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
     }
 }
 
-/// Phase-marker bookkeeping: when each phase began and how many iterations were done then.
+/// Phase-marker bookkeeping: when each phase began, how many iterations were done then, and
+/// KVM's `exits` stat at that marker (None where the stats fd has no such counter).
 struct PhaseClock {
     starts: Vec<(u64, u64)>,
+    exits_at: Vec<Option<u64>>,
     done: Option<(u64, u64)>,
 }
 
@@ -100,7 +102,11 @@ pub(crate) fn run_vcpu(
     let stats_before = stats.read()?;
     let sched_before = read_schedstat();
     let mut exits_by_reason = [0u64; 64];
-    let mut clock = PhaseClock { starts: Vec::with_capacity(ctx.script.phases.len()), done: None };
+    let mut clock = PhaseClock {
+        starts: Vec::with_capacity(ctx.script.phases.len()),
+        exits_at: Vec::with_capacity(ctx.script.phases.len() + 1),
+        done: None,
+    };
     let (mut io_exits, mut mmio_exits, mut total) = (0u64, 0u64, 0u64);
 
     let mut sampler = ctx.kick.map(|slot| PcSampler::new(&mut vcpu, slot, ctx.index));
@@ -159,8 +165,14 @@ pub(crate) fn run_vcpu(
                     _ => {}
                 }
             }
-            Action::Phase(_) => clock.starts.push((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
-            Action::Done => clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS))),
+            Action::Phase(_) => {
+                clock.starts.push((monotonic_ns(), ctx.page.load(shared::ITERATIONS)));
+                clock.exits_at.push(stats.read()?.get("exits"));
+            }
+            Action::Done => {
+                clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS)));
+                clock.exits_at.push(stats.read()?.get("exits"));
+            }
             Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
             Action::Unexpected(what) => {
                 let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
@@ -192,6 +204,11 @@ pub(crate) fn run_vcpu(
                 iterations: iters_at_end - iters_at_start,
                 start_monotonic_ns: start,
                 end_monotonic_ns: end,
+                // The next marker's exit is counted at the next reading; it is not this phase's.
+                kvm_exits: match (clock.exits_at.get(i), clock.exits_at.get(i + 1)) {
+                    (Some(Some(a)), Some(Some(b))) => Some(b.saturating_sub(*a).saturating_sub(1)),
+                    _ => None,
+                },
             }
         })
         .collect();
