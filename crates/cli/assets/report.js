@@ -12,7 +12,7 @@
       ["duration", fmt(D.duration_s, 3) + " s"],
       ["CPUs", D.cpus],
       ["trace events", fmt(D.events, 0)],
-      ["lost events", fmt(D.lost_events, 0) + (D.truncated_at !== null ? ` (file cut short at byte ${D.truncated_at})` : "")],
+      ["lost events", D.lost_events_text + (D.truncated_at !== null ? ` (file cut short at byte ${D.truncated_at})` : "")],
       ["exits", `${fmt(D.exits.totals.exits, 0)} (${fmt(D.exits.totals.lightweight, 0)} lightweight, ${fmt(D.exits.totals.heavyweight, 0)} heavyweight), source ${D.exits.source.path}`],
     ];
     for (const [k, v] of Object.entries(D.host)) rows.push(["host " + k, v]);

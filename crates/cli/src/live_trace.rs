@@ -1,9 +1,10 @@
-//! A private tracefs instance decoded as it runs: the commands that check or explain something
-//! live (`balance --verify`, `noise`) start one, drain it now and then into a sink of typed
-//! events, and read the kernel's loss count at the end. The instance is removed when it is
-//! finished or dropped.
+//! A private tracefs instance decoded as it runs: the live commands (`top`, `balance --verify`,
+//! `noise`) start one, drain it now and then into a sink of typed events, and read its loss
+//! (the kernel's counts, located by the gaps the pages flagged) whenever they show it. The
+//! instance is removed when it is finished or dropped.
 
 use virtprof_model::event::Event;
+use virtprof_model::Loss;
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::{merge_cpus, CpuStream};
@@ -14,6 +15,8 @@ pub struct LiveTrace {
     // Field order is drop order: the capture (and its tracefs instance) goes first.
     capture: Capture,
     decoder: Decoder,
+    /// Gaps the pages drained so far flagged.
+    page_loss: Loss,
     /// Requested events this kernel lacks.
     pub missing: Vec<String>,
 }
@@ -32,7 +35,7 @@ impl LiveTrace {
         };
         let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;
         let decoder = Decoder::new(load_layout(tracefs.root(), systems)?);
-        Ok(LiveTrace { capture, decoder, missing })
+        Ok(LiveTrace { capture, decoder, page_loss: Loss::default(), missing })
     }
 
     /// Decode what the kernel has buffered, per drain in time order across CPUs (call often
@@ -41,17 +44,33 @@ impl LiveTrace {
         let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
         while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
         let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
-        merge_cpus(&mut self.decoder, &streams, |e, _| sink(e))?;
+        let stats = merge_cpus(&mut self.decoder, &streams, |e, _| sink(e))?;
+        self.page_loss.merge(&stats.page_loss);
         Ok(())
     }
 
-    /// Stop tracing, decode the rest, remove the instance; returns the events the kernel lost
-    /// on each CPU and the decoder (for task names and symbol tables).
-    pub fn finish(mut self, sink: impl FnMut(&Event)) -> anyhow::Result<(Vec<(u32, u64)>, Decoder)> {
+    /// Events lost so far: the kernel's per-CPU counts and where the pages said.
+    pub fn loss(&self) -> Loss {
+        self.capture.account(&self.page_loss)
+    }
+
+    /// The decoder (task names, symbol tables).
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// The CPUs traced.
+    pub fn cpus(&self) -> Vec<u32> {
+        self.capture.cpus()
+    }
+
+    /// Stop tracing, decode the rest, remove the instance; returns the events lost and the
+    /// decoder (for task names and symbol tables).
+    pub fn finish(mut self, sink: impl FnMut(&Event)) -> anyhow::Result<(Loss, Decoder)> {
         self.capture.stop()?;
         self.drain(sink)?;
-        let lost = self.capture.loss().iter().map(|l| (l.cpu, l.overrun + l.dropped)).collect();
+        let loss = self.loss();
         self.capture.close();
-        Ok((lost, self.decoder))
+        Ok((loss, self.decoder))
     }
 }

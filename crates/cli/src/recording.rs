@@ -9,11 +9,12 @@ use std::path::Path;
 use anyhow::Context;
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Names;
+use virtprof_model::Loss;
 use virtprof_model::StrId;
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
-use virtprof_trace::merge::CpuStream;
+use virtprof_trace::merge::{time_range, CpuStream, WalkStats};
 
 use crate::exit::usage;
 
@@ -26,6 +27,8 @@ pub struct Recording {
     pub footer: Option<Footer>,
     /// Where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
+    /// The file's length in bytes (0 for a capture imported in memory).
+    pub bytes: u64,
     /// The sampled interval rows (`record --interval`), if any.
     pub intervals: Option<IntervalTable>,
     pages: Pages,
@@ -92,7 +95,8 @@ impl Recording {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
-        Ok(Recording { metadata, footer, truncated_at, intervals, pages: Pages::Mapped { map, cpus } })
+        let bytes = map.len() as u64;
+        Ok(Recording { metadata, footer, truncated_at, bytes, intervals, pages: Pages::Mapped { map, cpus } })
     }
 
     /// Map a trace-cmd trace.dat: uncompressed pages are decoded in place, compressed ones
@@ -116,7 +120,7 @@ impl Recording {
             Some(cpus) => Pages::Mapped { map, cpus },
             None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
-        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, intervals: None, pages })
+        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, bytes: 0, intervals: None, pages })
     }
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
@@ -134,6 +138,7 @@ impl Recording {
             metadata,
             footer: Some(footer),
             truncated_at: None,
+            bytes: 0,
             intervals: None,
             pages: Pages::Owned(pages),
         })
@@ -143,7 +148,16 @@ impl Recording {
     pub fn open_warning(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
         let recording = Recording::open_any(path, formats)?;
         if let Some(at) = recording.truncated_at {
-            eprintln!("virtprof: warning: '{}' was cut short at byte {at}; using what precedes it", path.display());
+            eprintln!(
+                "virtprof: warning: '{}' was cut short at byte {at}; using what precedes it (lost events past byte {at} are unknown)",
+                path.display()
+            );
+        } else if recording.footer.is_none() {
+            eprintln!(
+                "virtprof: warning: '{}' ends without its footer (was `record` killed?): lost events past byte {} are unknown",
+                path.display(),
+                recording.bytes
+            );
         }
         Ok(recording)
     }
@@ -182,9 +196,34 @@ impl Recording {
         }
     }
 
-    /// Events the kernel reported dropped or overwritten, from the footer.
-    pub fn lost_in_footer(&self) -> u64 {
-        self.footer.as_ref().map_or(0, |f| f.cpu_loss.iter().map(|(_, overrun, dropped)| overrun + dropped).sum())
+    /// The events this recording lost, counted once for every command: the kernel's per-CPU
+    /// counters from the footer (what `record` printed), located by the gaps `walk` found on
+    /// the pages. Without a footer the figure is unknown past the last complete chunk.
+    pub fn loss(&self, walk: &WalkStats) -> Loss {
+        let mut loss = walk.page_loss.clone();
+        match &self.footer {
+            Some(footer) => {
+                loss.complete = true;
+                for &(cpu, overrun, dropped) in &footer.cpu_loss {
+                    loss.report(cpu, overrun.saturating_add(dropped));
+                }
+            }
+            None => {
+                loss.complete = false;
+                loss.known_until_byte = Some(self.truncated_at.unwrap_or(self.bytes));
+            }
+        }
+        loss
+    }
+
+    /// The earliest page timestamp: the origin of the times [`Loss::describe`] prints.
+    pub fn origin_ns(&self, decoder: &Decoder) -> u64 {
+        time_range(&decoder.layout().header, &self.streams()).map_or(0, |(start, _)| start)
+    }
+
+    /// The loss line every reading command prints.
+    pub fn describe_loss(&self, loss: &Loss, decoder: &Decoder) -> String {
+        loss.describe(self.origin_ns(decoder))
     }
 }
 

@@ -179,6 +179,17 @@ impl Capture {
             .collect()
     }
 
+    /// The kernel's counts so far with where the pages flagged gaps: the one loss figure live
+    /// views show (sums saturate).
+    pub fn account(&self, page_loss: &virtprof_model::Loss) -> virtprof_model::Loss {
+        let mut loss = page_loss.clone();
+        loss.complete = true;
+        for l in self.loss() {
+            loss.report(l.cpu, l.overrun.saturating_add(l.dropped));
+        }
+        loss
+    }
+
     /// Run until `stop` is set or `until` says so, feeding pages to `sink`; then drain.
     pub fn run(
         &mut self,

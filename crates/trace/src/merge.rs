@@ -8,31 +8,29 @@ use std::collections::binary_heap::PeekMut;
 use std::collections::BinaryHeap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 
-use virtprof_model::{Event, EventKind, StrId};
+use virtprof_model::{Event, EventKind, Loss, StrId};
 
 use crate::decode::Decoder;
 use crate::format::PageHeader;
 use crate::page::{Missed, Page, Records};
 
 /// Counts from walking pages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WalkStats {
     /// Pages read.
     pub pages: u64,
     /// Records decoded.
     pub events: u64,
-    /// Events the kernel reported lost (known counts).
-    pub lost: u64,
-    /// Pages that said events were lost without a count.
-    pub lost_unknown: u64,
+    /// Where pages said events were lost: per CPU, the stored counts and the time spans of the
+    /// gaps (no kernel counters: those come with the recording's footer or the live capture).
+    pub page_loss: Loss,
 }
 
 impl WalkStats {
     fn add(&mut self, other: &WalkStats) {
         self.pages += other.pages;
         self.events += other.events;
-        self.lost += other.lost;
-        self.lost_unknown += other.lost_unknown;
+        self.page_loss.merge(&other.page_loss);
     }
 }
 
@@ -97,11 +95,21 @@ struct Cursor<'a> {
     /// Pages in the segments before the current one (for error offsets).
     pages_before: usize,
     records: Option<Records<'a>>,
+    /// Timestamp of the last event (or page) seen: where a following gap begins.
+    last_ts: Option<u64>,
 }
 
 impl<'a> Cursor<'a> {
     fn new(stream: &'a CpuStream<'a>) -> Self {
-        Cursor { cpu: stream.cpu, segments: &stream.segments, segment: 0, next_page: 0, pages_before: 0, records: None }
+        Cursor {
+            cpu: stream.cpu,
+            segments: &stream.segments,
+            segment: 0,
+            next_page: 0,
+            pages_before: 0,
+            records: None,
+            last_ts: None,
+        }
     }
 
     fn error(&self, page: usize, page_size: usize, offset: usize, message: String) -> WalkError {
@@ -122,6 +130,7 @@ impl Source for Cursor<'_> {
                 match records.next() {
                     Some(Ok(rec)) => {
                         stats.events += 1;
+                        self.last_ts = Some(rec.ts);
                         return decoder
                             .decode(self.cpu, &rec)
                             .map(Some)
@@ -154,11 +163,9 @@ impl Source for Cursor<'_> {
                 .map_err(|e| self.error(index, page_size, e.offset, e.message))?;
             stats.pages += 1;
             self.records = Some(page.records());
+            let since = self.last_ts.replace(page.base_ts()).unwrap_or(page.base_ts());
             if let Missed::Lost(count) = page.missed {
-                match count {
-                    Some(n) => stats.lost += n,
-                    None => stats.lost_unknown += 1,
-                }
+                stats.page_loss.cpu(self.cpu).add_gap(count, since.min(page.base_ts()), page.base_ts());
                 return Ok(Some(Event { ts: page.base_ts(), cpu: self.cpu, tid: 0, kind: EventKind::Lost { count } }));
             }
         }
@@ -347,7 +354,7 @@ fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Ba
             match cursor.next(decoder, &mut stats) {
                 Ok(Some(e)) => events.push(e),
                 Ok(None) => {
-                    end = Some(Ok(stats));
+                    end = Some(Ok(std::mem::take(&mut stats)));
                     break;
                 }
                 Err(e) => {

@@ -10,9 +10,15 @@ const TYPE_PADDING: u32 = 29;
 const TYPE_TIME_EXTEND: u32 = 30;
 const TYPE_TIME_STAMP: u32 = 31;
 /// Commit-word flags: events were lost before this page, and their count is stored after the
-/// data (kernel `RB_MISSED_EVENTS`, `RB_MISSED_STORED`).
+/// data (kernel `RB_MISSED_EVENTS`, `RB_MISSED_STORED`). The kernel defines them as `int`s
+/// and *adds* them to the `long` commit word, so on a 64-bit kernel the sign of
+/// `RB_MISSED_EVENTS` (`1 << 31`) fills the upper 32 bits: a lossy page's raw word reads e.g.
+/// `0xffff_ffff_c000_0fe0` (both flags, 0xfe0 bytes of data).
 const MISSED_EVENTS: u64 = 1 << 31;
 const MISSED_STORED: u64 = 1 << 30;
+/// The data size within the commit word: the kernel's `~RB_MISSED_MASK`, which as an `int`
+/// promoted to `long` keeps the low 30 bits.
+const COMMIT_SIZE_MASK: u64 = (1 << 30) - 1;
 /// Absolute timestamps carry 59 bits; the page base supplies the rest.
 const ABS_TS_MASK: u64 = (1 << 59) - 1;
 
@@ -76,8 +82,16 @@ impl<'a> Page<'a> {
             8 => read_u64(page, header.commit_offset),
             _ => u64::from(read_u32(page, header.commit_offset)),
         };
-        // The commit word counts bytes within one page, so it always fits a usize.
-        let size = usize::try_from(commit & !(MISSED_EVENTS | MISSED_STORED)).unwrap_or(usize::MAX);
+        let flags = commit & (MISSED_EVENTS | MISSED_STORED);
+        // Above bit 31 only the sign extension of RB_MISSED_EVENTS may appear; anything else
+        // is damage, not a kernel page.
+        let high = commit >> 32;
+        let expected_high = if flags & MISSED_EVENTS != 0 && header.commit_size == 8 { 0xffff_ffff } else { 0 };
+        if high != expected_high || commit & !(COMMIT_SIZE_MASK | MISSED_EVENTS | MISSED_STORED) & 0xffff_ffff != 0 {
+            return Err(err(header.commit_offset, format!("commit word {commit:#x} has bits no kernel sets")));
+        }
+        // At most 30 bits, so always a usize.
+        let size = (commit & COMMIT_SIZE_MASK) as usize;
         let end = header.data_offset + size;
         if end > page.len() {
             return Err(err(
@@ -85,9 +99,10 @@ impl<'a> Page<'a> {
                 format!("commit size {size} runs past the {}-byte page", page.len()),
             ));
         }
-        let missed = if commit & MISSED_EVENTS == 0 {
+        // The count is an `unsigned long` right after the data, when the kernel had room for it.
+        let missed = if flags & MISSED_EVENTS == 0 {
             Missed::None
-        } else if commit & MISSED_STORED != 0 && end + header.commit_size <= page.len() {
+        } else if flags & MISSED_STORED != 0 && end + header.commit_size <= page.len() {
             let count = match header.commit_size {
                 8 => read_u64(page, end),
                 _ => u64::from(read_u32(page, end)),
@@ -215,11 +230,17 @@ mod tests {
     const HEADER: PageHeader =
         PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 };
 
-    fn page(base: u64, commit_flags: u64, events: &[u32]) -> Vec<u8> {
+    /// The kernel's flag values as it applies them: `int` constants added to a `long`.
+    const KERNEL_MISSED_EVENTS: i64 = (1i32 << 31) as i64;
+    const KERNEL_MISSED_STORED: i64 = 1 << 30;
+
+    /// A page whose commit word is the data size plus `kernel_flags`, added as the kernel
+    /// adds them (`local_add`).
+    fn page(base: u64, kernel_flags: i64, events: &[u32]) -> Vec<u8> {
         let mut p = vec![0u8; 4096];
         p[0..8].copy_from_slice(&base.to_le_bytes());
-        let size = (events.len() * 4) as u64;
-        p[8..16].copy_from_slice(&(size | commit_flags).to_le_bytes());
+        let size = (events.len() * 4) as i64;
+        p[8..16].copy_from_slice(&size.wrapping_add(kernel_flags).to_le_bytes());
         for (i, w) in events.iter().enumerate() {
             p[16 + 4 * i..20 + 4 * i].copy_from_slice(&w.to_le_bytes());
         }
@@ -259,11 +280,35 @@ mod tests {
 
     #[test]
     fn reports_missed_events() {
-        let mut p = page(0, MISSED_EVENTS | MISSED_STORED, &[header(1, 1), 5]);
+        let mut p = page(0, KERNEL_MISSED_STORED + KERNEL_MISSED_EVENTS, &[header(1, 1), 5]);
         p[16 + 8..16 + 16].copy_from_slice(&77u64.to_le_bytes());
-        assert_eq!(Page::parse(&p, &HEADER).unwrap().missed, Missed::Lost(Some(77)));
-        let p = page(0, MISSED_EVENTS, &[header(1, 1), 5]);
+        let page_ = Page::parse(&p, &HEADER).unwrap();
+        assert_eq!(page_.missed, Missed::Lost(Some(77)));
+        assert_eq!(page_.records().count(), 1);
+        let p = page(0, KERNEL_MISSED_EVENTS, &[header(1, 1), 5]);
         assert_eq!(Page::parse(&p, &HEADER).unwrap().missed, Missed::Lost(None));
+    }
+
+    #[test]
+    fn a_real_lossy_commit_word_decodes() {
+        // Copied from a page this kernel (6.18) wrote with a 4 KB buffer: both flags set,
+        // 0xfe0 bytes of data, and the stored count right after them.
+        let mut p = vec![0u8; 4096];
+        p[8..16].copy_from_slice(&0xffff_ffff_c000_0fe0u64.to_le_bytes());
+        p[16 + 0xfe0..16 + 0xfe8].copy_from_slice(&605_904u64.to_le_bytes());
+        let page = Page::parse(&p, &HEADER).unwrap();
+        assert_eq!(page.missed, Missed::Lost(Some(605_904)));
+        assert_eq!(page.data.len(), 0xfe0);
+    }
+
+    #[test]
+    fn stray_high_bits_are_damage() {
+        for word in [0x0000_0001_0000_0010u64, 0xffff_ffff_0000_0010, 0x8000_0000_8000_0010] {
+            let mut p = page(0, 0, &[]);
+            p[8..16].copy_from_slice(&word.to_le_bytes());
+            let e = Page::parse(&p, &HEADER).unwrap_err();
+            assert!(e.message.contains("no kernel sets"), "{word:#x}: {e}");
+        }
     }
 
     #[test]

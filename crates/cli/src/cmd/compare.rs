@@ -13,6 +13,9 @@ use crate::cmd::report::{features, interval_table};
 struct Output {
     a: String,
     b: String,
+    /// Events each recording's trace lost.
+    a_lost_events: u64,
+    b_lost_events: u64,
     rates: Vec<Rate>,
     changes: Vec<ChangeOut>,
 }
@@ -34,8 +37,9 @@ struct ChangeOut {
 }
 
 pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
-    let (ta, tb) = (interval_table(&args.a)?, interval_table(&args.b)?);
-    let (fa, fb) = (features(&ta), features(&tb));
+    let (ra, rb) = (interval_table(&args.a)?, interval_table(&args.b)?);
+    let (ta, tb) = (&ra.table, &rb.table);
+    let (fa, fb) = (features(ta), features(tb));
     let (totals_a, totals_b) = (ta.host_metrics(), tb.host_metrics());
     let rate = |totals: &[(String, Vec<f64>)], name: &str, seconds: f64| {
         totals.iter().find(|(m, _)| m == name).map_or(0.0, |(_, v)| v.iter().filter(|x| !x.is_nan()).sum::<f64>())
@@ -61,12 +65,22 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
         .take(args.top)
         .map(|c| ChangeOut { change: c.delta(), r_in_a: finite(c.before), r_in_b: finite(c.after), a: c.a, b: c.b })
         .collect();
-    let out = Output { a: args.a.display().to_string(), b: args.b.display().to_string(), rates, changes };
+    let out = Output {
+        a: args.a.display().to_string(),
+        b: args.b.display().to_string(),
+        a_lost_events: ra.lost_events,
+        b_lost_events: rb.lost_events,
+        rates,
+        changes,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("A = {}\nB = {}\n", out.a, out.b);
+    println!(
+        "A = {} (lost events: {})\nB = {} (lost events: {})\n",
+        out.a, ra.lost_events_text, out.b, rb.lost_events_text
+    );
     println!("{:<40} {:>16} {:>16} {:>8}", "METRIC (per second)", "A", "B", "B/A");
     for r in &out.rates {
         let ratio = if r.a_per_second != 0.0 { format!("{:.2}", r.b_per_second / r.a_per_second) } else { "-".into() };

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow};
+use virtprof_model::Loss;
 use virtprof_store::recording::Task;
 use virtprof_store::Table;
 use virtprof_trace::merge::merge_cpus;
@@ -23,6 +24,10 @@ struct Output<'a> {
     report: &'a ExitReport,
     by_vm: Vec<VmRow>,
     kvm_stats: Vec<StatsDelta>,
+    /// Lost events in all, as every command reports them (also in `totals`).
+    lost_events: u64,
+    /// Lost events per CPU, with where the gaps were.
+    loss: &'a Loss,
 }
 
 /// Deltas of a VMM's KVM stats fd over the recording (start and end snapshots).
@@ -86,14 +91,17 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let mut analyzer = ExitAnalyzer::new(options);
     let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| analyzer.on_event(e))?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
-    // Overruns the kernel counted in per-CPU stats are lost too, even without page flags.
-    report.totals.lost_events = report.totals.lost_events.max(stats.lost) + recording.lost_in_footer();
+    let loss = recording.loss(&stats);
+    report.totals.lost_events = loss.total();
 
     let by_vm = vm_rows(&report, &recording.metadata.tasks);
     let kvm_stats = stats_deltas(&recording);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &Output { report: &report, by_vm, kvm_stats })?;
+        serde_json::to_writer_pretty(
+            &mut out,
+            &Output { report: &report, by_vm, kvm_stats, lost_events: loss.total(), loss: &loss },
+        )?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -114,9 +122,17 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let t = &report.totals;
     writeln!(
         out,
-        "\n{} exits ({} lightweight, {} heavyweight) | source: {} | lost events: {} | incomplete: {}",
-        t.exits, t.lightweight, t.heavyweight, report.source.path, t.lost_events, t.incomplete
+        "\n{} exits ({} lightweight, {} heavyweight) | source: {} | incomplete: {}",
+        t.exits, t.lightweight, t.heavyweight, report.source.path, t.incomplete
     )?;
+    writeln!(out, "lost events: {}", recording.describe_loss(&loss, &decoder))?;
+    if loss.gaps() > 0 {
+        writeln!(
+            out,
+            "note: {} gaps where the kernel dropped events: exits in flight across one are counted as incomplete, and counts near them are short",
+            loss.gaps()
+        )?;
+    }
     for d in &kvm_stats {
         let get = |k: &str| d.stats.get(k).copied().unwrap_or(0);
         writeln!(

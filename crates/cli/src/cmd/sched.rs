@@ -10,6 +10,7 @@ use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
 use virtprof_model::units::parse_duration_ns;
 use virtprof_model::EventKind;
+use virtprof_model::Loss;
 use virtprof_trace::merge::merge_cpus;
 
 use crate::args::SchedArgs;
@@ -22,6 +23,8 @@ use crate::recording::{evidence_event_ids, DecoderNames, Recording};
 struct Output<'a> {
     source: Source<'a>,
     lost_events: u64,
+    /// Lost events per CPU, with where the gaps were.
+    loss: &'a Loss,
     windows: Vec<WindowReport>,
 }
 
@@ -72,7 +75,8 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         }
     }
     windows.push(window_report(&total, "run", &vms, &names, args.cpu));
-    let lost_events = acc.lost.1.max(stats.lost) + recording.lost_in_footer();
+    let loss = recording.loss(&stats);
+    let lost_events = loss.total();
 
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -81,7 +85,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             trace_clock: &recording.metadata.trace_clock,
             mode: "trace",
         };
-        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, windows })?;
+        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows })?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -101,7 +105,14 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         table(w, true).write_text(&mut out)?;
         writeln!(out)?;
     }
-    writeln!(out, "lost events: {lost_events}")?;
+    writeln!(out, "lost events: {}", recording.describe_loss(&loss, &decoder))?;
+    if loss.gaps() > 0 {
+        writeln!(
+            out,
+            "note: {} gaps where the kernel dropped events: each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short",
+            loss.gaps()
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

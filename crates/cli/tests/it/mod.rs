@@ -4,6 +4,7 @@ mod doctor;
 mod errors;
 mod exits;
 mod intervals;
+mod loss;
 mod noise;
 mod perf_stat;
 mod record;

@@ -198,6 +198,7 @@ pub fn replay(r: &Replay, json: bool, html: Option<&Path>) -> anyhow::Result<Exi
         );
         println!("hottest core {:.1} °C kept, {:.1} °C with the policy", p.max_temp_without_c, p.max_temp_with_c);
     }
+    println!("lost events: {}", r.lost_events_text);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -35,11 +35,16 @@ pub struct Replay {
     pub swaps_per_s: f64,
     /// The seed's bound on the gap for the largest and smallest per-core period energies seen.
     pub bound_j: f64,
+    /// Events the recording's trace lost (its trace columns are short by them).
+    pub lost_events: u64,
+    /// The same as one line, with where.
+    pub lost_events_text: String,
 }
 
 /// Replay `file` with `cores` cores (0: one per vCPU, at least 2).
 pub fn run(file: &Path, period_ns: u64, k: f64, cores: usize, model: &Model) -> anyhow::Result<Replay> {
-    let table = interval_table(file)?;
+    let rows = interval_table(file)?;
+    let table = rows.table;
     let vcpus: Vec<Entity> = {
         let mut v: Vec<Entity> = table
             .columns
@@ -70,6 +75,8 @@ pub fn run(file: &Path, period_ns: u64, k: f64, cores: usize, model: &Model) -> 
     let per_core = periods.iter().flat_map(|vj| (0..cores).map(move |c| on_core(vj, c)));
     let bound_j = gap_bound_seen_j(per_core, k);
     Ok(Replay {
+        lost_events: rows.lost_events,
+        lost_events_text: rows.lost_events_text,
         file: file.display().to_string(),
         vcpus: vcpus.iter().map(ToString::to_string).zip(core_of).collect(),
         cores,

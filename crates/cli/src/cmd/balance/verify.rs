@@ -92,7 +92,7 @@ impl Tracer {
         let Tracer { trace, tids, mut switches } = self;
         let (lost, _) = trace.finish(|e| collect(&tids, &mut switches, e))?;
         let mut v = judge(&mut switches, placements);
-        v.lost_events = lost.iter().map(|l| l.1).sum();
+        v.lost_events = lost.total();
         Ok(v)
     }
 }

@@ -98,7 +98,7 @@ pub fn recording(path: &Path) -> anyhow::Result<Collected> {
     let mut recording = Recording::open_warning(path, None)?;
     let mut samples = Vec::new();
     let mut first = None;
-    crate::cmd::report::analyse_with(&mut recording, Default::default(), |e, _| {
+    let analysis = crate::cmd::report::analyse_with(&mut recording, Default::default(), |e, _| {
         if let EventKind::KvmExit { guest_rip, vcpu_id, .. } = e.kind {
             let t0 = *first.get_or_insert(e.ts);
             samples.push(PcSample {
@@ -110,6 +110,7 @@ pub fn recording(path: &Path) -> anyhow::Result<Collected> {
             });
         }
     })?;
+    eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
     if samples.is_empty() {
         return Err(usage(format!(
             "'{}' holds no kvm_exit events (this host's KVM may not emit them; `virtprof doctor` says); use --testvm or --qemu",

@@ -17,8 +17,9 @@ use crate::recording::Recording;
 pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     match args.format {
         ExportFormat::Csv => {
-            let table = interval_table(&args.file)?;
-            csv::write(&table, &mut output(args.output.as_deref())?)?;
+            let rows = interval_table(&args.file)?;
+            csv::write(&rows.table, &mut output(args.output.as_deref())?)?;
+            eprintln!("virtprof: lost events: {}", rows.lost_events_text);
         }
         ExportFormat::Parquet => {
             let Some(dir) = &args.output else {
@@ -38,6 +39,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 summary += &format!(", {rows} interval values");
             }
             eprintln!("virtprof: wrote {summary} into {}", dir.display());
+            eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
         }
         ExportFormat::Perfetto => {
             let mut recording = Recording::open_warning(&args.file, None)?;
@@ -63,6 +65,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             };
             let mut out = output(args.output.as_deref())?;
             perfetto::write(&tracks, &mut out)?;
+            eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -202,7 +202,7 @@ pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow:
             events.push(*e);
         }
     })?;
-    let lost_events = stats.lost + recording.lost_in_footer();
+    let lost_events = recording.loss(&stats).total();
     let host = HostTrace { events, lost_events, missing_events, decoder };
     let out = explain(&report, host, None)?;
     print(&out, args)

@@ -48,9 +48,11 @@ impl NoiseTrace {
     /// measured CPUs, and the decoder (for task names).
     pub fn finish(self) -> anyhow::Result<(Vec<Event>, u64, Decoder)> {
         let NoiseTrace { trace, cpus, mut events } = self;
-        let (lost, decoder) = trace.finish(|e| keep(&cpus, &mut events, e))?;
+        let (mut loss, decoder) = trace.finish(|e| keep(&cpus, &mut events, e))?;
         events.sort_by_key(|e| (e.cpu, e.ts));
-        let lost = lost.iter().filter(|(cpu, _)| cpus.contains(cpu)).map(|l| l.1).sum();
+        // Only gaps on the measured CPUs leave samples unexplained.
+        loss.cpus.retain(|c| cpus.contains(&c.cpu));
+        let lost = loss.total();
         Ok((events, lost, decoder))
     }
 }

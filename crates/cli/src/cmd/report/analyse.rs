@@ -12,7 +12,7 @@ use virtprof_analysis::intervals::{IntervalTable, TraceBinner};
 use virtprof_analysis::qos::VmInfo;
 use virtprof_analysis::sched::{SchedOptions, Span};
 use virtprof_model::interval::Entity;
-use virtprof_model::Event;
+use virtprof_model::{Event, Loss};
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::{merge_cpus, time_range};
 
@@ -56,8 +56,8 @@ pub struct Analysis {
     pub outside_rows: u64,
     /// Events decoded.
     pub events: u64,
-    /// Events lost: pages that said so, and the kernel's per-CPU overrun counts.
-    pub lost_events: u64,
+    /// Events lost: the kernel's per-CPU counts, located by the gaps on the pages.
+    pub loss: Loss,
     /// First and last event timestamps.
     pub span_ns: Option<(u64, u64)>,
     /// The decoder, which names reasons and events.
@@ -137,9 +137,9 @@ pub fn analyse_with(
     }
     let names = DecoderNames(&decoder);
     let mut exits = exits.map(|x| x.finish(&names));
-    let lost_events = stats.lost.max(exits.as_ref().map_or(0, |x| x.totals.lost_events)) + recording.lost_in_footer();
+    let loss = recording.loss(&stats);
     if let Some(x) = exits.as_mut() {
-        x.totals.lost_events = lost_events;
+        x.totals.lost_events = loss.total();
     }
     let (total, buckets, vms) = match accounting.as_mut() {
         Some(a) => {
@@ -158,7 +158,7 @@ pub fn analyse_with(
         table,
         outside_rows,
         events: stats.events,
-        lost_events,
+        loss,
         span_ns: first_ts.map(|first| (first, last_ts)),
         decoder,
     })

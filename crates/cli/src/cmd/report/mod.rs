@@ -19,7 +19,7 @@ use crate::recording::Recording;
 
 /// The interval table of a recording with the trace-derived columns and per-VM sums added;
 /// a usage error for a recording without interval rows.
-pub fn interval_table(path: &std::path::Path) -> anyhow::Result<IntervalTable> {
+pub fn interval_table(path: &std::path::Path) -> anyhow::Result<Intervals> {
     let mut recording = Recording::open_warning(path, None)?;
     if recording.intervals.is_none() {
         return Err(usage(format!(
@@ -28,7 +28,21 @@ pub fn interval_table(path: &std::path::Path) -> anyhow::Result<IntervalTable> {
         )));
     }
     let analysis = analyse(&mut recording, Want { binning: true, ..Want::default() })?;
-    Ok(analysis.table.expect("the recording has interval rows, checked above"))
+    let lost_events = analysis.loss.total();
+    let lost_events_text = recording.describe_loss(&analysis.loss, &analysis.decoder);
+    let table = analysis.table.expect("the recording has interval rows, checked above");
+    Ok(Intervals { table, lost_events, lost_events_text })
+}
+
+/// A recording's interval rows, and the events its trace lost (the rows' trace columns are
+/// short by them).
+pub struct Intervals {
+    /// The rows, with trace columns.
+    pub table: IntervalTable,
+    /// Lost events in all.
+    pub lost_events: u64,
+    /// The loss as one line, with where.
+    pub lost_events_text: String,
 }
 
 /// The features phase detection and correlation look at: host-level delta metrics per second
@@ -54,7 +68,12 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
         std::fs::write(path, page).map_err(|e| usage(format!("cannot write '{}': {e}", path.display())))?;
-        eprintln!("virtprof: wrote {} ({} KiB)", path.display(), std::fs::metadata(path).map_or(0, |m| m.len() / 1024));
+        eprintln!(
+            "virtprof: wrote {} ({} KiB); lost events: {}",
+            path.display(),
+            std::fs::metadata(path).map_or(0, |m| m.len() / 1024),
+            report.lost_events_text
+        );
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

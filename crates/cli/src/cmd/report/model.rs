@@ -43,7 +43,12 @@ pub struct Report {
     pub duration_s: f64,
     /// Trace events decoded.
     pub events: u64,
+    /// Events lost in all (the kernel's counts, or at least what the pages said).
     pub lost_events: u64,
+    /// Per CPU, with where the gaps were; `complete` false when the figure is unknown.
+    pub loss: virtprof_model::Loss,
+    /// The loss as one line (what `record` printed, with where).
+    pub lost_events_text: String,
     /// Byte offset where the file was cut short, if it was.
     pub truncated_at: Option<u64>,
     pub vms: Vec<VmOut>,
@@ -209,7 +214,9 @@ pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &
         cpus: md.cpus.len(),
         duration_s: end_ns.saturating_sub(origin_ns) as f64 / 1e9,
         events: analysis.events,
-        lost_events: analysis.lost_events,
+        lost_events: analysis.loss.total(),
+        loss: analysis.loss.clone(),
+        lost_events_text: analysis.loss.describe(origin_ns),
         truncated_at: recording.truncated_at,
         vms: vms_out,
         exits: ExitsOut { source: exits.source, totals: exits.totals, by_reason, histograms },

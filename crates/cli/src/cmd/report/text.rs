@@ -18,7 +18,7 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
         "{:.3} s, {} events, lost events: {}{}",
         r.duration_s,
         r.events,
-        r.lost_events,
+        r.lost_events_text,
         r.truncated_at.map(|at| format!(" (file cut short at byte {at})")).unwrap_or_default()
     )?;
     for vm in &r.vms {

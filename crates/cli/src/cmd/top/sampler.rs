@@ -14,12 +14,10 @@ use virtprof_kvm::discover::{threads, Discovery};
 use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_kvm::vmm::monotonic_ns;
 use virtprof_kvm::vmm::Schedstat;
-use virtprof_trace::capture::{Capture, CaptureConfig};
-use virtprof_trace::decode::Decoder;
-use virtprof_trace::merge::{merge_cpus, CpuStream};
-use virtprof_trace::tracefs::{load_layout, Tracefs};
+use virtprof_model::Loss;
 
 use super::energy::{CoreRow, EnergyBook};
+use crate::live_trace::LiveTrace;
 use crate::qos::HostTasks;
 use crate::recording::{evidence_event_ids, DecoderNames};
 
@@ -55,6 +53,8 @@ pub struct Snapshot {
     pub approximate: bool,
     /// Events the kernel dropped (trace mode).
     pub lost_events: u64,
+    /// Per CPU, with where the gaps were (trace mode).
+    pub loss: Option<Loss>,
     /// Last 1 s, last 10 s, whole run.
     pub windows: Vec<WindowReport>,
     /// Per-core energy and temperature estimates (`balance`'s model).
@@ -123,11 +123,8 @@ enum Source {
 }
 
 struct TraceSource {
-    // Field order is drop order: the capture (and its tracefs instance) goes first.
-    capture: Capture,
-    decoder: Decoder,
+    trace: LiveTrace,
     acc: SchedAccounting,
-    total_lost: u64,
 }
 
 struct PollSource {
@@ -233,15 +230,16 @@ impl Sampler {
     /// The windows, for all CPUs or only `cpu`.
     pub fn snapshot(&self, cpu: Option<u32>) -> Snapshot {
         const WINDOWS: [(&str, u64); 3] = [("1s", SECOND), ("10s", 10 * SECOND), ("run", u64::MAX)];
-        let (mode, lost_events) = match &self.source {
-            Source::Trace(t) => ("trace", t.total_lost),
-            Source::Polling(_) => ("polling", 0),
+        let (mode, loss) = match &self.source {
+            Source::Trace(t) => ("trace", Some(t.trace.loss())),
+            Source::Polling(_) => ("polling", None),
         };
         let windows = WINDOWS.iter().map(|&(label, ns)| self.window(label, ns, cpu)).collect();
         Snapshot {
             mode,
             approximate: mode == "polling",
-            lost_events,
+            lost_events: loss.as_ref().map_or(0, Loss::total),
+            loss,
             windows,
             cores: self.energy.rows(),
             swaps_per_s: self.energy.swaps_per_s,
@@ -252,8 +250,8 @@ impl Sampler {
     /// The window of the last `ns` (u64::MAX: the whole run), for all CPUs or only `cpu`.
     fn window(&self, label: &str, ns: u64, cpu: Option<u32>) -> WindowReport {
         let (span, names): (_, Box<dyn virtprof_analysis::Names + '_>) = match &self.source {
-            Source::Trace(t) if ns == u64::MAX => (t.acc.total().clone(), Box::new(DecoderNames(&t.decoder))),
-            Source::Trace(t) => (t.acc.last(ns), Box::new(DecoderNames(&t.decoder))),
+            Source::Trace(t) if ns == u64::MAX => (t.acc.total().clone(), Box::new(DecoderNames(t.trace.decoder()))),
+            Source::Trace(t) => (t.acc.last(ns), Box::new(DecoderNames(t.trace.decoder()))),
             Source::Polling(p) => (p.span(ns), Box::new(NoNames)),
         };
         let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu);
@@ -297,7 +295,7 @@ impl Sampler {
     /// Physical CPUs seen (for the per-CPU view).
     pub fn cpus(&self) -> Vec<u32> {
         match &self.source {
-            Source::Trace(t) => t.capture.cpus(),
+            Source::Trace(t) => t.trace.cpus(),
             Source::Polling(_) => virtprof_trace::capture::online_cpus(),
         }
     }
@@ -305,30 +303,19 @@ impl Sampler {
 
 impl TraceSource {
     fn start() -> anyhow::Result<TraceSource> {
-        let tracefs = Tracefs::locate_or_mount()?;
-        let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))?;
-        let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-        let config =
-            CaptureConfig { events: EVENTS.map(String::from).to_vec(), buffer_size_kb: 4096, clock: "mono".into() };
-        let (capture, _missing) = Capture::start(&tracefs, &config, page_size)?;
-        let decoder = Decoder::new(load_layout(tracefs.root(), &["sched", "kvm"])?);
-        let evidence = evidence_event_ids(&decoder);
+        let trace = LiveTrace::start(&EVENTS, "mono", 4096, &["sched", "kvm"])?;
+        let evidence = evidence_event_ids(trace.decoder());
         let acc = SchedAccounting::new(
             SchedOptions { bucket_ns: BUCKET_NS, keep_buckets: (HISTORY_NS / BUCKET_NS) as usize },
             evidence,
         );
-        Ok(TraceSource { capture, decoder, acc, total_lost: 0 })
+        Ok(TraceSource { trace, acc })
     }
 
     /// Decode and account every page the kernel has, then close buckets up to `now`.
     fn drain(&mut self, now: u64) -> anyhow::Result<()> {
-        let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
-        while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
-        let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
         let acc = &mut self.acc;
-        let stats = merge_cpus(&mut self.decoder, &streams, |e, _| acc.on_event(e))?;
-        let kernel_lost: u64 = self.capture.loss().iter().map(|l| l.overrun + l.dropped).sum();
-        self.total_lost = self.total_lost.max(kernel_lost).max(stats.lost);
+        self.trace.drain(|e| acc.on_event(e))?;
         self.acc.roll_to(now);
         Ok(())
     }

@@ -311,6 +311,7 @@ mod tests {
             mode: "trace",
             approximate: false,
             lost_events: 0,
+            loss: None,
             windows: vec![window("1s"), window("10s")],
             cores: vec![core(0), core(1)],
             swaps_per_s: Some(9.5),

@@ -1,0 +1,230 @@
+//! Recordings whose ring buffers overflowed read everywhere, and every command reports the same
+//! loss `record` printed, with where it happened; live views keep running through loss; a
+//! recording without its footer says its loss is unknown.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+use super::util::{have_kvm, have_tracefs, note, temp, virtprof};
+
+/// The regression fixtures made on this project's PVM host (`scripts/fixtures/lossy.sh`).
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/pvm-6.18-lossy").join(name)
+}
+
+/// The figure in `record`'s summary line (`...; lost events: N`).
+fn recorded_loss(summary: &str) -> u64 {
+    summary
+        .lines()
+        .find_map(|l| l.split("lost events: ").nth(1))
+        .and_then(|n| n.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no loss figure in {summary:?}"))
+}
+
+fn run(args: &[&str], file: &Path) -> Output {
+    let out = virtprof().args(&args[..1]).arg(file).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "virtprof {args:?} {}: {}\n{}",
+        file.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Every reading command on `file`: exit 0, and the loss it reports equals `expected` (text:
+/// the `lost events: N` line on stdout or stderr; JSON: `lost_events`).
+fn every_command_reports(file: &Path, expected: u64, with_intervals: bool) {
+    let dir = temp(&format!("loss-out-{}", file.file_name().unwrap().to_string_lossy()));
+    let _ = std::fs::create_dir_all(&dir);
+    let text_line = format!("lost events: {expected}");
+    let mut text_commands: Vec<Vec<String>> = vec![
+        vec!["exits".into()],
+        vec!["exits".into(), "--by".into(), "vcpu".into()],
+        vec!["sched".into()],
+        vec!["report".into()],
+        vec!["report".into(), "--html".into(), dir.join("r.html").display().to_string()],
+        vec![
+            "export".into(),
+            "--format".into(),
+            "perfetto".into(),
+            "-o".into(),
+            dir.join("p.json").display().to_string(),
+        ],
+        vec!["export".into(), "--format".into(), "parquet".into(), "-o".into(), dir.join("pq").display().to_string()],
+    ];
+    if with_intervals {
+        text_commands.push(vec![
+            "export".into(),
+            "--format".into(),
+            "csv".into(),
+            "-o".into(),
+            dir.join("c.csv").display().to_string(),
+        ]);
+        text_commands.push(vec!["compare".into(), file.display().to_string()]);
+        text_commands.push(vec!["balance".into(), "--replay".into()]);
+    }
+    for args in &text_commands {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // `balance --replay FILE`: the file follows the flag.
+        let out = if args[0] == "balance" {
+            let out = virtprof().args(&args).arg(file).output().unwrap();
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            out
+        } else {
+            run(&args, file)
+        };
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(all.contains(&text_line), "virtprof {args:?}: no '{text_line}' in\n{all}");
+    }
+    for args in [&["exits", "--json"][..], &["sched", "--json"], &["report", "--json"]] {
+        let out = run(args, file);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["lost_events"], expected, "virtprof {args:?}");
+        assert_eq!(v["loss"]["complete"], true, "virtprof {args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_lossy_fixtures_read_everywhere_with_the_kernels_loss() {
+    let rec = fixture("tiny-buffer.vprec");
+    let expected = recorded_loss(&std::fs::read_to_string(fixture("record.txt")).unwrap());
+    assert!(expected > 0);
+    every_command_reports(&rec, expected, false);
+    // Where: the CPU and a time span inside the recording.
+    let v: Value = serde_json::from_slice(&run(&["exits", "--json"], &rec).stdout).unwrap();
+    let lossy: Vec<&Value> = v["loss"]["cpus"].as_array().unwrap().iter().filter(|c| c["gaps"] != 0).collect();
+    assert_eq!(lossy.len(), 1, "{}", v["loss"]);
+    assert_eq!(lossy[0]["on_pages"], expected, "the pages' counts equal the kernel's");
+    assert!(lossy[0]["span_ns"].is_array());
+
+    // The raw dump: the loss equals the kernel's per-CPU overrun counters in its stats files.
+    let dump = fixture("tracefs");
+    let overrun: u64 = (0..2)
+        .map(|cpu| {
+            let stats = std::fs::read_to_string(dump.join(format!("per_cpu/cpu{cpu}/stats"))).unwrap();
+            stats.lines().find_map(|l| l.strip_prefix("overrun: ")?.trim().parse::<u64>().ok()).unwrap()
+        })
+        .sum();
+    assert!(overrun > 0);
+    for args in [&["exits", "--json"][..], &["report", "--json"]] {
+        let v: Value = serde_json::from_slice(&run(args, &dump).stdout).unwrap();
+        assert_eq!(v["lost_events"], overrun, "virtprof {args:?} on the dump");
+    }
+}
+
+/// Byte offset of the last chunk (the footer) of a recording: chunks follow the 12-byte file
+/// header, each a 16-byte header (kind u32, length u64, crc u32) and its payload.
+fn last_chunk_offset(bytes: &[u8]) -> usize {
+    let (mut at, mut last) = (12, 12);
+    while at + 16 <= bytes.len() {
+        last = at;
+        at += 16 + usize::try_from(u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap())).unwrap();
+    }
+    last
+}
+
+#[test]
+fn a_recording_without_its_footer_says_its_loss_is_unknown() {
+    let bytes = std::fs::read(fixture("tiny-buffer.vprec")).unwrap();
+    let end = last_chunk_offset(&bytes);
+    assert_eq!(u32::from_le_bytes(bytes[end..end + 4].try_into().unwrap()), 3, "the last chunk is the footer");
+    let (at_boundary, mid_chunk) = (temp("nofooter.vprec"), temp("midchunk.vprec"));
+    std::fs::write(&at_boundary, &bytes[..end]).unwrap();
+    std::fs::write(&mid_chunk, &bytes[..end + 20]).unwrap();
+    for file in [&at_boundary, &mid_chunk] {
+        for args in [&["exits"][..], &["report"]] {
+            let out = run(args, file);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(stdout.contains(&format!("lost events: unknown past byte {end}")), "{args:?}: {stdout}");
+        }
+        let v: Value = serde_json::from_slice(&run(&["report", "--json"], file).stdout).unwrap();
+        assert_eq!(v["loss"]["complete"], false);
+        assert_eq!(v["loss"]["known_until_byte"], end);
+        // Commands that stop early still say it, on stderr.
+        let out = virtprof().arg("sched").arg(file).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&format!("past byte {end}")) || stderr.contains("unknown"), "{stderr}");
+    }
+    let _ = (std::fs::remove_file(at_boundary), std::fs::remove_file(mid_chunk));
+}
+
+#[test]
+fn a_live_tiny_buffer_recording_reads_everywhere_with_records_figure() {
+    let test = "a_live_tiny_buffer_recording_reads_everywhere_with_records_figure";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let rec = temp("tiny.vprec");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["--buffer-size", "4", "--interval", "10ms", "--"])
+        .arg(&exe)
+        .args(["testvm", "--workload", "phases", "--phases", "pio-kernel:20000,compute:100ms,pio-user:2000"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let expected = recorded_loss(&stderr);
+    assert!(expected > 0, "a 4 KB buffer on an exit-heavy guest must overflow: {stderr}");
+    every_command_reports(&rec, expected, true);
+    let _ = std::fs::remove_file(rec);
+}
+
+/// A child process stopped with SIGTERM and reaped when dropped (testvm stops its VMs and
+/// waits for them, so no load outlives the test).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        // SAFETY: kill with our child's pid and a valid signal.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn live_views_keep_running_through_loss_under_load() {
+    let test = "live_views_keep_running_through_loss_under_load";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    // The test's own load: 16 exit-heavy VMs and a CPU hog per CPU.
+    let vms = Reaped(
+        virtprof()
+            .args(["testvm", "--workload", "pio-kernel", "--vms", "16", "--duration", "25s", "--name", "lossload"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let hogs: Vec<Reaped> = (0..2)
+        .map(|_| Reaped(Command::new("sh").args(["-c", "while :; do :; done"]).stdout(Stdio::null()).spawn().unwrap()))
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
+    let top = virtprof().args(["top", "--once", "-d", "2", "--json"]).output().unwrap();
+    assert!(top.status.success(), "top: {}", String::from_utf8_lossy(&top.stderr));
+    let v: Value = serde_json::from_slice(&top.stdout).unwrap();
+    assert_eq!(v["mode"], "trace");
+    let lost = v["lost_events"].as_u64().expect("top reports a loss figure");
+    assert_eq!(v["loss"]["complete"], true);
+    let summed: u64 = v["loss"]["cpus"].as_array().unwrap().iter().map(|c| c["reported"].as_u64().unwrap_or(0)).sum();
+    assert!(lost >= summed);
+    note(test, format!("top --once -d 2 beside 16 VMs and 2 hogs lost {lost} events"));
+
+    let demo = virtprof().args(["demo", "--once", "--duration", "4s"]).output().unwrap();
+    let text = String::from_utf8_lossy(&demo.stdout);
+    assert!(demo.status.success(), "demo: {}\n{text}", String::from_utf8_lossy(&demo.stderr));
+    assert!(text.contains("lost events "), "{text}");
+    drop(hogs);
+    drop(vms);
+}
