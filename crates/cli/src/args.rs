@@ -88,14 +88,18 @@ WORKLOADS:
   mmio-user    store to unbacked memory: 1 MMIO exit per iteration
   mmio-kernel  store to a KVM_IOEVENTFD MMIO address: 1 ioeventfd signal each
   io-bound     each request makes the VMM sleep --io-latency (the vCPU blocks like on a disk)
-  cpuid        CPUID leaf 0 (lightweight exit on VMX/SVM; on PVM it never reaches our KVM)
+  cpuid        CPUID leaf 0 (a lightweight exit on VMX/SVM; on this project's PVM host none
+               reaches KVM: the phase table shows 0 KVM_EXITS and says so)
   fault        UD2: shows how guest faults are reported
   noise        a TSC gap loop: each gap above --noise-threshold is stored with steal and exit
                counts (seed 004's guest columns; --duration only)
   phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
   boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
 
-Every vCPU also makes one IO exit per phase start and one when done (markers).
+Every vCPU also makes one IO exit per phase start and one when done (markers). Which
+operations reach KVM depends on the host: each phase's exits into KVM are read from the vCPU's
+KVM stats fd at its markers and printed per phase (JSON: phases[].kvm_exits); an operation that
+made none is noted, not reported as missing exits.
 
 EXAMPLES:
   virtprof testvm --workload pio-user --iterations 10000
@@ -201,7 +205,11 @@ pub enum GroupBy {
 On hosts with kvm_exit/kvm_entry (VMX, SVM) every exit is timed and split into hypervisor
 overhead, VMM time, preempted and blocked. On hosts without them (PVM) heavyweight exits are
 timed as userspace round trips and lightweight work is counted from evidence events; the
-footer names what is unavailable.
+footer names what is unavailable. A guest operation the host handles below KVM (on this
+project's PVM host, a CPL3 CPUID) makes no exit at all: it has no row, and `virtprof doctor`
+(GUEST OPERATIONS) and `virtprof testvm` (each phase's KVM_EXITS) say which operations exit.
+Lost events are reported per CPU with the time span of the gaps; exits in flight across a gap
+are counted as incomplete.
 
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
