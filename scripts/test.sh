@@ -30,6 +30,16 @@ if [ "$(id -u)" = 0 ]; then
     if ! grep -q ' tracefs ' /proc/mounts; then
         mount -t tracefs nodev /sys/kernel/tracing || echo "test.sh: could not mount tracefs; tracefs tests will skip"
     fi
+    # Instances left by virtprof processes of earlier runs (killed ones): the tests check that
+    # this run leaves none, so start from none (`virtprof doctor --cleanup` does the same).
+    for dir in /sys/kernel/tracing/instances/virtprof-*; do
+        [ -d "$dir" ] || continue
+        pid=${dir##*-}
+        if [ ! -d "/proc/$pid" ]; then
+            echo "test.sh: removing stale tracefs instance $dir"
+            rmdir "$dir" || true
+        fi
+    done
 else
     echo "test.sh: not root: apt installs and tracefs/pidfd tests are skipped"
 fi

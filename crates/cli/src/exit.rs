@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use virtprof_kvm::VmmError;
+use virtprof_session::SessionError;
 
 /// Bad input, or the host lacks what the command needs.
 pub const USAGE: u8 = 2;
@@ -60,6 +61,9 @@ fn classify(err: &anyhow::Error) -> u8 {
             return USAGE;
         }
         if let Some(VmmError::OpenKvm(_)) = cause.downcast_ref::<VmmError>() {
+            return USAGE;
+        }
+        if cause.downcast_ref::<SessionError>().is_some_and(SessionError::is_bad_input) {
             return USAGE;
         }
     }

@@ -3,9 +3,7 @@
 mod args;
 mod cmd;
 mod exit;
-mod live_trace;
 mod qos;
-mod recording;
 
 use std::process::ExitCode;
 

@@ -300,7 +300,7 @@ impl IntervalSampler {
                         .read_at(&mut text, 0)
                         .ok()
                         .and_then(|n| std::str::from_utf8(&text[..n]).ok())
-                        .and_then(virtprof_kvm::vmm::Schedstat::parse);
+                        .and_then(virtprof_host::Schedstat::parse);
                     let values =
                         parsed.map_or([f64::NAN; 3], |s| [s.run_ns as f64, s.wait_ns as f64, s.timeslices as f64]);
                     raw[i..i + 3].copy_from_slice(&values);

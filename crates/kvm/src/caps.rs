@@ -1,6 +1,5 @@
-//! What this host's KVM offers, probed once: the vendor module, `/dev/kvm` access, and the
-//! binary stats fd. `/sys/module/NAME` exists for loaded and built-in modules alike (built-ins
-//! are missing from /proc/modules); the CPU flags (vmx/svm) are the last resort.
+//! What this host's KVM offers, probed once: the host kind (`virtprof_host::kind`),
+//! `/dev/kvm` access, and the binary stats fd.
 
 use std::os::fd::AsRawFd;
 
@@ -23,15 +22,7 @@ pub struct KvmCaps {
 impl KvmCaps {
     /// Probe the running host. Creates (and drops) one empty VM with one vCPU.
     pub fn probe() -> KvmCaps {
-        let modules = ["kvm_intel", "kvm_amd", "kvm_pvm"]
-            .into_iter()
-            .filter(|m| std::path::Path::new("/sys/module").join(m).is_dir());
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let kind = HostKind::from_modules(modules).or_else(|| {
-            let flags = cpuinfo.lines().find(|l| l.starts_with("flags"))?;
-            let has = |f: &str| flags.split_whitespace().any(|w| w == f);
-            (has("vmx").then_some(HostKind::Vmx)).or(has("svm").then_some(HostKind::Svm))
-        });
+        let kind = virtprof_host::kind::detect();
         let kvm = Kvm::new();
         let api_version = kvm.as_ref().map(Kvm::get_api_version).map_err(|e| e.to_string());
         let kind = kind.or(api_version.is_ok().then_some(HostKind::Unknown));

@@ -113,7 +113,7 @@ pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredV
     }
     let vcpu_fds = fds.iter().filter(|f| matches!(f.kind, KvmFdKind::Vcpu(_))).count();
     let dir = proc_root.join(pid.to_string());
-    let comm = read_trimmed(&dir.join("comm"));
+    let comm = virtprof_host::procfs::read_trimmed(&dir.join("comm"));
     let argv: Vec<String> = fs::read(dir.join("cmdline"))
         .unwrap_or_default()
         .split(|&b| b == 0)
@@ -137,20 +137,7 @@ pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredV
 
 /// The threads of `pid`: (tid, comm).
 pub fn threads(proc_root: &Path, pid: u32) -> Vec<(u32, String)> {
-    let Ok(entries) = fs::read_dir(proc_root.join(pid.to_string()).join("task")) else { return Vec::new() };
-    let mut out: Vec<(u32, String)> = entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let tid = e.file_name().to_str()?.parse().ok()?;
-            Some((tid, read_trimmed(&e.path().join("comm"))))
-        })
-        .collect();
-    out.sort_unstable();
-    out
-}
-
-fn read_trimmed(path: &Path) -> String {
-    fs::read_to_string(path).map(|s| s.trim_end_matches('\n').to_string()).unwrap_or_default()
+    virtprof_host::procfs::threads(proc_root, pid)
 }
 
 /// Keeps the host's VM list current. [`Discovery::scan`] lists `/proc` and inspects the fd

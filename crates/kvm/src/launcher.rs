@@ -14,7 +14,10 @@ use virtprof_model::testvm::{TestvmReport, VmReport};
 
 use crate::error::VmmError;
 use crate::guest::Script;
-use crate::vmm::{monotonic_ns, Vm, VmConfig, STOP_REQUESTED};
+use virtprof_host::monotonic_ns;
+use virtprof_host::stop::STOP_REQUESTED;
+
+use crate::vmm::{Vm, VmConfig};
 
 /// The hidden subcommand a VMM child process is started with.
 pub const CHILD_SUBCOMMAND: &str = "__vmm";
@@ -199,19 +202,6 @@ fn set_process_name(name: &str) {
     buf[..n].copy_from_slice(&name.as_bytes()[..n]);
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from `buf`.
     unsafe { libc::prctl(libc::PR_SET_NAME, buf.as_ptr() as libc::c_ulong, 0, 0, 0) };
-}
-
-/// Install SIGINT/SIGTERM/SIGHUP/SIGQUIT handlers that set [`STOP_REQUESTED`] so runs end
-/// cleanly (a closed terminal or ssh session sends SIGHUP; tracefs instances and VMs must not
-/// outlive it).
-pub fn install_stop_handler() {
-    extern "C" fn on_signal(_: libc::c_int) {
-        STOP_REQUESTED.store(true, Ordering::Relaxed);
-    }
-    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-    }
 }
 
 #[cfg(test)]

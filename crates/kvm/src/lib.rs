@@ -13,7 +13,6 @@
 // and offset casts cannot truncate; the lint stays on for the decoders elsewhere.
 #![allow(clippy::cast_possible_truncation)]
 
-pub mod affinity;
 pub mod caps;
 pub mod discover;
 pub mod error;

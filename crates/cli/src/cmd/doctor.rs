@@ -235,7 +235,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             Some("CONFIG_OSNOISE_TRACER=y (virtprof noise does not need it)"),
         )
     });
-    let in_vm = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default().contains(" hypervisor");
+    let in_vm = virtprof_host::kind::in_vm();
     checks.push(check(
         "running in a VM",
         Status::Ok,
@@ -446,7 +446,7 @@ fn features(
 
 /// What `virtprof noise` measures and attributes here.
 fn noise_mode(kvm: &KvmCaps, tracefs: bool) -> String {
-    use crate::cmd::noise::{in_vm, tsc_usable};
+    use virtprof_host::{clock::tsc_usable, kind::in_vm};
     let clock = if tsc_usable() { "TSC loop" } else { "CLOCK_MONOTONIC_RAW loop (no constant, non-stop TSC)" };
     let rest =
         if in_vm() { "unexplained noise is STEAL/HYP (inside a VM)" } else { "unexplained noise is HW (bare metal)" };

@@ -11,11 +11,10 @@ use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow}
 use virtprof_model::Loss;
 use virtprof_store::recording::Task;
 use virtprof_store::Table;
-use virtprof_trace::merge::merge_cpus;
 
 use crate::args::{ExitsArgs, GroupBy, RecordArgs};
 use crate::exit::usage;
-use crate::recording::{evidence_event_ids, DecoderNames, Recording};
+use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
 #[derive(Serialize)]
@@ -70,7 +69,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             path
         }
     };
-    let recording = Recording::open_warning(&path, args.formats.as_deref());
+    let recording = Session::open_warning(&path, args.formats.as_deref());
     if live {
         let _ = std::fs::remove_file(&path);
     }
@@ -89,7 +88,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let evidence_events = evidence_event_ids(&decoder);
     let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
     let mut analyzer = ExitAnalyzer::new(options);
-    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| analyzer.on_event(e))?;
+    let stats = recording.walk(&mut decoder, |e, _| analyzer.on_event(e))?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
@@ -153,7 +152,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Per VM with both snapshots, the vCPU stats summed and differenced (cumulative counters).
-fn stats_deltas(recording: &Recording) -> Vec<StatsDelta> {
+fn stats_deltas(recording: &Session) -> Vec<StatsDelta> {
     const KEYS: [&str; 5] = ["exits", "insn_emulation", "io_exits", "mmio_exits", "halt_exits"];
     let Some(footer) = &recording.footer else { return Vec::new() };
     let sum = |snap: &virtprof_store::recording::KvmStatsSnapshot, key: &str| -> u64 {

@@ -1,21 +1,15 @@
-//! `virtprof import SRC -o FILE`: turn a capture made elsewhere into a recording. Sources:
-//! a tracefs dump directory (`events/`, `per_cpu/cpuN/trace_pipe_raw`, `saved_cmdlines`...).
+//! `virtprof import SRC -o FILE`: turn a capture made elsewhere (a tracefs dump, a trace.dat,
+//! ftrace text; read by `virtprof_session::import`) into a recording.
 
-use std::borrow::Cow;
 use std::fs;
 use std::io::BufWriter;
-use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use virtprof_store::recording::{Footer, FormatText, Metadata, Task, Writer};
-use virtprof_trace::capture::stat_value;
-use virtprof_trace::dump::read_cpu_pages;
-use virtprof_trace::tracedat::TraceDat;
-use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
+use virtprof_session::import::read_source;
+use virtprof_store::recording::{Footer, Writer};
 
 use crate::args::ImportArgs;
-use crate::exit::usage;
 
 /// Pages per chunk: 1 MiB, so a cut file loses at most that much per CPU.
 const PAGES_PER_CHUNK: usize = 256;
@@ -41,179 +35,4 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
         args.output.display()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// A capture made elsewhere, in memory: a tracefs dump directory, a trace.dat, or ftrace text
-/// (which needs the traced kernel's formats).
-pub fn read_source(src: &Path, formats: Option<&Path>) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
-    if !src.exists() {
-        return Err(usage(format!("'{}' does not exist", src.display())));
-    }
-    if src.is_dir() && src.join("events/header_page").is_file() {
-        read_tracefs_dump(src)
-    } else if is_trace_dat_file(src) {
-        read_trace_dat(src)
-    } else if src.is_file() {
-        let Some(formats) = formats else {
-            return Err(usage(format!(
-                "'{}' is not a virtprof recording, a trace-cmd trace.dat or a tracefs dump; if it is ftrace text, give --formats DIR (the tracefs root, with events/, of the kernel that recorded it)",
-                src.display()
-            )));
-        };
-        read_ftrace_text(src, formats)
-    } else {
-        Err(usage(format!(
-            "'{}' is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
-            src.display()
-        )))
-    }
-}
-
-/// True if `path` is a file that starts like a trace-cmd trace.dat.
-fn is_trace_dat_file(path: &Path) -> bool {
-    path.is_file() && virtprof_trace::tracedat::is_trace_dat(&file_head(path))
-}
-
-/// The first 16 bytes of a file (fewer if it is shorter or unreadable): enough for any magic.
-pub fn file_head(path: &Path) -> Vec<u8> {
-    let mut head = Vec::with_capacity(16);
-    if let Ok(file) = fs::File::open(path) {
-        let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 16), &mut head);
-    }
-    head
-}
-
-/// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
-fn read_trace_dat(path: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
-    let bytes = fs::read(path).with_context(|| format!("reading '{}'", path.display()))?;
-    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?);
-    Ok((metadata, cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect(), footer))
-}
-
-/// Parse a trace.dat held in `bytes`, the error naming `path`.
-pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> anyhow::Result<TraceDat<'a>> {
-    virtprof_trace::tracedat::read(bytes).map_err(|e| usage(format!("'{}': {e}", path.display())))
-}
-
-/// Raw pages per CPU, borrowed from the source where they need no decompression.
-pub type BorrowedCpuPages<'a> = Vec<(u32, Cow<'a, [u8]>)>;
-
-/// A trace.dat as recording metadata, loss figures, and its pages (still where they were).
-pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer, BorrowedCpuPages<'a>) {
-    let tasks = saved_tasks(&dat.cmdlines, "");
-    let cpu_loss = dat
-        .cpu_stats
-        .iter()
-        .filter_map(|stats| {
-            let cpu = stats.lines().next()?.strip_prefix("CPU:")?.trim().parse().ok()?;
-            Some((cpu, stat_value(stats, "overrun"), stat_value(stats, "dropped events")))
-        })
-        .collect();
-    let metadata = Metadata {
-        origin: format!("import trace.dat {}", path.display()),
-        trace_clock: dat.clock,
-        header_page: dat.header_page,
-        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
-        cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
-        host: Default::default(),
-        tasks,
-        ..Default::default()
-    };
-    (metadata, Footer { cpu_loss, ..Default::default() }, dat.cpus)
-}
-
-/// Re-encode ftrace text into pages through the traced kernel's format files.
-fn read_ftrace_text(path: &Path, formats_root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
-    use virtprof_trace::text::{parse_line, PageWriter, TextEncoder};
-    let layout =
-        virtprof_trace::tracefs::load_layout(formats_root, &[]).map_err(|e| usage(format!("--formats: {e}")))?;
-    let header_page = virtprof_trace::tracefs::read_file(&formats_root.join("events/header_page"))?;
-    let formats = virtprof_trace::tracefs::format_texts(formats_root, &[])?;
-    let text = fs::read_to_string(path).with_context(|| format!("reading '{}'", path.display()))?;
-    let encoder = TextEncoder::new(&layout);
-    let mut writers: std::collections::BTreeMap<u32, PageWriter> = Default::default();
-    let mut tasks: std::collections::BTreeMap<u32, Task> = Default::default();
-    let (mut events, mut skipped) = (0u64, 0u64);
-    for (number, line) in text.lines().enumerate() {
-        if line.starts_with('#') || line.trim().is_empty() || line.starts_with("cpus=") {
-            continue;
-        }
-        let Some(parsed) = parse_line(line) else {
-            return Err(usage(format!("'{}': line {}: not an ftrace text line: '{line}'", path.display(), number + 1)));
-        };
-        match encoder.encode(&parsed) {
-            Ok(record) => {
-                writers.entry(parsed.cpu).or_insert_with(|| PageWriter::new(&layout)).push(parsed.ts, &record);
-                tasks.entry(parsed.pid).or_insert_with(|| Task {
-                    tid: parsed.pid,
-                    pid: parsed.pid,
-                    comm: parsed.comm.to_string(),
-                });
-                events += 1;
-            }
-            Err(_) => skipped += 1,
-        }
-    }
-    if events == 0 {
-        return Err(usage(format!(
-            "'{}': no event matched the formats in '{}'",
-            path.display(),
-            formats_root.display()
-        )));
-    }
-    if skipped > 0 {
-        eprintln!("virtprof: warning: {skipped} lines name events missing from --formats; they were skipped");
-    }
-    let cpus: CpuPages = writers
-        .into_iter()
-        .map(|(cpu, mut w)| {
-            w.flush();
-            (cpu, w.pages)
-        })
-        .collect();
-    let metadata = Metadata {
-        origin: format!("import ftrace-text {}", path.display()),
-        trace_clock: "text (microseconds)".into(),
-        header_page,
-        formats: formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
-        cpus: cpus.iter().map(|(c, _)| *c).collect(),
-        host: Default::default(),
-        tasks: tasks.into_values().collect(),
-        ..Default::default()
-    };
-    Ok((metadata, cpus, Footer::default()))
-}
-
-/// Raw pages per CPU.
-pub type CpuPages = Vec<(u32, Vec<u8>)>;
-
-/// Read a tracefs dump into recording metadata, per-CPU pages and loss figures.
-fn read_tracefs_dump(root: &Path) -> anyhow::Result<(Metadata, CpuPages, Footer)> {
-    let read = |rel: &str| virtprof_trace::tracefs::read_file(&root.join(rel));
-    let header_page = read("events/header_page")
-        .with_context(|| format!("reading '{}'", root.join("events/header_page").display()))?;
-    let formats = format_texts(root, &[])?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
-    let trace_clock = read("trace_clock").map_or_else(|_| "unknown".into(), |t| selected_clock(&t));
-    let tasks = saved_tasks(&read("saved_cmdlines").unwrap_or_default(), &read("saved_tgids").unwrap_or_default());
-    let pages = read_cpu_pages(root)?;
-    let cpu_loss = pages
-        .iter()
-        .map(|c| (c.cpu, stat_value(&c.stats, "overrun"), stat_value(&c.stats, "dropped events")))
-        .collect();
-    let cpus: CpuPages = pages.into_iter().map(|c| (c.cpu, c.raw)).collect();
-    let metadata = Metadata {
-        origin: format!("import tracefs-dump {}", root.display()),
-        trace_clock,
-        header_page,
-        formats,
-        cpus: cpus.iter().map(|(c, _)| *c).collect(),
-        tasks,
-        ..Default::default()
-    };
-    Ok((metadata, cpus, Footer { cpu_loss, ..Default::default() }))
-}
-
-/// Tasks for the metadata from a capture's saved_cmdlines/saved_tgids texts.
-fn saved_tasks(cmdlines: &str, tgids: &str) -> Vec<Task> {
-    parse_saved_tasks(cmdlines, tgids).into_iter().map(|(tid, pid, comm)| Task { tid, pid, comm }).collect()
 }

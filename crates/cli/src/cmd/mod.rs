@@ -40,7 +40,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Balance(args) => balance::run(&args),
         Command::Noise(args) => noise::run(&args),
         Command::Vmm { .. } => {
-            virtprof_kvm::launcher::install_stop_handler();
+            virtprof_host::stop::install_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;
             Ok(ExitCode::SUCCESS)
         }

@@ -11,12 +11,11 @@ use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
 use virtprof_model::units::parse_duration_ns;
 use virtprof_model::EventKind;
 use virtprof_model::Loss;
-use virtprof_trace::merge::merge_cpus;
 
 use crate::args::SchedArgs;
 use crate::exit::usage;
 use crate::qos::{log_rows, table, HostTasks, LOG_HEADER};
-use crate::recording::{evidence_event_ids, DecoderNames, Recording};
+use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// `sched --json`: the same `windows[]` as `top --once --json`.
 #[derive(Serialize)]
@@ -43,7 +42,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let recording = Recording::open_warning(&args.file, args.formats.as_deref())?;
+    let recording = Session::open_warning(&args.file, args.formats.as_deref())?;
     let mut decoder = recording.decoder(&["kvm", "sched"])?;
     let evidence = evidence_event_ids(&decoder);
     let host = recording_tasks(&recording);
@@ -56,7 +55,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let bucket_ns = window_ns.unwrap_or(1 << 62);
     let mut acc =
         VcpuAccounting::new(&recording, &host, SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
-    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| acc.on_event(e))?;
+    let stats = recording.walk(&mut decoder, |e, _| acc.on_event(e))?;
     let total = acc.finish();
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
@@ -128,7 +127,7 @@ pub(crate) struct VcpuAccounting {
 }
 
 impl VcpuAccounting {
-    pub fn new(recording: &Recording, host: &HostTasks, options: SchedOptions, evidence: Vec<u16>) -> Self {
+    pub fn new(recording: &Session, host: &HostTasks, options: SchedOptions, evidence: Vec<u16>) -> Self {
         let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|(_, tid)| *tid)).collect();
         let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
         let at_start: HashSet<u32> =
@@ -184,7 +183,7 @@ impl VcpuAccounting {
 }
 
 /// Threads and VM identities a recording knows.
-pub(crate) fn recording_tasks(recording: &Recording) -> HostTasks {
+pub(crate) fn recording_tasks(recording: &Session) -> HostTasks {
     let md = &recording.metadata;
     let mut host = HostTasks::default();
     for t in &md.tasks {

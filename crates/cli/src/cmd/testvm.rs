@@ -15,7 +15,7 @@ use crate::exit::usage;
 
 pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
     let config = config_from_args(args)?;
-    launcher::install_stop_handler();
+    virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start VMM processes")?;
     let report = launcher::run_testvm(&exe, &config)?;
     let mut out = std::io::stdout().lock();
@@ -61,7 +61,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         None => Vec::new(),
         Some(list) => {
             let cpus = parse_cpu_list(list).map_err(|e| usage(format!("--pin: {e}")))?;
-            let allowed = virtprof_kvm::vmm::allowed_cpus();
+            let allowed = virtprof_host::affinity::allowed_cpus();
             if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
                 return Err(usage(format!(
                     "--pin: CPU {bad} is not available here (allowed: {})",

@@ -14,7 +14,7 @@ fn json(args: &[&str]) -> serde_json::Value {
 
 /// The highest CPU this process may use (the vCPU goes there; the rest of the test elsewhere).
 fn last_cpu() -> u32 {
-    virtprof_kvm::vmm::allowed_cpus().last().copied().unwrap_or(0)
+    virtprof_host::affinity::allowed_cpus().last().copied().unwrap_or(0)
 }
 
 #[test]

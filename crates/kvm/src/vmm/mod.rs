@@ -6,14 +6,15 @@
 //! every vCPU on its own named thread and gathers the ground truth.
 
 mod exits;
-mod host;
 mod pc_sampler;
 mod shared_page;
 mod vcpu;
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+
 use std::time::Duration;
+use virtprof_host::stop::STOP_REQUESTED;
 
 use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
@@ -29,14 +30,10 @@ use crate::guest::{GuestProgram, Script};
 use crate::stats::StatsFd;
 
 pub use exits::exit_reason_name;
-pub use host::{allowed_cpus, monotonic_ns, prefer_realtime, read_schedstat, sleep_until, Schedstat};
 use shared_page::SharedPage;
 
 /// `MSR_KVM_STEAL_TIME`: the guest-physical address of the steal-time record, bit 0 enables.
 const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
-
-/// Set by SIGINT/SIGTERM: every vCPU is asked to stop at its next iteration.
-pub static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
 
 /// What one VMM process runs. Serialized to the child process on its stdin.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -277,7 +274,7 @@ impl Vm {
 /// noise in the guest it measures (when there is another CPU to go to).
 fn keep_off_vcpu_cpus(pin: &[Option<u32>]) {
     let pinned: Vec<u32> = pin.iter().flatten().copied().collect();
-    crate::affinity::keep_off(&pinned);
+    virtprof_host::affinity::keep_off(&pinned);
 }
 
 /// Tell each guest how many lightweight exits its vCPU has taken: KVM's `exits` counter minus

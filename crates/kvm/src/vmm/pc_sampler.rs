@@ -14,9 +14,9 @@ use kvm_ioctls::VcpuFd;
 use virtprof_model::pcsample::{PcSample, Realm};
 
 use super::exits::exit_reason_name;
-use super::host::monotonic_ns;
 use super::kvm_err;
 use crate::error::VmmError;
+use virtprof_host::monotonic_ns;
 
 thread_local! {
     /// True while this thread is inside `KVM_RUN` (or about to enter it).

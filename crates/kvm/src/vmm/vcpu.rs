@@ -10,7 +10,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use virtprof_model::testvm::{GuestNoise, NoiseRecord, PhaseReport, SyncPoint, VcpuReport};
 
 use super::exits::exit_reason_name;
-use super::host::{monotonic_ns, read_schedstat};
 use super::kvm_err;
 use super::pc_sampler::{KickSlot, PcSampler};
 use super::shared_page::SharedPage;
@@ -19,6 +18,7 @@ use crate::guest::layout::{self, ports, shared};
 use crate::guest::SYNC_ROUNDS;
 use crate::guest::{GuestProgram, Script};
 use crate::stats::StatsFd;
+use virtprof_host::{monotonic_ns, read_schedstat};
 
 /// Everything a vCPU thread borrows from its VM.
 pub(crate) struct VcpuContext<'a> {
@@ -334,7 +334,7 @@ fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
 }
 
 fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
-    crate::affinity::set(0, &[cpu])
+    virtprof_host::affinity::set(0, &[cpu])
 }
 
 fn current_tid() -> u32 {

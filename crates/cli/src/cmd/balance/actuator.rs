@@ -2,7 +2,7 @@
 //! affinities. Every thread gets its original affinity back when the actuator is dropped, so
 //! an interrupted `balance` leaves the VMs as it found them.
 
-use virtprof_kvm::affinity;
+use virtprof_host::affinity;
 
 /// Pinned threads and what they had before.
 pub struct Actuator {

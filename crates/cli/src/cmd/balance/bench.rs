@@ -14,9 +14,10 @@ use std::path::Path;
 
 use serde::Serialize;
 use virtprof_analysis::balancer::{gap_bound_seen_j, Policy};
+use virtprof_host::monotonic_ns;
+use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::inspect;
 use virtprof_kvm::guest_counters::GuestCounters;
-use virtprof_kvm::vmm::{monotonic_ns, STOP_REQUESTED};
 
 use super::live::{self, RunConfig, RunResult, Target};
 use super::model::Model;

@@ -10,10 +10,12 @@ use serde::Serialize;
 use virtprof_analysis::balance::{Decision, PairDecision};
 use virtprof_analysis::balancer::{CoreAccount, Ledger, Policy, Swap};
 use virtprof_analysis::energy::{Activity, Weights};
+use virtprof_host::affinity::prefer_realtime;
+use virtprof_host::stop::STOP_REQUESTED;
+use virtprof_host::{monotonic_ns, sleep_until};
 use virtprof_interval::counters::default_specs;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::DiscoveredVm;
-use virtprof_kvm::vmm::{monotonic_ns, prefer_realtime, sleep_until, STOP_REQUESTED};
 use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
@@ -341,7 +343,7 @@ fn starting_cores(tids: &[u32], cpus: &[u32], actuate: bool) -> Vec<usize> {
     tids.iter()
         .enumerate()
         .map(|(v, &tid)| {
-            let pinned = if actuate { None } else { virtprof_kvm::affinity::get(tid).ok() };
+            let pinned = if actuate { None } else { virtprof_host::affinity::get(tid).ok() };
             match pinned.as_deref() {
                 Some(&[cpu]) => cpus.iter().position(|&c| c == cpu).unwrap_or(v % cpus.len()),
                 _ => v % cpus.len(),

@@ -19,7 +19,6 @@ use std::process::ExitCode;
 
 use virtprof_analysis::balancer::Policy;
 use virtprof_kvm::discover::Discovery;
-use virtprof_kvm::launcher::install_stop_handler;
 use virtprof_model::units::{parse_cpu_list, parse_duration_ns};
 
 use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs};
@@ -62,7 +61,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     }
     let vms = find_vms(&args.vm)?;
     let targets = live::Target::of(&vms);
-    install_stop_handler();
+    virtprof_host::stop::install_handler();
     let config = live::RunConfig {
         cpus,
         period_ns,
@@ -147,7 +146,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
     let weights = Model::default_model();
     let metrics: Vec<String> =
         weights.per_event_j.keys().cloned().chain(std::iter::once(calibrate::SECONDS.to_string())).collect();
-    install_stop_handler();
+    virtprof_host::stop::install_handler();
     let config = live::RunConfig {
         cpus: virtprof_trace::capture::online_cpus(),
         period_ns,
@@ -200,7 +199,7 @@ fn run_bench(args: &BalanceBenchArgs) -> anyhow::Result<ExitCode> {
         model: Model::load(args.weights.as_deref())?,
         only: args.only,
     };
-    install_stop_handler();
+    virtprof_host::stop::install_handler();
     let result = bench::run(&config)?;
     output::bench(&result, args.json, args.html.as_deref())
 }

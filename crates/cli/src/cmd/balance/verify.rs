@@ -10,7 +10,7 @@
 use serde::Serialize;
 use virtprof_model::event::{Event, EventKind};
 
-use crate::live_trace::LiveTrace;
+use virtprof_session::LiveTrace;
 
 /// A placement the actuator made: from `start_ns` (affinity calls begin) and settled at
 /// `done_ns` (they returned), thread `tid` belongs on `cpu`.
@@ -84,7 +84,7 @@ impl Tracer {
     /// Take in what the kernel has buffered (call often enough that the buffer never fills).
     pub fn drain(&mut self) -> anyhow::Result<()> {
         let (tids, switches) = (&self.tids, &mut self.switches);
-        self.trace.drain(|e| collect(tids, switches, e))
+        Ok(self.trace.drain(|e| collect(tids, switches, e))?)
     }
 
     /// Stop, read the rest, and judge every placement.

@@ -19,7 +19,7 @@ use virtprof_model::EventKind;
 
 use crate::args::BootArgs;
 use crate::exit::usage;
-use crate::recording::Recording;
+use virtprof_session::Session;
 
 /// Samples and what is known about how they were taken.
 pub struct Collected {
@@ -74,7 +74,7 @@ pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
         sample_hz: args.rate,
         noise_threshold_ns: 0,
     };
-    launcher::install_stop_handler();
+    virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start the VMM")?;
     let mut report = launcher::run_testvm(&exe, &config)?;
     let vm = report.vms.pop().context("the test bed reported no VM")?;
@@ -95,7 +95,7 @@ pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
 
 /// `--recording`: every kvm_exit's guest_rip, realm by address.
 pub fn recording(path: &Path) -> anyhow::Result<Collected> {
-    let mut recording = Recording::open_warning(path, None)?;
+    let mut recording = Session::open_warning(path, None)?;
     let mut samples = Vec::new();
     let mut first = None;
     let analysis = crate::cmd::report::analyse_with(&mut recording, Default::default(), |e, _| {

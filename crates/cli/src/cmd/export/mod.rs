@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use crate::args::{ExportArgs, ExportFormat};
 use crate::cmd::report::{analyse_with, interval_table, Want};
 use crate::exit::usage;
-use crate::recording::Recording;
+use virtprof_session::Session;
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     match args.format {
@@ -26,7 +26,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 return Err(usage("--format parquet writes a directory of tables: give it with -o DIR"));
             };
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
-            let mut recording = Recording::open_warning(&args.file, None)?;
+            let mut recording = Session::open_warning(&args.file, None)?;
             let mut events = parquet::EventTable::create(&dir.join("events.parquet"))?;
             let want = Want { exits: true, exit_rows: true, binning: true, ..Want::default() };
             let analysis = analyse_with(&mut recording, want, |e, d| events.on_event(e, d))?;
@@ -42,7 +42,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
         }
         ExportFormat::Perfetto => {
-            let mut recording = Recording::open_warning(&args.file, None)?;
+            let mut recording = Session::open_warning(&args.file, None)?;
             let want = Want { exits: true, exit_rows: true, accounting: true, binning: true };
             // vCPU threads by name are known before the pass; their states are tracked from it.
             // The kernel's task cache also names threads of VMs long gone: the tracks are

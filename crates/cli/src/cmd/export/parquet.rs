@@ -22,7 +22,7 @@ use virtprof_analysis::Names;
 use virtprof_model::{Event, EventKind};
 use virtprof_trace::decode::Decoder;
 
-use crate::recording::DecoderNames;
+use virtprof_session::DecoderNames;
 
 /// Rows per row group (and per batch held in memory).
 const BATCH: usize = 1 << 16;

@@ -17,13 +17,12 @@ use virtprof_model::testvm::{GuestNoise, SyncPoint, TestvmReport, VcpuReport};
 use virtprof_model::units::saturating_u64;
 
 use virtprof_trace::decode::Decoder;
-use virtprof_trace::merge::merge_cpus;
 
 use super::trace::{NoiseTrace, EVENTS};
 use super::Settings;
 use crate::args::NoiseArgs;
 use crate::exit::usage;
-use crate::recording::Recording;
+use virtprof_session::Session;
 
 /// The host events that explain guest noise: the noise set plus KVM's exits.
 const HOST_EVENTS: [&str; 3] = ["kvm:kvm_userspace_exit", "kvm:kvm_exit", "kvm:kvm_entry"];
@@ -117,14 +116,14 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
     if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
         return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
     }
-    virtprof_kvm::launcher::install_stop_handler();
-    let allowed = virtprof_kvm::vmm::allowed_cpus();
+    virtprof_host::stop::install_handler();
+    let allowed = virtprof_host::affinity::allowed_cpus();
     let cpu = args.pin.or_else(|| allowed.last().copied()).unwrap_or(0);
     if !allowed.contains(&cpu) {
         return Err(usage(format!("--pin {cpu}: CPU not available here (allowed: {allowed:?})")));
     }
     // Drain the trace from another CPU, or this thread is noise in the guest it measures.
-    virtprof_kvm::affinity::keep_off(&[cpu]);
+    virtprof_host::affinity::keep_off(&[cpu]);
     let events: Vec<&str> = EVENTS.iter().chain(HOST_EVENTS.iter()).copied().collect();
     let mut trace = NoiseTrace::start(&allowed, "mono", &events)?;
     let config = TestvmConfig {
@@ -168,7 +167,7 @@ pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow:
     let cpu = vcpu.pinned_cpu.ok_or_else(|| {
         usage(format!("--guest '{}': the vCPU was not pinned; run testvm with --pin CPU", guest.display()))
     })?;
-    let recording = Recording::open_warning(recording, None)?;
+    let recording = Session::open_warning(recording, None)?;
     if recording.metadata.trace_clock != "mono" {
         return Err(usage(format!(
             "--host-recording: traced on the '{}' clock; the guest's sync points are CLOCK_MONOTONIC (record with --clock mono, the default)",
@@ -193,7 +192,7 @@ pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow:
     // Only the vCPU's CPU and the vCPU thread matter: the rest of a long recording is skipped.
     let tid = vcpu.tid;
     let mut events = Vec::new();
-    let stats = merge_cpus(&mut decoder, &recording.streams(), |e, _| {
+    let stats = recording.walk(&mut decoder, |e, _| {
         let involves_vcpu = match e.kind {
             EventKind::SchedSwitch { prev_tid, next_tid, .. } => prev_tid == tid || next_tid == tid,
             _ => e.tid == tid,

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use virtprof_kvm::affinity;
+use virtprof_host::affinity;
 use virtprof_model::units::saturating_u64;
 
 /// The clock the loop reads.

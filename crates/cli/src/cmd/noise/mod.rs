@@ -42,7 +42,7 @@ pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
     if args.testvm {
         return guest::run(args, &settings);
     }
-    virtprof_kvm::launcher::install_stop_handler();
+    virtprof_host::stop::install_handler();
     let report = measure_host(args, &settings)?;
     output::print(&report, args)
 }
@@ -72,7 +72,7 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
             args.period
         )));
     }
-    let tsc_usable = tsc_usable();
+    let tsc_usable = virtprof_host::clock::tsc_usable();
     let clock = match args.clock {
         Some(NoiseClock::Tsc) if !tsc_usable => {
             return Err(usage("--clock tsc: this CPU's TSC is not constant and non-stop; use --clock mono-raw"))
@@ -96,18 +96,6 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
         stop_total_ns: args.stop_total.as_deref().map(|t| time("--stop-total", t)).transpose()?,
         bucket_ns: time("--bucket-size", &args.bucket_size)?,
     })
-}
-
-/// Can the loop read the TSC as a clock (constant rate, ticking in every C-state)?
-pub fn tsc_usable() -> bool {
-    cfg!(target_arch = "x86_64")
-        && std::fs::read_to_string("/proc/cpuinfo")
-            .is_ok_and(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"))
-}
-
-/// Does this kernel run on a hypervisor? (The CPU flag every hypervisor sets.)
-pub fn in_vm() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.contains(" hypervisor"))
 }
 
 /// One CPU's results.
@@ -183,9 +171,9 @@ pub struct NoiseReport {
 }
 
 fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
-    let in_vm = in_vm();
+    let in_vm = virtprof_host::kind::in_vm();
     // Like oslat's main thread: trace readers and this thread keep off the measured CPUs.
-    let own_cpus = virtprof_kvm::affinity::keep_off(&s.cpus);
+    let own_cpus = virtprof_host::affinity::keep_off(&s.cpus);
     let trace_clock = match s.clock {
         // The trace runs on CLOCK_MONOTONIC_RAW either way; TSC samples are mapped onto it.
         Clock::Tsc | Clock::MonoRaw => "mono_raw",
@@ -247,7 +235,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         for k in 1..=periods {
             let end = t0 + (k - 1) * s.period_ns + s.runtime_ns;
             while measure::mono_raw_ns() < end + 1_000_000 && !measure::STOP.load(Ordering::Relaxed) {
-                if virtprof_kvm::vmm::STOP_REQUESTED.load(Ordering::Relaxed) {
+                if virtprof_host::stop::STOP_REQUESTED.load(Ordering::Relaxed) {
                     measure::STOP.store(true, Ordering::Relaxed);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));

@@ -5,7 +5,7 @@
 use virtprof_model::event::Event;
 use virtprof_trace::decode::Decoder;
 
-use crate::live_trace::LiveTrace;
+use virtprof_session::LiveTrace;
 
 /// The events that explain noise on the measured CPUs.
 pub const EVENTS: [&str; 8] = [
@@ -41,7 +41,7 @@ impl NoiseTrace {
     /// Take in what the kernel has buffered (call every period so the buffers never fill).
     pub fn drain(&mut self) -> anyhow::Result<()> {
         let (cpus, events) = (&self.cpus, &mut self.events);
-        self.trace.drain(|e| keep(cpus, events, e))
+        Ok(self.trace.drain(|e| keep(cpus, events, e))?)
     }
 
     /// Stop and read the rest: the events sorted by CPU then time, the events lost on the

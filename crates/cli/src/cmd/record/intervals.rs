@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use virtprof_host::affinity::prefer_realtime;
+use virtprof_host::{monotonic_ns, sleep_until};
 use virtprof_interval::counters::default_specs;
 use virtprof_interval::ring::IntervalRing;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::Discovery;
-use virtprof_kvm::vmm::{monotonic_ns, prefer_realtime, sleep_until};
 use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
 
 use super::WriterMsg;

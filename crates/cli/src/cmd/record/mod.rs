@@ -15,9 +15,8 @@ use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
-use virtprof_kvm::launcher::install_stop_handler;
-use virtprof_kvm::vmm::STOP_REQUESTED;
 use virtprof_model::units::parse_duration_ns;
 use virtprof_store::recording::{
     Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task, VmIdentity,
@@ -135,7 +134,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     let mut identities: BTreeMap<u32, VmIdentity> = found.iter().map(|v| (v.pid, identity(v))).collect();
     let initial_vms: std::collections::HashSet<u32> = identities.keys().copied().collect();
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
-    install_stop_handler();
+    virtprof_host::stop::install_handler();
     let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
     let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
     let formats =
@@ -267,32 +266,23 @@ fn kvm_snapshot(pid: u32) -> Option<KvmStatsSnapshot> {
     let remote = virtprof_kvm::remote::RemoteVmStats::attach(pid).ok()?;
     let vm = remote.vm.as_ref().and_then(|s| s.read().ok()).map(|s| s.values).unwrap_or_default();
     let vcpus = remote.vcpus.iter().filter_map(|(i, s)| Some((*i, s.read().ok()?.values))).collect();
-    Some(KvmStatsSnapshot { pid, monotonic_ns: virtprof_kvm::vmm::monotonic_ns(), vm, vcpus })
+    Some(KvmStatsSnapshot { pid, monotonic_ns: virtprof_host::monotonic_ns(), vm, vcpus })
 }
 
 /// Every thread on the host: tid → (pid, comm).
 fn scan_tasks() -> BTreeMap<u32, Task> {
-    let mut tasks = BTreeMap::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return tasks };
-    for p in procs.filter_map(Result::ok) {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let Ok(threads) = std::fs::read_dir(p.path().join("task")) else { continue };
-        for t in threads.filter_map(Result::ok) {
-            let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            tasks.insert(tid, Task { tid, pid, comm: comm.trim_end().to_string() });
-        }
-    }
-    tasks
+    virtprof_host::procfs::all_threads(Path::new("/proc"))
+        .into_iter()
+        .map(|(tid, pid, comm)| (tid, Task { tid, pid, comm }))
+        .collect()
 }
 
 fn host_facts() -> BTreeMap<String, String> {
     let mut host = BTreeMap::new();
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     host.insert("kernel".into(), release.trim().to_string());
-    let kind = virtprof_model::HostKind::from_modules(
-        ["kvm_intel", "kvm_amd", "kvm_pvm"].into_iter().filter(|m| Path::new("/sys/module").join(m).is_dir()),
-    );
+    // The same probe doctor uses, so a recording and doctor never disagree on the kind.
+    let kind = virtprof_host::kind::detect();
     host.insert("host_kind".into(), kind.map_or("none", |k| k.as_str()).to_string());
     host.insert("cpus".into(), virtprof_trace::capture::online_cpus().len().to_string());
     host

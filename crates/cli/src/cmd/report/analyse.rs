@@ -14,10 +14,10 @@ use virtprof_analysis::sched::{SchedOptions, Span};
 use virtprof_model::interval::Entity;
 use virtprof_model::{Event, Loss};
 use virtprof_trace::decode::Decoder;
-use virtprof_trace::merge::{merge_cpus, time_range};
+use virtprof_trace::merge::time_range;
 
 use crate::cmd::sched::{recording_tasks, VcpuAccounting};
-use crate::recording::{evidence_event_ids, DecoderNames, Recording};
+use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// About this many accounting buckets span a recording, whatever its length.
 const TIMELINE_BUCKETS: u64 = 600;
@@ -72,21 +72,20 @@ impl Analysis {
 }
 
 /// Run the wanted analyses over `recording` in one pass, with a progress bar on a terminal.
-pub fn analyse(recording: &mut Recording, want: Want) -> anyhow::Result<Analysis> {
+pub fn analyse(recording: &mut Session, want: Want) -> anyhow::Result<Analysis> {
     analyse_with(recording, want, |_, _| {})
 }
 
 /// [`analyse`], also handing every event to `sink` (exports write their rows from there).
 pub fn analyse_with(
-    recording: &mut Recording,
+    recording: &mut Session,
     want: Want,
     mut sink: impl FnMut(&Event, &Decoder),
 ) -> anyhow::Result<Analysis> {
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let mut table = if want.binning { recording.intervals.take() } else { None };
     let recording = &*recording;
-    let streams = recording.streams();
-    let range = time_range(&decoder.layout().header, &streams);
+    let range = time_range(&decoder.layout().header, &recording.streams());
     let host = recording_tasks(recording);
     let evidence = evidence_event_ids(&decoder);
 
@@ -111,7 +110,7 @@ pub fn analyse_with(
     let progress = Progress::new(range);
     let (mut first_ts, mut last_ts) = (None, 0);
     let mut seen = 0u64;
-    let stats = merge_cpus(&mut decoder, &streams, |e: &Event, d| {
+    let stats = recording.walk(&mut decoder, |e: &Event, d| {
         if let Some(x) = exits.as_mut() {
             x.on_event(e);
         }
@@ -130,7 +129,6 @@ pub fn analyse_with(
         }
     })?;
     progress.done();
-    drop(streams);
     let outside_rows = binner.map_or(0, |b| b.outside);
     if let Some(t) = table.as_mut() {
         t.add_vm_sums();

@@ -15,12 +15,12 @@ use virtprof_analysis::intervals::IntervalTable;
 
 use crate::args::ReportArgs;
 use crate::exit::usage;
-use crate::recording::Recording;
+use virtprof_session::Session;
 
 /// The interval table of a recording with the trace-derived columns and per-VM sums added;
 /// a usage error for a recording without interval rows.
 pub fn interval_table(path: &std::path::Path) -> anyhow::Result<Intervals> {
-    let mut recording = Recording::open_warning(path, None)?;
+    let mut recording = Session::open_warning(path, None)?;
     if recording.intervals.is_none() {
         return Err(usage(format!(
             "'{}' has no interval rows; record with `virtprof record --interval 10ms ...`",
@@ -61,7 +61,7 @@ pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
 }
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
-    let mut recording = Recording::open_warning(&args.file, None)?;
+    let mut recording = Session::open_warning(&args.file, None)?;
     let want = Want { exits: true, exit_rows: false, accounting: true, binning: true };
     let analysis = analyse(&mut recording, want)?;
     let report = model::build(&args.file, &recording, analysis, args);

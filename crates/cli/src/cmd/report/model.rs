@@ -15,7 +15,7 @@ use virtprof_model::interval::{Entity, SeriesKind};
 
 use super::{features, Analysis};
 use crate::args::ReportArgs;
-use crate::recording::Recording;
+use virtprof_session::Session;
 
 /// Most clusters phase detection tries.
 const MAX_PHASES: usize = 8;
@@ -175,7 +175,7 @@ pub struct SeriesMetric {
 }
 
 /// Assemble the report from one analysis pass.
-pub fn build(path: &Path, recording: &Recording, mut analysis: Analysis, args: &ReportArgs) -> Report {
+pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, args: &ReportArgs) -> Report {
     let md = &recording.metadata;
     let table = analysis.table.take();
     // One time origin for trace and interval rows (both on the recording's clock).
@@ -248,7 +248,7 @@ fn timeline(buckets: &[Span], vms: &[virtprof_analysis::qos::VmInfo], bucket_ns:
 
 fn intervals(
     table: &IntervalTable,
-    recording: &Recording,
+    recording: &Session,
     outside_rows: u64,
     origin_ns: u64,
     args: &ReportArgs,

@@ -13,8 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
-use virtprof_kvm::launcher::install_stop_handler;
-use virtprof_kvm::vmm::STOP_REQUESTED;
+use virtprof_host::stop::STOP_REQUESTED;
 
 use crate::args::TopArgs;
 use crate::exit::usage;
@@ -76,7 +75,7 @@ pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
 
 /// Watch VMs: once, or interactively until q, SIGINT/SIGTERM or `done`.
 pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
-    install_stop_handler();
+    virtprof_host::stop::install_handler();
     let mut log = match w.log {
         Some(path) => Some(open_log(path)?),
         None => None,

@@ -10,16 +10,16 @@ use std::path::Path;
 use serde::Serialize;
 use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{Counters, SchedAccounting, SchedOptions, Span};
+use virtprof_host::monotonic_ns;
+use virtprof_host::Schedstat;
 use virtprof_kvm::discover::{threads, Discovery};
 use virtprof_kvm::remote::RemoteVmStats;
-use virtprof_kvm::vmm::monotonic_ns;
-use virtprof_kvm::vmm::Schedstat;
 use virtprof_model::Loss;
 
 use super::energy::{CoreRow, EnergyBook};
-use crate::live_trace::LiveTrace;
 use crate::qos::HostTasks;
-use crate::recording::{evidence_event_ids, DecoderNames};
+use virtprof_session::LiveTrace;
+use virtprof_session::{evidence_event_ids, DecoderNames};
 
 const SECOND: u64 = 1_000_000_000;
 /// Accounting resolution: windows are whole buckets.

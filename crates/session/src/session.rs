@@ -1,26 +1,26 @@
-//! Opening a recording: container chunks (store) → decoder and per-CPU pages (trace), plus the
-//! adapter that lets analyzers name things through the recorded kernel's formats.
+//! A source opened for reading: container chunks (store) or an imported capture → decoder and
+//! per-CPU pages (trace), with the metadata, interval rows and loss every command reads.
 
 use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 
-use anyhow::Context;
 use virtprof_analysis::intervals::IntervalTable;
-use virtprof_analysis::Names;
+use virtprof_model::Event;
 use virtprof_model::Loss;
-use virtprof_model::StrId;
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
-use virtprof_trace::merge::{time_range, CpuStream, WalkStats};
+use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
 
-use crate::exit::usage;
+use crate::error::{Result, SessionError};
 
 /// A recording, memory-mapped (page data is read in place, never copied), or a capture from
 /// elsewhere imported in memory.
-pub struct Recording {
+pub struct Session {
+    /// The file or directory it was opened from.
+    pub path: std::path::PathBuf,
     /// Its metadata.
     pub metadata: Metadata,
     /// Its footer (None if the file was cut short before it).
@@ -42,17 +42,17 @@ enum Pages {
     Owned(Vec<(u32, Vec<u8>)>),
 }
 
-impl Recording {
+impl Session {
     /// Map `path` and index its chunks.
-    pub fn open(path: &Path) -> anyhow::Result<Recording> {
+    pub fn open(path: &Path) -> Result<Session> {
         let map = map_file(path, "recording")?;
         let base = map.as_ptr() as usize;
-        let mut reader = Reader::new(&map).map_err(|e| usage(format!("'{}': {e}", path.display())))?;
+        let mut reader = Reader::new(&map).map_err(|e| SessionError::in_file(path, e))?;
         let (mut metadata, mut footer) = (None, None);
         let mut cpus: Vec<(u32, Vec<Range<usize>>)> = Vec::new();
         let mut intervals: Option<IntervalTable> = None;
         let mut columns: Vec<usize> = Vec::new();
-        while let Some(chunk) = reader.next_chunk().with_context(|| format!("reading '{}'", path.display()))? {
+        while let Some(chunk) = reader.next_chunk().map_err(|e| SessionError::in_file(path, e))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
                 Chunk::Pages { cpu, data } => {
@@ -75,11 +75,10 @@ impl Recording {
                 }
                 Chunk::Intervals(rows) => {
                     let Some(table) = intervals.as_mut().filter(|_| rows.series() == columns.len()) else {
-                        return Err(usage(format!(
-                            "'{}': interval rows of {} values without a matching schema before them",
-                            path.display(),
-                            rows.series()
-                        )));
+                        return Err(SessionError::in_file(
+                            path,
+                            format!("interval rows of {} values without a matching schema before them", rows.series()),
+                        ));
                     };
                     for row in rows.iter() {
                         let values = columns.iter().enumerate().map(|(i, &c)| (c, row.value(i)));
@@ -89,23 +88,30 @@ impl Recording {
             }
         }
         let truncated_at = reader.truncated_at;
-        let mut metadata: Metadata =
-            metadata.ok_or_else(|| usage(format!("'{}' has no metadata chunk", path.display())))?;
+        let mut metadata: Metadata = metadata.ok_or_else(|| SessionError::in_file(path, "has no metadata chunk"))?;
         if let Some(f) = &footer {
             metadata.tasks.extend(f.tasks.iter().cloned());
         }
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
-        Ok(Recording { metadata, footer, truncated_at, bytes, intervals, pages: Pages::Mapped { map, cpus } })
+        Ok(Session {
+            path: path.to_path_buf(),
+            metadata,
+            footer,
+            truncated_at,
+            bytes,
+            intervals,
+            pages: Pages::Mapped { map, cpus },
+        })
     }
 
     /// Map a trace-cmd trace.dat: uncompressed pages are decoded in place, compressed ones
     /// are decompressed into memory.
-    fn open_trace_dat(path: &Path) -> anyhow::Result<Recording> {
+    fn open_trace_dat(path: &Path) -> Result<Session> {
         let map = map_file(path, "trace.dat")?;
         let base = map.as_ptr() as usize;
         let (metadata, footer, cpus) =
-            crate::cmd::import::trace_dat_parts(path, crate::cmd::import::parse_trace_dat(path, &map)?);
+            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?);
         let in_place: Option<Vec<(u32, Vec<Range<usize>>)>> = cpus
             .iter()
             .map(|(cpu, raw)| match raw {
@@ -120,21 +126,30 @@ impl Recording {
             Some(cpus) => Pages::Mapped { map, cpus },
             None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
-        Ok(Recording { metadata, footer: Some(footer), truncated_at: None, bytes: 0, intervals: None, pages })
+        Ok(Session {
+            path: path.to_path_buf(),
+            metadata,
+            footer: Some(footer),
+            truncated_at: None,
+            bytes: 0,
+            intervals: None,
+            pages,
+        })
     }
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
     /// `formats`), imported in memory.
-    pub fn open_any(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
-        let head = if path.is_file() { crate::cmd::import::file_head(path) } else { Vec::new() };
+    pub fn open_any(path: &Path, formats: Option<&Path>) -> Result<Session> {
+        let head = if path.is_file() { crate::import::file_head(path) } else { Vec::new() };
         if head.starts_with(virtprof_store::recording::MAGIC) || !path.exists() {
-            return Recording::open(path);
+            return Session::open(path);
         }
         if virtprof_trace::tracedat::is_trace_dat(&head) {
-            return Recording::open_trace_dat(path);
+            return Session::open_trace_dat(path);
         }
-        let (metadata, pages, footer) = crate::cmd::import::read_source(path, formats)?;
-        Ok(Recording {
+        let (metadata, pages, footer) = crate::import::read_source(path, formats)?;
+        Ok(Session {
+            path: path.to_path_buf(),
             metadata,
             footer: Some(footer),
             truncated_at: None,
@@ -144,9 +159,9 @@ impl Recording {
         })
     }
 
-    /// [`Recording::open_any`], warning on stderr when the file was cut short.
-    pub fn open_warning(path: &Path, formats: Option<&Path>) -> anyhow::Result<Recording> {
-        let recording = Recording::open_any(path, formats)?;
+    /// [`Session::open_any`], warning on stderr when the file was cut short.
+    pub fn open_warning(path: &Path, formats: Option<&Path>) -> Result<Session> {
+        let recording = Session::open_any(path, formats)?;
         if let Some(at) = recording.truncated_at {
             eprintln!(
                 "virtprof: warning: '{}' was cut short at byte {at}; using what precedes it (lost events past byte {at} are unknown)",
@@ -164,8 +179,9 @@ impl Recording {
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
     /// the others only their name and id (a trace.dat can carry thousands of formats).
-    pub fn decoder(&self, systems: &[&str]) -> anyhow::Result<Decoder> {
-        let header = parse_header_page(&self.metadata.header_page).context("recording's header_page")?;
+    pub fn decoder(&self, systems: &[&str]) -> Result<Decoder> {
+        let header = parse_header_page(&self.metadata.header_page)
+            .map_err(|e| SessionError::in_file(&self.path, format!("its header_page: {e}")))?;
         let formats = self
             .metadata
             .formats
@@ -177,8 +193,8 @@ impl Recording {
                     parse_event_identity(&f.system, &f.text)
                 }
             })
-            .collect::<Result<Vec<_>, _>>()
-            .context("recording's event formats")?;
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| SessionError::in_file(&self.path, format!("its event formats: {e}")))?;
         Ok(Decoder::new(Layout::new(header, formats)))
     }
 
@@ -194,6 +210,13 @@ impl Recording {
                 .collect(),
             Pages::Owned(cpus) => cpus.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect(),
         }
+    }
+
+    /// Decode every CPU's pages through `decoder` and deliver the events to `sink` in
+    /// timestamp order. A page that does not decode is bad input, named by file, CPU and
+    /// byte.
+    pub fn walk(&self, decoder: &mut Decoder, sink: impl FnMut(&Event, &Decoder)) -> Result<WalkStats> {
+        merge_cpus(decoder, &self.streams(), sink).map_err(|e| SessionError::in_file(&self.path, e))
     }
 
     /// The events this recording lost, counted once for every command: the kernel's per-CPU
@@ -227,45 +250,13 @@ impl Recording {
     }
 }
 
-/// kvm events that stand for one exit each where `kvm_exit` does not fire (the in-kernel
-/// handlers' own tracepoints).
-const EVIDENCE_EVENTS: [&str; 6] =
-    ["kvm_cpuid", "kvm_msr", "kvm_hypercall", "kvm_hv_hypercall", "kvm_cr", "kvm_xsetbv"];
-
-/// The ids of [`EVIDENCE_EVENTS`] in the recorded kernel.
-pub fn evidence_event_ids(decoder: &Decoder) -> Vec<u16> {
-    EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect()
-}
-
 /// Map `path` (a `what`, for errors) read-only.
-fn map_file(path: &Path, what: &str) -> anyhow::Result<memmap2::Mmap> {
-    let file = File::open(path).map_err(|e| usage(format!("cannot open {what} '{}': {e}", path.display())))?;
+fn map_file(path: &Path, what: &str) -> Result<memmap2::Mmap> {
+    let file = File::open(path)
+        .map_err(|e| SessionError::BadInput(format!("cannot open {what} '{}': {e}", path.display())))?;
     // SAFETY: the mapping is read-only and private to this process; a file being modified
     // while we read it would at worst give garbage pages, which the decoders turn into errors,
     // never undefined behaviour in safe code that indexes a byte slice.
     unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-        .with_context(|| format!("mapping '{}'", path.display()))
-}
-
-/// Names through a decoder: the recorded kernel's own symbol tables and event names.
-pub struct DecoderNames<'a>(pub &'a Decoder);
-
-impl Names for DecoderNames<'_> {
-    fn exit_reason(&self, reason: u32, isa: u32) -> String {
-        self.0.exit_reason_name(reason, isa).map_or_else(|| format!("reason {reason:#x}"), str::to_string)
-    }
-
-    fn userspace_reason(&self, reason: u32) -> String {
-        self.0
-            .symbol("kvm", "kvm_userspace_exit", "reason", u64::from(reason))
-            .map_or_else(|| format!("KVM_EXIT {reason}"), str::to_string)
-    }
-
-    fn event(&self, id: u16) -> String {
-        self.0.layout().format(id).map_or_else(|| format!("event {id}"), |f| f.name.clone())
-    }
-
-    fn task(&self, id: StrId) -> String {
-        self.0.strings.resolve(id).to_string()
-    }
+        .map_err(SessionError::io(format!("mapping '{}'", path.display())))
 }

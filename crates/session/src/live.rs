@@ -10,6 +10,8 @@ use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::{merge_cpus, CpuStream};
 use virtprof_trace::tracefs::{load_layout, Tracefs};
 
+use crate::error::{Result, SessionError};
+
 /// A running, decoding trace.
 pub struct LiveTrace {
     // Field order is drop order: the capture (and its tracefs instance) goes first.
@@ -24,10 +26,14 @@ pub struct LiveTrace {
 impl LiveTrace {
     /// Trace `events` (`system` or `system:event`) on trace clock `clock`, decoding the formats
     /// of `systems`.
-    pub fn start(events: &[&str], clock: &str, buffer_size_kb: u32, systems: &[&str]) -> anyhow::Result<LiveTrace> {
+    pub fn start(events: &[&str], clock: &str, buffer_size_kb: u32, systems: &[&str]) -> Result<LiveTrace> {
         let tracefs = Tracefs::locate_or_mount()?;
-        let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))?;
-        let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
+        let header_path = tracefs.root().join("events/header_page");
+        let header_page = virtprof_trace::tracefs::read_file(&header_path)
+            .map_err(SessionError::io(format!("reading '{}'", header_path.display())))?;
+        let page_size = virtprof_trace::format::parse_header_page(&header_page)
+            .map_err(|e| SessionError::Live(format!("this kernel's header_page: {e}")))?
+            .page_size;
         let config = CaptureConfig {
             events: events.iter().map(|e| (*e).to_string()).collect(),
             buffer_size_kb,
@@ -40,11 +46,12 @@ impl LiveTrace {
 
     /// Decode what the kernel has buffered, per drain in time order across CPUs (call often
     /// enough that the buffers never fill).
-    pub fn drain(&mut self, mut sink: impl FnMut(&Event)) -> anyhow::Result<()> {
+    pub fn drain(&mut self, mut sink: impl FnMut(&Event)) -> Result<()> {
         let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
         while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
         let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
-        let stats = merge_cpus(&mut self.decoder, &streams, |e, _| sink(e))?;
+        let stats =
+            merge_cpus(&mut self.decoder, &streams, |e, _| sink(e)).map_err(|e| SessionError::Live(e.to_string()))?;
         self.page_loss.merge(&stats.page_loss);
         Ok(())
     }
@@ -66,7 +73,7 @@ impl LiveTrace {
 
     /// Stop tracing, decode the rest, remove the instance; returns the events lost and the
     /// decoder (for task names and symbol tables).
-    pub fn finish(mut self, sink: impl FnMut(&Event)) -> anyhow::Result<(Loss, Decoder)> {
+    pub fn finish(mut self, sink: impl FnMut(&Event)) -> Result<(Loss, Decoder)> {
         self.capture.stop()?;
         self.drain(sink)?;
         let loss = self.loss();

@@ -38,6 +38,23 @@ pub fn set(tid: u32, cpus: &[u32]) -> io::Result<()> {
     Ok(())
 }
 
+/// The host CPUs this process may run on (its affinity mask).
+pub fn allowed_cpus() -> Vec<u32> {
+    get(0).unwrap_or_default()
+}
+
+/// Ask for SCHED_FIFO priority 1 for the calling thread: a sampler or actuator that wakes late
+/// blurs its intervals, while the few microseconds it runs per wake-up cost the same either
+/// way. Busy vCPU threads otherwise delay its wake-ups by whole scheduler slices. Without the
+/// privilege the thread stays best-effort (callers count and report late wake-ups).
+pub fn prefer_realtime() {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param we own.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        log::debug!("this thread stays best-effort: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Move the calling thread (and the threads it starts later, which inherit its mask) off
 /// `busy`, onto the other CPUs it may use: a tool's own bookkeeping must not run where it
 /// measures. Returns the CPUs it moved to; empty (nothing changed) when `busy` covers them all.

@@ -1,0 +1,28 @@
+//! CLOCK_MONOTONIC, the clock tracefs calls `mono`: what every trace, interval row and guest
+//! report of virtprof is aligned on.
+
+/// CLOCK_MONOTONIC in nanoseconds (the clock tracefs calls `mono`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleep until `deadline_ns` of CLOCK_MONOTONIC ([`monotonic_ns`]).
+pub fn sleep_until(deadline_ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: an absolute CLOCK_MONOTONIC sleep on a timespec we own; EINTR just wakes early,
+    // which the caller's interval arithmetic tolerates.
+    unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+}
+
+/// Can a loop read the TSC as a clock (constant rate, ticking in every C-state)?
+pub fn tsc_usable() -> bool {
+    cfg!(target_arch = "x86_64")
+        && std::fs::read_to_string("/proc/cpuinfo")
+            .is_ok_and(|c| c.contains(" constant_tsc") && c.contains(" nonstop_tsc"))
+}
