@@ -634,6 +634,12 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+impl crate::Analyzer for ExitAnalyzer {
+    fn on_event(&mut self, event: &Event, _: &dyn Names) {
+        ExitAnalyzer::on_event(self, event);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

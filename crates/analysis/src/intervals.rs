@@ -249,6 +249,12 @@ impl<'t> TraceBinner<'t> {
     }
 }
 
+impl crate::Analyzer for TraceBinner<'_> {
+    fn on_event(&mut self, event: &Event, names: &dyn Names) {
+        TraceBinner::on_event(self, event, names);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

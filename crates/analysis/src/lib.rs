@@ -18,7 +18,23 @@ pub mod qos;
 pub mod sched;
 pub mod symbols;
 
-use virtprof_model::StrId;
+use virtprof_model::{Event, StrId};
+
+/// One consumer of the event stream. A driver walks a source once
+/// (`virtprof_session::Session::analyse`, or a live trace's drain) and hands every event, in
+/// timestamp order, to each analyzer it was given; each keeps what it needs and gives its
+/// results through its own methods afterwards, since their types differ.
+pub trait Analyzer {
+    /// Take one event; `names` resolves what the analyzer needs named.
+    fn on_event(&mut self, event: &Event, names: &dyn Names);
+}
+
+/// Any closure over events is an analyzer (a sink that collects or writes them).
+impl<F: FnMut(&Event, &dyn Names)> Analyzer for F {
+    fn on_event(&mut self, event: &Event, names: &dyn Names) {
+        self(event, names);
+    }
+}
 
 /// How analyzers turn raw codes into the names the recorded kernel uses.
 pub trait Names {

@@ -239,6 +239,66 @@ enum State {
     Exited,
 }
 
+impl State {
+    /// The name timelines show.
+    fn name(self) -> &'static str {
+        match self {
+            State::Unknown => "unknown",
+            State::Running => "running",
+            State::Runnable => "waiting",
+            State::Blocked => "blocked",
+            State::Exited => "exited",
+        }
+    }
+}
+
+/// One stretch of a tracked thread in one state (`running`, `waiting`, `blocked`, or
+/// `unknown` where a gap in the trace leaves it so), exactly as the accounting counted it:
+/// a timeline drawn from these (Perfetto's state tracks) adds up to the accounting's totals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateSlice {
+    /// Thread.
+    pub tid: u32,
+    /// State name.
+    pub state: &'static str,
+    /// Start, trace clock.
+    pub start_ns: u64,
+    /// End, trace clock.
+    pub end_ns: u64,
+}
+
+/// The slices, when asked for: each thread's last slice is extended while its state lasts;
+/// unknown ones are renamed when the thread's next event tells what they were.
+#[derive(Debug, Default)]
+struct SliceLog {
+    slices: Vec<StateSlice>,
+    last: FxHashMap<u32, usize>,
+    unknown: FxHashMap<u32, Vec<usize>>,
+}
+
+impl SliceLog {
+    fn add(&mut self, tid: u32, state: State, from: Timestamp, to: Timestamp) {
+        if let Some(&i) = self.last.get(&tid) {
+            let slice = &mut self.slices[i];
+            if slice.state == state.name() && slice.end_ns == from {
+                slice.end_ns = to;
+                return;
+            }
+        }
+        self.last.insert(tid, self.slices.len());
+        if state == State::Unknown {
+            self.unknown.entry(tid).or_default().push(self.slices.len());
+        }
+        self.slices.push(StateSlice { tid, state: state.name(), start_ns: from, end_ns: to });
+    }
+
+    fn resolve(&mut self, tid: u32, state: State) {
+        for i in self.unknown.remove(&tid).unwrap_or_default() {
+            self.slices[i].state = state.name();
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Thread {
     state: State,
@@ -271,6 +331,8 @@ pub struct SchedAccounting {
     closed: VecDeque<(u64, Span)>,
     current: Option<(u64, Span)>,
     total: Span,
+    /// State slices, when [`SchedAccounting::record_slices`] asked for them.
+    slices: Option<SliceLog>,
     /// Lost-event records and the events they counted (None: count unknown).
     pub lost: (u64, u64),
 }
@@ -286,8 +348,19 @@ impl SchedAccounting {
             closed: VecDeque::new(),
             current: None,
             total: Span::default(),
+            slices: None,
             lost: (0, 0),
         }
+    }
+
+    /// Also keep every thread's state slices (memory grows with the tracked threads' switches).
+    pub fn record_slices(&mut self) {
+        self.slices.get_or_insert_with(SliceLog::default);
+    }
+
+    /// The state slices so far (call after [`SchedAccounting::finish`] for the whole run).
+    pub fn take_slices(&mut self) -> Vec<StateSlice> {
+        self.slices.as_mut().map(|log| std::mem::take(&mut log.slices)).unwrap_or_default()
     }
 
     /// Account thread `tid` from `ts` on (its state is learned from its first event).
@@ -491,12 +564,18 @@ impl SchedAccounting {
             t.unresolved.push((*seq, t.cpu, ns));
         }
         *span.counters.entry((tid, t.cpu)).or_default().time_mut(t.state) += ns;
+        if let Some(log) = self.slices.as_mut() {
+            log.add(tid, t.state, ts - ns, ts);
+        }
     }
 
     /// The thread's unknown stretches turn out to have been `state`: move them there, in
     /// whichever bucket (and the total) they were counted.
     fn resolve(&mut self, tid: u32, state: State, ts: Timestamp) {
         self.account(tid, ts);
+        if let Some(log) = self.slices.as_mut() {
+            log.resolve(tid, state);
+        }
         let Some(t) = self.threads.get_mut(&tid) else { return };
         for (seq, cpu, ns) in std::mem::take(&mut t.unresolved) {
             let mut spans: Vec<&mut Span> = Vec::with_capacity(2);
@@ -580,6 +659,12 @@ impl SchedAccounting {
     }
 }
 
+impl crate::Analyzer for SchedAccounting {
+    fn on_event(&mut self, event: &Event, _: &dyn crate::Names) {
+        SchedAccounting::on_event(self, event);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,6 +737,43 @@ mod tests {
         assert_eq!((t.run_ns, t.wait_ns, t.blocked_ns), (8 * MS, 4 * MS, 5 * MS + 4 * 7 * MS));
         assert_eq!((t.execs, t.wakeups, t.io, t.preemptions), (4, 4, 4, 0));
         assert_eq!(a.cpu_of(7), Some(1));
+    }
+
+    #[test]
+    fn state_slices_add_up_to_the_accounting_and_unknown_ones_resolve() {
+        let mut a = analyzer(10 * MS);
+        a.record_slices();
+        a.track(3, 0);
+        a.track(7, 0);
+        // 3: unknown until switched out at 35 ms (it ran), then blocked; 7: the io-bound loop.
+        a.on_event(&switch(35 * MS, 2, 3, 1, 0));
+        let mut ts = 5 * MS;
+        for _ in 0..4 {
+            a.on_event(&wakeup(ts, 7, 1));
+            a.on_event(&switch(ts + MS, 1, 0, 0, 7));
+            a.on_event(&switch(ts + 3 * MS, 1, 7, 1, 0));
+            ts += 10 * MS;
+        }
+        let total = a.finish(ts);
+        let slices = a.take_slices();
+        for tid in [3, 7] {
+            let t = total.thread(tid, None);
+            let sum = |state: &str| -> u64 {
+                slices.iter().filter(|s| s.tid == tid && s.state == state).map(|s| s.end_ns - s.start_ns).sum()
+            };
+            assert_eq!(
+                (sum("running"), sum("waiting"), sum("blocked"), sum("unknown")),
+                (t.run_ns, t.wait_ns, t.blocked_ns, t.unknown_ns),
+                "tid {tid}"
+            );
+        }
+        // Thread 3's unknown start became one running slice from 0 to 35 ms.
+        assert!(slices.iter().any(|s| s.tid == 3 && s.state == "running" && s.start_ns == 0 && s.end_ns >= 30 * MS));
+        // Slices of a thread never overlap.
+        for tid in [3, 7] {
+            let mine: Vec<_> = slices.iter().filter(|s| s.tid == tid).collect();
+            assert!(mine.windows(2).all(|w| w[0].end_ns <= w[1].start_ns), "{mine:?}");
+        }
     }
 
     #[test]

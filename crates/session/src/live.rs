@@ -3,6 +3,7 @@
 //! (the kernel's counts, located by the gaps the pages flagged) whenever they show it. The
 //! instance is removed when it is finished or dropped.
 
+use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::event::Event;
 use virtprof_model::Loss;
 use virtprof_trace::capture::{Capture, CaptureConfig};
@@ -11,6 +12,7 @@ use virtprof_trace::merge::{merge_cpus, CpuStream};
 use virtprof_trace::tracefs::{load_layout, Tracefs};
 
 use crate::error::{Result, SessionError};
+use crate::names::DecoderNames;
 
 /// A running, decoding trace.
 pub struct LiveTrace {
@@ -47,11 +49,21 @@ impl LiveTrace {
     /// Decode what the kernel has buffered, per drain in time order across CPUs (call often
     /// enough that the buffers never fill).
     pub fn drain(&mut self, mut sink: impl FnMut(&Event)) -> Result<()> {
+        self.drain_into(&mut [&mut |e: &Event, _: &dyn Names| sink(e)])
+    }
+
+    /// [`LiveTrace::drain`] into analyzers, as [`crate::Session::analyse`] does for a file.
+    pub fn drain_into(&mut self, analyzers: &mut [&mut dyn Analyzer]) -> Result<()> {
         let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
         while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
         let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
-        let stats =
-            merge_cpus(&mut self.decoder, &streams, |e, _| sink(e)).map_err(|e| SessionError::Live(e.to_string()))?;
+        let stats = merge_cpus(&mut self.decoder, &streams, |e, d| {
+            let names = DecoderNames(d);
+            for a in analyzers.iter_mut() {
+                a.on_event(e, &names);
+            }
+        })
+        .map_err(|e| SessionError::Live(e.to_string()))?;
         self.page_loss.merge(&stats.page_loss);
         Ok(())
     }

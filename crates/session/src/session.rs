@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::path::Path;
 
 use virtprof_analysis::intervals::IntervalTable;
+use virtprof_analysis::Analyzer;
 use virtprof_model::Event;
 use virtprof_model::Loss;
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
@@ -15,6 +16,7 @@ use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_hea
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
 
 use crate::error::{Result, SessionError};
+use crate::names::DecoderNames;
 
 /// A recording, memory-mapped (page data is read in place, never copied), or a capture from
 /// elsewhere imported in memory.
@@ -217,6 +219,17 @@ impl Session {
     /// byte.
     pub fn walk(&self, decoder: &mut Decoder, sink: impl FnMut(&Event, &Decoder)) -> Result<WalkStats> {
         merge_cpus(decoder, &self.streams(), sink).map_err(|e| SessionError::in_file(&self.path, e))
+    }
+
+    /// The one pass over a source: walk it once and hand every event, in timestamp order, to
+    /// each of `analyzers`, naming through this recording's kernel formats.
+    pub fn analyse(&self, decoder: &mut Decoder, analyzers: &mut [&mut dyn Analyzer]) -> Result<WalkStats> {
+        self.walk(decoder, |e, d| {
+            let names = DecoderNames(d);
+            for a in analyzers.iter_mut() {
+                a.on_event(e, &names);
+            }
+        })
     }
 
     /// The events this recording lost, counted once for every command: the kernel's per-CPU

@@ -88,7 +88,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let evidence_events = evidence_event_ids(&decoder);
     let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
     let mut analyzer = ExitAnalyzer::new(options);
-    let stats = recording.walk(&mut decoder, |e, _| analyzer.on_event(e))?;
+    let stats = recording.analyse(&mut decoder, &mut [&mut analyzer])?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();

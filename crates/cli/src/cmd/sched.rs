@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
+use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::units::parse_duration_ns;
 use virtprof_model::EventKind;
 use virtprof_model::Loss;
@@ -55,7 +56,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let bucket_ns = window_ns.unwrap_or(1 << 62);
     let mut acc =
         VcpuAccounting::new(&recording, &host, SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
-    let stats = recording.walk(&mut decoder, |e, _| acc.on_event(e))?;
+    let stats = recording.analyse(&mut decoder, &mut [&mut acc])?;
     let total = acc.finish();
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
@@ -143,7 +144,7 @@ impl VcpuAccounting {
     }
 
     /// Feed one event (in timestamp order).
-    pub fn on_event(&mut self, e: &virtprof_model::Event) {
+    fn on_event(&mut self, e: &virtprof_model::Event) {
         if self.first {
             self.initial.iter().for_each(|&tid| self.inner.track(tid, e.ts));
             self.first = false;
@@ -179,6 +180,12 @@ impl VcpuAccounting {
     /// Close the run at the last event and return it whole.
     pub fn finish(&mut self) -> virtprof_analysis::sched::Span {
         self.inner.finish(self.last_ts)
+    }
+}
+
+impl Analyzer for VcpuAccounting {
+    fn on_event(&mut self, event: &virtprof_model::Event, _: &dyn Names) {
+        VcpuAccounting::on_event(self, event);
     }
 }
 

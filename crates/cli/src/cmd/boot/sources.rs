@@ -98,7 +98,7 @@ pub fn recording(path: &Path) -> anyhow::Result<Collected> {
     let mut recording = Session::open_warning(path, None)?;
     let mut samples = Vec::new();
     let mut first = None;
-    let analysis = crate::cmd::report::analyse_with(&mut recording, Default::default(), |e, _| {
+    let mut collect = |e: &virtprof_model::Event, _: &dyn virtprof_analysis::Names| {
         if let EventKind::KvmExit { guest_rip, vcpu_id, .. } = e.kind {
             let t0 = *first.get_or_insert(e.ts);
             samples.push(PcSample {
@@ -109,7 +109,8 @@ pub fn recording(path: &Path) -> anyhow::Result<Collected> {
                 activity: String::new(),
             });
         }
-    })?;
+    };
+    let analysis = crate::cmd::report::analyse_with(&mut recording, Default::default(), &mut collect)?;
     eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
     if samples.is_empty() {
         return Err(usage(format!(

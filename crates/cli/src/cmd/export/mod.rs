@@ -4,13 +4,12 @@ mod csv;
 mod parquet;
 mod perfetto;
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use crate::args::{ExportArgs, ExportFormat};
-use crate::cmd::report::{analyse_with, interval_table, Want};
+use crate::cmd::report::{analyse, analyse_with, interval_table, Want};
 use crate::exit::usage;
 use virtprof_session::Session;
 
@@ -29,7 +28,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let mut recording = Session::open_warning(&args.file, None)?;
             let mut events = parquet::EventTable::create(&dir.join("events.parquet"))?;
             let want = Want { exits: true, exit_rows: true, binning: true, ..Want::default() };
-            let analysis = analyse_with(&mut recording, want, |e, d| events.on_event(e, d))?;
+            let analysis = analyse_with(&mut recording, want, &mut events)?;
             let event_rows = events.finish()?;
             let exits = analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]);
             let exit_rows = parquet::write_exits(&dir.join("exits.parquet"), exits)?;
@@ -43,22 +42,15 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
         ExportFormat::Perfetto => {
             let mut recording = Session::open_warning(&args.file, None)?;
-            let want = Want { exits: true, exit_rows: true, accounting: true, binning: true };
-            // vCPU threads by name are known before the pass; their states are tracked from it.
-            // The kernel's task cache also names threads of VMs long gone: the tracks are
-            // those of the VMs the pass saw.
-            let named = crate::cmd::sched::recording_tasks(&recording).vms(&[], &[]);
-            let vcpus: HashMap<u32, u32> =
-                named.iter().flat_map(|vm| vm.vcpus.iter().map(move |&(_, tid)| (tid, vm.pid))).collect();
-            let mut states = perfetto::StateTracks::new(vcpus);
-            let analysis = analyse_with(&mut recording, want, |e, _| states.on_event(e))?;
-            let (first, last) = analysis.span_ns.unwrap_or((0, 0));
-            states.finish(last);
+            // The state tracks are the accounting's own slices, so they add up to `sched`.
+            let want = Want { exits: true, exit_rows: true, accounting: true, binning: true, state_slices: true };
+            let analysis = analyse(&mut recording, want)?;
+            let (first, _) = analysis.span_ns.unwrap_or((0, 0));
             let table = analysis.table.as_ref();
             let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
             let tracks = perfetto::Tracks {
                 vms: &analysis.vms,
-                states: &states.slices,
+                states: &analysis.slices,
                 exits: analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]),
                 table,
                 origin_ns,

@@ -18,11 +18,8 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use virtprof_analysis::exits::ExitRow;
 use virtprof_analysis::intervals::IntervalTable;
-use virtprof_analysis::Names;
+use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::{Event, EventKind};
-use virtprof_trace::decode::Decoder;
-
-use virtprof_session::DecoderNames;
 
 /// Rows per row group (and per batch held in memory).
 const BATCH: usize = 1 << 16;
@@ -90,16 +87,17 @@ impl EventTable {
     }
 
     /// Append one event (nothing after a write error).
-    pub fn on_event(&mut self, e: &Event, decoder: &Decoder) {
+    fn append(&mut self, e: &Event, names: &dyn Names) {
         if self.error.is_some() {
             return;
         }
-        let names = DecoderNames(decoder);
+        let untyped;
         let name = match e.kind {
             EventKind::Other { event }
             | EventKind::IrqVectorEntry { event, .. }
             | EventKind::IrqVectorExit { event, .. } => {
-                decoder.layout().format(event).map_or("unknown", |f| f.name.as_str())
+                untyped = names.event(event);
+                untyped.as_str()
             }
             EventKind::Lost { .. } => "lost",
             kind => kind.typed_name().unwrap_or("unknown"),
@@ -284,4 +282,10 @@ pub fn write_intervals(path: &Path, table: &IntervalTable) -> anyhow::Result<u64
     }
     w.close()?;
     Ok(written)
+}
+
+impl Analyzer for EventTable {
+    fn on_event(&mut self, event: &Event, names: &dyn Names) {
+        self.append(event, names);
+    }
 }

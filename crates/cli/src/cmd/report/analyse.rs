@@ -10,7 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
 use virtprof_analysis::intervals::{IntervalTable, TraceBinner};
 use virtprof_analysis::qos::VmInfo;
-use virtprof_analysis::sched::{SchedOptions, Span};
+use virtprof_analysis::sched::{SchedOptions, Span, StateSlice};
+use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::interval::Entity;
 use virtprof_model::{Event, Loss};
 use virtprof_trace::decode::Decoder;
@@ -36,6 +37,8 @@ pub struct Want {
     pub accounting: bool,
     /// Count trace events into the interval rows.
     pub binning: bool,
+    /// Keep each vCPU thread's state slices (with `accounting`; timelines draw them).
+    pub state_slices: bool,
 }
 
 /// What the pass found.
@@ -46,6 +49,8 @@ pub struct Analysis {
     pub total: Option<Span>,
     /// Accounting per time bucket, oldest first.
     pub buckets: Vec<Span>,
+    /// Each accounted thread's state slices (when wanted): they add up to `total`.
+    pub slices: Vec<StateSlice>,
     /// Width of those buckets.
     pub bucket_ns: u64,
     /// VMs whose vCPU threads were seen (named ones when accounting was not wanted).
@@ -73,15 +78,11 @@ impl Analysis {
 
 /// Run the wanted analyses over `recording` in one pass, with a progress bar on a terminal.
 pub fn analyse(recording: &mut Session, want: Want) -> anyhow::Result<Analysis> {
-    analyse_with(recording, want, |_, _| {})
+    analyse_with(recording, want, &mut |_: &Event, _: &dyn Names| {})
 }
 
-/// [`analyse`], also handing every event to `sink` (exports write their rows from there).
-pub fn analyse_with(
-    recording: &mut Session,
-    want: Want,
-    mut sink: impl FnMut(&Event, &Decoder),
-) -> anyhow::Result<Analysis> {
+/// [`analyse`], also handing every event to `also` (exports write their rows from there).
+pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer) -> anyhow::Result<Analysis> {
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let mut table = if want.binning { recording.intervals.take() } else { None };
     let recording = &*recording;
@@ -96,7 +97,11 @@ pub fn analyse_with(
     let bucket_ns = bucket_width(range);
     let mut accounting = want.accounting.then(|| {
         let options = SchedOptions { bucket_ns, keep_buckets: usize::MAX };
-        VcpuAccounting::new(recording, &host, options, evidence)
+        let mut accounting = VcpuAccounting::new(recording, &host, options, evidence);
+        if want.state_slices {
+            accounting.inner.record_slices();
+        }
+        accounting
     });
     let named_vms = host.vms(&[], &[]);
     let mut binner = table.as_mut().map(|t| {
@@ -106,28 +111,20 @@ pub fn analyse_with(
             .collect();
         TraceBinner::new(t, vcpus)
     });
+    let mut progress = Progress::new(range);
 
-    let progress = Progress::new(range);
-    let (mut first_ts, mut last_ts) = (None, 0);
-    let mut seen = 0u64;
-    let stats = recording.walk(&mut decoder, |e: &Event, d| {
-        if let Some(x) = exits.as_mut() {
-            x.on_event(e);
-        }
-        if let Some(a) = accounting.as_mut() {
-            a.on_event(e);
-        }
-        if let Some(b) = binner.as_mut() {
-            b.on_event(e, &DecoderNames(d));
-        }
-        sink(e, d);
-        first_ts.get_or_insert(e.ts);
-        last_ts = e.ts;
-        seen += 1;
-        if seen % PROGRESS_EVERY == 0 {
-            progress.at(e.ts, seen);
-        }
-    })?;
+    let mut analyzers: Vec<&mut dyn Analyzer> = vec![&mut progress, also];
+    if let Some(x) = exits.as_mut() {
+        analyzers.push(x);
+    }
+    if let Some(a) = accounting.as_mut() {
+        analyzers.push(a);
+    }
+    if let Some(b) = binner.as_mut() {
+        analyzers.push(b);
+    }
+    let stats = recording.analyse(&mut decoder, &mut analyzers)?;
+    drop(analyzers);
     progress.done();
     let outside_rows = binner.map_or(0, |b| b.outside);
     if let Some(t) = table.as_mut() {
@@ -139,25 +136,26 @@ pub fn analyse_with(
     if let Some(x) = exits.as_mut() {
         x.totals.lost_events = loss.total();
     }
-    let (total, buckets, vms) = match accounting.as_mut() {
+    let (total, buckets, slices, vms) = match accounting.as_mut() {
         Some(a) => {
             let total = a.finish();
             let vms = a.vms(&host, &total, &[]);
-            (Some(total), a.inner.buckets().cloned().collect(), vms)
+            (Some(total), a.inner.buckets().cloned().collect(), a.inner.take_slices(), vms)
         }
-        None => (None, Vec::new(), named_vms),
+        None => (None, Vec::new(), Vec::new(), named_vms),
     };
     Ok(Analysis {
         exits,
         total,
         buckets,
+        slices,
         bucket_ns,
         vms,
         table,
         outside_rows,
         events: stats.events,
         loss,
-        span_ns: first_ts.map(|first| (first, last_ts)),
+        span_ns: progress.span_ns(),
         decoder,
     })
 }
@@ -178,35 +176,53 @@ fn bucket_width(range: Option<(u64, u64)>) -> u64 {
     }
 }
 
-/// A progress bar over trace time, drawn only on a terminal.
+/// A progress bar over trace time, drawn only on a terminal; it also notes the first and last
+/// event times (the span the report covers).
 struct Progress {
     bar: Option<ProgressBar>,
     start: u64,
+    seen: u64,
+    first_ts: Option<u64>,
+    last_ts: u64,
 }
 
 impl Progress {
     fn new(range: Option<(u64, u64)>) -> Self {
+        let mut progress = Progress { bar: None, start: 0, seen: 0, first_ts: None, last_ts: 0 };
         let Some((start, end)) = range.filter(|_| std::io::stderr().is_terminal()) else {
-            return Progress { bar: None, start: 0 };
+            return progress;
         };
         let bar = ProgressBar::new(end.saturating_sub(start).max(1));
         let style = ProgressStyle::with_template("{spinner} reading trace [{bar:40}] {percent:>3}% {msg} ({eta} left)")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> ");
         bar.set_style(style);
-        Progress { bar: Some(bar), start }
+        progress.bar = Some(bar);
+        progress.start = start;
+        progress
     }
 
-    fn at(&self, ts: u64, events: u64) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(ts.saturating_sub(self.start));
-            bar.set_message(format!("{:.1} M events", events as f64 / 1e6));
-        }
+    fn span_ns(&self) -> Option<(u64, u64)> {
+        self.first_ts.map(|first| (first, self.last_ts))
     }
 
     fn done(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
+        }
+    }
+}
+
+impl Analyzer for Progress {
+    fn on_event(&mut self, e: &Event, _: &dyn Names) {
+        self.first_ts.get_or_insert(e.ts);
+        self.last_ts = e.ts;
+        self.seen += 1;
+        if self.seen % PROGRESS_EVERY == 0 {
+            if let Some(bar) = &self.bar {
+                bar.set_position(e.ts.saturating_sub(self.start));
+                bar.set_message(format!("{:.1} M events", self.seen as f64 / 1e6));
+            }
         }
     }
 }

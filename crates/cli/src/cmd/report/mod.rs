@@ -62,7 +62,7 @@ pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let mut recording = Session::open_warning(&args.file, None)?;
-    let want = Want { exits: true, exit_rows: false, accounting: true, binning: true };
+    let want = Want { exits: true, exit_rows: false, accounting: true, binning: true, state_slices: false };
     let analysis = analyse(&mut recording, want)?;
     let report = model::build(&args.file, &recording, analysis, args);
     if let Some(path) = &args.html {

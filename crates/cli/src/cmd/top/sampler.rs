@@ -314,8 +314,7 @@ impl TraceSource {
 
     /// Decode and account every page the kernel has, then close buckets up to `now`.
     fn drain(&mut self, now: u64) -> anyhow::Result<()> {
-        let acc = &mut self.acc;
-        self.trace.drain(|e| acc.on_event(e))?;
+        self.trace.drain_into(&mut [&mut self.acc])?;
         self.acc.roll_to(now);
         Ok(())
     }
