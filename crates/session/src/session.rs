@@ -36,10 +36,27 @@ pub struct Session {
     pages: Pages,
 }
 
+/// The bytes of a recording: a mapped file, or one made in memory (a live mode's).
+enum Backing {
+    Map(memmap2::Mmap),
+    Memory(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(map) => map,
+            Backing::Memory(bytes) => bytes,
+        }
+    }
+}
+
 /// Where the pages live.
 enum Pages {
-    /// A mapped recording file, with each CPU's page chunks as byte ranges into it, in order.
-    Mapped { map: memmap2::Mmap, cpus: Vec<(u32, Vec<Range<usize>>)> },
+    /// A recording's bytes, with each CPU's page chunks as byte ranges into them, in order.
+    Mapped { map: Backing, cpus: Vec<(u32, Vec<Range<usize>>)> },
     /// A capture imported in memory: each CPU's pages as read.
     Owned(Vec<(u32, Vec<u8>)>),
 }
@@ -47,7 +64,16 @@ enum Pages {
 impl Session {
     /// Map `path` and index its chunks.
     pub fn open(path: &Path) -> Result<Session> {
-        let map = map_file(path, "recording")?;
+        Session::index(path, Backing::Map(map_file(path, "recording")?))
+    }
+
+    /// A recording made in memory (a live mode's), named `name` in messages.
+    pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Session> {
+        Session::index(Path::new(name), Backing::Memory(bytes))
+    }
+
+    /// Index a recording's chunks: page data stays where it is.
+    fn index(path: &Path, map: Backing) -> Result<Session> {
         let base = map.as_ptr() as usize;
         let mut reader = Reader::new(&map).map_err(|e| SessionError::in_file(path, e))?;
         let (mut metadata, mut footer) = (None, None);
@@ -125,7 +151,7 @@ impl Session {
             })
             .collect();
         let pages = match in_place {
-            Some(cpus) => Pages::Mapped { map, cpus },
+            Some(cpus) => Pages::Mapped { map: Backing::Map(map), cpus },
             None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
         Ok(Session {

@@ -36,7 +36,7 @@ pub struct TraceDat<'a> {
     pub cpu_stats: Vec<String>,
     /// Raw pages per CPU: borrowed from the file when it is uncompressed, so a mapped
     /// trace.dat is decoded in place.
-    pub cpus: Vec<(u32, Cow<'a, [u8]>)>,
+    pub cpus: CpuPages<'a>,
 }
 
 const MAGIC: &[u8] = b"\x17\x08\x44tracing";
@@ -279,7 +279,7 @@ fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Cpu
 /// Per CPU its pages: raw ones borrowed, compressed ones decompressed with every core at once
 /// (the chunks are independent frames, each written straight into its place in its CPU's
 /// buffer).
-fn decompress_cpus<'a>(cpus: Vec<(u32, CpuData<'a>)>) -> Result<Vec<(u32, Cow<'a, [u8]>)>, TraceDatError> {
+fn decompress_cpus<'a>(cpus: Vec<(u32, CpuData<'a>)>) -> Result<CpuPages<'a>, TraceDatError> {
     let mut outputs: Vec<(u32, Vec<u8>)> = Vec::new();
     let mut borrowed = Vec::new();
     let mut lists = Vec::new();
@@ -294,7 +294,9 @@ fn decompress_cpus<'a>(cpus: Vec<(u32, CpuData<'a>)>) -> Result<Vec<(u32, Cow<'a
                     let at = list.first().map_or(0, |c| c.2);
                     return Err(TraceDatError {
                         offset: at,
-                        message: format!("cpu{cpu}: chunks claim {total} bytes uncompressed, implausible for their size"),
+                        message: format!(
+                            "cpu{cpu}: chunks claim {total} bytes uncompressed, implausible for their size"
+                        ),
                     });
                 }
                 outputs.push((cpu, vec![0u8; total]));
@@ -318,19 +320,20 @@ fn decompress_cpus<'a>(cpus: Vec<(u32, CpuData<'a>)>) -> Result<Vec<(u32, Cow<'a
         let workers: Vec<_> = jobs
             .chunks_mut(per_thread.max(1))
             .map(|batch| {
-                scope.spawn(move || {
-                    batch.iter_mut().try_for_each(|(input, out, at)| decompress_into(input, out, *at))
-                })
+                scope.spawn(move || batch.iter_mut().try_for_each(|(input, out, at)| decompress_into(input, out, *at)))
             })
             .collect();
         workers.into_iter().try_for_each(|w| {
             w.join().unwrap_or_else(|_| Err(TraceDatError { offset: 0, message: "zstd: a worker panicked".into() }))
         })
     })?;
-    let mut all: Vec<(u32, Cow<'a, [u8]>)> = borrowed.into_iter().map(|(cpu, raw)| (cpu, Cow::Borrowed(raw))).collect();
+    let mut all: CpuPages<'a> = borrowed.into_iter().map(|(cpu, raw)| (cpu, Cow::Borrowed(raw))).collect();
     all.extend(outputs.into_iter().map(|(cpu, out)| (cpu, Cow::Owned(out))));
     Ok(all)
 }
+
+/// Each CPU's pages: borrowed from the file when stored raw, decompressed otherwise.
+pub type CpuPages<'a> = Vec<(u32, Cow<'a, [u8]>)>;
 
 /// zstd rarely beats 50:1 on ring-buffer pages; a chunk claiming far more is corrupt.
 const MAX_RATIO: usize = 1000;

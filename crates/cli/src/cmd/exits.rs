@@ -5,14 +5,17 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow};
+use virtprof_model::units::parse_duration_ns;
 use virtprof_model::Loss;
 use virtprof_store::recording::Task;
 use virtprof_store::Table;
 
-use crate::args::{ExitsArgs, GroupBy, RecordArgs};
+use crate::args::{ExitsArgs, GroupBy};
+use crate::cmd::record::{record_into, RecordOptions};
 use crate::exit::usage;
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
@@ -47,33 +50,10 @@ struct VmRow {
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
-    let live = args.file.is_none();
-    let path = match &args.file {
-        Some(path) => path.clone(),
-        None => {
-            let path = std::env::temp_dir().join(format!("virtprof-exits-{}.vprec", std::process::id()));
-            eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", args.duration);
-            let record_args = RecordArgs {
-                output: path.clone(),
-                events: None,
-                duration: Some(args.duration.clone()),
-                buffer_size_kb: 8192,
-                clock: "mono".into(),
-                vm: Vec::new(),
-                interval: None,
-                hw_counters: 4,
-                command: Vec::new(),
-            };
-            let summary = crate::cmd::record::record(&record_args, &path)?;
-            eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
-            path
-        }
+    let recording = match &args.file {
+        Some(path) => Session::open_warning(path, args.formats.as_deref())?,
+        None => record_live(args)?,
     };
-    let recording = Session::open_warning(&path, args.formats.as_deref());
-    if live {
-        let _ = std::fs::remove_file(&path);
-    }
-    let recording = recording?;
     let tids = selected_tids(&recording.metadata.tasks, &args.vm, args.vcpu)?;
     let min_row_ns = match args.threshold_us {
         Some(us) if !(0.0..1e12).contains(&us) => {
@@ -149,6 +129,16 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "unavailable: {note}")?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `exits --duration`: record this host for that long into memory (no file), then analyse.
+fn record_live(args: &ExitsArgs) -> anyhow::Result<Session> {
+    let duration = parse_duration_ns(&args.duration).map_err(|e| usage(format!("--duration: {e}")))?;
+    eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", args.duration);
+    let options = RecordOptions { duration: Some(Duration::from_nanos(duration)), ..RecordOptions::default() };
+    let (summary, bytes) = record_into(&options, Vec::new())?;
+    eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
+    Ok(Session::from_bytes(bytes, "the live trace")?)
 }
 
 /// Per VM with both snapshots, the vCPU stats summed and differenced (cumulative counters).

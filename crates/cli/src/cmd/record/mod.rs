@@ -8,7 +8,7 @@ mod intervals;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::sync::mpsc::sync_channel;
@@ -61,8 +61,89 @@ pub struct RecordSummary {
     pub command_status: Option<std::process::ExitStatus>,
 }
 
+/// Per-CPU ring buffer size when none is asked for.
+pub const DEFAULT_BUFFER_KB: u32 = 8192;
+/// The trace clock when none is asked for: aligns traces with CLOCK_MONOTONIC.
+pub const DEFAULT_CLOCK: &str = "mono";
+/// Hardware counters the PMU runs at once, when not told.
+pub const DEFAULT_HW_COUNTERS: usize = 4;
+
+/// What to record: `record`'s options as plain values, for `record` and the live modes.
+#[derive(Debug, Clone)]
+pub struct RecordOptions {
+    /// Events (systems or system:event); the default set when empty.
+    pub events: Vec<String>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+    /// Per-CPU ring buffer size.
+    pub buffer_size_kb: u32,
+    /// Trace clock.
+    pub clock: String,
+    /// VMMs whose KVM stats must be snapshotted.
+    pub vm: Vec<u32>,
+    /// Sample counters every this many ns.
+    pub interval_ns: Option<u64>,
+    /// Hardware counters at once.
+    pub hw_counters: usize,
+    /// Record until this command exits.
+    pub command: Vec<String>,
+}
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            events: Vec::new(),
+            duration: None,
+            buffer_size_kb: DEFAULT_BUFFER_KB,
+            clock: DEFAULT_CLOCK.into(),
+            vm: Vec::new(),
+            interval_ns: None,
+            hw_counters: DEFAULT_HW_COUNTERS,
+            command: Vec::new(),
+        }
+    }
+}
+
+impl RecordOptions {
+    /// The command line's options, checked.
+    pub fn from_args(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
+        let duration = match &args.duration {
+            Some(d) => Some(Duration::from_nanos(parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?)),
+            None => None,
+        };
+        let events: Vec<String> = match &args.events {
+            Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            None => Vec::new(),
+        };
+        if args.events.is_some() && events.is_empty() {
+            return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
+        }
+        let interval_ns = match &args.interval {
+            Some(d) => {
+                let ns = parse_duration_ns(d).map_err(|e| usage(format!("--interval: {e}")))?;
+                if !(1_000_000..=3_600_000_000_000).contains(&ns) {
+                    return Err(usage(format!("--interval {d}: must be between 1ms and 1h")));
+                }
+                Some(ns)
+            }
+            None => None,
+        };
+        Ok(RecordOptions {
+            events,
+            duration,
+            buffer_size_kb: args.buffer_size_kb,
+            clock: args.clock.clone(),
+            vm: args.vm.clone(),
+            interval_ns,
+            hw_counters: args.hw_counters,
+            command: args.command.clone(),
+        })
+    }
+}
+
 pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
-    let summary = record(args, &args.output)?;
+    let options = RecordOptions::from_args(args)?;
+    let summary = record(&options, &args.output)?;
     eprintln!(
         "virtprof: recorded {} pages ({:.1} MiB) from {} CPUs into {}; lost events: {}",
         summary.pages,
@@ -90,36 +171,24 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Record into `output` as `args` say; used by `record` and by the live modes of analyzers.
-pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary> {
-    let duration = match &args.duration {
-        Some(d) => Some(Duration::from_nanos(parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?)),
-        None => None,
-    };
-    let events = match &args.events {
-        Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-        None => CaptureConfig::default_events(),
-    };
-    let interval_ns = match &args.interval {
-        Some(d) => {
-            let ns = parse_duration_ns(d).map_err(|e| usage(format!("--interval: {e}")))?;
-            if !(1_000_000..=3_600_000_000_000).contains(&ns) {
-                return Err(usage(format!("--interval {d}: must be between 1ms and 1h")));
-            }
-            Some(ns)
-        }
-        None => None,
-    };
-    if events.is_empty() {
-        return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
-    }
+/// Record into the file `output`.
+pub fn record(options: &RecordOptions, output: &Path) -> anyhow::Result<RecordSummary> {
+    let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
+    Ok(record_into(options, BufWriter::with_capacity(1 << 20, file))?.0)
+}
+
+/// Record into `out` (a file, or memory for the live modes), returning it when finished.
+pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -> anyhow::Result<(RecordSummary, W)> {
+    let duration = options.duration;
+    let events = if options.events.is_empty() { CaptureConfig::default_events() } else { options.events.clone() };
+    let interval_ns = options.interval_ns;
     let tracefs = Tracefs::locate_or_mount().map_err(|e| usage(format!("{e}")))?;
     let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))
         .context("reading header_page")?;
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-    let config = CaptureConfig { events, buffer_size_kb: args.buffer_size_kb, clock: args.clock.clone() };
+    let config = CaptureConfig { events, buffer_size_kb: options.buffer_size_kb, clock: options.clock.clone() };
 
-    for &pid in &args.vm {
+    for &pid in &options.vm {
         if kvm_snapshot(pid).is_none() {
             return Err(usage(format!(
                 "--vm {pid}: not a VMM whose KVM stats can be read (see `virtprof stats --pid {pid}`)"
@@ -129,8 +198,8 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     // Snapshots before tracing starts (and after it stops), so their window encloses the trace.
     let mut discovery = Discovery::new("/proc", Vec::new());
     let found = discovery.scan();
-    let mut vms = args.vm.clone();
-    vms.extend(found.iter().map(|v| v.pid).filter(|p| !args.vm.contains(p)));
+    let mut vms = options.vm.clone();
+    vms.extend(found.iter().map(|v| v.pid).filter(|p| !options.vm.contains(p)));
     let mut identities: BTreeMap<u32, VmIdentity> = found.iter().map(|v| (v.pid, identity(v))).collect();
     let initial_vms: std::collections::HashSet<u32> = identities.keys().copied().collect();
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
@@ -154,8 +223,7 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
     };
     let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 
-    let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
-    let writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &metadata)?;
+    let writer = Writer::new(out, &metadata)?;
     let (tx, rx) = sync_channel::<WriterMsg>(CHANNEL_BATCHES);
     let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn(move || {
         let mut writer = writer;
@@ -173,11 +241,11 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         Ok::<_, std::io::Error>((writer, pages))
     })?;
     let interval_thread = match interval_ns {
-        Some(ns) => Some(intervals::IntervalThread::start(ns, args.hw_counters, tracefs.root(), tx.clone())?),
+        Some(ns) => Some(intervals::IntervalThread::start(ns, options.hw_counters, tracefs.root(), tx.clone())?),
         None => None,
     };
 
-    let mut child = match args.command.split_first() {
+    let mut child = match options.command.split_first() {
         Some((program, rest)) => {
             Some(Command::new(program).args(rest).spawn().map_err(|e| usage(format!("cannot run '{program}': {e}")))?)
         }
@@ -253,8 +321,10 @@ pub fn record(args: &RecordArgs, output: &Path) -> anyhow::Result<RecordSummary>
         intervals,
     };
     let bytes = writer.written();
-    writer.finish(&footer)?;
-    Ok(RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, intervals, command_status })
+    let out = writer.finish(&footer)?;
+    let summary =
+        RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, intervals, command_status };
+    Ok((summary, out))
 }
 
 fn identity(vm: &DiscoveredVm) -> VmIdentity {
