@@ -1,6 +1,7 @@
 //! Command-line syntax. Parsed arguments are turned into library configs in `cmd/*`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -124,8 +125,8 @@ pub struct TestvmArgs {
     #[arg(short = 'n', long, value_name = "N", conflicts_with = "duration")]
     pub iterations: Option<u64>,
     /// Run time per vCPU instead of a count (default 1s).
-    #[arg(short, long, value_name = "TIME[ns|us|ms|s|m]")]
-    pub duration: Option<String>,
+    #[arg(short, long, value_name = "TIME[ns|us|ms|s|m]", value_parser = duration)]
+    pub duration: Option<Duration>,
     /// vCPUs per VM.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub vcpus: u32,
@@ -136,21 +137,21 @@ pub struct TestvmArgs {
     #[arg(long, value_name = "CPULIST")]
     pub pin: Option<String>,
     /// How long the VMM sleeps per io-bound request.
-    #[arg(long, value_name = "TIME", default_value = "1ms")]
-    pub io_latency: String,
+    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = duration)]
+    pub io_latency: Duration,
     /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page
     /// (always on for --workload noise).
     #[arg(long)]
     pub steal_time: bool,
     /// For --workload noise: a TSC step longer than this is a noise sample.
-    #[arg(long, value_name = "TIME", default_value = "1us")]
-    pub noise_threshold: String,
+    #[arg(long, value_name = "TIME", default_value = "1us", value_parser = duration)]
+    pub noise_threshold: Duration,
     /// Kick every vCPU thread this often: each kick is a heavyweight exit (KVM_RUN returns EINTR).
     #[arg(long, value_name = "HZ", default_value_t = 0)]
     pub inject_hz: u32,
     /// Keep the VMs alive this long after their guests finish, so other tools can inspect them.
-    #[arg(long, value_name = "TIME")]
-    pub linger: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = duration)]
+    pub linger: Option<Duration>,
     /// Name the VMs NAME (one VM) or NAME-0, NAME-1, ... (on their VMM command line, where
     /// `virtprof top` finds it); default: the workload name.
     #[arg(long, value_name = "NAME")]
@@ -226,8 +227,8 @@ pub struct ExitsArgs {
     #[arg(long, value_name = "DIR")]
     pub formats: Option<PathBuf>,
     /// Live mode: how long to record before analysing.
-    #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file")]
-    pub duration: String,
+    #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file", value_parser = duration)]
+    pub duration: Duration,
     /// Only the VM whose VMM has this pid (repeatable).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
@@ -403,8 +404,8 @@ pub struct SchedArgs {
     #[arg(long, value_name = "DIR")]
     pub formats: Option<PathBuf>,
     /// Also a table per consecutive window of this length.
-    #[arg(long, value_name = "TIME[ms|s|m]")]
-    pub window: Option<String>,
+    #[arg(long, value_name = "TIME[ms|s|m]", value_parser = duration)]
+    pub window: Option<Duration>,
     /// Only the VM whose VMM has this pid (repeatable).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
@@ -431,8 +432,8 @@ EXAMPLES:
   virtprof demo --once --json          the same as JSON")]
 pub struct DemoArgs {
     /// How long the VMs run (the demo ends then; interactive mode also ends on q).
-    #[arg(long, value_name = "TIME[s|m]", default_value = "10m")]
-    pub duration: String,
+    #[arg(long, value_name = "TIME[s|m]", default_value = "10m", value_parser = duration)]
+    pub duration: Duration,
     #[command(flatten)]
     pub watch: WatchArgs,
 }
@@ -459,8 +460,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "SET")]
     pub events: Option<String>,
     /// Stop after this long.
-    #[arg(short, long, value_name = "TIME[ms|s|m]")]
-    pub duration: Option<String>,
+    #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
+    pub duration: Option<Duration>,
     /// Per-CPU ring buffer size.
     #[arg(long = "buffer-size", value_name = "KB", default_value_t = crate::cmd::record::DEFAULT_BUFFER_KB)]
     pub buffer_size_kb: u32,
@@ -472,8 +473,8 @@ pub struct RecordArgs {
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Also sample counters every interval (down to 1ms): per CPU, per VM and per vCPU.
-    #[arg(long, value_name = "TIME[us|ms|s]")]
-    pub interval: Option<String>,
+    #[arg(long, value_name = "TIME[us|ms|s]", value_parser = duration)]
+    pub interval: Option<Duration>,
     /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
     #[arg(long, value_name = "N", default_value_t = crate::cmd::record::DEFAULT_HW_COUNTERS)]
     pub hw_counters: usize,
@@ -539,8 +540,8 @@ pub struct BootArgs {
     pub until: Option<String>,
     /// --testvm: the workload's run time before ballooning (default 1s); --qemu/--gdb: stop
     /// sampling after this long.
-    #[arg(short, long, value_name = "TIME")]
-    pub duration: Option<String>,
+    #[arg(short, long, value_name = "TIME", value_parser = duration)]
+    pub duration: Option<Duration>,
     /// --testvm: named functions and their weights.
     #[arg(long, value_name = "NAME=WEIGHT,...", default_value = "init_mm=61,probe_devices=27,start_user=12")]
     pub shares: String,
@@ -567,8 +568,8 @@ pub struct BootArgs {
     #[arg(long, value_name = "HEX|auto", default_value = "auto")]
     pub kaslr: String,
     /// Time-bin width for the realm split and timelines (default: about 50 bins).
-    #[arg(long, value_name = "TIME")]
-    pub bin: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = duration)]
+    pub bin: Option<Duration>,
     /// Show this symbol's profile over time (repeatable).
     #[arg(long = "symbol", value_name = "NAME")]
     pub symbols: Vec<String>,
@@ -630,8 +631,8 @@ pub struct BalanceArgs {
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
     /// Accounting and decision period.
-    #[arg(long, value_name = "TIME", default_value = "100ms")]
-    pub period: String,
+    #[arg(long, value_name = "TIME", default_value = "100ms", value_parser = duration)]
+    pub period: Duration,
     /// Threshold k > 1: swap only when the hotter core used more than k times the energy.
     #[arg(long, value_name = "K", default_value_t = 1.2)]
     pub k: f64,
@@ -639,8 +640,8 @@ pub struct BalanceArgs {
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
     /// Stop after this long (default: until Ctrl-C or the VMs exit).
-    #[arg(short, long, value_name = "TIME")]
-    pub duration: Option<String>,
+    #[arg(short, long, value_name = "TIME", value_parser = duration)]
+    pub duration: Option<Duration>,
     /// Decide and account, but move no thread.
     #[arg(long)]
     pub dry_run: bool,
@@ -691,11 +692,11 @@ pub struct CalibrateArgs {
     #[arg(long, group = "source")]
     pub live: bool,
     /// --live: how long.
-    #[arg(short, long, value_name = "TIME", default_value = "60s")]
-    pub duration: String,
+    #[arg(short, long, value_name = "TIME", default_value = "60s", value_parser = duration)]
+    pub duration: Duration,
     /// --live: period length.
-    #[arg(long, value_name = "TIME", default_value = "1s")]
-    pub period: String,
+    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = duration)]
+    pub period: Duration,
     /// Thermal parameters to keep in the written file.
     #[arg(long, value_name = "FILE")]
     pub weights: Option<PathBuf>,
@@ -723,17 +724,17 @@ pub struct BalanceBenchArgs {
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
     /// Length of one overhead measurement.
-    #[arg(long, value_name = "TIME", default_value = "3s")]
-    pub segment: String,
+    #[arg(long, value_name = "TIME", default_value = "3s", value_parser = duration)]
+    pub segment: Duration,
     /// Repetitions of the frequency sweep (medians are reported).
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub reps: u32,
     /// Length of each policy run (without, then with the policy).
-    #[arg(long = "policy-time", value_name = "TIME", default_value = "5s")]
-    pub policy_time: String,
+    #[arg(long = "policy-time", value_name = "TIME", default_value = "5s", value_parser = duration)]
+    pub policy_time: Duration,
     /// Accounting period of the policy runs.
-    #[arg(long, value_name = "TIME", default_value = "100ms")]
-    pub period: String,
+    #[arg(long, value_name = "TIME", default_value = "100ms", value_parser = duration)]
+    pub period: Duration,
     /// Threshold.
     #[arg(long, value_name = "K", default_value_t = 1.2)]
     pub k: f64,
@@ -787,17 +788,17 @@ pub struct NoiseArgs {
     #[arg(long, value_name = "LIST")]
     pub cpus: Option<String>,
     /// How long to measure.
-    #[arg(short, long, value_name = "TIME", default_value = "5s")]
-    pub duration: String,
+    #[arg(short, long, value_name = "TIME", default_value = "5s", value_parser = duration)]
+    pub duration: Duration,
     /// A step between two clock reads longer than this is a noise sample.
-    #[arg(long, value_name = "TIME", default_value = "1us")]
-    pub threshold: String,
+    #[arg(long, value_name = "TIME", default_value = "1us", value_parser = duration)]
+    pub threshold: Duration,
     /// Reporting period.
-    #[arg(long, value_name = "TIME", default_value = "1s")]
-    pub period: String,
+    #[arg(long, value_name = "TIME", default_value = "1s", value_parser = duration)]
+    pub period: Duration,
     /// Measuring part of each period (default: all of it).
-    #[arg(long, value_name = "TIME")]
-    pub runtime: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = duration)]
+    pub runtime: Option<Duration>,
     /// The clock the loop reads: tsc (default where the TSC is constant) or mono-raw.
     #[arg(long, value_enum)]
     pub clock: Option<NoiseClock>,
@@ -808,17 +809,17 @@ pub struct NoiseArgs {
     #[arg(long)]
     pub hist: bool,
     /// Histogram bucket width.
-    #[arg(long, value_name = "TIME", default_value = "1us")]
-    pub bucket_size: String,
+    #[arg(long, value_name = "TIME", default_value = "1us", value_parser = duration)]
+    pub bucket_size: Duration,
     /// Histogram buckets (longer samples count in `over`).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub entries: usize,
     /// Stop when a single sample is longer than this, and save a trace snapshot around it.
-    #[arg(long, value_name = "TIME")]
-    pub stop_single: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = duration)]
+    pub stop_single: Option<Duration>,
     /// Stop when a period's noise on one CPU exceeds this, and save a trace snapshot.
-    #[arg(long, value_name = "TIME")]
-    pub stop_total: Option<String>,
+    #[arg(long, value_name = "TIME", value_parser = duration)]
+    pub stop_total: Option<Duration>,
     /// Where a stop saves its trace snapshot.
     #[arg(long, value_name = "FILE", default_value = "noise-snapshot.txt")]
     pub snapshot: PathBuf,
@@ -853,4 +854,10 @@ pub enum NoiseClock {
     Tsc,
     /// CLOCK_MONOTONIC_RAW.
     MonoRaw,
+}
+
+/// A duration with a unit (`200ms`, `1.5s`, `10us`), parsed once where the command line is
+/// read: a bad one is a usage error (exit 2) that names its option.
+fn duration(text: &str) -> Result<Duration, String> {
+    virtprof_model::units::parse_duration_ns(text).map(Duration::from_nanos)
 }

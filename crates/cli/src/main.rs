@@ -12,10 +12,19 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = match args::Cli::try_parse() {
         Ok(args) => args,
+        Err(e) if e.use_stderr() => {
+            // A usage error: one line, like every other bad input (clap's own text, which
+            // names the option and the value, without its banner).
+            let text = e.render().to_string();
+            let message: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+            let message = message.join(" ");
+            eprintln!("virtprof: {} (see --help)", message.strip_prefix("error: ").unwrap_or(&message));
+            return ExitCode::from(exit::USAGE);
+        }
         Err(e) => {
-            // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
+            // Help and version go to stdout.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
+            return ExitCode::SUCCESS;
         }
     };
     match cmd::run(args) {

@@ -28,6 +28,16 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
     Ok(ns.round() as u64)
 }
 
+/// A duration in whole nanoseconds, saturating at u64::MAX (584 years).
+pub fn duration_ns(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A duration as people write it (`1.5s`, `200ms`), as [`format_duration_ns`] does.
+pub fn format_duration(d: std::time::Duration) -> String {
+    format_duration_ns(duration_ns(d))
+}
+
 /// A count or duration measured as f64, as u64: NaN and negatives become 0, values beyond
 /// u64::MAX become u64::MAX (which is what `as` does; this names the intent).
 #[allow(clippy::cast_possible_truncation)]

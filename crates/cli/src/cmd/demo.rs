@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use virtprof_model::units::parse_duration_ns;
+use virtprof_model::units::{duration_ns, format_duration};
 
 use crate::args::DemoArgs;
 use crate::cmd::testvms::TestVms;
@@ -23,7 +23,7 @@ const VMS: [(&str, &[&str]); 3] = [
 const VMM_COUNT: usize = 4;
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
-    let duration_ns = parse_duration_ns(&args.duration).map_err(|e| usage(format!("--duration: {e}")))?;
+    let duration_ns = duration_ns(args.duration);
     if duration_ns < 1_000_000_000 {
         return Err(usage("--duration: the demo needs at least 1s"));
     }
@@ -35,7 +35,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         vms.start(&[testvm_args, &["--name", name, "--duration", &duration]].concat())?;
     }
     let vmms = vms.wait_for_vmms(VMM_COUNT)?;
-    eprintln!("virtprof demo: {} test VMs running for {}; VMM pids {vmms:?}", vmms.len(), args.duration);
+    eprintln!(
+        "virtprof demo: {} test VMs running for {}; VMM pids {vmms:?}",
+        vmms.len(),
+        format_duration(args.duration)
+    );
     let started = Instant::now();
     let run_for = Duration::from_nanos(duration_ns);
     // With --once, sample for --delay but never past the VMs' end.

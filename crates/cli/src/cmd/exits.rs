@@ -5,11 +5,10 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow};
-use virtprof_model::units::parse_duration_ns;
+use virtprof_model::units::format_duration;
 use virtprof_model::Loss;
 use virtprof_store::recording::Task;
 use virtprof_store::Table;
@@ -133,9 +132,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
 
 /// `exits --duration`: record this host for that long into memory (no file), then analyse.
 fn record_live(args: &ExitsArgs) -> anyhow::Result<Session> {
-    let duration = parse_duration_ns(&args.duration).map_err(|e| usage(format!("--duration: {e}")))?;
-    eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", args.duration);
-    let options = RecordOptions { duration: Some(Duration::from_nanos(duration)), ..RecordOptions::default() };
+    eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
+    let options = RecordOptions { duration: Some(args.duration), ..RecordOptions::default() };
     let (summary, bytes) = record_into(&options, Vec::new())?;
     eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
     Ok(Session::from_bytes(bytes, "the live trace")?)

@@ -9,7 +9,7 @@ use serde::Serialize;
 use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
 use virtprof_analysis::{Analyzer, Names};
-use virtprof_model::units::parse_duration_ns;
+use virtprof_model::units::duration_ns;
 use virtprof_model::EventKind;
 use virtprof_model::Loss;
 
@@ -37,7 +37,7 @@ struct Source<'a> {
 
 pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let window_ns = match &args.window {
-        Some(w) => match parse_duration_ns(w).map_err(|e| usage(format!("--window: {e}")))? {
+        Some(w) => match duration_ns(*w) {
             0 => return Err(usage("--window must be longer than 0")),
             ns => Some(ns),
         },

@@ -7,7 +7,7 @@ use anyhow::Context;
 use virtprof_kvm::guest::{boot, Bound, Script, Workload};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::testvm::TestvmReport;
-use virtprof_model::units::{format_duration_ns, parse_cpu_list, parse_duration_ns};
+use virtprof_model::units::{duration_ns, format_duration_ns, parse_cpu_list};
 use virtprof_store::Table;
 
 use crate::args::TestvmArgs;
@@ -33,7 +33,7 @@ pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
 pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     let bound = match (args.iterations, &args.duration) {
         (Some(n), _) => Bound::Iterations(n),
-        (None, Some(d)) => Bound::Duration { ns: parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))? },
+        (None, Some(d)) => Bound::Duration { ns: duration_ns(*d) },
         (None, None) => Bound::Duration { ns: 1_000_000_000 },
     };
     let script = match (args.workload.as_str(), &args.phases) {
@@ -71,11 +71,8 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
             cpus
         }
     };
-    let io_latency_ns = parse_duration_ns(&args.io_latency).map_err(|e| usage(format!("--io-latency: {e}")))?;
-    let linger_ns = match &args.linger {
-        Some(d) => parse_duration_ns(d).map_err(|e| usage(format!("--linger: {e}")))?,
-        None => 0,
-    };
+    let io_latency_ns = duration_ns(args.io_latency);
+    let linger_ns = args.linger.map_or(0, duration_ns);
     let noise = script.phases.iter().any(|p| p.workload == Workload::Noise);
     if noise && args.vcpus > virtprof_kvm::guest::layout::NOISE_VCPUS {
         return Err(usage(format!(
@@ -87,8 +84,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     if noise && matches!(bound, Bound::Iterations(_)) && args.phases.is_none() {
         return Err(usage("--workload noise runs for a --duration, not --iterations"));
     }
-    let noise_threshold_ns =
-        parse_duration_ns(&args.noise_threshold).map_err(|e| usage(format!("--noise-threshold: {e}")))?;
+    let noise_threshold_ns = duration_ns(args.noise_threshold);
     Ok(TestvmConfig {
         script,
         vms: args.vms,

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use virtprof_analysis::balancer::Policy;
 use virtprof_kvm::discover::Discovery;
-use virtprof_model::units::{parse_cpu_list, parse_duration_ns};
+use virtprof_model::units::{duration_ns, format_duration, parse_cpu_list};
 
 use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs};
 use crate::exit::usage;
@@ -41,7 +41,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     if !(args.k > 1.0 && args.k.is_finite()) {
         return Err(usage(format!("--k {}: the threshold must be a number greater than 1", args.k)));
     }
-    let period_ns = duration(&args.period, "--period")?;
+    let period_ns = duration_ns(args.period);
     if period_ns < 1_000_000 {
         return Err(usage("--period: at least 1ms (the energy of shorter periods is mostly rounding)"));
     }
@@ -50,7 +50,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
         let replay = replay::run(file, period_ns, args.k, args.cores.unwrap_or(0), &model)?;
         return output::replay(&replay, args.json, args.html.as_deref());
     }
-    let duration_ns = args.duration.as_deref().map(|d| duration(d, "--duration")).transpose()?;
+    let duration_ns = args.duration.map(duration_ns);
     let forced_hz = args.force_hz.unwrap_or(0.0);
     if !(0.0..=10_000.0).contains(&forced_hz) {
         return Err(usage(format!("--force-hz {forced_hz}: between 0 and 10000")));
@@ -79,7 +79,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
             targets.len(),
             vms.len(),
             config.cpus,
-            args.period,
+            format_duration(args.period),
             args.k,
             if args.dry_run { ", dry run" } else { "" }
         );
@@ -114,10 +114,6 @@ fn cpus(list: Option<&str>) -> anyhow::Result<Vec<u32>> {
     }
 }
 
-fn duration(text: &str, flag: &str) -> anyhow::Result<u64> {
-    parse_duration_ns(text).map_err(|e| usage(format!("{flag}: {e}")))
-}
-
 fn run_calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
     let base = Model::load(args.weights.as_deref())?;
     let samples = match &args.input {
@@ -140,7 +136,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
             powercap::ROOT
         )));
     };
-    let period_ns = duration(&args.period, "--period")?;
+    let period_ns = duration_ns(args.period);
     let vms = find_vms(&[])?;
     let targets = live::Target::of(&vms);
     let weights = Model::default_model();
@@ -150,7 +146,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
     let config = live::RunConfig {
         cpus: virtprof_trace::capture::online_cpus(),
         period_ns,
-        duration_ns: Some(duration(&args.duration, "--duration")?),
+        duration_ns: Some(duration_ns(args.duration)),
         policy: Policy::Fixed,
         forced_hz: 0.0,
         actuate: false,
@@ -191,10 +187,10 @@ fn run_bench(args: &BalanceBenchArgs) -> anyhow::Result<ExitCode> {
     }
     let config = bench::BenchConfig {
         cpus,
-        segment_ns: duration(&args.segment, "--segment")?,
+        segment_ns: duration_ns(args.segment),
         reps: args.reps,
-        policy_ns: duration(&args.policy_time, "--policy-time")?,
-        period_ns: duration(&args.period, "--period")?,
+        policy_ns: duration_ns(args.policy_time),
+        period_ns: duration_ns(args.period),
         k: args.k,
         model: Model::load(args.weights.as_deref())?,
         only: args.only,

@@ -41,7 +41,7 @@ struct CompareOut {
 
 pub fn write(args: &BootArgs, saved: &SavedProfile, other: Option<(String, SavedProfile)>) -> anyhow::Result<()> {
     let bin_ns = match &args.bin {
-        Some(b) => virtprof_model::units::parse_duration_ns(b).map_err(|e| usage(format!("--bin: {e}")))?,
+        Some(b) => virtprof_model::units::duration_ns(*b),
         None => 0,
     };
     let options = Options { bin_ns, timelines: args.symbols.clone(), ..Options::default() };

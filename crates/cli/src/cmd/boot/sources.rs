@@ -54,7 +54,7 @@ pub struct Truth {
 /// `--testvm`: run the boot workload with the VMM sampling every vCPU.
 pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
     let total_ns = match &args.duration {
-        Some(d) => virtprof_model::units::parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?,
+        Some(d) => virtprof_model::units::duration_ns(*d),
         None => 1_000_000_000,
     };
     let script = boot::script_from_specs(&args.shares, args.balloon.as_deref(), total_ns).map_err(usage)?;
@@ -158,14 +158,7 @@ fn gdb_collected(source: String, rate: u32, samples: Vec<PcSample>, detected_kas
 
 /// `--duration` as a limit on sampling (--qemu, --gdb).
 fn sampling_limit(args: &BootArgs) -> anyhow::Result<Option<Duration>> {
-    args.duration
-        .as_deref()
-        .map(|d| {
-            virtprof_model::units::parse_duration_ns(d)
-                .map(Duration::from_nanos)
-                .map_err(|e| usage(format!("--duration: {e}")))
-        })
-        .transpose()
+    Ok(args.duration)
 }
 
 /// `--qemu -- ARGS`: start QEMU halted with a gdbstub on a private socket and sample it.

@@ -9,12 +9,13 @@ mod trace;
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use serde::Serialize;
 use virtprof_analysis::noise::{attribute, split_steal, summarize, CpuContexts, PeriodSummary, Sample};
 use virtprof_interval::procstat::ProcStat;
 use virtprof_model::event::{Event, EventKind};
-use virtprof_model::units::{parse_cpu_list, parse_duration_ns, saturating_u64};
+use virtprof_model::units::{duration_ns, format_duration_ns, parse_cpu_list, saturating_u64};
 use virtprof_trace::decode::Decoder;
 
 use crate::args::{NoiseArgs, NoiseClock};
@@ -48,8 +49,8 @@ pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
-    let time = |flag: &str, text: &str| -> anyhow::Result<u64> {
-        let ns = parse_duration_ns(text).map_err(|e| usage(format!("{flag} {text}: {e}")))?;
+    let time = |flag: &str, d: Duration| -> anyhow::Result<u64> {
+        let ns = duration_ns(d);
         if ns == 0 {
             return Err(usage(format!("{flag} must be more than 0")));
         }
@@ -63,13 +64,13 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
     if let Some(cpu) = cpus.iter().find(|c| !online.contains(c)) {
         return Err(usage(format!("--cpus: CPU {cpu} is not online (online: {online:?})")));
     }
-    let period_ns = time("--period", &args.period)?;
-    let runtime_ns = args.runtime.as_deref().map(|r| time("--runtime", r)).transpose()?.unwrap_or(period_ns);
+    let period_ns = time("--period", args.period)?;
+    let runtime_ns = args.runtime.map(|r| time("--runtime", r)).transpose()?.unwrap_or(period_ns);
     if runtime_ns > period_ns {
         return Err(usage(format!(
             "--runtime {} is longer than --period {}",
-            args.runtime.as_deref().unwrap_or(""),
-            args.period
+            format_duration_ns(runtime_ns),
+            format_duration_ns(period_ns)
         )));
     }
     let tsc_usable = virtprof_host::clock::tsc_usable();
@@ -87,14 +88,14 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
     }
     Ok(Settings {
         cpus,
-        duration_ns: time("--duration", &args.duration)?,
-        threshold_ns: time("--threshold", &args.threshold)?,
+        duration_ns: time("--duration", args.duration)?,
+        threshold_ns: time("--threshold", args.threshold)?,
         period_ns,
         runtime_ns,
         clock,
-        stop_single_ns: args.stop_single.as_deref().map(|t| time("--stop-single", t)).transpose()?,
-        stop_total_ns: args.stop_total.as_deref().map(|t| time("--stop-total", t)).transpose()?,
-        bucket_ns: time("--bucket-size", &args.bucket_size)?,
+        stop_single_ns: args.stop_single.map(|t| time("--stop-single", t)).transpose()?,
+        stop_total_ns: args.stop_total.map(|t| time("--stop-total", t)).transpose()?,
+        bucket_ns: time("--bucket-size", args.bucket_size)?,
     })
 }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
-use virtprof_model::units::parse_duration_ns;
+use virtprof_model::units::{duration_ns, format_duration_ns};
 use virtprof_store::recording::{
     Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task, VmIdentity,
     Writer,
@@ -107,10 +107,7 @@ impl Default for RecordOptions {
 impl RecordOptions {
     /// The command line's options, checked.
     pub fn from_args(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
-        let duration = match &args.duration {
-            Some(d) => Some(Duration::from_nanos(parse_duration_ns(d).map_err(|e| usage(format!("--duration: {e}")))?)),
-            None => None,
-        };
+        let duration = args.duration;
         let events: Vec<String> = match &args.events {
             Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
             None => Vec::new(),
@@ -118,11 +115,11 @@ impl RecordOptions {
         if args.events.is_some() && events.is_empty() {
             return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
         }
-        let interval_ns = match &args.interval {
+        let interval_ns = match args.interval {
             Some(d) => {
-                let ns = parse_duration_ns(d).map_err(|e| usage(format!("--interval: {e}")))?;
+                let ns = duration_ns(d);
                 if !(1_000_000..=3_600_000_000_000).contains(&ns) {
-                    return Err(usage(format!("--interval {d}: must be between 1ms and 1h")));
+                    return Err(usage(format!("--interval {}: must be between 1ms and 1h", format_duration_ns(ns))));
                 }
                 Some(ns)
             }
