@@ -2,8 +2,14 @@
 
 mod args;
 mod cmd;
+mod energy;
 mod exit;
+mod exit_table;
+mod pass;
 mod qos;
+mod recorder;
+mod testvms;
+mod watch;
 
 use std::process::ExitCode;
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
 use virtprof_kvm::discover::vcpu_index;
 use virtprof_model::vmm::VmmKind;
-use virtprof_store::table::Table;
+use virtprof_sinks::table::Table;
 
 /// What is known about the host's processes: threads (tid → pid, comm) and VM identities.
 #[derive(Debug, Default, Clone)]

@@ -1,9 +1,5 @@
-//! virtprof's sinks: every report is a [`table::Table`] rendered as aligned text or CSV (JSON
-//! goes through serde on the report types themselves). Writers are generic over `io::Write` so
-//! tests render into a `Vec<u8>`.
+//! virtprof's recording container: the `.vprec` format, written chunk by chunk (each
+//! checksummed, flushed as it goes) and read back without copying page data.
 #![deny(missing_docs)]
 
 pub mod recording;
-pub mod table;
-
-pub use table::Table;

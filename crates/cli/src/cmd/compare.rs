@@ -7,7 +7,7 @@ use serde::Serialize;
 use virtprof_analysis::correlate::{self, Method};
 
 use crate::args::CompareArgs;
-use crate::cmd::report::{features, interval_table};
+use crate::pass::{features, interval_table};
 
 #[derive(Serialize)]
 struct Output {

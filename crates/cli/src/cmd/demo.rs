@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use virtprof_model::units::{duration_ns, format_duration};
 
 use crate::args::DemoArgs;
-use crate::cmd::testvms::TestVms;
-use crate::cmd::top::{self, Watch};
 use crate::exit::usage;
+use crate::testvms::TestVms;
+use crate::watch::{self, Watch};
 
 /// The demo's VMs: (name, testvm arguments).
 const VMS: [(&str, &[&str]); 3] = [
@@ -27,7 +27,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     if duration_ns < 1_000_000_000 {
         return Err(usage("--duration: the demo needs at least 1s"));
     }
-    let delay = top::delay(args.watch.delay)?;
+    let delay = watch::delay(args.watch.delay)?;
     virtprof_kvm::launcher::check_kvm()?;
     let duration = format!("{}ms", duration_ns / 1_000_000);
     let mut vms = TestVms::new("demo");
@@ -45,7 +45,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     // With --once, sample for --delay but never past the VMs' end.
     let delay = if args.watch.once { delay.min(run_for.saturating_sub(Duration::from_millis(500))) } else { delay };
     let done = || started.elapsed() >= run_for;
-    top::watch(&Watch {
+    watch::watch(&Watch {
         delay,
         only: vmms,
         once: args.watch.once,

@@ -12,7 +12,7 @@ use virtprof_kvm::caps::KvmCaps;
 use virtprof_kvm::guest::Script;
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::HostKind;
-use virtprof_store::Table;
+use virtprof_sinks::Table;
 use virtprof_trace::perf::{self, Availability};
 use virtprof_trace::{tracefs, Tracefs};
 

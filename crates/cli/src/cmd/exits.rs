@@ -7,15 +7,16 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use serde::Serialize;
-use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport, ReasonRow};
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
 use virtprof_model::units::format_duration;
 use virtprof_model::Loss;
+use virtprof_sinks::Table;
 use virtprof_store::recording::Task;
-use virtprof_store::Table;
 
 use crate::args::{ExitsArgs, GroupBy};
-use crate::cmd::record::{record_into, RecordOptions};
 use crate::exit::usage;
+use crate::exit_table::{reason_table, us};
+use crate::recorder::{record_into, RecordOptions};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
@@ -178,35 +179,6 @@ fn selected_tids(tasks: &[Task], vms: &[u32], vcpu: Option<u32>) -> anyhow::Resu
         return Err(usage("no thread matches --vm/--vcpu in this recording"));
     }
     Ok(tids)
-}
-
-fn us(ns: Option<u64>) -> String {
-    ns.map(|v| format!("{:.2}", v as f64 / 1000.0)).unwrap_or_default()
-}
-
-pub(crate) fn reason_table(rows: &[ReasonRow]) -> Table {
-    let mut t = Table::new([
-        "REASON", "COUNT", "COUNT%", "TIME%", "TOTAL_US", "MIN_US", "AVG_US", "P50_US", "P99_US", "MAX_US", "LIGHT",
-        "HEAVY", "DESCHED",
-    ]);
-    for row in rows {
-        t.row([
-            row.reason.clone(),
-            row.count.to_string(),
-            format!("{:.2}", row.count_pct),
-            row.time_pct.map(|p| format!("{p:.2}")).unwrap_or_default(),
-            us(row.total_ns),
-            us(row.min_ns),
-            us(row.avg_ns),
-            us(row.p50_ns),
-            us(row.p99_ns),
-            us(row.max_ns),
-            row.lightweight.to_string(),
-            row.heavyweight.to_string(),
-            row.descheduled.to_string(),
-        ]);
-    }
-    t
 }
 
 fn comm_of(tasks: &[Task], tid: u32) -> String {

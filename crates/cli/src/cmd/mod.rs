@@ -9,13 +9,11 @@ mod exits;
 mod export;
 pub mod import;
 pub mod noise;
-mod page;
-pub mod record;
+mod record;
 mod report;
 mod sched;
 mod stats;
 mod testvm;
-mod testvms;
 mod top;
 
 use std::process::ExitCode;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use serde::Serialize;
 use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_kvm::StatsError;
-use virtprof_store::Table;
+use virtprof_sinks::Table;
 
 use crate::args::StatsArgs;
 use crate::exit::usage;

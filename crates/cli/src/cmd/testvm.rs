@@ -8,7 +8,7 @@ use virtprof_kvm::guest::{boot, Bound, Script, Workload};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::testvm::TestvmReport;
 use virtprof_model::units::{duration_ns, format_duration_ns, parse_cpu_list};
-use virtprof_store::Table;
+use virtprof_sinks::Table;
 
 use crate::args::TestvmArgs;
 use crate::exit::usage;

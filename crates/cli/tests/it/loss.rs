@@ -228,3 +228,46 @@ fn live_views_keep_running_through_loss_under_load() {
     drop(hogs);
     drop(vms);
 }
+
+#[test]
+fn noise_explains_a_tiny_buffer_recording_with_records_loss_figure() {
+    let test = "noise_explains_a_tiny_buffer_recording_with_records_loss_figure";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let cpu = virtprof_host::affinity::allowed_cpus().last().copied().unwrap_or(0).to_string();
+    let (rec, guest) = (temp("noise-tiny.vprec"), temp("noise-tiny.json"));
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["--buffer-size", "4", "--"])
+        .arg(&exe)
+        .args(["testvm", "-w", "noise", "--pin", &cpu, "--duration", "1s", "--inject-hz", "1000", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    std::fs::write(&guest, &out.stdout).unwrap();
+    let expected = recorded_loss(&stderr);
+    if expected == 0 {
+        note(test, "the 4 KB buffers did not overflow this time: the figures agree at 0");
+    }
+    let noise = virtprof()
+        .args(["noise", "--host-recording"])
+        .arg(&rec)
+        .arg("--guest")
+        .arg(&guest)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(noise.status.success(), "{}", String::from_utf8_lossy(&noise.stderr));
+    let v: Value = serde_json::from_slice(&noise.stdout).unwrap();
+    assert_eq!(v["lost_events"], expected, "noise --host-recording");
+    for args in [&["exits", "--json"][..], &["sched", "--json"], &["report", "--json"]] {
+        let v: Value = serde_json::from_slice(&run(args, &rec).stdout).unwrap();
+        assert_eq!(v["lost_events"], expected, "virtprof {args:?}");
+    }
+    let _ = (std::fs::remove_file(rec), std::fs::remove_file(guest));
+}

@@ -159,9 +159,10 @@ fn recorded_phases_count_every_exit_kind_exactly() {
     let cpuid_phase = vcpu.phases.iter().find(|p| p.workload == "cpuid").unwrap();
     assert_eq!(cpuid_phase.iterations, 250);
     if kernel["kvm:kvm_cpuid"] == 0 {
-        // Nothing to find in the trace; the stats fd must agree that none reached KVM.
+        // Nothing to find in the trace; the stats fd must agree that CPUIDs did not reach KVM
+        // (a stray host interrupt during the phase may add an exit or two, not one per CPUID).
         note(test, "CPUID made no exit into KVM on this host (perf stat: 0 kvm_cpuid)");
-        assert_eq!(cpuid_phase.kvm_exits.unwrap_or(0), 0, "{cpuid_phase:?}");
+        assert!(cpuid_phase.kvm_exits.unwrap_or(0) < cpuid_phase.iterations / 10, "{cpuid_phase:?}");
     }
     if r["source"]["path"] == "userspace_round_trips" {
         assert_eq!(count("KVM_EXIT_IO"), io);

@@ -20,9 +20,9 @@ use virtprof_kvm::discover::inspect;
 use virtprof_kvm::guest_counters::GuestCounters;
 
 use super::live::{self, RunConfig, RunResult, Target};
-use super::model::Model;
 use crate::args::Experiment;
-use crate::cmd::testvms::TestVms;
+use crate::energy::Model;
+use crate::testvms::TestVms;
 
 /// The seed's migration frequencies.
 pub const FREQUENCIES_HZ: [f64; 6] = [0.0, 1.0, 10.0, 20.0, 100.0, 1000.0];

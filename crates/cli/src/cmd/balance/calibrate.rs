@@ -10,7 +10,7 @@ use serde::Serialize;
 use virtprof_analysis::energy::{calibrate, Activity};
 use virtprof_model::units::saturating_u64;
 
-use super::model::Model;
+use crate::energy::Model;
 use crate::exit::usage;
 
 /// The pseudo-metric of period length: its weight is static power (W).

@@ -20,8 +20,8 @@ use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
 use super::actuator::Actuator;
-use super::model::Model;
 use super::verify::{Placement, Tracer, Verification};
+use crate::energy::Model;
 
 /// A vCPU under balancing.
 #[derive(Debug, Clone, Serialize)]
@@ -170,7 +170,7 @@ pub fn run_observed(
     }
     prefer_realtime();
     // Only swaps carried out are published (a dry run moves nothing).
-    let status = config.actuate.then(super::status::StatusFile::create);
+    let status = config.actuate.then(crate::energy::status::StatusFile::create);
 
     let mut row = vec![0.0; sampler.series().len()];
     let mut last_sample = monotonic_ns();

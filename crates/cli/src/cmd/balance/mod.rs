@@ -7,11 +7,8 @@ mod actuator;
 mod bench;
 mod calibrate;
 mod live;
-mod model;
 mod output;
-mod powercap;
 mod replay;
-pub mod status;
 mod verify;
 
 use std::path::Path;
@@ -22,8 +19,8 @@ use virtprof_kvm::discover::Discovery;
 use virtprof_model::units::{duration_ns, format_duration, parse_cpu_list};
 
 use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs};
+use crate::energy::{model, powercap, Model};
 use crate::exit::usage;
-pub use model::Model;
 
 pub fn run(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     match &args.action {

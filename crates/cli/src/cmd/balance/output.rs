@@ -11,7 +11,7 @@ use super::bench::BenchResult;
 use super::calibrate::Fit;
 use super::live::{RunConfig, RunResult};
 use super::replay::Replay;
-use crate::cmd::page;
+use virtprof_sinks::html as page;
 
 const SCRIPT: &str = include_str!("../../../assets/balance.js");
 

@@ -12,9 +12,9 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
-use super::model::Model;
-use crate::cmd::report::interval_table;
+use crate::energy::Model;
 use crate::exit::usage;
+use crate::pass::interval_table;
 
 /// What a replay found.
 #[derive(Debug, Clone, Serialize)]

@@ -6,7 +6,7 @@ use std::io::Write;
 use serde::Serialize;
 use virtprof_analysis::pcprof::{self, DiffRow, Options, Profile};
 use virtprof_model::pcsample::Realm;
-use virtprof_store::Table;
+use virtprof_sinks::Table;
 
 use super::{SavedProfile, Truth};
 use crate::args::BootArgs;
@@ -70,7 +70,7 @@ pub fn write(args: &BootArgs, saved: &SavedProfile, other: Option<(String, Saved
         compare,
     };
     if let Some(path) = &args.html {
-        let page = crate::cmd::page::render("boot profile", report.source, &report, BOOT_JS)?;
+        let page = virtprof_sinks::html::render("boot profile", report.source, &report, BOOT_JS)?;
         std::fs::write(path, page).map_err(|e| usage(format!("writing --html {}: {e}", path.display())))?;
     }
     let mut out = std::io::stdout().lock();

@@ -110,7 +110,7 @@ pub fn recording(path: &Path) -> anyhow::Result<Collected> {
             });
         }
     };
-    let analysis = crate::cmd::report::analyse_with(&mut recording, Default::default(), &mut collect)?;
+    let analysis = crate::pass::analyse_with(&mut recording, Default::default(), &mut collect)?;
     eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
     if samples.is_empty() {
         return Err(usage(format!(

@@ -1,17 +1,14 @@
 //! `virtprof export FILE --format csv|parquet|perfetto`: a recording for other tools.
 
-mod csv;
-mod parquet;
-mod perfetto;
-
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use crate::args::{ExportArgs, ExportFormat};
-use crate::cmd::report::{analyse, analyse_with, interval_table, Want};
 use crate::exit::usage;
+use crate::pass::{analyse, analyse_with, interval_table, Want};
 use virtprof_session::Session;
+use virtprof_sinks::{csv, parquet, perfetto};
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     match args.format {

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostCause, HostView};
@@ -112,7 +111,7 @@ struct HostTrace {
     decoder: Decoder,
 }
 
-pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
+pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<GuestReport> {
     if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
         return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
     }
@@ -150,12 +149,12 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<ExitCode> {
     events.sort_by_key(|e| e.ts);
     let host = HostTrace { events, lost_events, missing_events, decoder };
     let out = explain(&report, host, Some(args.inject_hz))?;
-    print(&out, args)
+    Ok(out)
 }
 
 /// `--host-recording FILE --guest REPORT`: a testvm `noise` run recorded by `virtprof record`
 /// (on the default `mono` clock), explained afterwards.
-pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow::Result<ExitCode> {
+pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestReport> {
     let text = std::fs::read_to_string(guest).map_err(|e| usage(format!("--guest '{}': {e}", guest.display())))?;
     let report: TestvmReport = serde_json::from_str(&text).map_err(|e| {
         usage(format!(
@@ -203,21 +202,11 @@ pub fn run_recorded(args: &NoiseArgs, recording: &Path, guest: &Path) -> anyhow:
     })?;
     let lost_events = recording.loss(&stats).total();
     let host = HostTrace { events, lost_events, missing_events, decoder };
-    let out = explain(&report, host, None)?;
-    print(&out, args)
+    explain(&report, host, None)
 }
 
 fn first_vcpu(report: &TestvmReport) -> anyhow::Result<&VcpuReport> {
     report.vms.first().and_then(|v| v.vcpus.first()).ok_or_else(|| anyhow::anyhow!("the test VM reported no vCPU"))
-}
-
-fn print(out: &GuestReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(out)?);
-    } else {
-        print!("{}", super::output::guest_table(out));
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Explain every guest sample of `report`'s first vCPU by `host`'s events.

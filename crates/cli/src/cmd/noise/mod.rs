@@ -37,11 +37,11 @@ pub struct Settings {
 
 pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
     if let (Some(recording), Some(guest)) = (&args.host_recording, &args.guest) {
-        return guest::run_recorded(args, recording, guest);
+        return output::print_guest(&guest::run_recorded(recording, guest)?, args);
     }
     let settings = settings(args)?;
     if args.testvm {
-        return guest::run(args, &settings);
+        return output::print_guest(&guest::run(args, &settings)?, args);
     }
     virtprof_host::stop::install_handler();
     let report = measure_host(args, &settings)?;

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use virtprof_analysis::noise::ByClass;
 use virtprof_model::event::{Event, EventKind};
 
+use super::guest::GuestReport;
 use super::{CpuReport, NoiseReport};
 use crate::args::NoiseArgs;
 
@@ -208,7 +209,17 @@ pub fn write_snapshot(
 }
 
 /// The `--testvm` report: the seed's guest columns, then the host's explanation.
-pub fn guest_table(r: &super::guest::GuestReport) -> String {
+/// The guest-side report (`--testvm`, `--host-recording`): JSON or the table.
+pub fn print_guest(r: &GuestReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        print!("{}", guest_table(r));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn guest_table(r: &GuestReport) -> String {
     let mut s = String::new();
     let g = &r.guest;
     let _ = writeln!(

@@ -6,5 +6,5 @@ const REPORT_JS: &str = include_str!("../../../assets/report.js");
 
 /// The page for `report`.
 pub fn render(report: &Report) -> anyhow::Result<String> {
-    crate::cmd::page::render("report", &report.recording, report, REPORT_JS)
+    Ok(virtprof_sinks::html::render("report", &report.recording, report, REPORT_JS)?)
 }

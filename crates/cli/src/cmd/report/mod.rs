@@ -3,62 +3,16 @@
 //! totals and rates, phases, and the most correlated metric pairs. As text, `--json`, or one
 //! self-contained HTML page (`--html OUT`).
 
-mod analyse;
 mod html;
 mod model;
 mod text;
 
 use std::process::ExitCode;
 
-pub use analyse::{analyse, analyse_with, Analysis, Want};
-use virtprof_analysis::intervals::IntervalTable;
-
 use crate::args::ReportArgs;
 use crate::exit::usage;
+use crate::pass::{analyse, Want};
 use virtprof_session::Session;
-
-/// The interval table of a recording with the trace-derived columns and per-VM sums added;
-/// a usage error for a recording without interval rows.
-pub fn interval_table(path: &std::path::Path) -> anyhow::Result<Intervals> {
-    let mut recording = Session::open_warning(path, None)?;
-    if recording.intervals.is_none() {
-        return Err(usage(format!(
-            "'{}' has no interval rows; record with `virtprof record --interval 10ms ...`",
-            path.display()
-        )));
-    }
-    let analysis = analyse(&mut recording, Want { binning: true, ..Want::default() })?;
-    let lost_events = analysis.loss.total();
-    let lost_events_text = recording.describe_loss(&analysis.loss, &analysis.decoder);
-    let table = analysis.table.expect("the recording has interval rows, checked above");
-    Ok(Intervals { table, lost_events, lost_events_text })
-}
-
-/// A recording's interval rows, and the events its trace lost (the rows' trace columns are
-/// short by them).
-pub struct Intervals {
-    /// The rows, with trace columns.
-    pub table: IntervalTable,
-    /// Lost events in all.
-    pub lost_events: u64,
-    /// The loss as one line, with where.
-    pub lost_events_text: String,
-}
-
-/// The features phase detection and correlation look at: host-level delta metrics per second
-/// of their row (app counters and the phase gauge excluded: they are what the analysis should
-/// rediscover). Rates, not counts: a row that covers a missed one is twice as long, and a
-/// short last row counts little, yet neither is a change of phase.
-pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
-    let seconds: Vec<f64> =
-        table.start_ns.iter().zip(&table.end_ns).map(|(s, e)| e.saturating_sub(*s).max(1) as f64 / 1e9).collect();
-    table
-        .host_metrics()
-        .into_iter()
-        .filter(|(m, _)| !m.starts_with("app."))
-        .map(|(m, counts)| (m, counts.iter().zip(&seconds).map(|(c, s)| c / s).collect()))
-        .collect()
-}
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let mut recording = Session::open_warning(&args.file, None)?;

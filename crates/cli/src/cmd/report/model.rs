@@ -13,8 +13,8 @@ use virtprof_analysis::qos::{window_report, WindowReport};
 use virtprof_analysis::sched::Span;
 use virtprof_model::interval::{Entity, SeriesKind};
 
-use super::{features, Analysis};
 use crate::args::ReportArgs;
+use crate::pass::{features, Analysis};
 use virtprof_session::Session;
 
 /// Most clusters phase detection tries.

@@ -5,7 +5,7 @@ use std::io::{self, Write};
 use virtprof_model::units::format_duration_ns;
 
 use super::model::{IntervalsOut, Report};
-use crate::cmd::exits::reason_table;
+use crate::exit_table::reason_table;
 
 pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "{} ({}, trace clock {}), {} CPUs", r.recording, r.origin, r.trace_clock, r.cpus)?;

@@ -1,5 +1,5 @@
-//! `virtprof record -o FILE`: capture raw trace pages from a private tracefs instance into a
-//! recording. The main thread reads pages; a writer thread behind a bounded channel writes them,
+//! The recorder behind `virtprof record` and the live modes: capture raw trace pages from a
+//! private tracefs instance into a recording (a file, or memory). The main thread reads pages; a writer thread behind a bounded channel writes them,
 //! so memory stays bounded whatever the duration (a slow disk shows up as kernel-side loss,
 //! which is reported, never hidden). With `--interval`, a third thread samples counters
 //! per interval ([`intervals`]) into the same writer.
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::process::{Command, ExitCode};
+use std::process::Command;
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
@@ -136,36 +136,6 @@ impl RecordOptions {
             command: args.command.clone(),
         })
     }
-}
-
-pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
-    let options = RecordOptions::from_args(args)?;
-    let summary = record(&options, &args.output)?;
-    eprintln!(
-        "virtprof: recorded {} pages ({:.1} MiB) from {} CPUs into {}; lost events: {}",
-        summary.pages,
-        summary.bytes as f64 / (1 << 20) as f64,
-        summary.cpus,
-        args.output.display(),
-        summary.lost
-    );
-    let iv = summary.intervals;
-    if iv.interval_ns > 0 {
-        eprintln!(
-            "virtprof: {} intervals of {}; missed {} (sampler late), overwritten {} (writer late)",
-            iv.rows,
-            virtprof_model::units::format_duration_ns(iv.interval_ns),
-            iv.missed,
-            iv.overwritten
-        );
-    }
-    if !summary.missing_events.is_empty() {
-        eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
-    }
-    Ok(match summary.command_status {
-        Some(status) if !status.success() => ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8),
-        _ => ExitCode::SUCCESS,
-    })
 }
 
 /// Record into the file `output`.

@@ -21,12 +21,13 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::{Event, EventKind};
 
+use crate::{Result, SinkError};
+
 /// Rows per row group (and per batch held in memory).
 const BATCH: usize = 1 << 16;
 
-fn writer(path: &Path, schema: &SchemaRef) -> anyhow::Result<ArrowWriter<File>> {
-    let file =
-        File::create(path).map_err(|e| crate::exit::usage(format!("cannot create '{}': {e}", path.display())))?;
+fn writer(path: &Path, schema: &SchemaRef) -> Result<ArrowWriter<File>> {
+    let file = File::create(path).map_err(SinkError::create(path))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(BATCH))
@@ -55,12 +56,14 @@ pub struct EventTable {
     /// Reason names by (kind, reason, isa), named once.
     reasons: HashMap<ReasonKey, String>,
     /// The first write error; later events are dropped once one happened.
-    pub error: Option<anyhow::Error>,
+    pub error: Option<SinkError>,
+    /// Rows appended.
     pub rows: u64,
 }
 
 impl EventTable {
-    pub fn create(path: &Path) -> anyhow::Result<Self> {
+    /// Start the table at `path`.
+    pub fn create(path: &Path) -> Result<Self> {
         let schema = Arc::new(Schema::new(vec![
             field("ts_ns", DataType::UInt64, false),
             field("cpu", DataType::UInt32, false),
@@ -148,7 +151,7 @@ impl EventTable {
         }
     }
 
-    fn flush(&mut self) -> anyhow::Result<()> {
+    fn flush(&mut self) -> Result<()> {
         if self.ts.is_empty() {
             return Ok(());
         }
@@ -166,7 +169,7 @@ impl EventTable {
     }
 
     /// Write what is buffered and the file footer.
-    pub fn finish(mut self) -> anyhow::Result<u64> {
+    pub fn finish(mut self) -> Result<u64> {
         if let Some(err) = self.error.take() {
             return Err(err);
         }
@@ -177,7 +180,7 @@ impl EventTable {
 }
 
 /// Write `exits.parquet`; returns the rows written.
-pub fn write_exits(path: &Path, rows: &[ExitRow]) -> anyhow::Result<u64> {
+pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
     let schema = Arc::new(Schema::new(vec![
         field("exit_ts_ns", DataType::UInt64, false),
         field("tid", DataType::UInt32, false),
@@ -231,7 +234,7 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> anyhow::Result<u64> {
 }
 
 /// Write `intervals.parquet` in long form (unknown values as nulls); returns the rows written.
-pub fn write_intervals(path: &Path, table: &IntervalTable) -> anyhow::Result<u64> {
+pub fn write_intervals(path: &Path, table: &IntervalTable) -> Result<u64> {
     let schema = Arc::new(Schema::new(vec![
         field("interval", DataType::UInt64, false),
         field("start_ns", DataType::UInt64, false),

@@ -25,16 +25,20 @@ fn us(ns: u64) -> f64 {
 
 /// What the trace file holds.
 pub struct Tracks<'a> {
+    /// The VMs and their vCPU threads: a process per VM, two tracks per vCPU.
     pub vms: &'a [VmInfo],
+    /// The vCPU threads' state slices (the sched accounting's own).
     pub states: &'a [StateSlice],
+    /// Timed exits, a slice each.
     pub exits: &'a [ExitRow],
+    /// Interval rows, drawn as counter tracks.
     pub table: Option<&'a IntervalTable>,
     /// Timestamps are written relative to this.
     pub origin_ns: u64,
 }
 
 /// Write the trace as JSON, one event per line.
-pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
     let vm_of: HashMap<u32, (u32, u32)> =
         t.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |&(index, tid)| (tid, (vm.pid, index)))).collect();
     let rel = |ns: u64| us(ns.saturating_sub(t.origin_ns));

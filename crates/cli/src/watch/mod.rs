@@ -1,5 +1,5 @@
-//! `virtprof top`: live XenMon-style view of the host's VMs. [`sampler`] gathers, [`view`]
-//! draws; this module runs the loop, the `--once` mode and the CSV log.
+//! The live XenMon-style view of the host's VMs that `top` and `demo` open. [`sampler`]
+//! gathers, [`view`] draws; this module runs the loop, the `--once` mode and the CSV log.
 
 mod energy;
 pub mod sampler;
@@ -15,7 +15,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ratatui::crossterm::event::{self, Event, KeyEventKind};
 use virtprof_host::stop::STOP_REQUESTED;
 
-use crate::args::TopArgs;
 use crate::exit::usage;
 use crate::qos::{log_rows, table, LOG_HEADER};
 use sampler::{Sampler, Snapshot};
@@ -40,29 +39,6 @@ pub struct Watch<'a> {
     pub no_trace: bool,
     /// Stop when this returns true (demo: its VMs ended).
     pub done: &'a dyn Fn() -> bool,
-}
-
-pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
-    let delay = delay(args.watch.delay)?;
-    for &pid in &args.vm {
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            return Err(usage(format!("--vm {pid}: no such process (list VMs with `virtprof top --once`)")));
-        }
-        if virtprof_kvm::discover::inspect(Path::new("/proc"), pid).ok().flatten().is_none() {
-            return Err(usage(format!(
-                "--vm {pid}: the process holds no KVM VM (or its fds are not readable: run as root)"
-            )));
-        }
-    }
-    watch(&Watch {
-        delay,
-        only: args.vm.clone(),
-        once: args.watch.once,
-        json: args.watch.json,
-        log: args.log.as_deref(),
-        no_trace: args.watch.no_trace,
-        done: &|| false,
-    })
 }
 
 /// Validate a `-d SECONDS` value.

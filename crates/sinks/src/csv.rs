@@ -5,6 +5,7 @@ use std::io::Write;
 
 use virtprof_analysis::intervals::IntervalTable;
 
+/// Write `table` as CSV: `index,start_ns,end_ns`, then one column per series.
 pub fn write(table: &IntervalTable, out: &mut dyn Write) -> std::io::Result<()> {
     write!(out, "index,start_ns,end_ns")?;
     for c in &table.columns {

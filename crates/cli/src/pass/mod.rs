@@ -17,7 +17,11 @@ use virtprof_model::{Event, Loss};
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::time_range;
 
-use crate::cmd::sched::{recording_tasks, VcpuAccounting};
+mod accounting;
+mod intervals;
+
+pub use accounting::{recording_tasks, VcpuAccounting};
+pub use intervals::{features, interval_table};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// About this many accounting buckets span a recording, whatever its length.

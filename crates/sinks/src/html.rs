@@ -4,14 +4,14 @@
 
 use serde::Serialize;
 
-const TEMPLATE: &str = include_str!("../../assets/page.html");
-const PAGE_JS: &str = include_str!("../../assets/page.js");
-const PAGE_CSS: &str = include_str!("../../assets/page.css");
-const UPLOT_JS: &str = include_str!("../../assets/vendor/uplot-1.6.32/uPlot.iife.min.js");
-const UPLOT_CSS: &str = include_str!("../../assets/vendor/uplot-1.6.32/uPlot.min.css");
+const TEMPLATE: &str = include_str!("../assets/page.html");
+const PAGE_JS: &str = include_str!("../assets/page.js");
+const PAGE_CSS: &str = include_str!("../assets/page.css");
+const UPLOT_JS: &str = include_str!("../assets/vendor/uplot-1.6.32/uPlot.iife.min.js");
+const UPLOT_CSS: &str = include_str!("../assets/vendor/uplot-1.6.32/uPlot.min.css");
 
 /// A page titled `virtprof KIND: TITLE` that runs `script` over `data`.
-pub fn render(kind: &str, title: &str, data: &impl Serialize, script: &str) -> anyhow::Result<String> {
+pub fn render(kind: &str, title: &str, data: &impl Serialize, script: &str) -> crate::Result<String> {
     // Inside <script>, only "</" can end the element early; JSON allows "<\/" for it.
     let data = serde_json::to_string(data)?.replace("</", "<\\/");
     // Each placeholder is replaced once, data last, so nothing inside the data is rewritten.

@@ -10,8 +10,7 @@ use serde::Serialize;
 use virtprof_analysis::energy::{Activity, Thermal, Weights};
 use virtprof_analysis::qos::WindowReport;
 
-use crate::cmd::balance::status;
-use crate::cmd::balance::Model;
+use crate::energy::{status, Model};
 
 /// One core in the energy line.
 #[derive(Debug, Clone, Serialize)]

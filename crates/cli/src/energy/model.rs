@@ -10,7 +10,7 @@ use virtprof_analysis::energy::{Thermal, Weights};
 use crate::exit::usage;
 
 /// The default model file, with its documentation.
-pub const DEFAULT_TOML: &str = include_str!("../../../assets/balance/model.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../assets/balance/model.toml");
 
 /// Energy weights and thermal parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

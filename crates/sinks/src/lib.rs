@@ -1,0 +1,56 @@
+//! virtprof's sinks, the end of the pipeline: every report as an aligned text or CSV
+//! [`Table`], the Parquet tables and the Perfetto trace `export` writes, the interval rows as
+//! CSV, and self-contained HTML pages with plots. Writers take an `io::Write` or a path, so
+//! tests render into memory; errors are typed ([`SinkError`]).
+#![deny(missing_docs)]
+
+pub mod csv;
+pub mod html;
+pub mod parquet;
+pub mod perfetto;
+pub mod table;
+
+pub use table::Table;
+
+use std::path::{Path, PathBuf};
+
+/// What can go wrong writing a sink.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// The output file could not be created (a bad path: the user's to fix).
+    #[error("cannot create '{}': {source}", path.display())]
+    Create {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing failed (a full disk, a closed pipe).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// JSON encoding failed.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The Parquet writer failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+    /// Building an Arrow batch failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+}
+
+impl SinkError {
+    /// Whether the user's input (the output path) is at fault: the CLI's exit code 2.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, SinkError::Create { .. })
+    }
+
+    pub(crate) fn create(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
+        move |source| SinkError::Create { path: path.to_path_buf(), source }
+    }
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, SinkError>;
