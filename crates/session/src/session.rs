@@ -154,7 +154,12 @@ impl Session {
             Some(cpus) => Pages::Mapped { map: Backing::Map(map), cpus },
             None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
         };
-        Ok(Session {
+        Ok(Session::imported(path, metadata, footer, pages))
+    }
+
+    /// A capture from elsewhere: complete (its loss figures are its footer), no interval rows.
+    fn imported(path: &Path, metadata: Metadata, footer: Footer, pages: Pages) -> Session {
+        Session {
             path: path.to_path_buf(),
             metadata,
             footer: Some(footer),
@@ -162,7 +167,7 @@ impl Session {
             bytes: 0,
             intervals: None,
             pages,
-        })
+        }
     }
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
@@ -176,15 +181,7 @@ impl Session {
             return Session::open_trace_dat(path);
         }
         let (metadata, pages, footer) = crate::import::read_source(path, formats)?;
-        Ok(Session {
-            path: path.to_path_buf(),
-            metadata,
-            footer: Some(footer),
-            truncated_at: None,
-            bytes: 0,
-            intervals: None,
-            pages: Pages::Owned(pages),
-        })
+        Ok(Session::imported(path, metadata, footer, Pages::Owned(pages)))
     }
 
     /// [`Session::open_any`], warning on stderr when the file was cut short.
@@ -281,6 +278,18 @@ impl Session {
     /// The earliest page timestamp: the origin of the times [`Loss::describe`] prints.
     pub fn origin_ns(&self, decoder: &Decoder) -> u64 {
         time_range(&decoder.layout().header, &self.streams()).map_or(0, |(start, _)| start)
+    }
+
+    /// The loss as reading commands print it: the `lost events:` line, and where the kernel
+    /// dropped events a note saying what `across_a_gap` means for the command's figures.
+    pub fn loss_report(&self, loss: &Loss, decoder: &Decoder, across_a_gap: &str) -> String {
+        let mut text = format!("lost events: {}", self.describe_loss(loss, decoder));
+        if loss.gaps() > 0 {
+            let gaps = loss.gaps();
+            let plural = if gaps == 1 { "" } else { "s" };
+            text += &format!("\nnote: {gaps} gap{plural} where the kernel dropped events: {across_a_gap}");
+        }
+        text
     }
 
     /// The loss line every reading command prints.

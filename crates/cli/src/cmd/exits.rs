@@ -104,14 +104,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         "\n{} exits ({} lightweight, {} heavyweight) | source: {} | incomplete: {}",
         t.exits, t.lightweight, t.heavyweight, report.source.path, t.incomplete
     )?;
-    writeln!(out, "lost events: {}", recording.describe_loss(&loss, &decoder))?;
-    if loss.gaps() > 0 {
-        writeln!(
-            out,
-            "note: {} gaps where the kernel dropped events: exits in flight across one are counted as incomplete, and counts near them are short",
-            loss.gaps()
-        )?;
-    }
+    let across = "exits in flight across one are counted as incomplete, and counts near them are short";
+    writeln!(out, "{}", recording.loss_report(&loss, &decoder, across))?;
     for d in &kvm_stats {
         let get = |k: &str| d.stats.get(k).copied().unwrap_or(0);
         writeln!(

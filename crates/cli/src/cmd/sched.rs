@@ -103,13 +103,8 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         table(w, true).write_text(&mut out)?;
         writeln!(out)?;
     }
-    writeln!(out, "lost events: {}", recording.describe_loss(&loss, &decoder))?;
-    if loss.gaps() > 0 {
-        writeln!(
-            out,
-            "note: {} gaps where the kernel dropped events: each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short",
-            loss.gaps()
-        )?;
-    }
+    let across =
+        "each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short";
+    writeln!(out, "{}", recording.loss_report(&loss, &decoder, across))?;
     Ok(ExitCode::SUCCESS)
 }
