@@ -134,8 +134,8 @@ pub struct TestvmArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub vms: u32,
     /// Pin vCPUs to these host CPUs, in order across all VMs, cycling.
-    #[arg(long, value_name = "CPULIST")]
-    pub pin: Option<String>,
+    #[arg(long, value_name = "CPULIST", value_parser = cpu_list)]
+    pub pin: Option<CpuList>,
     /// How long the VMM sleeps per io-bound request.
     #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = duration)]
     pub io_latency: Duration,
@@ -628,8 +628,8 @@ pub struct BalanceArgs {
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Host CPUs to balance over (default: every online CPU).
-    #[arg(long, value_name = "LIST")]
-    pub cpus: Option<String>,
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    pub cpus: Option<CpuList>,
     /// Accounting and decision period.
     #[arg(long, value_name = "TIME", default_value = "100ms", value_parser = duration)]
     pub period: Duration,
@@ -721,8 +721,8 @@ EXAMPLES:
   virtprof balance bench --only policy --k 1.5 --html policy.html")]
 pub struct BalanceBenchArgs {
     /// The two host CPUs (default: the first two online).
-    #[arg(long, value_name = "LIST")]
-    pub cpus: Option<String>,
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    pub cpus: Option<CpuList>,
     /// Length of one overhead measurement.
     #[arg(long, value_name = "TIME", default_value = "3s", value_parser = duration)]
     pub segment: Duration,
@@ -785,8 +785,8 @@ EXAMPLES:
   virtprof noise --host-recording h.vprec --guest g.json   the same, afterwards")]
 pub struct NoiseArgs {
     /// CPUs to measure (default: every online CPU).
-    #[arg(long, value_name = "LIST")]
-    pub cpus: Option<String>,
+    #[arg(long, value_name = "LIST", value_parser = cpu_list)]
+    pub cpus: Option<CpuList>,
     /// How long to measure.
     #[arg(short, long, value_name = "TIME", default_value = "5s", value_parser = duration)]
     pub duration: Duration,
@@ -860,4 +860,12 @@ pub enum NoiseClock {
 /// read: a bad one is a usage error (exit 2) that names its option.
 fn duration(text: &str) -> Result<Duration, String> {
     virtprof_model::units::parse_duration_ns(text).map(Duration::from_nanos)
+}
+
+/// A CPU list (`0-3,8`), parsed once where the command line is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuList(pub Vec<u32>);
+
+fn cpu_list(text: &str) -> Result<CpuList, String> {
+    virtprof_model::units::parse_cpu_list(text).map(CpuList)
 }

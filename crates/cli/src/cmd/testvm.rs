@@ -7,7 +7,7 @@ use anyhow::Context;
 use virtprof_kvm::guest::{boot, Bound, Script, Workload};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::testvm::TestvmReport;
-use virtprof_model::units::{duration_ns, format_duration_ns, parse_cpu_list};
+use virtprof_model::units::{duration_ns, format_duration_ns};
 use virtprof_sinks::Table;
 
 use crate::args::TestvmArgs;
@@ -60,7 +60,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     let pin = match &args.pin {
         None => Vec::new(),
         Some(list) => {
-            let cpus = parse_cpu_list(list).map_err(|e| usage(format!("--pin: {e}")))?;
+            let cpus = list.0.clone();
             let allowed = virtprof_host::affinity::allowed_cpus();
             if let Some(bad) = cpus.iter().find(|c| !allowed.contains(c)) {
                 return Err(usage(format!(

@@ -16,9 +16,9 @@ use std::process::ExitCode;
 
 use virtprof_analysis::balancer::Policy;
 use virtprof_kvm::discover::Discovery;
-use virtprof_model::units::{duration_ns, format_duration, parse_cpu_list};
+use virtprof_model::units::{duration_ns, format_duration};
 
-use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs};
+use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs, CpuList};
 use crate::energy::{model, powercap, Model};
 use crate::exit::usage;
 
@@ -52,7 +52,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     if !(0.0..=10_000.0).contains(&forced_hz) {
         return Err(usage(format!("--force-hz {forced_hz}: between 0 and 10000")));
     }
-    let cpus = cpus(args.cpus.as_deref())?;
+    let cpus = cpus(args.cpus.as_ref());
     if cpus.len() < 2 {
         return Err(usage(format!("--cpus: balancing needs at least two CPUs, got {cpus:?}")));
     }
@@ -104,11 +104,9 @@ fn find_vms(only: &[u32]) -> anyhow::Result<Vec<virtprof_kvm::discover::Discover
     Ok(vms)
 }
 
-fn cpus(list: Option<&str>) -> anyhow::Result<Vec<u32>> {
-    match list {
-        Some(text) => parse_cpu_list(text).map_err(|e| usage(format!("--cpus {text}: {e}"))),
-        None => Ok(virtprof_trace::capture::online_cpus()),
-    }
+/// `--cpus`, or every online CPU.
+fn cpus(list: Option<&CpuList>) -> Vec<u32> {
+    list.map_or_else(virtprof_trace::capture::online_cpus, |l| l.0.clone())
 }
 
 fn run_calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
@@ -171,7 +169,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
 
 fn run_bench(args: &BalanceBenchArgs) -> anyhow::Result<ExitCode> {
     virtprof_kvm::launcher::check_kvm()?;
-    let mut cpus = cpus(args.cpus.as_deref())?;
+    let mut cpus = cpus(args.cpus.as_ref());
     cpus.truncate(2);
     if cpus.len() < 2 {
         return Err(usage(format!("--cpus: the bench needs two CPUs, got {cpus:?}")));

@@ -15,7 +15,7 @@ use serde::Serialize;
 use virtprof_analysis::noise::{attribute, split_steal, summarize, CpuContexts, PeriodSummary, Sample};
 use virtprof_interval::procstat::ProcStat;
 use virtprof_model::event::{Event, EventKind};
-use virtprof_model::units::{duration_ns, format_duration_ns, parse_cpu_list, saturating_u64};
+use virtprof_model::units::{duration_ns, format_duration_ns, saturating_u64};
 use virtprof_trace::decode::Decoder;
 
 use crate::args::{NoiseArgs, NoiseClock};
@@ -57,10 +57,7 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
         Ok(ns)
     };
     let online = virtprof_trace::capture::online_cpus();
-    let cpus = match &args.cpus {
-        Some(text) => parse_cpu_list(text).map_err(|e| usage(format!("--cpus {text}: {e}")))?,
-        None => online.clone(),
-    };
+    let cpus = args.cpus.as_ref().map_or_else(|| online.clone(), |l| l.0.clone());
     if let Some(cpu) = cpus.iter().find(|c| !online.contains(c)) {
         return Err(usage(format!("--cpus: CPU {cpu} is not online (online: {online:?})")));
     }
