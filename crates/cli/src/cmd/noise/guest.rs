@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::Serialize;
 use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostCause, HostView};
+use virtprof_analysis::Names;
 use virtprof_kvm::guest::{Bound, Script, Workload, SYNC_ROUNDS};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::event::{Event, EventKind};
@@ -191,7 +192,7 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
     // Only the vCPU's CPU and the vCPU thread matter: the rest of a long recording is skipped.
     let tid = vcpu.tid;
     let mut events = Vec::new();
-    let stats = recording.walk(&mut decoder, |e, _| {
+    let mut keep = |e: &Event, _: &dyn Names| {
         let involves_vcpu = match e.kind {
             EventKind::SchedSwitch { prev_tid, next_tid, .. } => prev_tid == tid || next_tid == tid,
             _ => e.tid == tid,
@@ -199,7 +200,8 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
         if e.cpu == cpu || involves_vcpu {
             events.push(*e);
         }
-    })?;
+    };
+    let stats = recording.analyse(&mut decoder, &mut [&mut keep])?;
     let lost_events = recording.loss(&stats).total();
     let host = HostTrace { events, lost_events, missing_events, decoder };
     explain(&report, host, None)
