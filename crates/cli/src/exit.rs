@@ -75,7 +75,11 @@ fn classify(err: &anyhow::Error) -> u8 {
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe))
+    use std::io::ErrorKind::BrokenPipe;
+    err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>().is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
+    })
 }
 
 #[cfg(test)]

@@ -33,8 +33,33 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match cmd::run(args) {
-        Ok(code) => code,
-        Err(err) => exit::report(&err),
+    // `print!` panics when standard output fails (a closed pipe, a full disk). The panic
+    // unwinds, so every guard on the way (tracefs instances, VMs, pinned threads) is dropped;
+    // here it becomes the answer a shell user expects instead of a backtrace.
+    let quiet_default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if stdout_failure(info.payload()).is_none() {
+            quiet_default(info);
+        }
+    }));
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cmd::run(args))) {
+        Ok(Ok(code)) => code,
+        Ok(Err(err)) => exit::report(&err),
+        Err(payload) => match stdout_failure(payload.as_ref()) {
+            // `virtprof ... | head` closing the pipe is not a failure.
+            Some(cause) if cause.contains("Broken pipe") => ExitCode::SUCCESS,
+            Some(cause) => {
+                eprintln!("virtprof: writing to standard output: {cause}");
+                ExitCode::from(exit::FAILURE)
+            }
+            None => std::panic::resume_unwind(payload),
+        },
     }
+}
+
+/// The OS error of a panic raised by `print!` failing to write standard output.
+fn stdout_failure(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    let message =
+        payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied())?;
+    message.strip_prefix("failed printing to stdout: ")
 }

@@ -103,3 +103,31 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot open /dev/kvm") && stderr.contains("group 'kvm'"), "{stderr}");
 }
+
+#[test]
+fn a_closed_pipe_ends_quietly_and_a_full_disk_is_named() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../trace/tests/fixtures/pvm-6.18-lossy/tiny-buffer.vprec");
+    for args in [&["report", "--json"][..], &["sched", "--json"], &["exits"]] {
+        // The reader goes away before the command writes: exit 0, nothing on stderr.
+        let mut child = virtprof()
+            .args(&args[..1])
+            .arg(&fixture)
+            .args(&args[1..])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("Broken pipe"), "{args:?}: {stderr}");
+
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = virtprof().args(&args[..1]).arg(&fixture).args(&args[1..]).stdout(full).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("No space left on device") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
