@@ -91,6 +91,12 @@ impl Loss {
         c.reported = Some(c.reported.unwrap_or(0).saturating_add(count));
     }
 
+    /// Record the kernel's `per_cpu/cpuN/stats` counters for `cpu`: events overwritten before
+    /// they were read plus events dropped because the buffer was full.
+    pub fn report_counters(&mut self, cpu: u32, overrun: u64, dropped: u64) {
+        self.report(cpu, overrun.saturating_add(dropped));
+    }
+
     /// Fold `other` in, CPU by CPU.
     pub fn merge(&mut self, other: &Loss) {
         for c in &other.cpus {

@@ -154,6 +154,19 @@ pub struct PhaseReport {
     pub kvm_exits: Option<u64>,
 }
 
+impl PhaseReport {
+    /// Exits into KVM per iteration (None: no stats-fd reading, or no iterations).
+    pub fn kvm_exits_per_iteration(&self) -> Option<f64> {
+        self.kvm_exits.filter(|_| self.iterations > 0).map(|e| e as f64 / self.iterations as f64)
+    }
+
+    /// Whether the phase's operation reaches KVM: one that does makes an exit each time; one
+    /// handled below KVM makes none, bar a stray host interrupt or two (a few hundredths).
+    pub fn reaches_kvm(&self) -> Option<bool> {
+        self.kvm_exits_per_iteration().map(|rate| rate >= 0.5)
+    }
+}
+
 impl VcpuReport {
     /// Userspace exits of one kind (0 if none).
     pub fn exits(&self, name: &str) -> u64 {

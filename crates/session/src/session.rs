@@ -264,7 +264,7 @@ impl Session {
             Some(footer) => {
                 loss.complete = true;
                 for &(cpu, overrun, dropped) in &footer.cpu_loss {
-                    loss.report(cpu, overrun.saturating_add(dropped));
+                    loss.report_counters(cpu, overrun, dropped);
                 }
             }
             None => {

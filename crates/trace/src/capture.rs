@@ -185,7 +185,7 @@ impl Capture {
         let mut loss = page_loss.clone();
         loss.complete = true;
         for l in self.loss() {
-            loss.report(l.cpu, l.overrun.saturating_add(l.dropped));
+            loss.report_counters(l.cpu, l.overrun, l.dropped);
         }
         loss
     }

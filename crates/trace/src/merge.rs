@@ -95,7 +95,7 @@ struct Cursor<'a> {
     /// Pages in the segments before the current one (for error offsets).
     pages_before: usize,
     records: Option<Records<'a>>,
-    /// Timestamp of the last event (or page) seen: where a following gap begins.
+    /// Where the previous page's events ended: a gap flagged on the next page begins there.
     last_ts: Option<u64>,
 }
 
@@ -130,14 +130,13 @@ impl Source for Cursor<'_> {
                 match records.next() {
                     Some(Ok(rec)) => {
                         stats.events += 1;
-                        self.last_ts = Some(rec.ts);
                         return decoder
                             .decode(self.cpu, &rec)
                             .map(Some)
                             .map_err(|e| self.error(page_index, page_size, 0, e.to_string()));
                     }
                     Some(Err(e)) => return Err(self.error(page_index, page_size, e.offset, e.message)),
-                    None => self.records = None,
+                    None => self.last_ts = self.records.take().map(|r| r.ts()),
                 }
             }
             let Some(&raw) = self.segments.get(self.segment) else { return Ok(None) };
@@ -163,9 +162,9 @@ impl Source for Cursor<'_> {
                 .map_err(|e| self.error(index, page_size, e.offset, e.message))?;
             stats.pages += 1;
             self.records = Some(page.records());
-            let since = self.last_ts.replace(page.base_ts()).unwrap_or(page.base_ts());
             if let Missed::Lost(count) = page.missed {
-                stats.page_loss.cpu(self.cpu).add_gap(count, since.min(page.base_ts()), page.base_ts());
+                let since = self.last_ts.map_or(page.base_ts(), |ts| ts.min(page.base_ts()));
+                stats.page_loss.cpu(self.cpu).add_gap(count, since, page.base_ts());
                 return Ok(Some(Event { ts: page.base_ts(), cpu: self.cpu, tid: 0, kind: EventKind::Lost { count } }));
             }
         }

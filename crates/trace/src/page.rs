@@ -144,6 +144,11 @@ pub struct Records<'a> {
 }
 
 impl<'a> Records<'a> {
+    /// The timestamp reached so far: after the last record, the page's last event time.
+    pub fn ts(&self) -> u64 {
+        self.ts
+    }
+
     fn fail(&mut self, message: String) -> Option<Result<RawRecord<'a>, PageError>> {
         self.failed = true;
         Some(Err(PageError { offset: self.data_offset + self.pos, message }))

@@ -310,21 +310,18 @@ fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
     Ok(Probe { events, operations: guest_operations(&phases) })
 }
 
-/// Each probed operation's verdict from its phase's exits into KVM per iteration (an
-/// operation that exits makes one each; a stray host interrupt adds a few hundredths).
+/// Each probed operation's verdict from its phase's exits into KVM per iteration
+/// (`PhaseReport::reaches_kvm`, the rule `testvm` reports by too).
 fn guest_operations(phases: &[virtprof_model::testvm::PhaseReport]) -> Vec<GuestOperation> {
-    let rate = |p: &virtprof_model::testvm::PhaseReport| {
-        p.kvm_exits.map(|e| if p.iterations == 0 { 0.0 } else { e as f64 / p.iterations as f64 })
-    };
     let mut ops: Vec<GuestOperation> = PROBED
         .iter()
         .map(|&(workload, operation, usual)| {
             let phase = phases.iter().find(|p| p.workload == workload);
-            let per_op = phase.and_then(rate);
+            let per_op = phase.and_then(|p| Some((p.kvm_exits_per_iteration()?, p.reaches_kvm()?)));
             let (verdict, detail) = match per_op {
                 None => ("not probed", "the KVM stats fd has no `exits` counter".to_string()),
-                Some(r) if r >= 0.5 => ("exits", format!("{r:.2} exits into KVM per operation (usually {usual})")),
-                Some(r) => (
+                Some((r, true)) => ("exits", format!("{r:.2} exits into KVM per operation (usually {usual})")),
+                Some((r, false)) => (
                     "none",
                     format!(
                         "{r:.2} exits into KVM per operation: handled below this host's KVM, so no trace \

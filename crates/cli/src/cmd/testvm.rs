@@ -174,14 +174,10 @@ fn write_phase_exits(report: &TestvmReport, out: &mut impl Write) -> std::io::Re
         for v in &vm.vcpus {
             for p in &v.phases {
                 let Some(exits) = p.kvm_exits else { continue };
-                let per_iter = if p.iterations == 0 {
-                    String::new()
-                } else {
-                    format!("{:.2}", exits as f64 / p.iterations as f64)
-                };
+                let per_iter = p.kvm_exits_per_iteration().map(|r| format!("{r:.2}")).unwrap_or_default();
                 // Compute loops (and the boot workload's named functions) make no exits by design.
                 let expects_exits = report.workload != "boot" && !matches!(p.workload.as_str(), "compute" | "noise");
-                let note = if exits == 0 && p.iterations > 0 && expects_exits {
+                let note = if expects_exits && p.reaches_kvm() == Some(false) {
                     silent.push(p.workload.clone());
                     "none reached KVM"
                 } else {

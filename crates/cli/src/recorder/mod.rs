@@ -277,7 +277,12 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     drop(tx);
     result?;
     let (writer, pages) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
-    let lost: u64 = loss.iter().map(|l| l.overrun + l.dropped).sum();
+    // The figure every reading command will report for this file (sums saturate).
+    let mut kernel_loss = virtprof_model::Loss::default();
+    for l in &loss {
+        kernel_loss.report_counters(l.cpu, l.overrun, l.dropped);
+    }
+    let lost = kernel_loss.total();
     let footer = Footer {
         cpu_loss: loss.iter().map(|l| (l.cpu, l.overrun, l.dropped)).collect(),
         pages,
