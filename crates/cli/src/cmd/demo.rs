@@ -28,6 +28,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         return Err(usage("--duration: the demo needs at least 1s"));
     }
     let delay = watch::delay(args.watch.delay)?;
+    watch::check_terminal(args.watch.once)?;
     virtprof_kvm::launcher::check_kvm()?;
     let duration = format!("{}ms", duration_ns / 1_000_000);
     let mut vms = TestVms::new("demo");

@@ -6,7 +6,7 @@ pub mod sampler;
 pub mod view;
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -41,6 +41,17 @@ pub struct Watch<'a> {
     pub done: &'a dyn Fn() -> bool,
 }
 
+/// The interactive view draws on a terminal: without one (a pipe, a file, a service), say so
+/// before anything starts.
+pub fn check_terminal(once: bool) -> anyhow::Result<()> {
+    if !once && !std::io::stdout().is_terminal() {
+        return Err(usage(
+            "the interactive view needs a terminal on standard output; use --once (or --once --json) to print one sample",
+        ));
+    }
+    Ok(())
+}
+
 /// Validate a `-d SECONDS` value.
 pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
     if !(0.1..=3600.0).contains(&seconds) {
@@ -51,6 +62,7 @@ pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
 
 /// Watch VMs: once, or interactively until q, SIGINT/SIGTERM or `done`.
 pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
+    check_terminal(w.once)?;
     virtprof_host::stop::install_handler();
     let mut log = match w.log {
         Some(path) => Some(open_log(path)?),
@@ -71,7 +83,8 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         print_once(&snapshot, w.json, w.delay)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut terminal = ratatui::init();
+    let mut terminal = ratatui::try_init()
+        .map_err(|e| usage(format!("cannot open the terminal for the interactive view: {e}; use --once")))?;
     let result = interactive(&mut terminal, &mut sampler, w, &mut log);
     ratatui::restore();
     result

@@ -131,3 +131,10 @@ fn a_closed_pipe_ends_quietly_and_a_full_disk_is_named() {
         assert!(stderr.contains("No space left on device") && !stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn the_interactive_view_without_a_terminal_says_so_instead_of_panicking() {
+    // Standard output is a pipe here: no VM is started, nothing is traced.
+    assert_usage_error(&["top"], "needs a terminal");
+    assert_usage_error(&["demo", "--duration", "5s"], "needs a terminal");
+}
