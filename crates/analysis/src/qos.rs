@@ -7,18 +7,19 @@ use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
 use crate::Names;
+use virtprof_model::{Pid, Tid, VcpuThread};
 
 /// A VM as discovery (or a recording's task list) knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmInfo {
     /// VMM process id.
-    pub pid: u32,
+    pub pid: Pid,
     /// VM name.
     pub name: String,
     /// VMM kind (`qemu`, `firecracker`, ...).
     pub kind: String,
-    /// (vCPU index, thread id).
-    pub vcpus: Vec<(u32, u32)>,
+    /// Its vCPUs and their threads.
+    pub vcpus: Vec<VcpuThread>,
 }
 
 /// One window of the table.
@@ -136,7 +137,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
             let vcpus: Vec<VcpuRow> = vm
                 .vcpus
                 .iter()
-                .map(|&(index, tid)| vcpu_row(span, index, tid, cpu, seconds, kvm_exit, names))
+                .map(|&VcpuThread { index, tid: Tid(tid) }| vcpu_row(span, index, tid, cpu, seconds, kvm_exit, names))
                 .filter(|row| cpu.is_none() || row.run_ns + row.wait_ns + row.blocked_ns > 0)
                 .collect();
             let mean = |f: fn(&VcpuRow) -> f64| {
@@ -147,7 +148,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                 }
             };
             VmRow {
-                pid: vm.pid,
+                pid: vm.pid.0,
                 name: vm.name.clone(),
                 kind: vm.kind.clone(),
                 running_pct: mean(|v| v.running_pct),

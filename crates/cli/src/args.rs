@@ -532,12 +532,12 @@ pub struct BootArgs {
     /// Analyse a profile saved with --save.
     #[arg(long, value_name = "FILE", group = "source")]
     pub load: Option<PathBuf>,
-    /// Samples per second per vCPU.
-    #[arg(long, value_name = "HZ", default_value_t = 1000)]
+    /// Samples per second per vCPU (1 to 100000).
+    #[arg(long, value_name = "HZ", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub rate: u32,
     /// Stop when a console line matches this regular expression (--qemu).
-    #[arg(long, value_name = "REGEX")]
-    pub until: Option<String>,
+    #[arg(long, value_name = "REGEX", value_parser = regex)]
+    pub until: Option<regex::Regex>,
     /// --testvm: the workload's run time before ballooning (default 1s); --qemu/--gdb: stop
     /// sampling after this long.
     #[arg(short, long, value_name = "TIME", value_parser = duration)]
@@ -565,8 +565,8 @@ pub struct BootArgs {
     pub user_symbols: Option<PathBuf>,
     /// KASLR offset of the kernel in hex, or `auto` (find linux_banner in guest memory; --qemu
     /// and --gdb only; 0 elsewhere).
-    #[arg(long, value_name = "HEX|auto", default_value = "auto")]
-    pub kaslr: String,
+    #[arg(long, value_name = "HEX|auto", default_value = "auto", value_parser = kaslr)]
+    pub kaslr: Kaslr,
     /// Time-bin width for the realm split and timelines (default: about 50 bins).
     #[arg(long, value_name = "TIME", value_parser = duration)]
     pub bin: Option<Duration>,
@@ -868,4 +868,26 @@ pub struct CpuList(pub Vec<u32>);
 
 fn cpu_list(text: &str) -> Result<CpuList, String> {
     virtprof_model::units::parse_cpu_list(text).map(CpuList)
+}
+
+fn regex(text: &str) -> Result<regex::Regex, String> {
+    regex::Regex::new(text).map_err(|e| e.to_string())
+}
+
+/// Where the guest kernel was loaded: given, or found in guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kaslr {
+    /// Search guest memory for `linux_banner` (--qemu, --gdb).
+    Auto,
+    /// The slide, in bytes.
+    Offset(u64),
+}
+
+fn kaslr(text: &str) -> Result<Kaslr, String> {
+    if text == "auto" {
+        return Ok(Kaslr::Auto);
+    }
+    u64::from_str_radix(text.trim_start_matches("0x"), 16)
+        .map(Kaslr::Offset)
+        .map_err(|_| "give a hex offset (0x2a000000) or 'auto'".to_string())
 }

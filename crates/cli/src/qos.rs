@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
 use virtprof_kvm::discover::vcpu_index;
 use virtprof_model::vmm::VmmKind;
+use virtprof_model::{Pid, VcpuThread};
 use virtprof_sinks::table::Table;
 
 /// What is known about the host's processes: threads (tid → pid, comm) and VM identities.
@@ -36,16 +37,18 @@ impl HostTasks {
         pids.retain(|p| only.is_empty() || only.contains(p));
         pids.into_iter()
             .filter_map(|pid| {
-                let mut vcpus: Vec<(u32, u32)> = self
+                let mut vcpus: Vec<VcpuThread> = self
                     .threads
                     .iter()
                     .filter(|(_, (p, _))| *p == pid)
-                    .filter_map(|(tid, (_, comm))| Some((vcpu_index(comm)?, *tid)))
+                    .filter_map(|(tid, (_, comm))| Some(VcpuThread::new(vcpu_index(comm)?, *tid)))
                     .collect();
                 if vcpus.is_empty() {
                     let unnamed = self.threads.iter().filter(|(t, (p, _))| *p == pid && tracked.contains(t));
-                    vcpus =
-                        unnamed.enumerate().map(|(i, (tid, _))| (u32::try_from(i).unwrap_or(u32::MAX), *tid)).collect();
+                    vcpus = unnamed
+                        .enumerate()
+                        .map(|(i, (tid, _))| VcpuThread::new(u32::try_from(i).unwrap_or(u32::MAX), *tid))
+                        .collect();
                 }
                 vcpus.sort_unstable();
                 if vcpus.is_empty() {
@@ -56,7 +59,7 @@ impl HostTasks {
                     let kind = virtprof_kvm::discover::vmm_kind(process_comm, &[]);
                     (kind.to_string(), format!("{kind}-{pid}"))
                 });
-                Some(VmInfo { pid, name, kind, vcpus })
+                Some(VmInfo { pid: Pid(pid), name, kind, vcpus })
             })
             .collect()
     }
@@ -209,10 +212,11 @@ mod tests {
         ]);
         let vms = host.vms(&[22], &[]);
         assert_eq!(
-            vms.iter().map(|v| (v.pid, v.name.as_str())).collect::<Vec<_>>(),
+            vms.iter().map(|v| (v.pid.0, v.name.as_str())).collect::<Vec<_>>(),
             [(10, "virtprof-testvm-10"), (20, "qemu-20")]
         );
-        assert_eq!((vms[0].vcpus.as_slice(), vms[1].vcpus.as_slice()), (&[(0, 11), (1, 12)][..], &[(0, 22)][..]));
+        let v = VcpuThread::new;
+        assert_eq!((vms[0].vcpus.as_slice(), vms[1].vcpus.as_slice()), (&[v(0, 11), v(1, 12)][..], &[v(0, 22)][..]));
         assert_eq!(host.vms(&[22], &[20]).len(), 1);
     }
 }

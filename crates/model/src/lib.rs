@@ -4,6 +4,7 @@
 //! Serialization is behind the `serde` feature so analyzers can use the model without it.
 #![deny(missing_docs)]
 
+pub mod entity;
 pub mod event;
 pub mod host;
 pub mod ids;
@@ -14,6 +15,7 @@ pub mod testvm;
 pub mod units;
 pub mod vmm;
 
+pub use entity::{KernelLoss, VcpuThread};
 pub use event::{Event, EventKind, StrId, Timestamp};
 pub use host::HostKind;
 pub use ids::{Cpu, Pid, Tid};

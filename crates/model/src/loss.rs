@@ -2,6 +2,7 @@
 //! (`per_cpu/cpuN/stats`: overrun + dropped, the figure `record` prints), where the ring-buffer
 //! pages flagged missed events (CPU and trace-clock span), and whether the figure is known at
 //! all (a recording cut before its footer has no kernel counters).
+use crate::entity::KernelLoss;
 
 /// Lost events on one CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,10 +92,10 @@ impl Loss {
         c.reported = Some(c.reported.unwrap_or(0).saturating_add(count));
     }
 
-    /// Record the kernel's `per_cpu/cpuN/stats` counters for `cpu`: events overwritten before
+    /// Record the kernel's `per_cpu/cpuN/stats` counters of a CPU: events overwritten before
     /// they were read plus events dropped because the buffer was full.
-    pub fn report_counters(&mut self, cpu: u32, overrun: u64, dropped: u64) {
-        self.report(cpu, overrun.saturating_add(dropped));
+    pub fn report_counters(&mut self, counters: &KernelLoss) {
+        self.report(counters.cpu.0, counters.events());
     }
 
     /// Fold `other` in, CPU by CPU.

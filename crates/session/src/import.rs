@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use std::fs;
 use std::path::Path;
 
+use virtprof_model::{Cpu, KernelLoss};
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task};
 use virtprof_trace::capture::stat_value;
 use virtprof_trace::dump::read_cpu_pages;
@@ -78,7 +79,11 @@ pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer,
         .iter()
         .filter_map(|stats| {
             let cpu = stats.lines().next()?.strip_prefix("CPU:")?.trim().parse().ok()?;
-            Some((cpu, stat_value(stats, "overrun"), stat_value(stats, "dropped events")))
+            Some(KernelLoss {
+                cpu: Cpu(cpu),
+                overrun: stat_value(stats, "overrun"),
+                dropped: stat_value(stats, "dropped events"),
+            })
         })
         .collect();
     let metadata = Metadata {
@@ -178,7 +183,11 @@ fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
     let pages = read_cpu_pages(root).map_err(bad)?;
     let cpu_loss = pages
         .iter()
-        .map(|c| (c.cpu, stat_value(&c.stats, "overrun"), stat_value(&c.stats, "dropped events")))
+        .map(|c| KernelLoss {
+            cpu: Cpu(c.cpu),
+            overrun: stat_value(&c.stats, "overrun"),
+            dropped: stat_value(&c.stats, "dropped events"),
+        })
         .collect();
     let cpus: CpuPages = pages.into_iter().map(|c| (c.cpu, c.raw)).collect();
     let metadata = Metadata {

@@ -263,8 +263,8 @@ impl Session {
         match &self.footer {
             Some(footer) => {
                 loss.complete = true;
-                for &(cpu, overrun, dropped) in &footer.cpu_loss {
-                    loss.report_counters(cpu, overrun, dropped);
+                for counters in &footer.cpu_loss {
+                    loss.report_counters(counters);
                 }
             }
             None => {

@@ -14,6 +14,7 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::qos::VmInfo;
 use virtprof_analysis::sched::StateSlice;
 use virtprof_model::interval::{Entity, SeriesKind};
+use virtprof_model::{Pid, Tid, VcpuThread};
 
 /// Exit tracks get thread ids above every real one: `EXIT_TRACK + vCPU tid`.
 pub const EXIT_TRACK: u64 = 1 << 32;
@@ -39,8 +40,11 @@ pub struct Tracks<'a> {
 
 /// Write the trace as JSON, one event per line.
 pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
-    let vm_of: HashMap<u32, (u32, u32)> =
-        t.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |&(index, tid)| (tid, (vm.pid, index)))).collect();
+    let vm_of: HashMap<u32, (Pid, u32)> = t
+        .vms
+        .iter()
+        .flat_map(|vm| vm.vcpus.iter().map(move |&VcpuThread { index, tid: Tid(tid) }| (tid, (vm.pid, index))))
+        .collect();
     let rel = |ns: u64| us(ns.saturating_sub(t.origin_ns));
     let mut first = true;
     let mut emit = |out: &mut dyn Write, v: serde_json::Value| -> std::io::Result<()> {
@@ -55,7 +59,7 @@ pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
             out,
             json!({"ph": "M", "name": "process_name", "pid": vm.pid, "tid": 0, "args": {"name": format!("VM {} {} ({})", vm.pid, vm.name, vm.kind)}}),
         )?;
-        for &(index, tid) in &vm.vcpus {
+        for &VcpuThread { index, tid: Tid(tid) } in &vm.vcpus {
             emit(
                 out,
                 json!({"ph": "M", "name": "thread_name", "pid": vm.pid, "tid": tid, "args": {"name": format!("vCPU {index} state")}}),

@@ -10,6 +10,7 @@
 use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
+use virtprof_model::KernelLoss;
 
 /// File magic.
 pub const MAGIC: &[u8; 8] = b"VPROFREC";
@@ -223,8 +224,8 @@ pub struct Metadata {
 /// Per-CPU loss figures and totals, written last.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Footer {
-    /// Per CPU: (cpu, overrun, dropped events) from `per_cpu/cpuN/stats`.
-    pub cpu_loss: Vec<(u32, u64, u64)>,
+    /// Per CPU: the kernel's loss counters from `per_cpu/cpuN/stats`.
+    pub cpu_loss: Vec<KernelLoss>,
     /// Pages written.
     pub pages: u64,
     /// Recording length in ns of the trace clock.

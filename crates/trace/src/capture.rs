@@ -10,6 +10,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use virtprof_model::{Cpu, KernelLoss};
+
 use crate::error::TraceError;
 use crate::tracefs::{Instance, Tracefs};
 
@@ -39,17 +41,6 @@ impl CaptureConfig {
         .map(String::from)
         .to_vec()
     }
-}
-
-/// Per-CPU loss as the kernel counted it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CpuLoss {
-    /// CPU.
-    pub cpu: u32,
-    /// Events overwritten before being read.
-    pub overrun: u64,
-    /// Events dropped because the buffer was full.
-    pub dropped: u64,
 }
 
 /// A running capture.
@@ -165,13 +156,13 @@ impl Capture {
     }
 
     /// Per-CPU overrun and dropped counts.
-    pub fn loss(&self) -> Vec<CpuLoss> {
+    pub fn loss(&self) -> Vec<KernelLoss> {
         self.readers
             .iter()
             .map(|(cpu, _)| {
                 let stats = self.instance.read(&format!("per_cpu/cpu{cpu}/stats")).unwrap_or_default();
-                CpuLoss {
-                    cpu: *cpu,
+                KernelLoss {
+                    cpu: Cpu(*cpu),
                     overrun: stat_value(&stats, "overrun"),
                     dropped: stat_value(&stats, "dropped events"),
                 }
@@ -185,7 +176,7 @@ impl Capture {
         let mut loss = page_loss.clone();
         loss.complete = true;
         for l in self.loss() {
-            loss.report_counters(l.cpu, l.overrun, l.dropped);
+            loss.report_counters(&l);
         }
         loss
     }

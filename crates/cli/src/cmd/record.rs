@@ -3,11 +3,14 @@
 
 use std::process::ExitCode;
 
+use virtprof_model::units::{duration_ns, format_duration_ns};
+
 use crate::args::RecordArgs;
+use crate::exit::usage;
 use crate::recorder::{record, RecordOptions};
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
-    let options = RecordOptions::from_args(args)?;
+    let options = options(args)?;
     let summary = record(&options, &args.output)?;
     eprintln!(
         "virtprof: recorded {} pages ({:.1} MiB) from {} CPUs into {}; lost events: {}",
@@ -22,7 +25,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "virtprof: {} intervals of {}; missed {} (sampler late), overwritten {} (writer late)",
             iv.rows,
-            virtprof_model::units::format_duration_ns(iv.interval_ns),
+            format_duration_ns(iv.interval_ns),
             iv.missed,
             iv.overwritten
         );
@@ -33,5 +36,36 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     Ok(match summary.command_status {
         Some(status) if !status.success() => ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8),
         _ => ExitCode::SUCCESS,
+    })
+}
+
+/// The command line's options, checked.
+fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
+    let events: Vec<String> = match &args.events {
+        Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+        None => Vec::new(),
+    };
+    if args.events.is_some() && events.is_empty() {
+        return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
+    }
+    let interval_ns = match args.interval {
+        Some(d) => {
+            let ns = duration_ns(d);
+            if !(1_000_000..=3_600_000_000_000).contains(&ns) {
+                return Err(usage(format!("--interval {}: must be between 1ms and 1h", format_duration_ns(ns))));
+            }
+            Some(ns)
+        }
+        None => None,
+    };
+    Ok(RecordOptions {
+        events,
+        duration: args.duration,
+        buffer_size_kb: args.buffer_size_kb,
+        clock: args.clock.clone(),
+        vm: args.vm.clone(),
+        interval_ns,
+        hw_counters: args.hw_counters,
+        command: args.command.clone(),
     })
 }

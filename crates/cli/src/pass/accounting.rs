@@ -24,7 +24,7 @@ pub struct VcpuAccounting {
 
 impl VcpuAccounting {
     pub fn new(recording: &Session, host: &HostTasks, options: SchedOptions, evidence: Vec<u16>) -> Self {
-        let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|(_, tid)| *tid)).collect();
+        let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|v| v.tid.0)).collect();
         let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
         let at_start: HashSet<u32> =
             recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
@@ -66,7 +66,7 @@ impl VcpuAccounting {
         // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
         let mut vms = host.vms(&tracked, only);
         for vm in &mut vms {
-            vm.vcpus.retain(|(_, tid)| total.thread(*tid, None).observed_ns() > 0);
+            vm.vcpus.retain(|v| total.thread(v.tid.0, None).observed_ns() > 0);
         }
         vms.retain(|vm| !vm.vcpus.is_empty());
         vms

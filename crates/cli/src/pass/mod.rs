@@ -13,7 +13,7 @@ use virtprof_analysis::qos::VmInfo;
 use virtprof_analysis::sched::{SchedOptions, Span, StateSlice};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::interval::Entity;
-use virtprof_model::{Event, Loss};
+use virtprof_model::{Event, Loss, Tid, VcpuThread};
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::merge::time_range;
 
@@ -111,7 +111,11 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
     let mut binner = table.as_mut().map(|t| {
         let vcpus = named_vms
             .iter()
-            .flat_map(|vm| vm.vcpus.iter().map(move |&(index, tid)| (tid, Entity::Vcpu { pid: vm.pid, index })))
+            .flat_map(|vm| {
+                vm.vcpus
+                    .iter()
+                    .map(move |&VcpuThread { index, tid: Tid(tid) }| (tid, Entity::Vcpu { pid: vm.pid.0, index }))
+            })
             .collect();
         TraceBinner::new(t, vcpus)
     });

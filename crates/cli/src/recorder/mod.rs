@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
-use virtprof_model::units::{duration_ns, format_duration_ns};
 use virtprof_store::recording::{
     Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task, VmIdentity,
     Writer,
@@ -25,7 +24,6 @@ use virtprof_store::recording::{
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
-use crate::args::RecordArgs;
 use crate::exit::usage;
 
 /// Batches in flight between reader and writer: at most this × 64 pages (16 MiB) buffered.
@@ -101,40 +99,6 @@ impl Default for RecordOptions {
             hw_counters: DEFAULT_HW_COUNTERS,
             command: Vec::new(),
         }
-    }
-}
-
-impl RecordOptions {
-    /// The command line's options, checked.
-    pub fn from_args(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
-        let duration = args.duration;
-        let events: Vec<String> = match &args.events {
-            Some(list) => list.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            None => Vec::new(),
-        };
-        if args.events.is_some() && events.is_empty() {
-            return Err(usage("--events: empty list; e.g. --events kvm,sched:sched_switch"));
-        }
-        let interval_ns = match args.interval {
-            Some(d) => {
-                let ns = duration_ns(d);
-                if !(1_000_000..=3_600_000_000_000).contains(&ns) {
-                    return Err(usage(format!("--interval {}: must be between 1ms and 1h", format_duration_ns(ns))));
-                }
-                Some(ns)
-            }
-            None => None,
-        };
-        Ok(RecordOptions {
-            events,
-            duration,
-            buffer_size_kb: args.buffer_size_kb,
-            clock: args.clock.clone(),
-            vm: args.vm.clone(),
-            interval_ns,
-            hw_counters: args.hw_counters,
-            command: args.command.clone(),
-        })
     }
 }
 
@@ -279,12 +243,12 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let (writer, pages) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
     // The figure every reading command will report for this file (sums saturate).
     let mut kernel_loss = virtprof_model::Loss::default();
-    for l in &loss {
-        kernel_loss.report_counters(l.cpu, l.overrun, l.dropped);
+    for counters in &loss {
+        kernel_loss.report_counters(counters);
     }
     let lost = kernel_loss.total();
     let footer = Footer {
-        cpu_loss: loss.iter().map(|l| (l.cpu, l.overrun, l.dropped)).collect(),
+        cpu_loss: loss,
         pages,
         duration_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
         tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),

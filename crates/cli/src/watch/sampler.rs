@@ -203,8 +203,8 @@ impl Sampler {
         if let Source::Trace(t) = &mut self.source {
             let tracked: std::collections::HashSet<u32> = t.acc.tracked().collect();
             for vm in &self.vms {
-                for &(_, tid) in vm.vcpus.iter().filter(|(_, tid)| !tracked.contains(tid)) {
-                    if let Some((cpu, running)) = proc_state(vm.pid, tid) {
+                for tid in vm.vcpus.iter().map(|v| v.tid.0).filter(|tid| !tracked.contains(tid)) {
+                    if let Some((cpu, running)) = proc_state(vm.pid.0, tid) {
                         t.acc.track_from_proc(tid, now, cpu, running);
                     }
                 }
@@ -215,12 +215,12 @@ impl Sampler {
     fn poll_kvm_stats(&mut self, now: u64) {
         let mut sample = BTreeMap::new();
         for vm in &self.vms {
-            let stats = self.stats.entry(vm.pid).or_insert_with(|| RemoteVmStats::attach(vm.pid).ok());
+            let stats = self.stats.entry(vm.pid.0).or_insert_with(|| RemoteVmStats::attach(vm.pid.0).ok());
             let Some(stats) = stats else { continue };
             for (index, fd) in &stats.vcpus {
                 if let Ok(s) = fd.read() {
                     let io = s.get("io_exits").unwrap_or(0) + s.get("mmio_exits").unwrap_or(0);
-                    sample.insert((vm.pid, *index), (s.get("exits").unwrap_or(0), io));
+                    sample.insert((vm.pid.0, *index), (s.get("exits").unwrap_or(0), io));
                 }
             }
         }
@@ -324,11 +324,11 @@ impl PollSource {
     fn poll(&mut self, now: u64, vms: &[VmInfo]) {
         let mut sample = BTreeMap::new();
         for vm in vms {
-            for &(_, tid) in &vm.vcpus {
+            for tid in vm.vcpus.iter().map(|v| v.tid.0) {
                 let base = format!("/proc/{}/task/{tid}", vm.pid);
                 let stat = std::fs::read_to_string(format!("{base}/schedstat")).ok();
                 if let Some(s) = stat.as_deref().and_then(Schedstat::parse) {
-                    let cpu = proc_state(vm.pid, tid).map_or(0, |(cpu, _)| cpu);
+                    let cpu = proc_state(vm.pid.0, tid).map_or(0, |(cpu, _)| cpu);
                     sample.insert(tid, (cpu, s));
                 }
             }

@@ -122,7 +122,7 @@ fn bad_boot_input_is_a_usage_error() {
         (vec!["--testvm", "--balloon", "nope=2"], "no such function"),
         (vec!["--load", "/nonexistent/profile.json"], "reading profile"),
         (vec!["--testvm", "--kaslr", "zz"], "hex offset"),
-        (vec!["--testvm", "--rate", "0"], "--rate 0"),
+        (vec!["--testvm", "--rate", "0"], "0 is not in 1..=100000"),
         (vec!["--testvm", "--system-map", "/etc/hostname"], "System.map"),
         (vec!["--qemu", "--", "/nonexistent/qemu"], "starting '/nonexistent/qemu'"),
         (vec![], "choose a source"),

@@ -5,16 +5,19 @@
 mod output;
 mod sources;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use virtprof_analysis::pcprof::{self, Labeled};
 use virtprof_analysis::symbols::SymbolTable;
+use virtprof_kvm::guest::{boot, Script};
 use virtprof_model::pcsample::{PcSample, Realm};
+use virtprof_model::units::duration_ns;
 
-use crate::args::BootArgs;
+use crate::args::{BootArgs, Kaslr};
 use crate::exit::usage;
 pub use sources::Truth;
 
@@ -40,69 +43,151 @@ pub struct SavedProfile {
 /// The `format` of saved profiles.
 pub const SAVED_FORMAT: &str = "virtprof-boot-profile/1";
 
-pub fn run(args: &BootArgs) -> anyhow::Result<ExitCode> {
-    if args.rate == 0 || args.rate > 100_000 {
-        return Err(usage(format!("--rate {}: must be 1 to 100000", args.rate)));
+/// What `boot` was asked to do, checked: the command line is not read past [`Options::from_args`].
+struct Options {
+    source: Source,
+    sampling: Sampling,
+    kernel_symbols: Option<PathBuf>,
+    user_symbols: Option<PathBuf>,
+    kaslr: Kaslr,
+    save: Option<PathBuf>,
+    compare: Option<PathBuf>,
+    view: output::View,
+}
+
+/// Where the profile comes from.
+enum Source {
+    /// A profile saved with --save.
+    Load(PathBuf),
+    /// Samples taken now.
+    Collect(Collector),
+}
+
+/// Where samples are taken from.
+enum Collector {
+    Testvm { script: Script, vcpus: u32 },
+    Qemu(sources::QemuLaunch),
+    Gdb(String),
+    Recording(PathBuf),
+}
+
+/// How a live source is sampled.
+pub struct Sampling {
+    /// Samples per second per vCPU.
+    pub rate: u32,
+    /// Stop sampling after this long (--qemu, --gdb).
+    pub limit: Option<Duration>,
+    /// Search guest memory for the kernel's KASLR slide.
+    pub find_kaslr: bool,
+}
+
+impl Options {
+    fn from_args(args: &BootArgs) -> anyhow::Result<Options> {
+        let source = if args.testvm {
+            let total_ns = args.duration.map_or(1_000_000_000, duration_ns);
+            let script = boot::script_from_specs(&args.shares, args.balloon.as_deref(), total_ns).map_err(usage)?;
+            let max = virtprof_kvm::guest::layout::MAX_VCPUS;
+            if args.vcpus == 0 || args.vcpus > max {
+                return Err(usage(format!("--vcpus {}: must be 1 to {max}", args.vcpus)));
+            }
+            Source::Collect(Collector::Testvm { script, vcpus: args.vcpus })
+        } else if args.qemu {
+            let (program, qemu_args) = match args.qemu_args.split_first() {
+                Some((first, rest)) if !first.starts_with('-') => (first.clone(), rest.to_vec()),
+                _ => ("qemu-system-x86_64".to_string(), args.qemu_args.clone()),
+            };
+            Source::Collect(Collector::Qemu(sources::QemuLaunch {
+                program,
+                args: qemu_args,
+                until: args.until.clone(),
+                console: args.console.clone(),
+            }))
+        } else if let Some(address) = &args.gdb {
+            Source::Collect(Collector::Gdb(address.clone()))
+        } else if let Some(path) = &args.recording {
+            Source::Collect(Collector::Recording(path.clone()))
+        } else if let Some(path) = &args.load {
+            Source::Load(path.clone())
+        } else {
+            return Err(usage(
+                "choose a source: --testvm, --qemu -- ARGS, --gdb HOST:PORT, --recording FILE or --load FILE",
+            ));
+        };
+        let format = match (args.json, args.csv, args.folded) {
+            (true, _, _) => output::Format::Json,
+            (_, true, _) => output::Format::Csv,
+            (_, _, true) => output::Format::Folded,
+            _ => output::Format::Text,
+        };
+        Ok(Options {
+            source,
+            sampling: Sampling { rate: args.rate, limit: args.duration, find_kaslr: args.kaslr == Kaslr::Auto },
+            kernel_symbols: [&args.system_map, &args.kallsyms, &args.vmlinux].into_iter().flatten().next().cloned(),
+            user_symbols: args.user_symbols.clone(),
+            kaslr: args.kaslr,
+            save: args.save.clone(),
+            compare: args.compare.clone(),
+            view: output::View {
+                bin_ns: args.bin.map_or(0, duration_ns),
+                symbols: args.symbols.clone(),
+                top: args.top,
+                format,
+                html: args.html.clone(),
+            },
+        })
     }
-    let kaslr = match args.kaslr.as_str() {
-        "auto" => None,
-        hex => Some(
-            u64::from_str_radix(hex.trim_start_matches("0x"), 16)
-                .map_err(|_| usage(format!("--kaslr '{hex}': give a hex offset (0x2a000000) or 'auto'")))?,
-        ),
+}
+
+pub fn run(args: &BootArgs) -> anyhow::Result<ExitCode> {
+    let options = Options::from_args(args)?;
+    let kernel = options.kernel_symbols.as_deref().map(symbols_file).transpose()?;
+    let user = options.user_symbols.as_deref().map(symbols_file).transpose()?;
+    let given_kaslr = match options.kaslr {
+        Kaslr::Auto => None,
+        Kaslr::Offset(offset) => Some(offset),
     };
-    let kernel = kernel_symbols(args)?;
-    let user = match &args.user_symbols {
-        Some(p) => Some(symbols_file(p)?),
-        None => None,
-    };
-    let profile = if let Some(path) = &args.load {
-        let mut saved = load(path)?;
-        if kernel.is_some() || user.is_some() {
-            let offset = kaslr.unwrap_or(saved.kaslr_offset);
-            let kernel = kernel.map(|k| k.with_offset(offset));
-            saved.samples = relabel(&saved.samples, kernel.as_ref(), user.as_ref());
-            saved.kaslr_offset = offset;
+    let profile = match &options.source {
+        Source::Load(path) => {
+            let mut saved = load(path)?;
+            if kernel.is_some() || user.is_some() {
+                let offset = given_kaslr.unwrap_or(saved.kaslr_offset);
+                let kernel = kernel.map(|k| k.with_offset(offset));
+                saved.samples = relabel(&saved.samples, kernel.as_ref(), user.as_ref());
+                saved.kaslr_offset = offset;
+            }
+            saved
         }
-        saved
-    } else {
-        collect(args, kernel, user, kaslr)?
+        Source::Collect(collector) => collect(collector, &options.sampling, kernel, user, given_kaslr)?,
     };
     if profile.samples.is_empty() {
         return Err(anyhow::anyhow!("no samples were taken (the guest ended before the first tick?)"));
     }
-    if let Some(path) = &args.save {
+    if let Some(path) = &options.save {
         let file = std::fs::File::create(path).with_context(|| format!("creating --save {}", path.display()))?;
         serde_json::to_writer(std::io::BufWriter::new(file), &profile)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    let other = match &args.compare {
+    let other = match &options.compare {
         Some(path) => Some((path.display().to_string(), load(path)?)),
         None => None,
     };
-    output::write(args, &profile, other)?;
+    output::write(&options.view, &profile, other)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Take samples from the chosen source and label them.
 fn collect(
-    args: &BootArgs,
+    collector: &Collector,
+    sampling: &Sampling,
     kernel: Option<SymbolTable>,
     user: Option<SymbolTable>,
     kaslr: Option<u64>,
 ) -> anyhow::Result<SavedProfile> {
-    let collected = if args.testvm {
-        sources::testvm(args)?
-    } else if args.qemu {
-        sources::qemu(args, kernel.as_ref())?
-    } else if let Some(address) = &args.gdb {
-        sources::gdb(args, address, kernel.as_ref())?
-    } else if let Some(path) = &args.recording {
-        sources::recording(path)?
-    } else {
-        return Err(usage(
-            "choose a source: --testvm, --qemu -- ARGS, --gdb HOST:PORT, --recording FILE or --load FILE",
-        ));
+    let collected = match collector {
+        Collector::Testvm { script, vcpus } => sources::testvm(script.clone(), *vcpus, sampling.rate)?,
+        Collector::Qemu(launch) => sources::qemu(launch, sampling, kernel.as_ref())?,
+        Collector::Gdb(address) => sources::gdb(address, sampling, kernel.as_ref())?,
+        Collector::Recording(path) => sources::recording(path)?,
     };
     let offset = kaslr.or(collected.detected_kaslr).unwrap_or(0);
     let kernel = kernel.map(|k| k.with_offset(offset));
@@ -131,11 +216,6 @@ fn relabel(samples: &[Labeled], kernel: Option<&SymbolTable>, user: Option<&Symb
         })
         .collect();
     pcprof::label(&raw, kernel, user)
-}
-
-fn kernel_symbols(args: &BootArgs) -> anyhow::Result<Option<SymbolTable>> {
-    let path = [&args.system_map, &args.kallsyms, &args.vmlinux].into_iter().flatten().next();
-    path.map(|p| symbols_file(p)).transpose()
 }
 
 /// A symbol file of any supported kind: ELF by its magic, otherwise System.map/kallsyms text.

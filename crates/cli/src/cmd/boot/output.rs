@@ -2,6 +2,7 @@
 //! timelines as sparklines, sequences, the differential), or JSON, CSV, folded stacks, HTML.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use serde::Serialize;
 use virtprof_analysis::pcprof::{self, DiffRow, Options, Profile};
@@ -9,7 +10,6 @@ use virtprof_model::pcsample::Realm;
 use virtprof_sinks::Table;
 
 use super::{SavedProfile, Truth};
-use crate::args::BootArgs;
 use crate::exit::usage;
 
 const BOOT_JS: &str = include_str!("../../../assets/boot.js");
@@ -39,20 +39,39 @@ struct CompareOut {
     rows: Vec<DiffRow>,
 }
 
-pub fn write(args: &BootArgs, saved: &SavedProfile, other: Option<(String, SavedProfile)>) -> anyhow::Result<()> {
-    let bin_ns = match &args.bin {
-        Some(b) => virtprof_model::units::duration_ns(*b),
-        None => 0,
-    };
-    let options = Options { bin_ns, timelines: args.symbols.clone(), ..Options::default() };
+/// How the profile is shown.
+pub struct View {
+    /// Time-bin width (0: about 50 bins).
+    pub bin_ns: u64,
+    /// Symbols whose profile over time is shown.
+    pub symbols: Vec<String>,
+    /// Rows of the top-symbol table.
+    pub top: usize,
+    pub format: Format,
+    /// Also write charts here.
+    pub html: Option<PathBuf>,
+}
+
+/// What goes to standard output.
+pub enum Format {
+    Text,
+    Json,
+    /// The symbol table.
+    Csv,
+    /// `realm;symbol count` lines for flame-graph tools.
+    Folded,
+}
+
+pub fn write(view: &View, saved: &SavedProfile, other: Option<(String, SavedProfile)>) -> anyhow::Result<()> {
+    let options = Options { bin_ns: view.bin_ns, timelines: view.symbols.clone(), ..Options::default() };
     let profile = pcprof::profile(&saved.samples, &options);
-    if let Some(missing) = args.symbols.iter().find(|s| !profile.symbols.iter().any(|r| &r.name == *s)) {
+    if let Some(missing) = view.symbols.iter().find(|s| !profile.symbols.iter().any(|r| &r.name == *s)) {
         eprintln!("virtprof: warning: --symbol {missing} was never sampled");
     }
     let compare = other.map(|(path, o)| {
         let theirs = pcprof::profile(&o.samples, &Options::default());
         let mut rows = pcprof::compare(&profile.symbols, &theirs.symbols);
-        rows.truncate(COMPARE_TOP.max(args.top));
+        rows.truncate(COMPARE_TOP.max(view.top));
         CompareOut {
             other: path,
             other_source: o.source,
@@ -69,20 +88,19 @@ pub fn write(args: &BootArgs, saved: &SavedProfile, other: Option<(String, Saved
         truth: saved.truth.as_ref(),
         compare,
     };
-    if let Some(path) = &args.html {
+    if let Some(path) = &view.html {
         let page = virtprof_sinks::html::render("boot profile", report.source, &report, BOOT_JS)?;
         std::fs::write(path, page).map_err(|e| usage(format!("writing --html {}: {e}", path.display())))?;
     }
     let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
-    } else if args.csv {
-        symbol_table(&report, usize::MAX).write_csv(&mut out)?;
-    } else if args.folded {
-        out.write_all(pcprof::folded(&report.profile.symbols).as_bytes())?;
-    } else {
-        text(&report, args.top, &mut out)?;
+    match view.format {
+        Format::Json => {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        }
+        Format::Csv => symbol_table(&report, usize::MAX).write_csv(&mut out)?,
+        Format::Folded => out.write_all(pcprof::folded(&report.profile.symbols).as_bytes())?,
+        Format::Text => text(&report, view.top, &mut out)?,
     }
     Ok(())
 }

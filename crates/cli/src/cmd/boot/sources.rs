@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use virtprof_analysis::symbols::SymbolTable;
 use virtprof_kvm::gdbstub::{GdbClient, GdbError};
-use virtprof_kvm::guest::boot;
+use virtprof_kvm::guest::{boot, Script};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::pcsample::{PcSample, Realm};
 use virtprof_model::EventKind;
 
-use crate::args::BootArgs;
-use crate::exit::usage;
+use regex::Regex;
 use virtprof_session::Session;
+
+use super::Sampling;
+use crate::exit::usage;
 
 /// Samples and what is known about how they were taken.
 pub struct Collected {
@@ -51,27 +53,19 @@ pub struct Truth {
     pub iterations: u64,
 }
 
-/// `--testvm`: run the boot workload with the VMM sampling every vCPU.
-pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
-    let total_ns = match &args.duration {
-        Some(d) => virtprof_model::units::duration_ns(*d),
-        None => 1_000_000_000,
-    };
-    let script = boot::script_from_specs(&args.shares, args.balloon.as_deref(), total_ns).map_err(usage)?;
-    if args.vcpus == 0 || args.vcpus > virtprof_kvm::guest::layout::MAX_VCPUS {
-        return Err(usage(format!("--vcpus {}: must be 1 to {}", args.vcpus, virtprof_kvm::guest::layout::MAX_VCPUS)));
-    }
+/// `--testvm`: run the boot workload with the VMM sampling every vCPU `rate` times a second.
+pub fn testvm(script: Script, vcpus: u32, rate: u32) -> anyhow::Result<Collected> {
     let expected_shares = boot::expected_shares(&script).into_iter().collect();
     let config = TestvmConfig {
         script,
         vms: 1,
-        vcpus: args.vcpus,
+        vcpus,
         pin: Vec::new(),
         io_latency_ns: 0,
         steal_time: false,
         linger_ns: 0,
         name: Some("boot".into()),
-        sample_hz: args.rate,
+        sample_hz: rate,
         noise_threshold_ns: 0,
     };
     virtprof_host::stop::install_handler();
@@ -83,8 +77,8 @@ pub fn testvm(args: &BootArgs) -> anyhow::Result<Collected> {
     let iterations = vm.vcpus.iter().map(|v| v.iterations).sum();
     let samples = vm.vcpus.into_iter().flat_map(|v| v.samples).collect();
     Ok(Collected {
-        source: format!("testvm boot workload ({} vCPU, pid {})", args.vcpus, vm.pid),
-        rate_hz: Some(args.rate),
+        source: format!("testvm boot workload ({vcpus} vCPU, pid {})", vm.pid),
+        rate_hz: Some(rate),
         note: None,
         samples,
         program_symbols: Some(program_symbols),
@@ -140,44 +134,42 @@ struct Stop {
 }
 
 /// `--gdb ADDRESS`: attach to a running gdbstub.
-pub fn gdb(args: &BootArgs, address: &str, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
+pub fn gdb(address: &str, sampling: &Sampling, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
     let mut client = GdbClient::connect(address).with_context(|| format!("connecting to the gdbstub at {address}"))?;
     client.attach()?;
-    let limit = sampling_limit(args)?;
-    let stop = Stop { deadline: limit.map(|d| Instant::now() + d), matched: Arc::new(AtomicBool::new(false)) };
-    let samples = sample_gdb(&mut client, args.rate, &stop)?;
-    let detected_kaslr = detect_kaslr(&mut client, args, kernel);
+    let stop = Stop { deadline: sampling.limit.map(|d| Instant::now() + d), matched: Arc::new(AtomicBool::new(false)) };
+    let samples = sample_gdb(&mut client, sampling.rate, &stop)?;
+    let detected_kaslr = detect_kaslr(&mut client, sampling, kernel);
     // Leave the guest running as we found it.
     let _ = client.resume();
-    Ok(gdb_collected(format!("gdbstub at {address}"), args.rate, samples, detected_kaslr))
+    Ok(gdb_collected(format!("gdbstub at {address}"), sampling.rate, samples, detected_kaslr))
 }
 
 fn gdb_collected(source: String, rate: u32, samples: Vec<PcSample>, detected_kaslr: Option<u64>) -> Collected {
     Collected { source, rate_hz: Some(rate), note: None, samples, program_symbols: None, detected_kaslr, truth: None }
 }
 
-/// `--duration` as a limit on sampling (--qemu, --gdb).
-fn sampling_limit(args: &BootArgs) -> anyhow::Result<Option<Duration>> {
-    Ok(args.duration)
+/// QEMU as `--qemu -- ARGS` starts it.
+pub struct QemuLaunch {
+    /// The binary.
+    pub program: String,
+    /// Its arguments (virtprof adds `-S` and the gdbstub).
+    pub args: Vec<String>,
+    /// Stop sampling when a console line matches.
+    pub until: Option<Regex>,
+    /// Copy the console here.
+    pub console: Option<PathBuf>,
 }
 
 /// `--qemu -- ARGS`: start QEMU halted with a gdbstub on a private socket and sample it.
-pub fn qemu(args: &BootArgs, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
-    let until = match &args.until {
-        Some(r) => Some(regex::Regex::new(r).map_err(|e| usage(format!("--until: {e}")))?),
-        None => None,
-    };
-    let limit = sampling_limit(args)?;
+pub fn qemu(launch: &QemuLaunch, sampling: &Sampling, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
     let matched = Arc::new(AtomicBool::new(false));
     let dir = std::env::temp_dir().join(format!("virtprof-boot-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let socket = dir.join("gdb.sock");
-    let (program, qemu_args) = match args.qemu_args.split_first() {
-        Some((first, rest)) if !first.starts_with('-') => (first.clone(), rest.to_vec()),
-        _ => ("qemu-system-x86_64".to_string(), args.qemu_args.clone()),
-    };
-    let mut child = Command::new(&program)
-        .args(&qemu_args)
+    let program = &launch.program;
+    let mut child = Command::new(program)
+        .args(&launch.args)
         .arg("-S")
         .arg("-chardev")
         .arg(format!("socket,id=virtprof-gdb,path={},server=on,wait=off", socket.display()))
@@ -191,19 +183,19 @@ pub fn qemu(args: &BootArgs, kernel: Option<&SymbolTable>) -> anyhow::Result<Col
             usage(format!("starting '{program}': {e} (install qemu-system-x86, or name the binary first after --)"))
         })?;
     let guard = QemuGuard { child: &mut child, dir: &dir };
-    let console = Console::start(guard.child, until, args.console.as_deref(), Arc::clone(&matched))?;
+    let console = Console::start(guard.child, launch.until.clone(), launch.console.as_deref(), Arc::clone(&matched))?;
     wait_for_socket(guard.child, &socket, &console)?;
     let mut client = GdbClient::connect(&socket.to_string_lossy()).context("connecting to QEMU's gdbstub")?;
-    let stop = Stop { deadline: limit.map(|d| Instant::now() + d), matched };
-    let samples = sample_gdb(&mut client, args.rate, &stop)?;
-    let detected_kaslr = detect_kaslr(&mut client, args, kernel);
-    if args.until.is_some() && !stop.matched.load(Ordering::Relaxed) {
+    let stop = Stop { deadline: sampling.limit.map(|d| Instant::now() + d), matched };
+    let samples = sample_gdb(&mut client, sampling.rate, &stop)?;
+    let detected_kaslr = detect_kaslr(&mut client, sampling, kernel);
+    if launch.until.is_some() && !stop.matched.load(Ordering::Relaxed) {
         eprintln!(
             "virtprof: warning: --until never matched the console; the profile runs to QEMU's exit or --duration"
         );
     }
     drop(guard);
-    Ok(gdb_collected(format!("QEMU gdbstub ({program})"), args.rate, samples, detected_kaslr))
+    Ok(gdb_collected(format!("QEMU gdbstub ({program})"), sampling.rate, samples, detected_kaslr))
 }
 
 /// Kills QEMU and removes the socket directory however sampling ends.
@@ -333,8 +325,8 @@ fn sample_gdb(client: &mut GdbClient, rate: u32, stop: &Stop) -> anyhow::Result<
 /// KASLR slide of the guest kernel: `linux_banner` ("Linux version ...") is searched at every
 /// 2 MiB-aligned slide of its link address (x86-64 randomizes the kernel's virtual base in
 /// 2 MiB steps within 1 GiB).
-fn detect_kaslr(client: &mut GdbClient, args: &BootArgs, kernel: Option<&SymbolTable>) -> Option<u64> {
-    if args.kaslr != "auto" {
+fn detect_kaslr(client: &mut GdbClient, sampling: &Sampling, kernel: Option<&SymbolTable>) -> Option<u64> {
+    if !sampling.find_kaslr {
         return None;
     }
     let banner = kernel?.address_of("linux_banner")?;

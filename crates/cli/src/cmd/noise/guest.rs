@@ -20,7 +20,6 @@ use virtprof_trace::decode::Decoder;
 
 use super::trace::{NoiseTrace, EVENTS};
 use super::Settings;
-use crate::args::NoiseArgs;
 use crate::exit::usage;
 use virtprof_session::Session;
 
@@ -112,16 +111,11 @@ struct HostTrace {
     decoder: Decoder,
 }
 
-pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<GuestReport> {
-    if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
-        return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
-    }
+/// Run the noise guest on `cpu` (its vCPU kicked `inject_hz` times a second) while tracing
+/// the host, and explain its samples.
+pub fn run(s: &Settings, cpu: u32, inject_hz: u32) -> anyhow::Result<GuestReport> {
     virtprof_host::stop::install_handler();
     let allowed = virtprof_host::affinity::allowed_cpus();
-    let cpu = args.pin.or_else(|| allowed.last().copied()).unwrap_or(0);
-    if !allowed.contains(&cpu) {
-        return Err(usage(format!("--pin {cpu}: CPU not available here (allowed: {allowed:?})")));
-    }
     // Drain the trace from another CPU, or this thread is noise in the guest it measures.
     virtprof_host::affinity::keep_off(&[cpu]);
     let events: Vec<&str> = EVENTS.iter().chain(HOST_EVENTS.iter()).copied().collect();
@@ -135,7 +129,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<GuestReport> {
         steal_time: true,
         linger_ns: 0,
         name: Some("noise".into()),
-        sample_hz: args.inject_hz,
+        sample_hz: inject_hz,
         noise_threshold_ns: s.threshold_ns,
     };
     let exe = std::env::current_exe()?;
@@ -149,7 +143,7 @@ pub fn run(args: &NoiseArgs, s: &Settings) -> anyhow::Result<GuestReport> {
     let (mut events, lost_events, decoder) = trace.finish()?;
     events.sort_by_key(|e| e.ts);
     let host = HostTrace { events, lost_events, missing_events, decoder };
-    let out = explain(&report, host, Some(args.inject_hz))?;
+    let out = explain(&report, host, Some(inject_hz))?;
     Ok(out)
 }
 

@@ -7,6 +7,7 @@ mod output;
 mod trace;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -33,19 +34,57 @@ pub struct Settings {
     pub stop_single_ns: Option<u64>,
     pub stop_total_ns: Option<u64>,
     pub bucket_ns: u64,
+    /// Histogram buckets kept.
+    pub entries: usize,
+    /// SCHED_FIFO priority of the measuring threads (0: normal).
+    pub fifo: u8,
+    /// Trace the measured CPUs to attribute samples.
+    pub trace: bool,
+    /// Where a stop's trace snapshot goes.
+    pub snapshot: PathBuf,
+}
+
+/// What `noise` measures.
+enum Target {
+    /// Host CPUs.
+    Host,
+    /// A testvm noise guest pinned to `cpu`, its vCPU kicked `inject_hz` times a second.
+    Guest { cpu: u32, inject_hz: u32 },
+    /// A recorded host trace and the guest report of the same run.
+    Recorded { recording: PathBuf, guest: PathBuf },
 }
 
 pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
-    if let (Some(recording), Some(guest)) = (&args.host_recording, &args.guest) {
-        return output::print_guest(&guest::run_recorded(recording, guest)?, args);
+    let show = output::Show { json: args.json, hist: args.hist };
+    let target = target(args)?;
+    if let Target::Recorded { recording, guest } = &target {
+        return output::print_guest(&guest::run_recorded(recording, guest)?, show);
     }
     let settings = settings(args)?;
-    if args.testvm {
-        return output::print_guest(&guest::run(args, &settings)?, args);
+    if let Target::Guest { cpu, inject_hz } = target {
+        return output::print_guest(&guest::run(&settings, cpu, inject_hz)?, show);
     }
     virtprof_host::stop::install_handler();
-    let report = measure_host(args, &settings)?;
-    output::print(&report, args)
+    let report = measure_host(&settings)?;
+    output::print(&report, show)
+}
+
+fn target(args: &NoiseArgs) -> anyhow::Result<Target> {
+    if let (Some(recording), Some(guest)) = (&args.host_recording, &args.guest) {
+        return Ok(Target::Recorded { recording: recording.clone(), guest: guest.clone() });
+    }
+    if !args.testvm {
+        return Ok(Target::Host);
+    }
+    if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
+        return Err(usage("--hist, --stop-single and --stop-total measure host CPUs; drop them with --testvm"));
+    }
+    let allowed = virtprof_host::affinity::allowed_cpus();
+    let cpu = args.pin.or_else(|| allowed.last().copied()).unwrap_or(0);
+    if !allowed.contains(&cpu) {
+        return Err(usage(format!("--pin {cpu}: CPU not available here (allowed: {allowed:?})")));
+    }
+    Ok(Target::Guest { cpu, inject_hz: args.inject_hz })
 }
 
 fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
@@ -93,6 +132,10 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
         stop_single_ns: args.stop_single.map(|t| time("--stop-single", t)).transpose()?,
         stop_total_ns: args.stop_total.map(|t| time("--stop-total", t)).transpose()?,
         bucket_ns: time("--bucket-size", args.bucket_size)?,
+        entries: args.entries,
+        fifo: args.fifo.unwrap_or(0),
+        trace: !args.no_trace,
+        snapshot: args.snapshot.clone(),
     })
 }
 
@@ -168,7 +211,7 @@ pub struct NoiseReport {
     pub stopped: Option<StopReport>,
 }
 
-fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
+fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
     let in_vm = virtprof_host::kind::in_vm();
     // Like oslat's main thread: trace readers and this thread keep off the measured CPUs.
     let own_cpus = virtprof_host::affinity::keep_off(&s.cpus);
@@ -177,7 +220,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         Clock::Tsc | Clock::MonoRaw => "mono_raw",
     };
     let mut tracer = match trace::NoiseTrace::start(&s.cpus, trace_clock, &trace::EVENTS) {
-        _ if args.no_trace => None,
+        _ if !s.trace => None,
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("virtprof noise: no trace ({e:#}); samples are counted but not attributed");
@@ -212,7 +255,7 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
         period_ns: s.period_ns,
         runtime_ns: s.runtime_ns,
         periods,
-        fifo: args.fifo.unwrap_or(0),
+        fifo: s.fifo,
         stop_single_ns: s.stop_single_ns,
         stop_total_ns: s.stop_total_ns,
         capacity: 1 << 20,
@@ -302,12 +345,12 @@ fn measure_host(args: &NoiseArgs, s: &Settings) -> anyhow::Result<NoiseReport> {
                 .find(|x| x.start_ns == start)
                 .cloned()
                 .unwrap_or_else(|| attribute(&contexts, start, len, l.tid, in_vm));
-            let snapshot = output::write_snapshot(&args.snapshot, &events, &names, start, len)?;
+            let snapshot = output::write_snapshot(&s.snapshot, &events, &names, start, len)?;
             stopped = Some(StopReport { cpu, start_ns: start, len_ns: len, noise_ns_by_class: sample.ns, snapshot });
         }
         let runtime: u64 = l.periods.iter().map(|p| p.1 - p.0).sum();
         let iterations: u64 = l.periods.iter().map(|p| p.2).sum();
-        let (hist, hist_over) = histogram(&all, s.bucket_ns, args.entries);
+        let (hist, hist_over) = histogram(&all, s.bucket_ns, s.entries);
         cpus.push(CpuReport {
             cpu: l.cpu,
             tid: l.tid,

@@ -11,14 +11,21 @@ use virtprof_model::event::{Event, EventKind};
 
 use super::guest::GuestReport;
 use super::{CpuReport, NoiseReport};
-use crate::args::NoiseArgs;
 
-pub fn print(report: &NoiseReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
-    if args.json {
+/// How results are printed.
+#[derive(Debug, Clone, Copy)]
+pub struct Show {
+    pub json: bool,
+    /// Add the sample-length histogram to the table.
+    pub hist: bool,
+}
+
+pub fn print(report: &NoiseReport, show: Show) -> anyhow::Result<ExitCode> {
+    if show.json {
         println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         print!("{}", table(report));
-        if args.hist {
+        if show.hist {
             print!("{}", hist(report));
         }
     }
@@ -210,8 +217,8 @@ pub fn write_snapshot(
 
 /// The `--testvm` report: the seed's guest columns, then the host's explanation.
 /// The guest-side report (`--testvm`, `--host-recording`): JSON or the table.
-pub fn print_guest(r: &GuestReport, args: &NoiseArgs) -> anyhow::Result<ExitCode> {
-    if args.json {
+pub fn print_guest(r: &GuestReport, show: Show) -> anyhow::Result<ExitCode> {
+    if show.json {
         println!("{}", serde_json::to_string_pretty(r)?);
     } else {
         print!("{}", guest_table(r));

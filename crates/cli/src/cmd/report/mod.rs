@@ -9,6 +9,8 @@ mod text;
 
 use std::process::ExitCode;
 
+use virtprof_analysis::correlate::Method;
+
 use crate::args::ReportArgs;
 use crate::exit::usage;
 use crate::pass::{analyse, Want};
@@ -18,7 +20,9 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let mut recording = Session::open_warning(&args.file, None)?;
     let want = Want { exits: true, exit_rows: false, accounting: true, binning: true, state_slices: false };
     let analysis = analyse(&mut recording, want)?;
-    let report = model::build(&args.file, &recording, analysis, args);
+    let method = if args.spearman { Method::Spearman } else { Method::Pearson };
+    let limits = model::Limits { top_exits: args.top_exits, top_pairs: args.top, method };
+    let report = model::build(&args.file, &recording, analysis, &limits);
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
         std::fs::write(path, page).map_err(|e| usage(format!("cannot write '{}': {e}", path.display())))?;

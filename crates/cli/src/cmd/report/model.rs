@@ -12,8 +12,8 @@ use virtprof_analysis::phases;
 use virtprof_analysis::qos::{window_report, WindowReport};
 use virtprof_analysis::sched::Span;
 use virtprof_model::interval::{Entity, SeriesKind};
+use virtprof_model::{Pid, Tid, VcpuThread};
 
-use crate::args::ReportArgs;
 use crate::pass::{features, Analysis};
 use virtprof_session::Session;
 
@@ -63,11 +63,11 @@ pub struct Report {
 
 #[derive(Serialize)]
 pub struct VmOut {
-    pub pid: u32,
+    pub pid: Pid,
     pub name: String,
     pub kind: String,
     /// (index, thread id) per vCPU.
-    pub vcpus: Vec<(u32, u32)>,
+    pub vcpus: Vec<VcpuThread>,
 }
 
 #[derive(Serialize)]
@@ -174,8 +174,18 @@ pub struct SeriesMetric {
     pub per_s: Vec<f64>,
 }
 
+/// How much the report shows.
+pub struct Limits {
+    /// Exit reasons listed.
+    pub top_exits: usize,
+    /// Correlated metric pairs listed.
+    pub top_pairs: usize,
+    /// How metrics are correlated.
+    pub method: Method,
+}
+
 /// Assemble the report from one analysis pass.
-pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, args: &ReportArgs) -> Report {
+pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &Limits) -> Report {
     let md = &recording.metadata;
     let table = analysis.table.take();
     // One time origin for trace and interval rows (both on the recording's clock).
@@ -187,7 +197,7 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, args: &Re
     let exits = analysis.exits.take().expect("report asks for exits");
     let names = analysis.names();
     let mut by_reason = exits.by_reason;
-    by_reason.truncate(args.top_exits);
+    by_reason.truncate(limits.top_exits);
     let histograms = by_reason
         .iter()
         .filter(|r| r.histogram.count() > 0)
@@ -201,11 +211,11 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, args: &Re
     let vms_out = vms
         .iter()
         .map(|vm| {
-            let kind = identities.iter().find(|i| i.pid == vm.pid).map_or(vm.kind.clone(), |i| i.kind.clone());
+            let kind = identities.iter().find(|i| i.pid == vm.pid.0).map_or(vm.kind.clone(), |i| i.kind.clone());
             VmOut { pid: vm.pid, name: vm.name.clone(), kind, vcpus: vm.vcpus.clone() }
         })
         .collect();
-    let intervals = table.map(|t| intervals(&t, recording, analysis.outside_rows, origin_ns, args));
+    let intervals = table.map(|t| intervals(&t, recording, analysis.outside_rows, origin_ns, limits));
     Report {
         recording: path.display().to_string(),
         origin: md.origin.clone(),
@@ -230,9 +240,15 @@ fn timeline(buckets: &[Span], vms: &[virtprof_analysis::qos::VmInfo], bucket_ns:
     let t_s = buckets.iter().map(|b| b.start_ns.saturating_sub(origin_ns) as f64 / 1e9).collect();
     let mut vcpus = Vec::new();
     for vm in vms {
-        for &(index, tid) in &vm.vcpus {
-            let mut line =
-                VcpuTimeline { vm: vm.pid, index, tid, running_pct: vec![], waiting_pct: vec![], blocked_pct: vec![] };
+        for &VcpuThread { index, tid: Tid(tid) } in &vm.vcpus {
+            let mut line = VcpuTimeline {
+                vm: vm.pid.0,
+                index,
+                tid,
+                running_pct: vec![],
+                waiting_pct: vec![],
+                blocked_pct: vec![],
+            };
             for b in buckets {
                 let c = b.thread(tid, None);
                 let width = b.end_ns.saturating_sub(b.start_ns).max(1) as f64 / 100.0;
@@ -251,7 +267,7 @@ fn intervals(
     recording: &Session,
     outside_rows: u64,
     origin_ns: u64,
-    args: &ReportArgs,
+    limits: &Limits,
 ) -> IntervalsOut {
     let loss = recording.footer.as_ref().map(|f| f.intervals).unwrap_or_default();
     let seconds = table.seconds().max(f64::MIN_POSITIVE);
@@ -274,8 +290,7 @@ fn intervals(
     let rows: Vec<Vec<f64>> = (0..table.rows()).map(|r| features.iter().map(|(_, v)| v[r]).collect()).collect();
     let found = phases::detect(&rows, MAX_PHASES, blip_rows(table.interval_ns));
     let t0 = table.start_ns.first().copied().unwrap_or(0);
-    let method = if args.spearman { Method::Spearman } else { Method::Pearson };
-    let m = correlate::matrix(&features, method);
+    let m = correlate::matrix(&features, limits.method);
     let n = m.names.len();
     let mut pairs = Vec::new();
     for i in 0..n {
@@ -287,9 +302,12 @@ fn intervals(
         }
     }
     pairs.sort_by(|x, y| y.r.abs().total_cmp(&x.r.abs()));
-    pairs.truncate(args.top);
+    pairs.truncate(limits.top_pairs);
     let matrix = MatrixOut {
-        method: if args.spearman { "spearman" } else { "pearson" },
+        method: match limits.method {
+            Method::Spearman => "spearman",
+            Method::Pearson => "pearson",
+        },
         names: m.names.clone(),
         r: (0..n).map(|i| (0..n).map(|j| Some(m.get(i, j)).filter(|r| r.is_finite())).collect()).collect(),
     };
