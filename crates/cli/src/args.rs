@@ -657,6 +657,10 @@ pub struct BalanceArgs {
     /// Trace sched_switch and check that every moved thread runs on its new core.
     #[arg(long)]
     pub verify: bool,
+    /// --verify: per-CPU ring buffer of the sched trace, in KiB (raise it if events are lost).
+    #[arg(long = "buffer-size", value_name = "KB", default_value_t = 4096, requires = "verify",
+          value_parser = clap::value_parser!(u32).range(4..=1_048_576))]
+    pub buffer_size_kb: u32,
     /// Print JSON (schema: docs/balance.md).
     #[arg(long)]
     pub json: bool,

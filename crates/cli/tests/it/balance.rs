@@ -77,6 +77,72 @@ fn json(out: &std::process::Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Threads bouncing a token through rendezvous channels: each hand-over is a context switch
+/// on each side, tens of thousands a second, until `seconds` have passed.
+fn switch_storm(seconds: u64) -> Vec<std::thread::JoinHandle<()>> {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (to_echo, echo_rx) = std::sync::mpsc::sync_channel::<u8>(0);
+                let (to_main, main_rx) = std::sync::mpsc::sync_channel::<u8>(0);
+                let echo = std::thread::spawn(move || {
+                    while let Ok(b) = echo_rx.recv() {
+                        if to_main.send(b).is_err() {
+                            break;
+                        }
+                    }
+                });
+                while Instant::now() < deadline {
+                    for _ in 0..1000 {
+                        to_echo.send(1).unwrap();
+                        main_rx.recv().unwrap();
+                    }
+                }
+                drop(to_echo);
+                echo.join().unwrap();
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn verify_with_a_tiny_buffer_reports_its_loss_like_every_reader() {
+    let test = "verify_with_a_tiny_buffer_reports_its_loss_like_every_reader";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !have_tracefs(test) || !two_cpus(test) {
+        return;
+    }
+    let (_vms, pids) = HotAndCold::start(8);
+    let storm = switch_storm(5);
+    let mut cmd = virtprof();
+    cmd.args(["balance", "--cpus", "0,1", "--period", "100ms", "--force-hz", "20", "--duration", "2s"]);
+    cmd.args(["--verify", "--buffer-size", "4", "--json"]);
+    for pid in &pids {
+        cmd.args(["--vm", &pid.to_string()]);
+    }
+    let r = json(&cmd.output().unwrap());
+    storm.into_iter().for_each(|t| t.join().unwrap());
+    let v = &r["verify"];
+    let lost = v["lost_events"].as_u64().unwrap();
+    assert!(lost > 0, "one page per CPU cannot hold a switch storm: {v}");
+    // The figure is the kernel's counters, located by the pages' gaps, as in every reader.
+    let loss = &v["loss"];
+    assert_eq!(loss["complete"], true, "{loss}");
+    let per_cpu: u64 = loss["cpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["reported"].as_u64().unwrap_or(0).max(c["on_pages"].as_u64().unwrap()))
+        .sum();
+    assert_eq!(per_cpu, lost, "{loss}");
+    assert!(loss["cpus"].as_array().unwrap().iter().any(|c| c["gaps"].as_u64().unwrap() > 0), "{loss}");
+    let text = v["lost_events_text"].as_str().unwrap();
+    assert!(text.starts_with(&lost.to_string()), "{text}");
+    // A lost switch can hide a move, never invent a wrong one.
+    assert_eq!(v["wrong_cpu"], 0, "{v}");
+}
+
 #[test]
 fn live_swaps_move_both_threads_and_the_policy_keeps_the_gap_within_the_seed_bound() {
     let test = "live_swaps_move_both_threads_and_the_policy_keeps_the_gap_within_the_seed_bound";

@@ -123,7 +123,7 @@ fn run_config(config: &BenchConfig, policy: Policy, forced_hz: f64, duration_ns:
         policy,
         forced_hz,
         actuate: true,
-        verify: false,
+        verify: None,
         model: config.model.clone(),
         progress: false,
     }

@@ -70,8 +70,8 @@ pub struct RunConfig {
     pub forced_hz: f64,
     /// Move threads (false: dry run).
     pub actuate: bool,
-    /// Check the moves in a sched trace.
-    pub verify: bool,
+    /// Check the moves in a sched trace with this per-CPU buffer (KiB).
+    pub verify: Option<u32>,
     /// Energy weights and thermal parameters.
     pub model: Model,
     /// A status line on stderr every second.
@@ -153,7 +153,7 @@ pub fn run_observed(
     let tids: Vec<u32> = targets.iter().map(|t| t.tid).collect();
     let core_of = starting_cores(&tids, &config.cpus, config.actuate);
     let mut ledger = Ledger::new(core_of.clone(), config.cpus.len(), config.model.thermal);
-    let mut tracer = if config.verify { Some(Tracer::start(&tids)?) } else { None };
+    let mut tracer = config.verify.map(|buffer_kb| Tracer::start(&tids, buffer_kb)).transpose()?;
     let mut placements = Vec::new();
     let t0 = monotonic_ns();
     let mut actuator = config.actuate.then(Actuator::new);

@@ -66,7 +66,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
         policy: Policy::Thermal { k: args.k },
         forced_hz,
         actuate: !args.dry_run,
-        verify: args.verify,
+        verify: args.verify.then_some(args.buffer_size_kb),
         model,
         progress: !args.json,
     };
@@ -145,7 +145,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
         policy: Policy::Fixed,
         forced_hz: 0.0,
         actuate: false,
-        verify: false,
+        verify: None,
         model: weights,
         progress: !args.json,
     };

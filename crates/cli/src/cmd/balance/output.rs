@@ -150,6 +150,9 @@ fn run_text(r: &RunReport<'_>) -> String {
             "verify (sched trace): {} placements, {} seen running after the move, {} switches judged, {} on a wrong CPU, {} events lost",
             v.placements, v.observed, v.switches, v.wrong_cpu, v.lost_events
         );
+        if v.lost_events > 0 {
+            let _ = writeln!(s, "  the check is incomplete: lost events {}; raise --buffer-size", v.lost_events_text);
+        }
         for e in &v.examples {
             let _ = writeln!(s, "  {e}");
         }

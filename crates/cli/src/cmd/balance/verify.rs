@@ -9,6 +9,7 @@
 
 use serde::Serialize;
 use virtprof_model::event::{Event, EventKind};
+use virtprof_model::Loss;
 
 use virtprof_session::LiveTrace;
 
@@ -41,11 +42,17 @@ pub struct Verification {
     pub examples: Vec<String>,
     /// Events the kernel dropped (the check is incomplete if this is not 0).
     pub lost_events: u64,
+    /// Where and how they were lost, as every reading command reports it.
+    pub loss: Loss,
+    /// The same for people, times from the start of the trace.
+    pub lost_events_text: String,
 }
 
 /// A running sched trace of the vCPU threads.
 pub struct Tracer {
     trace: LiveTrace,
+    /// When tracing began (CLOCK_MONOTONIC, the trace's clock).
+    started_ns: u64,
     tids: Vec<u32>,
     switches: Vec<Switch>,
 }
@@ -72,13 +79,18 @@ fn collect(tids: &[u32], switches: &mut Vec<Switch>, e: &Event) {
 }
 
 impl Tracer {
-    /// Start tracing `sched_switch` for `tids`.
-    pub fn start(tids: &[u32]) -> anyhow::Result<Tracer> {
-        let trace = LiveTrace::start(&["sched:sched_switch"], "mono", 4096, &["sched"])?;
+    /// Start tracing `sched_switch` for `tids`, `buffer_kb` KiB of ring buffer per CPU.
+    pub fn start(tids: &[u32], buffer_kb: u32) -> anyhow::Result<Tracer> {
+        let trace = LiveTrace::start(&["sched:sched_switch"], "mono", buffer_kb, &["sched"])?;
         if !trace.missing.is_empty() {
             anyhow::bail!("--verify needs the sched:sched_switch tracepoint, which this kernel lacks");
         }
-        Ok(Tracer { trace, tids: tids.to_vec(), switches: Vec::new() })
+        Ok(Tracer {
+            trace,
+            started_ns: virtprof_host::clock::monotonic_ns(),
+            tids: tids.to_vec(),
+            switches: Vec::new(),
+        })
     }
 
     /// Take in what the kernel has buffered (call often enough that the buffer never fills).
@@ -89,10 +101,12 @@ impl Tracer {
 
     /// Stop, read the rest, and judge every placement.
     pub fn finish(self, placements: &[Placement]) -> anyhow::Result<Verification> {
-        let Tracer { trace, tids, mut switches } = self;
+        let Tracer { trace, started_ns, tids, mut switches } = self;
         let (lost, _) = trace.finish(|e| collect(&tids, &mut switches, e))?;
         let mut v = judge(&mut switches, placements);
         v.lost_events = lost.total();
+        v.lost_events_text = lost.describe(started_ns);
+        v.loss = lost;
         Ok(v)
     }
 }
