@@ -59,3 +59,7 @@ printf '%-36s %8s ms\n' "trace-cmd report" "$tc" "virtprof exits big.dat (direct
     "trace-cmd report (zstd)" "$tcz" "virtprof exits zstd.dat (direct)" "$directz"
 awk -v a="$tc" -v d="$direct" -v b="$both" -v c="$ex" 'BEGIN { printf "ratio trace-cmd / exits on the trace.dat: %.1fx, / (import+exits): %.1fx, / exits on a recording: %.1fx (target >= 20x)\n", a/d, a/b, a/c }'
 awk -v a="$tcz" -v d="$directz" 'BEGIN { printf "ratio on the zstd-compressed trace.dat: %.1fx (target >= 20x)\n", a/d }'
+# Memory: compressed frames are expanded per CPU as the walk reaches them, so the peak stays
+# far below the pages' expanded size (which the whole file would take if expanded first).
+rss() { /usr/bin/time -f %M "$@" 2>&1 >/dev/null | tail -1; }
+echo "peak RSS (KiB): virtprof exits zstd.dat $(rss "$V" exits "$work/zstd.dat"), big.dat $(rss "$V" exits "$work/big.dat"), trace-cmd report zstd.dat $(rss trace-cmd report -i "$work/zstd.dat"); expanded pages $(( $(stat -c %s "$work/big.dat") / 1024 )) KiB"

@@ -3,7 +3,6 @@
 //! a trace-cmd trace.dat (version 7), or ftrace text re-encoded through the traced kernel's
 //! formats.
 
-use std::borrow::Cow;
 use std::fs;
 use std::path::Path;
 
@@ -11,6 +10,7 @@ use virtprof_model::{Cpu, KernelLoss};
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task};
 use virtprof_trace::capture::stat_value;
 use virtprof_trace::dump::read_cpu_pages;
+use virtprof_trace::segment::Segment;
 use virtprof_trace::tracedat::TraceDat;
 use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
 
@@ -60,7 +60,16 @@ pub fn file_head(path: &Path) -> Vec<u8> {
 fn read_trace_dat(path: &Path) -> Result<(Metadata, CpuPages, Footer)> {
     let bytes = fs::read(path).map_err(SessionError::io(format!("reading '{}'", path.display())))?;
     let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?);
-    Ok((metadata, cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect(), footer))
+    let mut pages = Vec::with_capacity(cpus.len());
+    let mut buffer = Vec::new();
+    for (cpu, segments) in cpus {
+        let mut raw = Vec::with_capacity(segments.iter().map(Segment::len).sum());
+        for segment in segments {
+            raw.extend_from_slice(segment.pages(&mut buffer).map_err(|e| SessionError::in_file(path, e))?);
+        }
+        pages.push((cpu, raw));
+    }
+    Ok((metadata, pages, footer))
 }
 
 /// Parse a trace.dat held in `bytes`, the error naming `path`.
@@ -68,11 +77,11 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> Result<TraceDat<'a>>
     virtprof_trace::tracedat::read(bytes).map_err(|e| SessionError::in_file(path, e))
 }
 
-/// Raw pages per CPU, borrowed from the source where they need no decompression.
-pub type BorrowedCpuPages<'a> = Vec<(u32, Cow<'a, [u8]>)>;
+/// Each CPU's page segments, borrowed from the source (compressed ones still compressed).
+pub type CpuSegments<'a> = Vec<(u32, Vec<Segment<'a>>)>;
 
 /// A trace.dat as recording metadata, loss figures, and its pages (still where they were).
-pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer, BorrowedCpuPages<'a>) {
+pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer, CpuSegments<'a>) {
     let tasks = saved_tasks(&dat.cmdlines, "");
     let cpu_loss = dat
         .cpu_stats

@@ -1,7 +1,6 @@
 //! A source opened for reading: container chunks (store) or an imported capture → decoder and
 //! per-CPU pages (trace), with the metadata, interval rows and loss every command reads.
 
-use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
@@ -14,6 +13,7 @@ use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
+use virtprof_trace::segment::Segment;
 
 use crate::error::{Result, SessionError};
 use crate::names::DecoderNames;
@@ -55,10 +55,32 @@ impl std::ops::Deref for Backing {
 
 /// Where the pages live.
 enum Pages {
-    /// A recording's bytes, with each CPU's page chunks as byte ranges into them, in order.
-    Mapped { map: Backing, cpus: Vec<(u32, Vec<Range<usize>>)> },
+    /// A file's bytes, with each CPU's page chunks as byte ranges into them, in order.
+    Mapped { map: Backing, cpus: Vec<(u32, Vec<Span>)> },
     /// A capture imported in memory: each CPU's pages as read.
     Owned(Vec<(u32, Vec<u8>)>),
+}
+
+/// Where a chunk of one CPU's pages sits in a mapped file.
+#[derive(Debug, Clone)]
+struct Span {
+    range: Range<usize>,
+    /// For a zstd frame (trace-cmd's compressed trace.dat): the bytes of pages it expands to.
+    expands_to: Option<usize>,
+}
+
+impl Span {
+    fn pages(range: Range<usize>) -> Span {
+        Span { range, expands_to: None }
+    }
+
+    fn segment<'a>(&self, map: &'a [u8]) -> Segment<'a> {
+        let frame = &map[self.range.clone()];
+        match self.expands_to {
+            None => Segment::Pages(frame),
+            Some(size) => Segment::Zstd { frame, size, offset: self.range.start },
+        }
+    }
 }
 
 impl Session {
@@ -77,7 +99,7 @@ impl Session {
         let base = map.as_ptr() as usize;
         let mut reader = Reader::new(&map).map_err(|e| SessionError::in_file(path, e))?;
         let (mut metadata, mut footer) = (None, None);
-        let mut cpus: Vec<(u32, Vec<Range<usize>>)> = Vec::new();
+        let mut cpus: Vec<(u32, Vec<Span>)> = Vec::new();
         let mut intervals: Option<IntervalTable> = None;
         let mut columns: Vec<usize> = Vec::new();
         while let Some(chunk) = reader.next_chunk().map_err(|e| SessionError::in_file(path, e))? {
@@ -85,10 +107,10 @@ impl Session {
                 Chunk::Metadata(m) => metadata = Some(*m),
                 Chunk::Pages { cpu, data } => {
                     let start = data.as_ptr() as usize - base;
-                    let range = start..start + data.len();
+                    let span = Span::pages(start..start + data.len());
                     match cpus.iter_mut().find(|(c, _)| *c == cpu) {
-                        Some((_, ranges)) => ranges.push(range),
-                        None => cpus.push((cpu, vec![range])),
+                        Some((_, spans)) => spans.push(span),
+                        None => cpus.push((cpu, vec![span])),
                     }
                 }
                 Chunk::Footer(f) => footer = Some(f),
@@ -133,28 +155,31 @@ impl Session {
         })
     }
 
-    /// Map a trace-cmd trace.dat: uncompressed pages are decoded in place, compressed ones
-    /// are decompressed into memory.
+    /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
+    /// at a time as the walk reaches them.
     fn open_trace_dat(path: &Path) -> Result<Session> {
         let map = map_file(path, "trace.dat")?;
         let base = map.as_ptr() as usize;
         let (metadata, footer, cpus) =
             crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?);
-        let in_place: Option<Vec<(u32, Vec<Range<usize>>)>> = cpus
-            .iter()
-            .map(|(cpu, raw)| match raw {
-                Cow::Borrowed(slice) => {
-                    let start = slice.as_ptr() as usize - base;
-                    Some((*cpu, std::iter::once(start..start + slice.len()).collect()))
-                }
-                Cow::Owned(_) => None,
+        let at = |bytes: &[u8]| {
+            let start = bytes.as_ptr() as usize - base;
+            start..start + bytes.len()
+        };
+        let cpus = cpus
+            .into_iter()
+            .map(|(cpu, segments)| {
+                let spans = segments
+                    .iter()
+                    .map(|segment| match *segment {
+                        Segment::Pages(pages) => Span::pages(at(pages)),
+                        Segment::Zstd { frame, size, .. } => Span { range: at(frame), expands_to: Some(size) },
+                    })
+                    .collect();
+                (cpu, spans)
             })
             .collect();
-        let pages = match in_place {
-            Some(cpus) => Pages::Mapped { map: Backing::Map(map), cpus },
-            None => Pages::Owned(cpus.into_iter().map(|(cpu, raw)| (cpu, raw.into_owned())).collect()),
-        };
-        Ok(Session::imported(path, metadata, footer, pages))
+        Ok(Session::imported(path, metadata, footer, Pages::Mapped { map: Backing::Map(map), cpus }))
     }
 
     /// A capture from elsewhere: complete (its loss figures are its footer), no interval rows.
@@ -228,10 +253,7 @@ impl Session {
         match &self.pages {
             Pages::Mapped { map, cpus } => cpus
                 .iter()
-                .map(|(cpu, ranges)| CpuStream {
-                    cpu: *cpu,
-                    segments: ranges.iter().map(|r| &map[r.clone()]).collect(),
-                })
+                .map(|(cpu, spans)| CpuStream { cpu: *cpu, segments: spans.iter().map(|s| s.segment(map)).collect() })
                 .collect(),
             Pages::Owned(cpus) => cpus.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect(),
         }

@@ -12,6 +12,7 @@ pub mod format;
 pub mod merge;
 pub mod page;
 pub mod perf;
+pub mod segment;
 pub mod text;
 pub mod tracedat;
 pub mod tracefs;

@@ -1,6 +1,6 @@
 //! Merging per-CPU event streams into one timestamp-ordered stream, lazily: each CPU keeps one
-//! decoded event pending (or, decoded on its own thread, a few batches in flight), so memory
-//! is bounded by the CPU count whatever the trace length.
+//! decoded event pending (or, decoded on its own thread, a few batches in flight and one
+//! expanded compressed frame), so memory is bounded by the CPU count whatever the trace length.
 //! Ties go to the lower CPU number, so every path (live, replay, shuffled input) agrees.
 
 use std::cmp::Reverse;
@@ -13,6 +13,7 @@ use virtprof_model::{Event, EventKind, Loss, StrId};
 use crate::decode::Decoder;
 use crate::format::PageHeader;
 use crate::page::{Missed, Page, Records};
+use crate::segment::{Segment, SegmentError};
 
 /// Counts from walking pages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,20 +49,25 @@ pub struct WalkError {
     pub message: String,
 }
 
-/// One CPU's pages: whole pages in one or more segments, in order (a recording's chunks, or
-/// one buffer), borrowed so nothing is copied.
+/// One CPU's pages: whole pages in one or more segments, in order (a recording's chunks,
+/// trace-cmd's compressed frames, or one buffer), borrowed so nothing is copied.
 #[derive(Debug, Clone)]
 pub struct CpuStream<'a> {
     /// CPU number.
     pub cpu: u32,
     /// Segments of whole pages.
-    pub segments: Vec<&'a [u8]>,
+    pub segments: Vec<Segment<'a>>,
 }
 
 impl<'a> CpuStream<'a> {
     /// A stream of one contiguous buffer.
     pub fn contiguous(cpu: u32, raw: &'a [u8]) -> Self {
-        CpuStream { cpu, segments: vec![raw] }
+        CpuStream { cpu, segments: vec![Segment::Pages(raw)] }
+    }
+
+    /// True if a walk must expand compressed frames.
+    fn is_compressed(&self) -> bool {
+        self.segments.iter().any(Segment::is_compressed)
     }
 }
 
@@ -69,14 +75,20 @@ impl<'a> CpuStream<'a> {
 /// the span a walk will cover (to within a page), known before decoding anything, which is
 /// what progress bars and time-bucketed analyses need up front.
 pub fn time_range(header: &PageHeader, cpus: &[CpuStream<'_>]) -> Option<(u64, u64)> {
+    let page_size = header.page_size;
     let page_ts = |page: &[u8]| Page::parse(page, header).ok().map(|p| p.base_ts()).filter(|&ts| ts > 0);
+    let mut buffer = Vec::new();
     let mut range: Option<(u64, u64)> = None;
     for s in cpus {
-        let whole = |seg: &&&[u8]| seg.len() >= header.page_size;
-        let first = s.segments.iter().find(whole).and_then(|seg| page_ts(&seg[..header.page_size]));
+        let whole = |seg: &&Segment<'_>| seg.len() >= page_size;
+        let first = s.segments.iter().find(whole).and_then(|seg| {
+            let pages = seg.pages(&mut buffer).ok()?;
+            page_ts(pages.get(..page_size)?)
+        });
         let last = s.segments.iter().rev().find(whole).and_then(|seg| {
-            let pages = seg.len() / header.page_size;
-            page_ts(&seg[(pages - 1) * header.page_size..pages * header.page_size])
+            let pages = seg.pages(&mut buffer).ok()?;
+            let n = pages.len() / page_size;
+            page_ts(pages.get(n.checked_sub(1)? * page_size..n * page_size)?)
         });
         if let (Some(a), Some(b)) = (first, last) {
             let (lo, hi) = range.unwrap_or((a, b));
@@ -84,6 +96,19 @@ pub fn time_range(header: &PageHeader, cpus: &[CpuStream<'_>]) -> Option<(u64, u
         }
     }
     range
+}
+
+/// How far into its CPU's stream a cursor starts: pages before it and the last timestamp
+/// seen (where a gap flagged on its first page begins).
+#[derive(Debug, Clone, Copy, Default)]
+struct Position {
+    pages: usize,
+    last_ts: Option<u64>,
+}
+
+/// The walk error for a frame of CPU `cpu` that would not expand, `position` into its stream.
+fn frame_error(cpu: u32, position: Position, page_size: usize, e: SegmentError) -> WalkError {
+    WalkError { cpu, page: position.pages, offset: position.pages * page_size, message: e.to_string() }
 }
 
 /// One CPU's position in its pages.
@@ -100,16 +125,23 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(stream: &'a CpuStream<'a>) -> Self {
+    /// A cursor at the start of `segments`, `position` into its CPU's stream (see
+    /// [`Cursor::position`]).
+    fn new(cpu: u32, segments: &'a [&'a [u8]], position: Position) -> Self {
         Cursor {
-            cpu: stream.cpu,
-            segments: &stream.segments,
+            cpu,
+            segments,
             segment: 0,
             next_page: 0,
-            pages_before: 0,
+            pages_before: position.pages,
             records: None,
-            last_ts: None,
+            last_ts: position.last_ts,
         }
+    }
+
+    /// Where it is, for a cursor over the pages that follow.
+    fn position(&self) -> Position {
+        Position { pages: self.pages_before + self.next_page, last_ts: self.last_ts }
     }
 
     fn error(&self, page: usize, page_size: usize, offset: usize, message: String) -> WalkError {
@@ -179,9 +211,13 @@ pub fn merge_cpus<'a>(
     cpus: &'a [CpuStream<'a>],
     sink: impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
-    let bytes: usize = cpus.iter().flat_map(|s| &s.segments).map(|seg| seg.len()).sum();
+    let bytes: usize = cpus.iter().flat_map(|s| &s.segments).map(Segment::len).sum();
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    if threads > 1 && (2..=MAX_PARALLEL_CPUS).contains(&cpus.len()) && bytes >= PARALLEL_BYTES {
+    // Compressed frames are expanded one at a time on each CPU's thread, so memory stays
+    // bounded; the serial walk would expand them all first.
+    let compressed = cpus.iter().any(CpuStream::is_compressed);
+    let big = threads > 1 && cpus.len() >= 2 && bytes >= PARALLEL_BYTES;
+    if (compressed || big) && cpus.len() <= MAX_PARALLEL_CPUS {
         merge_cpus_parallel(decoder, cpus, sink)
     } else {
         merge_cpus_serial(decoder, cpus, sink)
@@ -193,13 +229,44 @@ const PARALLEL_BYTES: usize = 8 << 20;
 /// Above this many CPUs, a thread each (and their batches in flight) is too much.
 const MAX_PARALLEL_CPUS: usize = 64;
 
-/// [`merge_cpus`] on the calling thread alone.
-pub fn merge_cpus_serial<'a>(
+/// [`merge_cpus`] on the calling thread alone (compressed frames are expanded first).
+pub fn merge_cpus_serial(
     decoder: &mut Decoder,
-    cpus: &'a [CpuStream<'a>],
+    cpus: &[CpuStream<'_>],
     mut sink: impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
-    let mut cursors: Vec<Cursor<'a>> = cpus.iter().map(Cursor::new).collect();
+    let page_size = decoder.layout().header.page_size;
+    let mut expanded: Vec<Vec<Vec<u8>>> = Vec::with_capacity(cpus.len());
+    for stream in cpus {
+        let mut frames = Vec::new();
+        let mut pages = 0;
+        for segment in stream.segments.iter().filter(|s| s.is_compressed()) {
+            let mut buffer = Vec::new();
+            segment
+                .pages(&mut buffer)
+                .map_err(|e| frame_error(stream.cpu, Position { pages, last_ts: None }, page_size, e))?;
+            pages += buffer.len() / page_size.max(1);
+            frames.push(buffer);
+        }
+        expanded.push(frames);
+    }
+    let slices: Vec<Vec<&[u8]>> = cpus
+        .iter()
+        .zip(&expanded)
+        .map(|(stream, frames)| {
+            let mut frames = frames.iter();
+            stream
+                .segments
+                .iter()
+                .map(|segment| match segment {
+                    Segment::Pages(pages) => *pages,
+                    Segment::Zstd { .. } => frames.next().map_or(&[][..], Vec::as_slice),
+                })
+                .collect()
+        })
+        .collect();
+    let mut cursors: Vec<Cursor<'_>> =
+        cpus.iter().zip(&slices).map(|(s, pages)| Cursor::new(s.cpu, pages, Position::default())).collect();
     merge(&mut cursors, decoder, &mut sink)
 }
 
@@ -340,33 +407,61 @@ pub fn merge_cpus_parallel<'a>(
     })
 }
 
-/// A decoding thread: walk one CPU's pages, sending batches until the end or an error (or
-/// until the merge stops listening).
+/// A decoding thread: walk one CPU's pages segment by segment, expanding a compressed frame
+/// only when it is reached (into one reused buffer), and send batches until the end or an
+/// error (or until the merge stops listening).
 fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Batch>) {
-    let mut cursor = Cursor::new(stream);
+    let page_size = decoder.layout().header.page_size;
+    let mut sender = BatchSender { tx, named: 0, events: Vec::with_capacity(BATCH) };
     let mut stats = WalkStats::default();
-    let mut named = 0;
-    loop {
-        let mut events = Vec::with_capacity(BATCH);
-        let mut end = None;
-        while events.len() < BATCH {
+    let mut position = Position::default();
+    let mut buffer = Vec::new();
+    for segment in &stream.segments {
+        let pages = match segment.pages(&mut buffer) {
+            Ok(pages) => [pages],
+            Err(e) => return sender.finish(decoder, Err(frame_error(stream.cpu, position, page_size, e))),
+        };
+        let mut cursor = Cursor::new(stream.cpu, &pages, position);
+        loop {
             match cursor.next(decoder, &mut stats) {
-                Ok(Some(e)) => events.push(e),
-                Ok(None) => {
-                    end = Some(Ok(std::mem::take(&mut stats)));
-                    break;
+                Ok(Some(e)) => {
+                    if !sender.push(decoder, e) {
+                        return;
+                    }
                 }
-                Err(e) => {
-                    end = Some(Err(e));
-                    break;
-                }
+                Ok(None) => break,
+                Err(e) => return sender.finish(decoder, Err(e)),
             }
         }
-        let names = decoder.strings.names_from(named).to_vec();
-        named += names.len();
-        let last = end.is_some();
-        if tx.send(Batch { events, names, end }).is_err() || last {
-            return;
-        }
+        position = cursor.position();
+    }
+    sender.finish(decoder, Ok(stats));
+}
+
+/// A decoding thread's side of its channel: events gathered into batches, with the names
+/// its decoder interned since the last one.
+struct BatchSender<'a> {
+    tx: &'a SyncSender<Batch>,
+    named: usize,
+    events: Vec<Event>,
+}
+
+impl BatchSender<'_> {
+    /// Add an event, sending a full batch; false once the merge stopped listening.
+    fn push(&mut self, decoder: &Decoder, event: Event) -> bool {
+        self.events.push(event);
+        self.events.len() < BATCH || self.send(decoder, None)
+    }
+
+    /// Send what is gathered and how the walk ended.
+    fn finish(mut self, decoder: &Decoder, end: Result<WalkStats, WalkError>) {
+        self.send(decoder, Some(end));
+    }
+
+    fn send(&mut self, decoder: &Decoder, end: Option<Result<WalkStats, WalkError>>) -> bool {
+        let names = decoder.strings.names_from(self.named).to_vec();
+        self.named += names.len();
+        let events = std::mem::replace(&mut self.events, Vec::with_capacity(BATCH));
+        self.tx.send(Batch { events, names, end }).is_ok()
     }
 }

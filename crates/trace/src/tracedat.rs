@@ -1,13 +1,14 @@
 //! Reading trace-cmd's `trace.dat`, version 7 (what trace-cmd 3.x writes): an initial header,
 //! then sections located through options. We take what a recording needs: page header, event
 //! formats, saved cmdlines, the trace clock, per-CPU stats, and each CPU's raw ring-buffer
-//! pages (zstd-compressed chunks are decompressed; "none" is read as is).
+//! pages, in place: uncompressed ones as they are, zstd-compressed chunks as frames a walk
+//! expands when it reaches them ([`Segment`]).
 //!
 //! Layout facts from trace-cmd.dat.v7(5), checked against files trace-cmd 3.1 wrote: a section
 //! header is `id: u16, flags: u16, description: u32, size: u64` (the man page says the size is
 //! 4 bytes; the files carry 8).
 
-use std::borrow::Cow;
+use crate::segment::Segment;
 
 /// A problem in a trace.dat file, with its byte offset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -34,9 +35,8 @@ pub struct TraceDat<'a> {
     pub clock: String,
     /// `per_cpu/cpuN/stats` texts, in CPU order.
     pub cpu_stats: Vec<String>,
-    /// Raw pages per CPU: borrowed from the file when it is uncompressed, so a mapped
-    /// trace.dat is decoded in place.
-    pub cpus: CpuPages<'a>,
+    /// Each CPU's pages, in order, borrowed from the file (compressed chunks stay compressed).
+    pub cpus: Vec<(u32, Vec<Segment<'a>>)>,
 }
 
 const MAGIC: &[u8] = b"\x17\x08\x44tracing";
@@ -173,7 +173,6 @@ pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
             }
         }
     }
-    let mut pending = Vec::new();
     for buffer in buffers {
         let mut b = Cursor::at(&buffer, 0);
         let _section = b.offset()?;
@@ -196,13 +195,12 @@ pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
             let cpu = b.u32()?;
             let offset = b.offset()?;
             let size = b.offset()?;
-            pending.push((cpu, cpu_data(data, offset, size, codec)?));
+            out.cpus.push((cpu, cpu_segments(data, offset, size, codec)?));
         }
     }
     if out.header_page.is_empty() {
         return c.fail("no HEADER_INFO section: the file lacks the page layout");
     }
-    out.cpus = decompress_cpus(pending)?;
     out.cpus.sort_by_key(|(cpu, _)| *cpu);
     Ok(out)
 }
@@ -217,23 +215,13 @@ fn decompress(codec: Codec, input: &[u8], expected: usize, offset: usize) -> Res
     match codec {
         Codec::None => Ok(input.to_vec()),
         Codec::Zstd => {
-            let mut out = vec![0u8; expected];
-            decompress_into(input, &mut out, offset)?;
+            let mut out = Vec::new();
+            Segment::zstd(input, expected, offset)
+                .and_then(|frame| frame.pages(&mut out).map(|_| ()))
+                .map_err(|e| TraceDatError { offset, message: format!("zstd: {}", e.message) })?;
             Ok(out)
         }
     }
-}
-
-/// Decompress one zstd frame into exactly `out` (its size is what the file says it holds).
-fn decompress_into(input: &[u8], out: &mut [u8], offset: usize) -> Result<(), TraceDatError> {
-    let err = |e: String| TraceDatError { offset, message: format!("zstd: {e}") };
-    let n = zstd::bulk::Decompressor::new()
-        .and_then(|mut d| d.decompress_to_buffer(input, out))
-        .map_err(|e| err(e.to_string()))?;
-    if n != out.len() {
-        return Err(err(format!("decompressed {n} bytes, the header says {}", out.len())));
-    }
-    Ok(())
 }
 
 /// A section's payload (decompressed if flagged).
@@ -252,18 +240,12 @@ fn section(data: &[u8], offset: usize, codec: Codec) -> Result<Vec<u8>, TraceDat
     decompress(codec, c.bytes(compressed)?, uncompressed, at)
 }
 
-/// A CPU's flyrecord data: compressed chunks (`count`, then `comp, uncomp, data` each) or raw.
-/// Compressed ones are listed here and decompressed by [`decompress_cpus`].
-enum CpuData<'a> {
-    Raw(&'a [u8]),
-    /// Each chunk's compressed bytes, its size once decompressed, and its file offset.
-    Chunks(Vec<(&'a [u8], usize, usize)>),
-}
-
-fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<CpuData<'_>, TraceDatError> {
+/// A CPU's flyrecord data: raw pages, or compressed chunks (`count`, then `comp, uncomp, data`
+/// each), each chunk one zstd frame.
+fn cpu_segments(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Vec<Segment<'_>>, TraceDatError> {
     let mut c = Cursor::at(data, offset);
     if let Codec::None = codec {
-        return Ok(CpuData::Raw(c.bytes(size)?));
+        return Ok(vec![Segment::Pages(c.bytes(size)?)]);
     }
     let chunks = c.u32()?;
     let mut list = Vec::new();
@@ -271,72 +253,13 @@ fn cpu_data(data: &[u8], offset: usize, size: usize, codec: Codec) -> Result<Cpu
         let compressed = c.u32()? as usize;
         let uncompressed = c.u32()? as usize;
         let at = c.pos;
-        list.push((c.bytes(compressed)?, uncompressed, at));
+        let frame = c.bytes(compressed)?;
+        list.push(
+            Segment::zstd(frame, uncompressed, at).map_err(|e| TraceDatError { offset: at, message: e.message })?,
+        );
     }
-    Ok(CpuData::Chunks(list))
+    Ok(list)
 }
-
-/// Per CPU its pages: raw ones borrowed, compressed ones decompressed with every core at once
-/// (the chunks are independent frames, each written straight into its place in its CPU's
-/// buffer).
-fn decompress_cpus<'a>(cpus: Vec<(u32, CpuData<'a>)>) -> Result<CpuPages<'a>, TraceDatError> {
-    let mut outputs: Vec<(u32, Vec<u8>)> = Vec::new();
-    let mut borrowed = Vec::new();
-    let mut lists = Vec::new();
-    for (cpu, data) in cpus {
-        match data {
-            CpuData::Raw(raw) => borrowed.push((cpu, raw)),
-            CpuData::Chunks(list) => {
-                // Sizes come from the file: a buffer is only as big as the file could hold.
-                let total = list.iter().map(|(_, n, _)| *n).sum::<usize>();
-                let plausible = list.iter().map(|(input, _, _)| input.len()).sum::<usize>().saturating_mul(MAX_RATIO);
-                if total > plausible.max(1 << 20) {
-                    let at = list.first().map_or(0, |c| c.2);
-                    return Err(TraceDatError {
-                        offset: at,
-                        message: format!(
-                            "cpu{cpu}: chunks claim {total} bytes uncompressed, implausible for their size"
-                        ),
-                    });
-                }
-                outputs.push((cpu, vec![0u8; total]));
-                lists.push(list);
-            }
-        }
-    }
-    // Pair each chunk's input with its slice of the output.
-    let mut jobs: Vec<(&[u8], &mut [u8], usize)> = Vec::new();
-    for ((_, out), list) in outputs.iter_mut().zip(&lists) {
-        let mut rest: &mut [u8] = out;
-        for &(input, n, at) in list {
-            let (mine, tail) = rest.split_at_mut(n);
-            jobs.push((input, mine, at));
-            rest = tail;
-        }
-    }
-    let threads = std::thread::available_parallelism().map_or(1, usize::from).min(jobs.len()).max(1);
-    let per_thread = jobs.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = jobs
-            .chunks_mut(per_thread.max(1))
-            .map(|batch| {
-                scope.spawn(move || batch.iter_mut().try_for_each(|(input, out, at)| decompress_into(input, out, *at)))
-            })
-            .collect();
-        workers.into_iter().try_for_each(|w| {
-            w.join().unwrap_or_else(|_| Err(TraceDatError { offset: 0, message: "zstd: a worker panicked".into() }))
-        })
-    })?;
-    let mut all: CpuPages<'a> = borrowed.into_iter().map(|(cpu, raw)| (cpu, Cow::Borrowed(raw))).collect();
-    all.extend(outputs.into_iter().map(|(cpu, out)| (cpu, Cow::Owned(out))));
-    Ok(all)
-}
-
-/// Each CPU's pages: borrowed from the file when stored raw, decompressed otherwise.
-pub type CpuPages<'a> = Vec<(u32, Cow<'a, [u8]>)>;
-
-/// zstd rarely beats 50:1 on ring-buffer pages; a chunk claiming far more is corrupt.
-const MAX_RATIO: usize = 1000;
 
 fn read_header_info(s: &[u8], out: &mut TraceDat) -> Result<(), TraceDatError> {
     let mut c = Cursor::at(s, 0);

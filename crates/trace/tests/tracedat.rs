@@ -8,7 +8,8 @@ use std::path::Path;
 use virtprof_model::EventKind;
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_header_page};
-use virtprof_trace::merge::{merge_cpus, CpuStream};
+use virtprof_trace::merge::{merge_cpus, merge_cpus_parallel, merge_cpus_serial, CpuStream};
+use virtprof_trace::segment::Segment;
 
 fn run5() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kvm-amd-run5_tracecmd_2vcpu_pinned")
@@ -22,7 +23,8 @@ fn trace_dat_equals_trace_cmd_report() {
     let header = parse_header_page(&dat.header_page).unwrap();
     let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
     let mut decoder = Decoder::new(Layout::new(header, formats));
-    let slices: Vec<CpuStream<'_>> = dat.cpus.iter().map(|(c, r)| CpuStream::contiguous(*c, r)).collect();
+    let slices: Vec<CpuStream<'_>> =
+        dat.cpus.iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
     let mut ours: Vec<(u32, u64, u32, String)> = Vec::new();
     let mut exits: BTreeMap<(u32, String), u64> = BTreeMap::new();
     merge_cpus(&mut decoder, &slices, |e, d| {
@@ -74,5 +76,56 @@ fn trace_dat_equals_trace_cmd_report() {
     assert_eq!(per_tid.len(), 2);
     for reasons in per_tid.values() {
         assert_eq!((reasons["cpuid"], reasons["io"], reasons["msr"], reasons["hlt"]), (202, 410, 200, 1));
+    }
+}
+
+fn decoder_of(dat: &virtprof_trace::tracedat::TraceDat<'_>) -> Decoder {
+    let header = parse_header_page(&dat.header_page).unwrap();
+    let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
+    Decoder::new(Layout::new(header, formats))
+}
+
+#[test]
+fn compressed_frames_stream_through_both_walks_alike() {
+    let bytes = std::fs::read(run5().join("trace.dat")).unwrap();
+    let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
+    // The pages stay compressed until a walk reaches them.
+    assert!(dat.cpus.iter().all(|(_, s)| s.len() > 1 && s.iter().all(Segment::is_compressed)), "{:?}", dat.cpus.len());
+    let streams: Vec<CpuStream<'_>> =
+        dat.cpus.iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
+    let walk = |parallel: bool| {
+        let mut decoder = decoder_of(&dat);
+        let mut events = Vec::new();
+        let sink = |e: &virtprof_model::Event, _: &Decoder| events.push((e.ts, e.cpu, e.tid));
+        let stats = if parallel {
+            merge_cpus_parallel(&mut decoder, &streams, sink)
+        } else {
+            merge_cpus_serial(&mut decoder, &streams, sink)
+        }
+        .unwrap();
+        (stats, events)
+    };
+    let (serial, parallel) = (walk(false), walk(true));
+    assert_eq!(serial.1.len() as u64, serial.0.events);
+    assert_eq!(serial, parallel);
+
+    // A damaged frame is a walk error naming its CPU and where in the file the frame is.
+    let (cpu, segments) = &dat.cpus[1];
+    let Segment::Zstd { frame, size, offset } = segments[2] else { unreachable!() };
+    let mut damaged = frame.to_vec();
+    damaged[frame.len() / 2] ^= 0xff;
+    let mut broken = segments.clone();
+    broken[2] = Segment::Zstd { frame: &damaged, size, offset };
+    let streams = [CpuStream { cpu: *cpu, segments: broken }];
+    for parallel in [false, true] {
+        let mut decoder = decoder_of(&dat);
+        let result = if parallel {
+            merge_cpus_parallel(&mut decoder, &streams, |_, _| {})
+        } else {
+            merge_cpus_serial(&mut decoder, &streams, |_, _| {})
+        };
+        let err = result.unwrap_err();
+        assert_eq!(err.cpu, *cpu);
+        assert!(err.message.contains(&format!("zstd frame at byte {offset}")), "{err}");
     }
 }
