@@ -20,6 +20,8 @@ if [ "$(id -u)" = 0 ]; then
     # qemu + gcc: `boot --qemu` profiles a real Debian kernel booting under TCG.
     command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
     command -v gcc >/dev/null || need+=(gcc)
+    # busybox-static: the nested-SVM bed's L1 userland (scripts/nested-svm/bed.sh).
+    dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq

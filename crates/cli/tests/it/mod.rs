@@ -11,6 +11,7 @@ mod record;
 mod report;
 mod sched;
 mod stats;
+mod svm;
 mod testvm;
 mod tui;
 mod util;

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# A real kvm_amd host on any x86 Linux machine: QEMU TCG with `-cpu max` emulates AMD SVM and
+# NPT, and Debian's own kernel (L1) loads kvm_amd inside it. The build under test runs there
+# as root with tracefs mounted; the host's root is shared read-only at /host.
+#
+#   bed.sh prepare                      fetch and cache the kernel package, build the initramfs
+#   bed.sh run [-t SECONDS] SCRIPT      boot L1, run SCRIPT (sh) there, print its output, power
+#                                       off; exits with SCRIPT's status (124: timed out)
+#
+# VIRTPROF: the binary under test (default target/debug/virtprof); it is copied in stripped,
+# with the libraries it links. Inside L1: `virtprof` on PATH, busybox, /out (a host folder
+# whose files come back: BED_OUT, default a fresh folder under target/nested-svm whose path
+# is printed). Runs may go on at once: each has its own folders and initramfs, and the
+# kernel is unpacked once under a lock. Everything inside L1 is emulated: exits cost tens of
+# microseconds and commands take 3-10x longer than on the host.
+# Cache: target/nested-svm (the kernel package, about 70 MB, fetched once with apt).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cache=${BED_CACHE:-$root/target/nested-svm}
+virtprof=$(realpath "${VIRTPROF:-$root/target/debug/virtprof}")
+mkdir -p "$cache"
+
+die() { echo "bed.sh: $*" >&2; exit 2; }
+
+# The kernel package: Debian's current one, downloaded once.
+kernel_package() {
+    local deb
+    deb=$(ls "$cache"/linux-image-*.deb 2>/dev/null | head -1 || true)
+    if [ -z "$deb" ]; then
+        local pkg
+        pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+        [ -n "$pkg" ] || die "apt knows no linux-image-amd64 (run apt-get update)"
+        echo "bed.sh: downloading $pkg" >&2
+        (cd "$cache" && apt-get download -qq "$pkg" 2>/dev/null)
+        deb=$(ls "$cache"/linux-image-*.deb | head -1)
+    fi
+    echo "$deb"
+}
+
+# Modules L1 needs, with everything they depend on, in load order.
+module_order() {
+    local dir=$1
+    python3 - "$dir" virtio_pci 9pnet_virtio 9p kvm_amd <<'PY'
+import os, sys
+root, wanted = sys.argv[1], sys.argv[2:]
+paths = {}
+for base, _, files in os.walk(root):
+    for f in files:
+        if f.endswith(".ko"):
+            paths[f[:-3].replace("-", "_")] = os.path.join(base, f)
+order = []
+def visit(name):
+    name = name.replace("-", "_")
+    if name in order or name not in paths:  # built into the kernel
+        return
+    # The .modinfo section holds NUL-separated key=value strings, one of them depends=.
+    data = open(paths[name], "rb").read()
+    at = data.find(b"\0depends=")
+    deps = data[at + 9:data.index(b"\0", at + 1)].decode() if at >= 0 else ""
+    for dep in filter(None, deps.split(",")):
+        visit(dep)
+    order.append(name)
+for name in wanted:
+    visit(name)
+for name in order:
+    print(paths[name])
+PY
+}
+
+# A directory as a newc cpio archive (what the kernel unpacks as an initramfs).
+newc_archive() {
+    python3 - "$1" <<'PY'
+import os, stat, sys
+root = sys.argv[1]
+out = sys.stdout.buffer
+ino = 0
+def entry(name, st, content):
+    global ino
+    ino += 1
+    fields = [ino, st.st_mode if st else 0, 0, 0, 1, 0, len(content), 0, 0, 0, 0, len(name) + 1, 0]
+    head = b"070701" + "".join("%08X" % v for v in fields).encode() + name.encode() + b"\0"
+    out.write(head + b"\0" * (-len(head) % 4) + content + b"\0" * (-len(content) % 4))
+for base, dirs, files in os.walk(root):
+    dirs.sort()
+    for name in sorted(dirs) + sorted(files):
+        path = os.path.join(base, name)
+        st = os.lstat(path)
+        rel = os.path.relpath(path, root)
+        if stat.S_ISLNK(st.st_mode):
+            entry(rel, st, os.readlink(path).encode())
+        elif stat.S_ISREG(st.st_mode):
+            entry(rel, st, open(path, "rb").read())
+        else:
+            entry(rel, st, b"")
+entry("TRAILER!!!", None, b"")
+PY
+}
+
+# Everything L1 boots with, the initramfs written to $1.
+prepare() {
+    command -v busybox >/dev/null || die "needs a static busybox (apt-get install busybox-static)"
+    command -v qemu-system-x86_64 >/dev/null || die "needs qemu-system-x86_64 (apt-get install qemu-system-x86)"
+    [ -x "$virtprof" ] || die "no virtprof binary at $virtprof (cargo build, or set VIRTPROF)"
+    local kimg=$cache/kernel ir
+    (
+        flock 9
+        deb=$(kernel_package)
+        if [ ! -s "$cache/vmlinuz" ] || [ "$deb" -nt "$cache/vmlinuz" ]; then
+            rm -rf "$kimg" && dpkg-deb -x "$deb" "$kimg"
+            cp "$kimg"/boot/vmlinuz-* "$cache/vmlinuz"
+        fi
+    ) 9> "$cache/lock"
+    ir=$cache/initramfs.$$
+    rm -rf "$ir" && mkdir -p "$ir"/{bin,usr/bin,proc,sys,dev,tmp,out,host,lib/modules}
+    cp "$(command -v busybox)" "$ir/bin/busybox"
+    module_order "$kimg/lib/modules" | while read -r ko; do
+        cp "$ko" "$ir/lib/modules/"
+        basename "$ko" .ko >> "$ir/lib/modules/order"
+    done
+    objcopy --strip-debug "$virtprof" "$ir/usr/bin/virtprof"
+    ldd "$virtprof" | grep -o '/[^ ]*' | while read -r lib; do
+        mkdir -p "$ir$(dirname "$lib")" && cp -L "$lib" "$ir$lib"
+    done
+    cp "$root/scripts/nested-svm/init" "$ir/init"
+    chmod +x "$ir/init"
+    newc_archive "$ir" | gzip -1 > "$1"
+    rm -rf "$ir"
+}
+
+run() {
+    local timeout=600
+    if [ "${1:-}" = -t ]; then timeout=$2; shift 2; fi
+    local script=${1:?usage: bed.sh run [-t SECONDS] SCRIPT}
+    local share out
+    share=$(mktemp -d "$cache/run.XXXXXX")
+    out=$(realpath -m "${BED_OUT:-$share/out}")
+    mkdir -p "$out"
+    prepare "$share/initrd.gz"
+    cp "$script" "$share/job.sh"
+    # The console goes to a file; the job's output comes back through the share.
+    timeout --foreground -k 5 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 \
+        -nographic -no-reboot -kernel "$cache/vmlinuz" -initrd "$share/initrd.gz" \
+        -append "console=ttyS0 panic=-1 quiet" \
+        -virtfs "local,path=$share,mount_tag=bed,security_model=none" \
+        -virtfs "local,path=$out,mount_tag=out,security_model=none" \
+        -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
+        > "$share/console.log" 2>&1 < /dev/null || true
+    rm -f "$share/initrd.gz"
+    [ -n "${BED_OUT:-}" ] || echo "bed.sh: the job's /out is $out" >&2
+    if [ ! -s "$share/rc" ]; then
+        echo "bed.sh: L1 ended without the job's status (timed out after ${timeout}s?); console tail:" >&2
+        tail -20 "$share/console.log" >&2
+        cat "$share/log" 2>/dev/null || true
+        return 124
+    fi
+    cat "$share/log"
+    local rc
+    rc=$(cat "$share/rc")
+    # With BED_OUT the caller has what it asked for; keep the run's folder only on failure.
+    if [ -n "${BED_OUT:-}" ] && [ "$rc" = 0 ]; then rm -rf "$share"; fi
+    return "$rc"
+}
+
+case "${1:-}" in
+    prepare) prepare "$cache/initrd.gz" ;;
+    run) shift; run "$@" ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
