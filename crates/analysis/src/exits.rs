@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
-use virtprof_model::{Event, EventKind, StrId};
+use virtprof_model::{Event, EventKind, HostKind, StrId};
 
 use crate::hist::Histogram;
 use crate::Names;
@@ -33,6 +33,11 @@ pub struct ExitOptions {
     pub tids: Vec<u32>,
     /// Ids of other events that stand for one exit each (`kvm_cpuid`, `kvm_msr`, ...).
     pub evidence_events: Vec<u16>,
+    /// The kind of host the trace comes from, if known. On VMX/SVM every exit is a
+    /// `kvm_exit`, from the first event on (a userspace exit seen before any `kvm_exit`, such
+    /// as QEMU's first `KVM_RUN` returning before the guest ran, is no exit); on PVM exits
+    /// are timed by their userspace round trips. Unknown: whichever the trace shows.
+    pub host: Option<HostKind>,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -61,7 +66,10 @@ struct InFlight {
     start: u64,
     cpu: u32,
     key: Key,
+    /// On CPU in the VMM (userspace) since then.
     userspace_at: Option<u64>,
+    /// In the VMM (between the userspace exit and the return to KVM), on CPU or not.
+    in_vmm: bool,
     heavy: bool,
     vmm_ns: u64,
     preempted_ns: u64,
@@ -79,6 +87,7 @@ impl InFlight {
             cpu: e.cpu,
             key,
             userspace_at: None,
+            in_vmm: false,
             heavy: false,
             vmm_ns: 0,
             preempted_ns: 0,
@@ -345,18 +354,20 @@ impl ExitAnalyzer {
             EventKind::KvmUserspaceExit { reason, .. } => {
                 self.count(Seen::UserspaceExit);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
-                let saw_kvm_exit = self.saw_kvm_exit;
+                let exit_path = self.exit_path();
                 let thread = self.threads.entry(e.tid).or_default();
                 // The evidence right before a userspace exit is what the VMM handles.
                 thread.pending = None;
                 match &mut thread.exit {
                     Some(x) => {
                         x.heavy = true;
+                        x.in_vmm = true;
                         x.userspace_at = Some(e.ts);
                     }
-                    None if !saw_kvm_exit => {
+                    None if !exit_path => {
                         let mut x = InFlight::starting(e, Key::Userspace { reason }, irqs, softirqs);
                         x.heavy = true;
+                        x.in_vmm = true;
                         x.userspace_at = Some(e.ts);
                         thread.exit = Some(x);
                     }
@@ -416,8 +427,9 @@ impl ExitAnalyzer {
     }
 
     fn settle_pending(&mut self, tid: u32) {
+        let exit_path = self.exit_path();
         if let Some(what) = self.threads.get_mut(&tid).and_then(|t| t.pending.take()) {
-            if !self.saw_kvm_exit {
+            if !exit_path {
                 let s = self.stats.entry(Key::Evidence(what)).or_default();
                 s.light += 1;
                 s.evidence_only += 1;
@@ -426,11 +438,18 @@ impl ExitAnalyzer {
         }
     }
 
+    /// Are exits timed from `kvm_exit` to `kvm_entry` (rather than by userspace round trips)?
+    fn exit_path(&self) -> bool {
+        self.saw_kvm_exit || self.options.host.and_then(HostKind::traces_exits).unwrap_or(false)
+    }
+
+    /// The VMM handed the exit back to KVM.
     fn vmm_done(&mut self, e: &Event) {
         if let Some(x) = self.threads.get_mut(&e.tid).and_then(|t| t.exit.as_mut()) {
             if let Some(at) = x.userspace_at.take() {
                 x.vmm_ns += e.ts.saturating_sub(at);
             }
+            x.in_vmm = false;
         }
     }
 
@@ -439,6 +458,13 @@ impl ExitAnalyzer {
             // Low byte 0 is TASK_RUNNING (0x100 marks preemption on newer kernels): runnable.
             let blocked = prev_state & 0xff != 0;
             t.off_cpu = Some((e.ts, blocked));
+            // Time off CPU is preempted or blocked time, never the VMM's: the parts of an
+            // exit never overlap, so they add up to its duration.
+            if let Some(x) = t.exit.as_mut() {
+                if let Some(at) = x.userspace_at.take() {
+                    x.vmm_ns += e.ts.saturating_sub(at);
+                }
+            }
             self.cpu(e.cpu).watching = Some(prev);
         }
         let watching = self.cpus.get(e.cpu as usize).and_then(|c| c.watching);
@@ -457,6 +483,9 @@ impl ExitAnalyzer {
                         x.blocked_ns += gap;
                     } else {
                         x.preempted_ns += gap;
+                    }
+                    if x.in_vmm {
+                        x.userspace_at = Some(e.ts);
                     }
                 }
             }
@@ -508,14 +537,17 @@ impl ExitAnalyzer {
         }
         // Exits still in flight at the end of the trace (e.g. a final HLT the VMM never
         // re-entered) count under their reason, without a duration.
-        for t in self.threads.values_mut() {
+        for (&tid, t) in &mut self.threads {
             if let Some(x) = t.exit.take() {
                 self.incomplete += 1;
                 let s = self.stats.entry(x.key).or_default();
+                let v = self.per_vcpu.entry(tid).or_default();
                 if x.heavy {
                     s.heavy += 1;
+                    v.1 += 1;
                 } else {
                     s.light += 1;
+                    v.0 += 1;
                 }
             }
         }
@@ -528,7 +560,8 @@ impl ExitAnalyzer {
             Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
         };
         // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
-        if self.saw_kvm_exit {
+        let exit_path = self.exit_path();
+        if exit_path {
             self.stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }
         let total_count: u64 = self.stats.values().map(|s| s.light + s.heavy).sum();
@@ -611,13 +644,17 @@ impl ExitAnalyzer {
             .map(|(name, n)| (name.to_string(), n))
             .chain(self.seen_ids.iter().map(|(id, n)| (names.event(*id), *n)))
             .collect();
-        let (path, unavailable) = if self.saw_kvm_exit {
+        let (path, unavailable) = if exit_path {
             ("kvm_exit".to_string(), Vec::new())
         } else {
+            let why = match self.options.host {
+                Some(HostKind::Pvm) => "this host emits no kvm_exit/kvm_entry".to_string(),
+                _ => "no kvm_exit/kvm_entry in this trace (were the kvm events recorded?)".to_string(),
+            };
             (
                 "userspace_round_trips".to_string(),
                 vec![
-                    "durations of lightweight exits: this host emits no kvm_exit/kvm_entry".to_string(),
+                    format!("durations of lightweight exits: {why}"),
                     "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
                 ],
             )
@@ -755,5 +792,80 @@ mod tests {
         let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
         assert_eq!((light.count, light.total_ns), (1, None));
         assert!(r.by_reason.iter().any(|x| x.reason == "ev33 (in kernel)"));
+    }
+
+    fn switch(ts: u64, prev: u32, prev_state: u64, next: u32) -> Event {
+        let kind = EventKind::SchedSwitch {
+            prev_tid: prev,
+            prev_state,
+            prev_comm: StrId(0),
+            next_tid: next,
+            next_comm: StrId(1),
+        };
+        ev(ts, 0, prev, kind)
+    }
+
+    #[test]
+    fn on_svm_a_userspace_exit_before_any_kvm_exit_is_no_exit() {
+        // QEMU's first KVM_RUN returns before the guest ever ran: no kvm_exit precedes it.
+        let events = [
+            ev(10, 0, 7, EventKind::KvmUserspaceExit { reason: 0, errno: 0 }),
+            ev(20, 0, 7, EventKind::KvmFpu { load: true }),
+            exit(100, 7, 1),
+            entry(150, 7),
+        ];
+        let run = |host| {
+            let mut a = ExitAnalyzer::new(ExitOptions { host, ..Default::default() });
+            events.iter().for_each(|e| a.on_event(e));
+            a.finish(&TestNames)
+        };
+        let svm = run(Some(HostKind::Svm));
+        assert_eq!((svm.totals.exits, svm.totals.heavyweight), (1, 0), "{:?}", svm.by_reason);
+        assert_eq!(svm.source.path, "kvm_exit");
+        // Without the host kind the trace decides, as before (the first event is all it has).
+        assert_eq!(run(None).totals.exits, 2);
+    }
+
+    #[test]
+    fn an_exits_parts_never_overlap() {
+        // A heavyweight exit whose VMM sleeps (io-bound): 100..1100, in the VMM from 200, off
+        // CPU blocked 300..900, back in KVM at 1000.
+        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, host: Some(HostKind::Svm), ..Default::default() });
+        let events = [
+            exit(100, 7, 1),
+            ev(200, 0, 7, EventKind::KvmUserspaceExit { reason: 2, errno: 0 }),
+            switch(300, 7, 1, 0),
+            switch(900, 0, 0, 7),
+            ev(1000, 0, 7, EventKind::KvmFpu { load: true }),
+            entry(1100, 7),
+        ];
+        events.iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&TestNames);
+        let row = &r.rows[0];
+        assert_eq!((row.duration_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns), (1000, 200, 600, 0));
+        assert_eq!(row.overhead_ns + row.vmm_ns + row.blocked_ns + row.preempted_ns, row.duration_ns);
+        let reason = &r.by_reason[0];
+        assert_eq!((reason.vmm_ns, reason.blocked_ns), (Some(200), Some(600)));
+    }
+
+    #[test]
+    fn per_vcpu_counts_include_exits_still_in_flight() {
+        let mut a = ExitAnalyzer::new(ExitOptions { host: Some(HostKind::Svm), ..Default::default() });
+        [exit(100, 7, 1), entry(150, 7), exit(200, 7, 3)].iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&TestNames);
+        assert_eq!((r.totals.exits, r.totals.incomplete), (2, 1));
+        assert_eq!(r.by_vcpu.iter().map(|v| v.exits).sum::<u64>(), r.totals.exits);
+    }
+
+    #[test]
+    fn a_quiet_trace_says_why_it_has_no_exit_durations() {
+        let quiet = |host| {
+            let a = ExitAnalyzer::new(ExitOptions { host, ..Default::default() });
+            let r = a.finish(&TestNames);
+            (r.source.path, r.source.unavailable.join("; "))
+        };
+        assert_eq!(quiet(Some(HostKind::Svm)), ("kvm_exit".to_string(), String::new()));
+        assert!(quiet(Some(HostKind::Pvm)).1.contains("this host emits no kvm_exit"));
+        assert!(quiet(None).1.contains("no kvm_exit/kvm_entry in this trace"));
     }
 }

@@ -29,6 +29,20 @@ impl HostKind {
         })
     }
 
+    /// The kind named by [`HostKind::as_str`] (how recordings store it).
+    pub fn from_name(name: &str) -> Option<HostKind> {
+        [HostKind::Vmx, HostKind::Svm, HostKind::Pvm, HostKind::Unknown].into_iter().find(|k| k.as_str() == name)
+    }
+
+    /// Whether KVM on this kind of host emits `kvm_exit`/`kvm_entry` (unknown: None).
+    pub fn traces_exits(self) -> Option<bool> {
+        match self {
+            HostKind::Vmx | HostKind::Svm => Some(true),
+            HostKind::Pvm => Some(false),
+            HostKind::Unknown => None,
+        }
+    }
+
     /// Short name for tables and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -55,5 +69,7 @@ mod tests {
         assert_eq!(HostKind::from_modules(["kvm", "kvm_pvm"]), Some(HostKind::Pvm));
         assert_eq!(HostKind::from_modules(["kvm_amd", "kvm"]), Some(HostKind::Svm));
         assert_eq!(HostKind::from_modules(["ext4"]), None);
+        assert_eq!(HostKind::from_name("svm"), Some(HostKind::Svm));
+        assert_eq!(HostKind::from_name("none"), None);
     }
 }

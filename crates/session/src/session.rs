@@ -8,7 +8,7 @@ use std::path::Path;
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Analyzer;
 use virtprof_model::Event;
-use virtprof_model::Loss;
+use virtprof_model::{HostKind, Loss};
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
@@ -225,6 +225,12 @@ impl Session {
             );
         }
         Ok(recording)
+    }
+
+    /// The kind of KVM host it was recorded on, as `record` probed it (None: not known, e.g.
+    /// an import).
+    pub fn host_kind(&self) -> Option<HostKind> {
+        self.metadata.host.get("host_kind").and_then(|name| HostKind::from_name(name))
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;

@@ -66,7 +66,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     };
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let evidence_events = evidence_event_ids(&decoder);
-    let options = ExitOptions { rows: args.noise || args.threshold_us.is_some(), min_row_ns, tids, evidence_events };
+    let rows = args.noise || args.threshold_us.is_some();
+    let options = ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind() };
     let mut analyzer = ExitAnalyzer::new(options);
     let stats = recording.analyse(&mut decoder, &mut [&mut analyzer])?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));

@@ -95,7 +95,12 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
     let evidence = evidence_event_ids(&decoder);
 
     let mut exits = want.exits.then(|| {
-        let options = ExitOptions { rows: want.exit_rows, evidence_events: evidence.clone(), ..Default::default() };
+        let options = ExitOptions {
+            rows: want.exit_rows,
+            evidence_events: evidence.clone(),
+            host: recording.host_kind(),
+            ..Default::default()
+        };
         ExitAnalyzer::new(options)
     });
     let bucket_ns = bucket_width(range);
