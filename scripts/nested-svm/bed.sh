@@ -7,6 +7,10 @@
 #   bed.sh run [-t SECONDS] SCRIPT      boot L1, run SCRIPT (sh) there, print its output, power
 #                                       off; exits with SCRIPT's status (124: timed out)
 #
+# L2: `l2-boot [QEMU ARGS]` inside L1 boots the same kernel as a KVM guest of L1 with the
+# host's own QEMU (read from /host), named l2guest; its init prints L2-INIT-MARKER and powers
+# off. `qemu-system-x86_64` in L1 is that QEMU.
+#
 # VIRTPROF: the binary under test (default target/debug/virtprof); it is copied in stripped,
 # with the libraries it links. Inside L1: `virtprof` on PATH, busybox, /out (a host folder
 # whose files come back: BED_OUT, default a fresh folder under target/nested-svm whose path
@@ -109,6 +113,14 @@ prepare() {
             rm -rf "$kimg" && dpkg-deb -x "$deb" "$kimg"
             cp "$kimg"/boot/vmlinuz-* "$cache/vmlinuz"
         fi
+        if [ ! -s "$cache/l2-initrd.gz" ]; then
+            local l2=$cache/l2-initramfs
+            rm -rf "$l2" && mkdir -p "$l2"/{bin,proc,sys,dev}
+            cp "$(command -v busybox)" "$l2/bin/busybox"
+            cp "$root/scripts/nested-svm/l2-init" "$l2/init" && chmod +x "$l2/init"
+            newc_archive "$l2" | gzip -1 > "$cache/l2-initrd.gz"
+            rm -rf "$l2"
+        fi
     ) 9> "$cache/lock"
     ir=$cache/initramfs.$$
     rm -rf "$ir" && mkdir -p "$ir"/{bin,usr/bin,proc,sys,dev,tmp,out,host,lib/modules}
@@ -122,7 +134,8 @@ prepare() {
         mkdir -p "$ir$(dirname "$lib")" && cp -L "$lib" "$ir$lib"
     done
     cp "$root/scripts/nested-svm/init" "$ir/init"
-    chmod +x "$ir/init"
+    cp "$root/scripts/nested-svm/qemu-system-x86_64" "$root/scripts/nested-svm/l2-boot" "$ir/usr/bin/"
+    chmod +x "$ir/init" "$ir/usr/bin/qemu-system-x86_64" "$ir/usr/bin/l2-boot"
     newc_archive "$ir" | gzip -1 > "$1"
     rm -rf "$ir"
 }
@@ -152,10 +165,15 @@ run() {
     mkdir -p "$out"
     prepare "$share/initrd.gz"
     cp "$script" "$share/job.sh"
-    # Emulated SVM under TCG now and then locks both of L1's CPUs up (seen in about one run
-    # of twenty, in QEMU, not in the job): such a run is repeated once, and says so.
-    if ! boot_l1 "$share" "$out" "$timeout" && grep -q "soft lockup" "$share/console.log"; then
-        echo "bed.sh: L1 locked up under emulation ($(grep -m1 'soft lockup' "$share/console.log" | sed 's/^\[[^]]*\] //')); running the job again" >&2
+    mkdir -p "$share/l2" && cp "$cache/vmlinuz" "$cache/l2-initrd.gz" "$share/l2/"
+    # Emulated SVM under TCG now and then locks L1's CPUs up or corrupts a kernel stack (seen
+    # in about one run of twenty, long exit-heavy runs more; the emulator's, not the job's):
+    # such a run is repeated once, and says so.
+    local broke='soft lockup|Kernel panic'
+    if ! boot_l1 "$share" "$out" "$timeout" && grep -Eq "$broke" "$share/console.log"; then
+        echo "bed.sh: L1 broke under emulation ($(grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')); running the job again" >&2
+        mv "$share/console.log" "$share/console.1.log"
+        mv "$share/log" "$share/log.1" 2>/dev/null || true
         find "$out" -mindepth 1 -delete
         boot_l1 "$share" "$out" "$timeout" || true
     fi

@@ -8,6 +8,7 @@ pub mod balance;
 pub mod balancer;
 pub mod correlate;
 pub mod energy;
+pub mod exit_timeline;
 pub mod exits;
 pub mod hist;
 pub mod intervals;

@@ -58,10 +58,10 @@ pub struct VmRow {
     pub blocked_pct: f64,
     /// Executions of all vCPUs.
     pub exec_count: u64,
-    /// I/O accesses.
-    pub io_count: u64,
-    /// Exits per second.
-    pub exits_per_s: f64,
+    /// I/O accesses (None: unknown for one of its vCPUs).
+    pub io_count: Option<u64>,
+    /// Exits per second (None: unknown for one of its vCPUs).
+    pub exits_per_s: Option<f64>,
     /// Per vCPU.
     pub vcpus: Vec<VcpuRow>,
 }
@@ -105,12 +105,16 @@ pub struct VcpuRow {
     pub alloc_avg_us: Option<f64>,
     /// Longest allocation.
     pub alloc_max_us: Option<f64>,
-    /// I/O accesses (port and MMIO).
-    pub io_count: u64,
+    /// I/O accesses, port and MMIO (None: unknown, e.g. polling a VMM whose KVM stats are not
+    /// readable).
+    pub io_count: Option<u64>,
     /// Exits (or evidence of exits, see `exits_source`).
     pub exits: u64,
-    /// Exits per second.
-    pub exits_per_s: f64,
+    /// Exits per second (None: unknown, e.g. polling a VMM whose KVM stats are not readable).
+    pub exits_per_s: Option<f64>,
+    /// The same from the vCPU's KVM stats over the window, where they are readable (live
+    /// views), whichever source `exits_per_s` took.
+    pub kvm_stats_exits_per_s: Option<f64>,
     /// The most frequent exit reasons.
     pub top_reasons: Vec<ReasonRate>,
 }
@@ -215,9 +219,10 @@ fn vcpu_row(
         alloc_min_us: alloc.then(|| c.alloc_min_ns as f64 / 1e3),
         alloc_avg_us: alloc.then(|| per(c.alloc_sum_ns, c.preemptions)),
         alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3),
-        io_count: c.io,
+        io_count: Some(c.io),
         exits,
-        exits_per_s: rate(exits),
+        exits_per_s: Some(rate(exits)),
+        kvm_stats_exits_per_s: None,
         top_reasons: reasons
             .into_iter()
             .take(TOP_REASONS)

@@ -50,7 +50,7 @@ pub enum Command {
     /// Start a mix of test VMs (contending, I/O-bound, exit-heavy) and watch them in `top`.
     Demo(DemoArgs),
     /// PC-sampling profile of a guest from its first instruction: realms, top symbols, time bins,
-    /// sequences, differential profiles (testvm, QEMU gdbstub, or kvm_exit guest_rip).
+    /// sequences, differential profiles (testvm, QEMU gdbstub, or a recording's exits).
     Boot(Box<BootArgs>),
     /// Energy accounting per vCPU and core, and thermal balancing: swap hot and cold vCPUs
     /// between cores (live, --dry-run, --replay a recording; calibrate; bench).
@@ -503,7 +503,8 @@ SOURCES (one):
                        --until REGEX shows on its console (give -nographic or -serial stdio), --duration,
                        or QEMU exits; works for TCG and KVM guests
   --gdb HOST:PORT      attach to a gdbstub already listening (QEMU -gdb tcp::1234, or a socket path)
-  --recording FILE     kvm_exit guest_rip of a recording: exit-driven, so biased towards code that exits
+  --recording FILE     a recording's kvm_exit/kvm_entry timeline sampled at --rate: time in exits is the
+                       hypervisor realm (measured); guest time takes the rip of the exit that ended it
   --load FILE          a profile saved earlier with --save
 
 Realms: hypervisor (the VMM handles an exit), firmware (CPL0 below the kernel half: BIOS, boot loader,
@@ -526,7 +527,7 @@ pub struct BootArgs {
     /// Attach to a running gdbstub: HOST:PORT or a Unix socket path.
     #[arg(long, value_name = "HOST:PORT", group = "source")]
     pub gdb: Option<String>,
-    /// Use the kvm_exit guest_rip of a recording as (exit-driven, biased) samples.
+    /// Sample a recording's kvm_exit/kvm_entry timeline (hypervisor time measured).
     #[arg(long, value_name = "FILE", group = "source")]
     pub recording: Option<PathBuf>,
     /// Analyse a profile saved with --save.

@@ -101,8 +101,8 @@ pub fn vm_cells(vm: &VmRow) -> [String; 14] {
         String::new(),
         String::new(),
         String::new(),
-        vm.io_count.to_string(),
-        format!("{:.0}", vm.exits_per_s),
+        count_cell(vm.io_count),
+        rate_cell(vm.exits_per_s),
         String::new(),
     ]
 }
@@ -119,15 +119,25 @@ pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
         v.exec_count.to_string(),
         format!("{:.1}", v.cpu_per_exec_us),
         format!("{:.1}", v.wait_per_exec_us),
-        if v.io_count > 0 { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
+        if v.io_count.is_some_and(|n| n > 0) { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
         match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us) {
             (Some(avg), Some(min), Some(max)) => format!("{avg:.0} ({min:.0}-{max:.0})"),
             _ => "-".into(),
         },
-        v.io_count.to_string(),
-        format!("{:.0}", v.exits_per_s),
+        count_cell(v.io_count),
+        rate_cell(v.exits_per_s),
         v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
     ]
+}
+
+/// A count, or `-` where it is unknown.
+fn count_cell(count: Option<u64>) -> String {
+    count.map_or_else(|| "-".to_string(), |n| n.to_string())
+}
+
+/// A rate, or `-` where it is unknown.
+fn rate_cell(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "-".to_string(), |r| format!("{r:.0}"))
 }
 
 /// The XenMon table of one window: a row per VM, and per vCPU when `vcpus` is set.
@@ -156,19 +166,19 @@ pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
     for vm in &report.vms {
         let name = vm.name.replace([',', '"', '\n'], "_");
         lines.push(format!(
-            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{:.3}",
+            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{}",
             report.label,
             vm.pid,
             vm.running_pct,
             vm.waiting_pct,
             vm.blocked_pct,
             vm.exec_count,
-            vm.io_count,
-            vm.exits_per_s
+            vm.io_count.map(|n| n.to_string()).unwrap_or_default(),
+            opt(vm.exits_per_s)
         ));
         for v in &vm.vcpus {
             lines.push(format!(
-                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{:.3}",
+                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{}",
                 report.label,
                 vm.pid,
                 v.index,
@@ -179,8 +189,8 @@ pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
                 v.exec_count,
                 opt(Some(v.cpu_per_exec_us)),
                 opt(Some(v.wait_per_exec_us)),
-                v.io_count,
-                v.exits_per_s
+                v.io_count.map(|n| n.to_string()).unwrap_or_default(),
+                opt(v.exits_per_s)
             ));
         }
     }

@@ -466,8 +466,8 @@ fn boot_sources(kvm: &KvmCaps, tracefs: bool, exits_live: Option<bool>) -> Strin
         if qemu { "--qemu/--gdb (QEMU gdbstub)" } else { "--gdb only (qemu-system-x86_64 not installed)" },
     ];
     parts.push(match (tracefs, exits_live) {
-        (true, Some(true)) => "--recording of kvm_exit guest_rip",
-        (_, Some(false)) => "no kvm_exit guest_rip samples (this KVM emits no kvm_exit)",
+        (true, Some(true)) => "--recording (kvm_exit/kvm_entry timeline: the hypervisor realm measured)",
+        (_, Some(false)) => "no --recording profiles (this KVM emits no kvm_exit/kvm_entry)",
         _ => "--recording if the recording holds kvm_exit",
     });
     parts.join("; ")

@@ -52,6 +52,9 @@ pub fn check_terminal(once: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How often `--once` refreshes while it waits for its sample.
+const ONCE_REFRESH: Duration = Duration::from_millis(250);
+
 /// Validate a `-d SECONDS` value.
 pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
     if !(0.1..=3600.0).contains(&seconds) {
@@ -73,9 +76,16 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
     }
     if w.once {
+        // Refresh along the way too: the kernel's buffers are drained before they fill, and the
+        // KVM stats have a sample near the start of every window, not only at the two ends.
         let started = Instant::now();
+        let mut refreshed = Instant::now();
         while started.elapsed() < w.delay && !STOP_REQUESTED.load(Ordering::Relaxed) && !(w.done)() {
             std::thread::sleep(Duration::from_millis(50).min(w.delay));
+            if refreshed.elapsed() >= ONCE_REFRESH {
+                sampler.refresh()?;
+                refreshed = Instant::now();
+            }
         }
         sampler.refresh()?;
         let snapshot = sampler.snapshot(None);

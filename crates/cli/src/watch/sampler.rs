@@ -14,6 +14,7 @@ use virtprof_host::monotonic_ns;
 use virtprof_host::Schedstat;
 use virtprof_kvm::discover::{threads, Discovery};
 use virtprof_kvm::remote::RemoteVmStats;
+use virtprof_model::units::saturating_u64;
 use virtprof_model::Loss;
 
 use super::energy::{CoreRow, EnergyBook};
@@ -104,6 +105,46 @@ impl<T: Clone> History<T> {
     }
 }
 
+/// A vCPU's KVM stats over a window.
+struct StatsDelta {
+    exits: f64,
+    io: f64,
+    seconds: f64,
+    /// The window began before the vCPU's first sample and was shortened to start there.
+    clipped: bool,
+}
+
+impl History<StatsSample> {
+    /// vCPU `key`'s exits and I/O exits over `[from, to]` clipped to the samples that hold it,
+    /// the counts at both ends interpolated between the samples around them (KVM stats are
+    /// read at refreshes; windows start and end between them).
+    fn counts_over(&self, key: (u32, u32), from: u64, to: u64) -> Option<StatsDelta> {
+        let holding = || self.first.iter().chain(self.recent.iter()).filter(|(_, s)| s.contains_key(&key));
+        let first = holding().map(|(at, _)| *at).min()?;
+        let last = holding().map(|(at, _)| *at).max()?;
+        let clipped = from < first;
+        let (from, to) = (from.max(first), to.min(last));
+        if to <= from {
+            return None;
+        }
+        let at = |t: u64| {
+            let (t0, s0) = holding().filter(|(at, _)| *at <= t).max_by_key(|(at, _)| *at)?;
+            let (t1, s1) = holding().filter(|(at, _)| *at >= t).min_by_key(|(at, _)| *at)?;
+            let (a, b) = (s0[&key], s1[&key]);
+            let f = if t1 > t0 { (t - t0) as f64 / (t1 - t0) as f64 } else { 0.0 };
+            let lerp = |x: u64, y: u64| x as f64 + f * (y as f64 - x as f64);
+            Some((lerp(a.0, b.0), lerp(a.1, b.1)))
+        };
+        let ((exits0, io0), (exits1, io1)) = (at(from)?, at(to)?);
+        Some(StatsDelta {
+            exits: (exits1 - exits0).max(0.0),
+            io: (io1 - io0).max(0.0),
+            seconds: (to - from) as f64 / 1e9,
+            clipped,
+        })
+    }
+}
+
 /// The live data source.
 pub struct Sampler {
     discovery: Discovery,
@@ -167,9 +208,9 @@ impl Sampler {
         self.rediscover(now);
         match &mut self.source {
             Source::Trace(t) => t.drain(now)?,
-            Source::Polling(p) => p.poll(now, &self.vms),
+            Source::Polling(p) => p.poll(&self.vms),
         }
-        self.poll_kvm_stats(now);
+        self.poll_kvm_stats();
         let run = self.window("run", u64::MAX, None);
         self.energy.update(now, &run);
         Ok(())
@@ -212,11 +253,16 @@ impl Sampler {
         }
     }
 
-    fn poll_kvm_stats(&mut self, now: u64) {
+    /// Read every VM's KVM stats. The sample is timestamped when the counters are read, after
+    /// any slow first attach, so a window's rate divides by the time the counts really span.
+    fn poll_kvm_stats(&mut self) {
+        for vm in &self.vms {
+            self.stats.entry(vm.pid.0).or_insert_with(|| RemoteVmStats::attach(vm.pid.0).ok());
+        }
+        let now = monotonic_ns();
         let mut sample = BTreeMap::new();
         for vm in &self.vms {
-            let stats = self.stats.entry(vm.pid.0).or_insert_with(|| RemoteVmStats::attach(vm.pid.0).ok());
-            let Some(stats) = stats else { continue };
+            let Some(Some(stats)) = self.stats.get(&vm.pid.0) else { continue };
             for (index, fd) in &stats.vcpus {
                 if let Ok(s) = fd.read() {
                     let io = s.get("io_exits").unwrap_or(0) + s.get("mmio_exits").unwrap_or(0);
@@ -259,29 +305,39 @@ impl Sampler {
         report
     }
 
-    /// Exits per second from the KVM stats fds (exact on every host) where they are readable;
-    /// in polling mode also the I/O count (`io_exits` + `mmio_exits`, where the host counts them).
+    /// Exits per second from the KVM stats fds (exact on every host) over the window itself
+    /// (counts interpolated at its ends), where they are readable: kept beside the trace's
+    /// figure, and used unless the trace counted every `kvm_exit` of the window itself
+    /// (VMX/SVM, nothing lost). In polling mode also the I/O count (`io_exits` +
+    /// `mmio_exits`, where the host counts them), and the exits and I/O of VMs whose stats are
+    /// not readable are unknown, not 0.
     fn apply_kvm_stats(&self, report: &mut WindowReport) {
-        // Windows are in the trace clock, which is CLOCK_MONOTONIC like the samples.
-        let Some(((start_ns, earliest), (end_ns, latest))) = self.stats_history.window(report.start_ns) else {
-            return;
-        };
-        let seconds = (end_ns - start_ns) as f64 / 1e9;
-        if seconds <= 0.0 {
-            return;
-        }
         let polling = matches!(self.source, Source::Polling(_));
+        let exact_trace = match &self.source {
+            Source::Trace(t) => report.exits_source == "kvm_exit" && t.trace.loss().total() == 0,
+            Source::Polling(_) => false,
+        };
+        let (start, end) = (report.start_ns, report.end_ns);
         let mut used = false;
         for vm in &mut report.vms {
             for v in &mut vm.vcpus {
-                let key = (vm.pid, v.index);
-                if let (Some(now), Some(then)) = (latest.get(&key), earliest.get(&key)) {
-                    v.exits = now.0 - then.0;
-                    v.exits_per_s = v.exits as f64 / seconds;
-                    if polling {
-                        v.io_count = now.1 - then.1;
+                match self.stats_history.counts_over((vm.pid, v.index), start, end) {
+                    // Beside an exact traced figure, a stats figure over another span would mislead.
+                    Some(StatsDelta { clipped: true, .. }) if exact_trace => {}
+                    Some(d) => {
+                        let rate = d.exits / d.seconds;
+                        v.kvm_stats_exits_per_s = Some(rate);
+                        if !exact_trace {
+                            v.exits = saturating_u64(d.exits.round());
+                            v.exits_per_s = Some(rate);
+                            used = true;
+                        }
+                        if polling {
+                            v.io_count = Some(saturating_u64(d.io.round()));
+                        }
                     }
-                    used = true;
+                    None if polling => (v.exits_per_s, v.io_count) = (None, None),
+                    None => {}
                 }
             }
             vm.exits_per_s = vm.vcpus.iter().map(|v| v.exits_per_s).sum();
@@ -289,6 +345,8 @@ impl Sampler {
         }
         if used {
             report.exits_source = "kvm-stats".into();
+        } else if polling {
+            report.exits_source = "unknown".into();
         }
     }
 
@@ -321,7 +379,10 @@ impl TraceSource {
 }
 
 impl PollSource {
-    fn poll(&mut self, now: u64, vms: &[VmInfo]) {
+    /// Read every vCPU's schedstat, timestamped when read (not when the refresh began: a
+    /// slow /proc scan before it would otherwise count as blocked time).
+    fn poll(&mut self, vms: &[VmInfo]) {
+        let now = monotonic_ns();
         let mut sample = BTreeMap::new();
         for vm in vms {
             for tid in vm.vcpus.iter().map(|v| v.tid.0) {

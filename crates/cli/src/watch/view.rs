@@ -212,7 +212,7 @@ pub fn visible_vms<'a>(window: &'a WindowReport, state: &ViewState) -> Vec<&'a V
         SortKey::Running => vm.running_pct,
         SortKey::Waiting => vm.waiting_pct,
         SortKey::Blocked => vm.blocked_pct,
-        SortKey::Exits => vm.exits_per_s,
+        SortKey::Exits => vm.exits_per_s.unwrap_or(-1.0),
     };
     vms.sort_by(|a, b| key(b).total_cmp(&key(a)).then_with(|| a.name.cmp(&b.name)).then(a.pid.cmp(&b.pid)));
     vms
@@ -280,9 +280,10 @@ mod tests {
             alloc_min_us: Some(717.0),
             alloc_avg_us: Some(4057.0),
             alloc_max_us: Some(7842.0),
-            io_count: 3,
+            io_count: Some(3),
             exits: 137,
-            exits_per_s: 137.0,
+            exits_per_s: Some(137.0),
+            kvm_stats_exits_per_s: None,
             top_reasons: vec![ReasonRate { reason: "KVM_EXIT_IO".into(), per_s: 3.0 }],
         };
         let vm = |pid: u32, name: &str, run: f64| VmRow {
@@ -293,8 +294,8 @@ mod tests {
             waiting_pct: 100.0 - run,
             blocked_pct: 0.0,
             exec_count: 117,
-            io_count: 3,
-            exits_per_s: 137.0,
+            io_count: Some(3),
+            exits_per_s: Some(137.0),
             vcpus: vec![vcpu(0, pid + 1, run)],
         };
         let window = |label: &str| WindowReport {

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::exits::{exits_json, import};
+use super::exits::import;
 use super::util::{chromium, debian_kernel, have_kvm, note, rendered_body, temp, virtprof, vm_lock};
 
 fn boot_json(args: &[&str]) -> Value {
@@ -103,15 +103,21 @@ fn testvm_shares_are_measured_within_two_points_and_ballooning_moves_rank() {
 }
 
 #[test]
-fn exit_driven_samples_come_from_kvm_exit_guest_rip() {
+fn a_recordings_exit_timeline_gives_the_hypervisor_its_measured_share() {
     let file = import("kvm-amd-run3_2vcpu_2cpu_pinned");
-    let report = boot_json(&["--recording", file.to_str().unwrap()]);
-    let exits = exits_json(&file, &[]);
-    assert_eq!(report["samples"], exits["totals"]["exits"], "one sample per kvm_exit");
-    assert!(report["note"].as_str().unwrap().contains("exit-driven"));
-    assert_eq!(report["rate_hz"], Value::Null);
-    // kvm_probe's L2 guest runs below the kernel half, so by address it is all one realm.
-    assert_eq!(report["realms"]["user"], 1.0);
+    let report = boot_json(&["--recording", file.to_str().unwrap(), "--rate", "100000"]);
+    let note = report["note"].as_str().unwrap();
+    assert!(note.contains("reconstructed from exits"), "{note}");
+    assert_eq!(report["rate_hz"], 100_000);
+    // The share of time in exits, measured from kvm_exit to kvm_entry, is what the grid shows.
+    let measured: f64 = note.split("; ").last().unwrap().split('%').next().unwrap().parse().unwrap();
+    let sampled = 100.0 * report["realms"]["hypervisor"].as_f64().unwrap();
+    assert!((sampled - measured).abs() < 1.0, "sampled {sampled}% vs measured {measured}%");
+    // kvm_probe's L2 guest is CPL0 code below the kernel half and never runs kernel code: firmware.
+    assert_eq!(report["realms"]["kernel"], 0.0);
+    assert_eq!(report["realms"]["user"], 0.0);
+    let firmware = report["realms"]["firmware"].as_f64().unwrap();
+    assert!((firmware + sampled / 100.0 - 1.0).abs() < 1e-9, "{}", report["realms"]);
     let _ = std::fs::remove_file(file);
 }
 

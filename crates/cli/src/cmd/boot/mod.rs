@@ -187,7 +187,7 @@ fn collect(
         Collector::Testvm { script, vcpus } => sources::testvm(script.clone(), *vcpus, sampling.rate)?,
         Collector::Qemu(launch) => sources::qemu(launch, sampling, kernel.as_ref())?,
         Collector::Gdb(address) => sources::gdb(address, sampling, kernel.as_ref())?,
-        Collector::Recording(path) => sources::recording(path)?,
+        Collector::Recording(path) => sources::recording(path, sampling.rate)?,
     };
     let offset = kaslr.or(collected.detected_kaslr).unwrap_or(0);
     let kernel = kernel.map(|k| k.with_offset(offset));

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use virtprof_analysis::exit_timeline::ExitTimeline;
 use virtprof_analysis::symbols::SymbolTable;
 use virtprof_kvm::gdbstub::{GdbClient, GdbError};
 use virtprof_kvm::guest::{boot, Script};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::pcsample::{PcSample, Realm};
-use virtprof_model::EventKind;
 
 use regex::Regex;
 use virtprof_session::Session;
@@ -87,38 +87,35 @@ pub fn testvm(script: Script, vcpus: u32, rate: u32) -> anyhow::Result<Collected
     })
 }
 
-/// `--recording`: every kvm_exit's guest_rip, realm by address.
-pub fn recording(path: &Path) -> anyhow::Result<Collected> {
+/// `--recording`: the kvm_exit/kvm_entry timeline of every vCPU, sampled `rate` times a second
+/// (time in exits is the hypervisor realm; guest time takes the rip of the exit ending it).
+pub fn recording(path: &Path, rate: u32) -> anyhow::Result<Collected> {
     let mut recording = Session::open_warning(path, None)?;
-    let mut samples = Vec::new();
-    let mut first = None;
-    let mut collect = |e: &virtprof_model::Event, _: &dyn virtprof_analysis::Names| {
-        if let EventKind::KvmExit { guest_rip, vcpu_id, .. } = e.kind {
-            let t0 = *first.get_or_insert(e.ts);
-            samples.push(PcSample {
-                t_ns: e.ts - t0,
-                vcpu: vcpu_id,
-                rip: guest_rip,
-                realm: Realm::of_address(guest_rip),
-                activity: String::new(),
-            });
-        }
-    };
-    let analysis = crate::pass::analyse_with(&mut recording, Default::default(), &mut collect)?;
+    let mut timeline = ExitTimeline::new(rate);
+    let analysis = crate::pass::analyse_with(&mut recording, Default::default(), &mut timeline)?;
     eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
+    let (samples, exit_share) = timeline.finish();
     if samples.is_empty() {
+        let why = match recording.host_kind() {
+            Some(kind) if kind.traces_exits() == Some(false) => {
+                format!("this {kind} host's KVM emits no kvm_exit/kvm_entry")
+            }
+            Some(kind) => format!("recorded on a {kind} host: were the kvm events recorded, with a VM running?"),
+            None => "`virtprof doctor` says whether this host's KVM emits them".to_string(),
+        };
         return Err(usage(format!(
-            "'{}' holds no kvm_exit events (this host's KVM may not emit them; `virtprof doctor` says); use --testvm or --qemu",
+            "'{}' holds no kvm_exit/kvm_entry pairs ({why}); use --testvm or --qemu",
             path.display()
         )));
     }
+    let share = exit_share.map_or_else(String::new, |s| format!("; {:.1}% of the vCPUs' time was in exits", 100.0 * s));
     Ok(Collected {
-        source: format!("kvm_exit guest_rip in {}", path.display()),
-        rate_hz: None,
-        note: Some(
-            "exit-driven samples: code that exits often is over-represented and code that never exits is invisible"
-                .into(),
-        ),
+        source: format!("kvm_exit/kvm_entry timeline in {}", path.display()),
+        rate_hz: Some(rate),
+        note: Some(format!(
+            "reconstructed from exits: hypervisor time is measured; guest time between an entry and the next exit is \
+             attributed to that exit's rip, so code that never exits is seen only where it stops{share}"
+        )),
         samples,
         program_symbols: None,
         detected_kaslr: None,
