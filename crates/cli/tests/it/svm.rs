@@ -11,10 +11,26 @@ use serde_json::Value;
 
 use super::util::{note, temp, vm_lock};
 
+/// The long bed tests (every workload, an L2 boot) run when `VIRTPROF_BED=full`: their L1 still
+/// breaks under emulation too often for CI (a soft lockup or a corrupted kernel stack in about
+/// half of the L2 jobs' first attempts, some second attempts too; issue 22 keeps this open).
+fn full_bed(test: &str) -> bool {
+    let full = std::env::var("VIRTPROF_BED").is_ok_and(|v| v == "full");
+    if !full {
+        note(
+            test,
+            "SKIP: a long nested-SVM bed test; run it with VIRTPROF_BED=full (L1 is not yet reliable enough for CI)",
+        );
+    }
+    full
+}
+
 /// Run `job` (a shell script) in L1; its /out comes back in the returned folder. L1 is
-/// emulated on every host CPU, so it holds the VM lock like the tests that run VMs here.
+/// emulated on every host CPU, so it holds the VM lock like the tests that run VMs here, and
+/// what it wrote is flushed before the lock goes (writeback would stall the next test).
 fn in_l1(test: &str, job: &str) -> Option<PathBuf> {
     let _cpus = vm_lock();
+    let _flush = Flush;
     let have = |program: &str| Command::new("sh").arg("-c").arg(format!("command -v {program}")).output();
     for program in ["qemu-system-x86_64", "busybox", "apt-get"] {
         if !have(program).is_ok_and(|o| o.status.success()) {
@@ -42,6 +58,16 @@ fn in_l1(test: &str, job: &str) -> Option<PathBuf> {
         note(test, line);
     }
     Some(out)
+}
+
+/// Flushes the page cache when dropped.
+struct Flush;
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        // SAFETY: sync(2) takes no arguments and cannot fail.
+        unsafe { libc::sync() };
+    }
 }
 
 /// exit code → name, from the print table of a kvm_exit format file (`{ 0x07b, "io" }`).
@@ -129,6 +155,9 @@ const WORKLOADS: [&str; 6] = ["pio-user", "pio-kernel", "mmio-user", "mmio-kerne
 #[test]
 fn on_kvm_amd_every_testvm_workload_is_counted_exactly_and_its_time_adds_up() {
     let test = "on_kvm_amd_every_testvm_workload_is_counted_exactly_and_its_time_adds_up";
+    if !full_bed(test) {
+        return;
+    }
     // Per workload: the kernel's hist triggers (exits by reason, userspace exits) around a
     // recorded run, then every view of that recording. Then live `exits --duration` around a
     // run, with the hist around it too.
@@ -276,6 +305,9 @@ fn heavy_exits_in_text_trace(trace: &str) -> (u64, u64) {
 #[test]
 fn on_kvm_amd_a_real_linux_guest_boot_is_counted_profiled_and_watched() {
     let test = "on_kvm_amd_a_real_linux_guest_boot_is_counted_profiled_and_watched";
+    if !full_bed(test) {
+        return;
+    }
     let system_map = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debian-kernel/System.map");
     if !system_map.exists() {
         note(test, "SKIP: needs target/debian-kernel/System.map (scripts/test.sh fetches it)");
