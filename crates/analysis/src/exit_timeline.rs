@@ -60,11 +60,24 @@ impl ExitTimeline {
         }
     }
 
-    /// Grid points in `[from, to)`, as offsets from the origin.
-    fn grid(&self, origin: u64, from: u64, to: u64) -> impl Iterator<Item = u64> {
-        let period = self.period_ns;
+    /// Samples of vCPU `vcpu` at the grid points in `[from, to)`: at `rip` in `realm`, or,
+    /// for the hypervisor, named by `activity` (made only if a point falls in the interval).
+    fn sample(&mut self, vcpu: u32, from: u64, to: u64, rip: u64, realm: Realm, activity: impl FnOnce() -> String) {
+        let (period, origin) = (self.period_ns, self.origin.unwrap_or(from));
         let first = (from - origin).div_ceil(period) * period;
-        (first..to.saturating_sub(origin)).step_by(usize::try_from(period).unwrap_or(usize::MAX))
+        let end = to.saturating_sub(origin);
+        if first >= end {
+            return;
+        }
+        let activity = activity();
+        let step = usize::try_from(period).unwrap_or(usize::MAX);
+        self.samples.extend((first..end).step_by(step).map(|t_ns| PcSample {
+            t_ns,
+            vcpu,
+            rip,
+            realm,
+            activity: activity.clone(),
+        }));
     }
 
     fn on_event(&mut self, e: &Event, names: &dyn Names) {
@@ -73,7 +86,7 @@ impl ExitTimeline {
             EventKind::KvmEntry { vcpu_id, .. } => (vcpu_id, None),
             _ => return,
         };
-        let origin = *self.origin.get_or_insert(e.ts);
+        self.origin.get_or_insert(e.ts);
         let Some(v) = self.vcpus.get(&vcpu_id).copied() else {
             // A vCPU's timeline starts at its first event: before it, where it was is unknown.
             let phase = match exit {
@@ -92,27 +105,13 @@ impl ExitTimeline {
                     _ if next.kernel_seen => Realm::User,
                     _ => Realm::Firmware,
                 };
-                let grid: Vec<u64> = self.grid(origin, since, e.ts).collect();
-                self.samples.extend(grid.into_iter().map(|t_ns| PcSample {
-                    t_ns,
-                    vcpu: vcpu_id,
-                    rip,
-                    realm,
-                    activity: String::new(),
-                }));
+                self.sample(vcpu_id, since, e.ts, rip, realm, String::new);
                 self.covered_ns += e.ts.saturating_sub(since);
                 next.phase = Phase::Exit { since: e.ts, reason, isa };
             }
             (Phase::Exit { since, reason, isa }, None) => {
-                let activity = format!("kvm:{}", names.exit_reason(reason, isa));
-                let grid: Vec<u64> = self.grid(origin, since, e.ts).collect();
-                self.samples.extend(grid.into_iter().map(|t_ns| PcSample {
-                    t_ns,
-                    vcpu: vcpu_id,
-                    rip: 0,
-                    realm: Realm::Hypervisor,
-                    activity: activity.clone(),
-                }));
+                let activity = || format!("kvm:{}", names.exit_reason(reason, isa));
+                self.sample(vcpu_id, since, e.ts, 0, Realm::Hypervisor, activity);
                 let took = e.ts.saturating_sub(since);
                 self.exit_ns += took;
                 self.covered_ns += took;

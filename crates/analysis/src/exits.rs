@@ -269,7 +269,9 @@ pub struct ExitAnalyzer {
     rows: Vec<(Key, RowDraft)>,
     seen: [u64; SEEN_NAMES.len()],
     seen_ids: HashMap<u16, u64>,
-    saw_kvm_exit: bool,
+    /// Exits are timed from `kvm_exit` to `kvm_entry` (rather than by userspace round trips):
+    /// the host kind says so, or a `kvm_exit` was seen.
+    exit_path: bool,
     lost: u64,
     incomplete: u64,
 }
@@ -302,7 +304,8 @@ const SEEN_NAMES: [&str; 7] =
 impl ExitAnalyzer {
     /// A new analyzer.
     pub fn new(options: ExitOptions) -> Self {
-        ExitAnalyzer { options, ..Default::default() }
+        let exit_path = options.host.and_then(HostKind::traces_exits).unwrap_or(false);
+        ExitAnalyzer { options, exit_path, ..Default::default() }
     }
 
     fn wanted(&self, tid: u32) -> bool {
@@ -342,7 +345,7 @@ impl ExitAnalyzer {
             _ if !self.wanted(e.tid) => {}
             EventKind::KvmExit { reason, isa, .. } => {
                 self.count(Seen::Exit);
-                self.saw_kvm_exit = true;
+                self.exit_path = true;
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid).or_default();
                 if thread.exit.is_some() {
@@ -354,7 +357,7 @@ impl ExitAnalyzer {
             EventKind::KvmUserspaceExit { reason, .. } => {
                 self.count(Seen::UserspaceExit);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
-                let exit_path = self.exit_path();
+                let exit_path = self.exit_path;
                 let thread = self.threads.entry(e.tid).or_default();
                 // The evidence right before a userspace exit is what the VMM handles.
                 thread.pending = None;
@@ -427,7 +430,7 @@ impl ExitAnalyzer {
     }
 
     fn settle_pending(&mut self, tid: u32) {
-        let exit_path = self.exit_path();
+        let exit_path = self.exit_path;
         if let Some(what) = self.threads.get_mut(&tid).and_then(|t| t.pending.take()) {
             if !exit_path {
                 let s = self.stats.entry(Key::Evidence(what)).or_default();
@@ -436,11 +439,6 @@ impl ExitAnalyzer {
                 self.per_vcpu.entry(tid).or_default().0 += 1;
             }
         }
-    }
-
-    /// Are exits timed from `kvm_exit` to `kvm_entry` (rather than by userspace round trips)?
-    fn exit_path(&self) -> bool {
-        self.saw_kvm_exit || self.options.host.and_then(HostKind::traces_exits).unwrap_or(false)
     }
 
     /// The VMM handed the exit back to KVM.
@@ -560,7 +558,7 @@ impl ExitAnalyzer {
             Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
         };
         // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
-        let exit_path = self.exit_path();
+        let exit_path = self.exit_path;
         if exit_path {
             self.stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }

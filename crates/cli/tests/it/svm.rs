@@ -92,6 +92,26 @@ fn exit_names(format: &str) -> BTreeMap<u64, String> {
     names
 }
 
+/// Per reason, the kvm_exits a hist trigger keyed on `exit_reason` counted, named through the
+/// kvm_exit format's print table (a code it does not name stays hex).
+fn kernel_exits(format: &str, hist: &str) -> BTreeMap<String, u64> {
+    let names = exit_names(format);
+    hist_counts(hist)
+        .into_iter()
+        .map(|(code, n)| (names.get(&code).cloned().unwrap_or_else(|| format!("0x{code:x}")), n))
+        .collect()
+}
+
+/// Per reason, the exits `virtprof exits --json` counted.
+fn reported_exits(exits: &Value) -> BTreeMap<String, u64> {
+    exits["by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["reason"].as_str().unwrap().to_string(), r["count"].as_u64().unwrap()))
+        .collect()
+}
+
 /// `{ exit_reason: 123 } hitcount: 45` lines of a hist file.
 fn hist_counts(hist: &str) -> BTreeMap<u64, u64> {
     hist.lines()
@@ -128,19 +148,10 @@ ls $T/instances > /out/instances
     assert!(text.contains("kvm_exit") && text.contains("emitted"), "kvm_exit fires on kvm_amd: {text}");
 
     // Every exit the kernel counted while recording is in the recording, per reason.
-    let names = exit_names(&read("format"));
-    let kernel: BTreeMap<String, u64> = hist_counts(&read("hist"))
-        .into_iter()
-        .map(|(code, n)| (names.get(&code).cloned().unwrap_or_else(|| format!("0x{code:x}")), n))
-        .collect();
+    let kernel = kernel_exits(&read("format"), &read("hist"));
     assert!(!kernel.is_empty(), "the hist trigger counted exits:\n{}", read("hist"));
     let exits: Value = serde_json::from_str(&read("exits.json")).unwrap();
-    let ours: BTreeMap<String, u64> = exits["by_reason"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r["reason"].as_str().unwrap().to_string(), r["count"].as_u64().unwrap()))
-        .collect();
+    let ours = reported_exits(&exits);
     assert_eq!(exits["lost_events"], 0, "{}", exits["loss"]);
     assert_eq!(ours, kernel, "per-reason kvm_exit counts: virtprof exits vs the kernel's hist trigger");
     assert!(kernel.get("io").copied().unwrap_or(0) >= 300, "{kernel:?}");
@@ -201,26 +212,13 @@ ls $T/instances > /out/instances
     let Some(out) = in_l1(test, &job) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let json = |name: &str| -> Value { serde_json::from_str(&read(name)).unwrap() };
-    let names = exit_names(&read("format"));
-    let kernel = |dir: &str| -> BTreeMap<String, u64> {
-        hist_counts(&read(&format!("{dir}/hist")))
-            .into_iter()
-            .map(|(code, n)| (names.get(&code).cloned().unwrap_or_else(|| format!("0x{code:x}")), n))
-            .collect()
-    };
+    let format = read("format");
+    let kernel = |dir: &str| kernel_exits(&format, &read(&format!("{dir}/hist")));
     let userspace_exits = |dir: &str| -> u64 {
         read(&format!("{dir}/uhist"))
             .lines()
             .filter_map(|l| l.split("hitcount:").nth(1)?.trim().parse::<u64>().ok())
             .sum()
-    };
-    let per_reason = |exits: &Value| -> BTreeMap<String, u64> {
-        exits["by_reason"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r["reason"].as_str().unwrap().to_string(), r["count"].as_u64().unwrap()))
-            .collect()
     };
 
     for w in WORKLOADS {
@@ -229,7 +227,7 @@ ls $T/instances > /out/instances
         assert_eq!(exits["source"]["path"], "kvm_exit", "{w}");
         assert_eq!(exits["lost_events"], 0, "{w}: {}", exits["loss"]);
         // Exact per reason: every kvm_exit the kernel counted, and no other.
-        assert_eq!(per_reason(&exits), kernel(w), "{w}: virtprof exits vs the kernel's hist trigger");
+        assert_eq!(reported_exits(&exits), kernel(w), "{w}: virtprof exits vs the kernel's hist trigger");
         // Heavyweight exits are the exits that went to the VMM: its userspace exits.
         assert_eq!(
             totals["heavyweight"].as_u64().unwrap(),
@@ -274,7 +272,7 @@ ls $T/instances > /out/instances
     // Live: every exit of the testvm run inside the window, per reason, as the kernel counted.
     let live = json("live/exits.json");
     assert_eq!(live["lost_events"], 0, "{}", live["loss"]);
-    assert_eq!(per_reason(&live), kernel("live"), "live exits --duration vs the kernel's hist trigger");
+    assert_eq!(reported_exits(&live), kernel("live"), "live exits --duration vs the kernel's hist trigger");
     assert_eq!(live["totals"]["heavyweight"].as_u64().unwrap(), userspace_exits("live"));
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
     note(test, format!("kvm_amd in L1: io-bound io exits: vmm {vmm} ns + blocked {blocked} ns of {total} ns"));
@@ -352,17 +350,8 @@ ls $T/instances > /out/instances
     // that followed a kvm_exit (QEMU's first KVM_RUN returns before the guest ran: no exit).
     let recording = out.join("l2.vprec");
     let exits = super::exits::exits_json(&recording, &[]);
-    let names = exit_names(&read("format"));
-    let kernel: BTreeMap<String, u64> = hist_counts(&read("hist"))
-        .into_iter()
-        .map(|(code, n)| (names.get(&code).cloned().unwrap_or_else(|| format!("0x{code:x}")), n))
-        .collect();
-    let ours: BTreeMap<String, u64> = exits["by_reason"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r["reason"].as_str().unwrap().to_string(), r["count"].as_u64().unwrap()))
-        .collect();
+    let kernel = kernel_exits(&read("format"), &read("hist"));
+    let ours = reported_exits(&exits);
     assert_eq!(exits["lost_events"], 0, "{}", exits["loss"]);
     assert_eq!(ours, kernel, "per-reason exits of an L2 Linux boot vs the kernel's hist trigger");
     let (heavy, before) = heavy_exits_in_text_trace(&read("trace.txt"));
