@@ -515,6 +515,7 @@ EXAMPLES:
   virtprof boot --testvm --balloon probe_devices=8 --save ballooned.json --compare control.json
   virtprof boot --qemu --system-map /boot/System.map-6.1.0-28-amd64 --until 'Run /init' -- \\
       -accel tcg -kernel /boot/vmlinuz-6.1.0-28-amd64 -initrd initrd.img -append 'console=ttyS0' -nographic
+  virtprof boot --recording l2.vprec --system-map System.map --rate 10000   hypervisor share of a guest's boot
   virtprof boot --load run.json --symbol do_one_initcall --bin 100ms --html boot.html
   virtprof boot --load run.json --folded | flamegraph.pl > boot.svg")]
 pub struct BootArgs {
@@ -618,6 +619,7 @@ EXAMPLES:
   virtprof balance --vm 4242 --vm 4243 --duration 30s     balance two VMs' vCPUs over all CPUs
   virtprof balance --dry-run --json                       decisions only, nothing moves
   virtprof balance --vm 4242 --force-hz 100 --verify      swap 100x/s and check the sched trace
+  virtprof balance --vm 4242 --verify --buffer-size 16384  a bigger trace buffer if --verify lost events
   virtprof balance --replay run.vpr --k 1.2 --html gap.html
   virtprof balance bench --html bench.html                seed 002's overhead table and gap plot
   virtprof balance calibrate --input meter.csv -o weights.toml"
