@@ -144,15 +144,31 @@ prepare() {
 boot_l1() {
     local share=$1 out=$2 timeout=$3
     rm -f "$share/rc" "$share/log"
-    # A soft lockup panics L1 (and so ends QEMU) instead of hanging until the timeout.
-    timeout --foreground -k 5 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 \
+    # A soft lockup panics L1 (and so ends QEMU) instead of hanging until the timeout. QEMU
+    # runs in the background so that a signal to this script reaches the trap in `run`
+    # (bash runs traps only between commands; `wait` is one).
+    timeout -k 5 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 \
         -nographic -no-reboot -kernel "$cache/vmlinuz" -initrd "$share/initrd.gz" \
         -append "console=ttyS0 panic=-1 softlockup_panic=1 quiet" \
         -virtfs "local,path=$share,mount_tag=bed,security_model=none" \
         -virtfs "local,path=$out,mount_tag=out,security_model=none" \
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
-        > "$share/console.log" 2>&1 < /dev/null || true
+        > "$share/console.log" 2>&1 < /dev/null &
+    l1=$!
+    wait "$l1" || true
+    l1=
     [ -s "$share/rc" ]
+}
+
+# The L1 QEMU running now (its `timeout` wrapper's pid), if any.
+l1=
+
+# On a signal: stop L1, remove the run's folder, exit as interrupted.
+stopped() {
+    [ -n "$l1" ] && kill "$l1" 2>/dev/null && wait "$l1" 2>/dev/null
+    rm -rf "$1"
+    echo "bed.sh: interrupted; L1 stopped" >&2
+    exit 130
 }
 
 run() {
@@ -161,6 +177,8 @@ run() {
     local script=${1:?usage: bed.sh run [-t SECONDS] SCRIPT}
     local share out
     share=$(mktemp -d "$cache/run.XXXXXX")
+    # Interrupted (Ctrl-C, a closed terminal, kill): stop L1 and leave nothing behind.
+    trap 'stopped "$share"' INT TERM HUP
     out=$(realpath -m "${BED_OUT:-$share/out}")
     mkdir -p "$out"
     prepare "$share/initrd.gz"
