@@ -16,7 +16,9 @@
 # whose files come back: BED_OUT, default a fresh folder under target/nested-svm whose path
 # is printed). Runs may go on at once: each has its own folders and initramfs, and the
 # kernel is unpacked once under a lock. Everything inside L1 is emulated: exits cost tens of
-# microseconds and commands take 3-10x longer than on the host.
+# microseconds and commands take 3-10x longer than on the host. An attempt whose L1 breaks
+# under emulation (a panic, a stall) is run again, up to BED_ATTEMPTS (3) in all; BED_APPEND
+# adds to L1's kernel command line.
 # Cache: target/nested-svm (the kernel package, about 70 MB, fetched once with apt).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -144,12 +146,15 @@ prepare() {
 boot_l1() {
     local share=$1 out=$2 timeout=$3
     rm -f "$share/rc" "$share/log"
-    # A soft lockup panics L1 (and so ends QEMU) instead of hanging until the timeout. QEMU
+    # A soft lockup or an RCU stall panics L1 (and so ends QEMU) instead of hanging until the
+    # timeout. Both thresholds are 60 s or more (watchdog_thresh=60 makes soft lockups 120 s),
+    # as a loaded host can starve an emulated CPU for tens of seconds. QEMU
     # runs in the background so that a signal to this script reaches the trap in `run`
     # (bash runs traps only between commands; `wait` is one).
     timeout -k 5 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 \
         -nographic -no-reboot -kernel "$cache/vmlinuz" -initrd "$share/initrd.gz" \
-        -append "console=ttyS0 panic=-1 softlockup_panic=1 quiet" \
+        -append "console=ttyS0 panic=-1 softlockup_panic=1 watchdog_thresh=60 \
+rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED_APPEND:-}" \
         -virtfs "local,path=$share,mount_tag=bed,security_model=none" \
         -virtfs "local,path=$out,mount_tag=out,security_model=none" \
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
@@ -184,17 +189,19 @@ run() {
     prepare "$share/initrd.gz"
     cp "$script" "$share/job.sh"
     mkdir -p "$share/l2" && cp "$cache/vmlinuz" "$cache/l2-initrd.gz" "$share/l2/"
-    # Emulated SVM under TCG now and then locks L1's CPUs up or corrupts a kernel stack (seen
-    # in about one run of twenty, long exit-heavy runs more; the emulator's, not the job's):
-    # such a run is repeated once, and says so.
-    local broke='soft lockup|Kernel panic'
-    if ! boot_l1 "$share" "$out" "$timeout" && grep -Eq "$broke" "$share/console.log"; then
+    # Emulated SVM under TCG now and then stops an L1 CPU's timer, locks a CPU up or corrupts
+    # a kernel stack (about one L1 boot in ten, long exit-heavy jobs more; the emulator's, not
+    # the job's): L1 panics, and the job runs again, up to BED_ATTEMPTS times in all (default
+    # 3), saying so. Each broken attempt's console is kept as console.N.log.
+    local broke='soft lockup|Kernel panic|RCU Stall' attempt=1
+    while ! boot_l1 "$share" "$out" "$timeout" && grep -Eq "$broke" "$share/console.log" &&
+        [ "$attempt" -lt "${BED_ATTEMPTS:-3}" ]; do
         echo "bed.sh: L1 broke under emulation ($(grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')); running the job again" >&2
-        mv "$share/console.log" "$share/console.1.log"
-        mv "$share/log" "$share/log.1" 2>/dev/null || true
+        mv "$share/console.log" "$share/console.$attempt.log"
+        mv "$share/log" "$share/log.$attempt" 2>/dev/null || true
         find "$out" -mindepth 1 -delete
-        boot_l1 "$share" "$out" "$timeout" || true
-    fi
+        attempt=$((attempt + 1))
+    done
     rm -f "$share/initrd.gz"
     [ -n "${BED_OUT:-}" ] || echo "bed.sh: the job's /out is $out" >&2
     if [ ! -s "$share/rc" ]; then
@@ -214,5 +221,5 @@ run() {
 case "${1:-}" in
     prepare) prepare "$cache/initrd.gz" ;;
     run) shift; run "$@" ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,/^# Cache/p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -94,8 +94,14 @@ WORKLOADS:
   fault        UD2: shows how guest faults are reported
   noise        a TSC gap loop: each gap above --noise-threshold is stored with steal and exit
                counts (seed 004's guest columns; --duration only)
+  hlt          HLT, at --cpl 0 only: KVM hands each halt to the VMM (1 HLT exit per iteration)
+  rdmsr        RDMSR of IA32_APIC_BASE, at --cpl 0 only: KVM answers it (a lightweight msr exit
+               on VMX/SVM)
   phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
   boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
+
+Guest code runs at CPL3 unless --cpl 0 asks for CPL0, where a guest kernel runs; every
+workload runs at either, except hlt and rdmsr (privileged: CPL0 only).
 
 Every vCPU also makes one IO exit per phase start and one when done (markers). Which
 operations reach KVM depends on the host: each phase's exits into KVM are read from the vCPU's
@@ -106,7 +112,8 @@ EXAMPLES:
   virtprof testvm --workload pio-user --iterations 10000
   virtprof testvm --workload compute --vms 2 --pin 0 --duration 2s
   virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json
-  virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s")]
+  virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
+  virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one exit to the VMM per halt")]
 pub struct TestvmArgs {
     /// What every vCPU runs.
     #[arg(short, long, value_name = "WORKLOAD", default_value = "compute")]
@@ -156,6 +163,11 @@ pub struct TestvmArgs {
     /// `virtprof top` finds it); default: the workload name.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+    /// Run the guest program at this privilege level: 3 (user, like an application) or 0
+    /// (kernel, like a guest OS; needed by hlt and rdmsr). PVM hosts interpret every CPL0
+    /// instruction, so CPL0 loops run far slower there.
+    #[arg(long, value_name = "0|3", default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub cpl: u8,
     /// Print the ground truth as one JSON object.
     #[arg(long)]
     pub json: bool,

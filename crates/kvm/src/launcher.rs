@@ -174,6 +174,7 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
     }
     Ok(TestvmReport {
         workload: config.script.to_string(),
+        cpl: config.script.privilege.cpl(),
         wall_ns: monotonic_ns() - started,
         marker_io_exits_per_vcpu: config.script.marker_exits(),
         vms,

@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 pub struct TestvmReport {
     /// The workload as given on the command line (`pio-user`, or the phase script).
     pub workload: String,
+    /// The privilege level the guest code ran at: 3 (user) or 0 (kernel).
+    #[cfg_attr(feature = "serde", serde(default = "user_cpl"))]
+    pub cpl: u8,
     /// Wall time of the whole run in nanoseconds, launch to last VM exit.
     pub wall_ns: u64,
     /// Marker exits each vCPU makes besides its workload: one `IO` exit per phase start plus
@@ -17,6 +20,12 @@ pub struct TestvmReport {
     pub marker_io_exits_per_vcpu: u64,
     /// One entry per VMM process.
     pub vms: Vec<VmReport>,
+}
+
+/// Reports written before `--cpl` existed ran at CPL3.
+#[cfg(feature = "serde")]
+fn user_cpl() -> u8 {
+    3
 }
 
 /// One VM, run by one VMM process named `virtprof-vm`.

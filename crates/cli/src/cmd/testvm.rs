@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use virtprof_kvm::guest::{boot, Bound, Script, Workload};
+use virtprof_kvm::guest::{boot, Bound, Privilege, Script, Workload};
 use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::testvm::TestvmReport;
 use virtprof_model::units::{duration_ns, format_duration_ns};
@@ -48,6 +48,10 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         ("boot", None) => boot_script(args, bound)?,
         (name, None) => Script::single(name.parse::<Workload>().map_err(usage)?, bound),
     };
+    let privilege = Privilege::from_cpl(args.cpl)
+        .ok_or_else(|| usage(format!("--cpl {}: the test bed runs at CPL 3 or CPL 0", args.cpl)))?;
+    let script = script.at(privilege);
+    script.check_privilege().map_err(usage)?;
     if args.phases.is_some() && (args.iterations.is_some() || args.duration.is_some()) {
         return Err(usage("--phases gives each phase its own bound; drop --iterations/--duration"));
     }
@@ -114,8 +118,9 @@ fn format_cpus(cpus: &[u32]) -> String {
 fn write_human(report: &TestvmReport, config: &TestvmConfig, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "virtprof testvm: {} on {} VM(s) x {} vCPU(s), {} wall, {} marker IO exits per vCPU",
+        "virtprof testvm: {} at CPL{} on {} VM(s) x {} vCPU(s), {} wall, {} marker IO exits per vCPU",
         report.workload,
+        report.cpl,
         report.vms.len(),
         config.vcpus,
         format_duration_ns(report.wall_ns / 1000 * 1000),
@@ -179,7 +184,7 @@ fn write_phase_exits(report: &TestvmReport, out: &mut impl Write) -> std::io::Re
                 let expects_exits = report.workload != "boot" && !matches!(p.workload.as_str(), "compute" | "noise");
                 let note = if expects_exits && p.reaches_kvm() == Some(false) {
                     silent.push(p.workload.clone());
-                    "none reached KVM"
+                    "no exit counted"
                 } else {
                     ""
                 };
@@ -205,8 +210,9 @@ fn write_phase_exits(report: &TestvmReport, out: &mut impl Write) -> std::io::Re
     if !silent.is_empty() {
         writeln!(
             out,
-            "note: {} made no exit into this host's KVM (KVM stats fd): the operation is handled below it \
-             (e.g. a CPL3 CPUID on PVM), so traces show no exit for it",
+            "note: {} made no exit that this host's KVM counts (KVM stats fd): the operation is handled below \
+             KVM (a CPL3 CPUID on PVM) or emulated inside it without an exit (CPL0 code on PVM); either way no \
+             trace shows an exit for it (`virtprof doctor` tells which)",
             silent.join(", ")
         )?;
     }

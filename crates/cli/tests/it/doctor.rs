@@ -26,33 +26,58 @@ fn doctor_json_reports_kvm_and_the_live_probe() {
     let traced = |event: &str| -> u64 {
         detail.split_whitespace().find_map(|kv| kv.strip_prefix(event)?.strip_prefix('=')?.parse().ok()).unwrap_or(0)
     };
-    // Which operations exit comes from the probe VM's own KVM stats fd in this run; the
-    // tracepoints must agree with it. Each phase runs 200 times; the VMM makes 7 marker PIOs.
+    // Which operations exit comes from the probe VMs' own KVM stats fds in this run; the
+    // tracepoints must agree with it. Each phase runs 200 times; the CPL3 VM makes 8 marker
+    // PIOs (7 phases and done), the CPL0 VM 7.
     let ops = report["guest_operations"].as_array().expect("guest_operations");
-    let exits = |op: &str| {
-        let o = ops.iter().find(|o| o["operation"] == op).unwrap_or_else(|| panic!("no {op} in {ops:?}"));
-        match o["verdict"].as_str().unwrap() {
-            "exits" => true,
-            "none" => {
-                note(test, format!("{op} makes no exit into KVM on this host: {}", o["detail"]));
-                false
-            }
-            other => panic!("{op} was not probed: {other}"),
+    let verdict = |op: &str, cpl: u64| {
+        let o = ops
+            .iter()
+            .find(|o| o["operation"] == op && o["cpl"] == cpl)
+            .unwrap_or_else(|| panic!("no {op} at CPL{cpl} in {ops:?}"));
+        let verdict = o["verdict"].as_str().unwrap();
+        if verdict != "exits" {
+            note(test, format!("{op} at CPL{cpl}: {verdict}: {}", o["detail"]));
         }
+        verdict
     };
-    let per = |op: &str| if exits(op) { 200 } else { 0 };
-    assert_eq!(traced("kvm_pio"), 7 + per("PIO (OUT), VMM port") + per("PIO (OUT), ioeventfd port"), "{detail}");
-    assert_eq!(traced("kvm_mmio"), per("MMIO store, VMM address") + per("MMIO store, ioeventfd address"), "{detail}");
-    assert_eq!(traced("kvm_userspace_exit"), 7 + per("PIO (OUT), VMM port") + per("MMIO store, VMM address"));
-    assert_eq!(traced("kvm_cpuid"), per("CPUID"), "{detail}");
-    for op in ["HLT", "RDMSR/WRMSR"] {
-        let o = ops.iter().find(|o| o["operation"] == op).unwrap();
-        assert_eq!(o["verdict"], "not probed", "{o}");
-        note(test, format!("{op} not probed: {}", o["detail"]));
-    }
+    // Operations KVM sees (an exit, or handled in KVM without one) fire their event once each.
+    let per = |op: &str, cpl: u64| match verdict(op, cpl) {
+        "exits" | "in KVM, no exit" => 200,
+        "none" => 0,
+        other => panic!("{op} at CPL{cpl} was not probed: {other}"),
+    };
+    let exits = |op: &str, cpl: u64| if verdict(op, cpl) == "exits" { 200 } else { 0 };
+    let markers = 8 + 7;
+    assert_eq!(
+        traced("kvm_pio"),
+        markers + per("PIO (OUT), VMM port", 3) + per("PIO (OUT), ioeventfd port", 3) + per("PIO (OUT), VMM port", 0),
+        "{detail}"
+    );
+    assert_eq!(
+        traced("kvm_mmio"),
+        per("MMIO store, VMM address", 3) + per("MMIO store, ioeventfd address", 3),
+        "{detail}"
+    );
+    assert_eq!(
+        traced("kvm_userspace_exit"),
+        markers
+            + exits("PIO (OUT), VMM port", 3)
+            + exits("MMIO store, VMM address", 3)
+            + exits("PIO (OUT), VMM port", 0)
+            + exits("HLT (no in-kernel APIC)", 0),
+        "{detail}"
+    );
+    assert_eq!(traced("kvm_cpuid"), per("CPUID", 3) + per("CPUID", 0), "{detail}");
+    assert_eq!(traced("kvm_msr"), per("RDMSR IA32_APIC_BASE", 0), "{detail}");
+    // HLT with no in-kernel interrupt controller goes to the VMM on every host.
+    assert_eq!(verdict("HLT (no in-kernel APIC)", 0), "exits");
+    let differences = report["host_differences"].as_array().unwrap();
     let exits = check("kvm_exit/kvm_entry").unwrap();
     if host_kind() == Some(virtprof_model::HostKind::Pvm) {
         assert_eq!(exits["status"], "missing", "PVM does not emit kvm_exit");
+        let said = |what: &str| differences.iter().any(|d| d.as_str().unwrap().contains(what));
+        assert!(said("kvm_exit/kvm_entry never fire") && said("interpreted"), "{differences:?}");
     }
     let leftovers = std::fs::read_dir("/sys/kernel/tracing/instances")
         .map(|d| {

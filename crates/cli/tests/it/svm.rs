@@ -11,24 +11,12 @@ use serde_json::Value;
 
 use super::util::{note, temp, vm_lock};
 
-/// The long bed tests (every workload, an L2 boot) run when `VIRTPROF_BED=full`: their L1 still
-/// breaks under emulation too often for CI (a soft lockup or a corrupted kernel stack in about
-/// half of the L2 jobs' first attempts, some second attempts too; issue 22 keeps this open).
-fn full_bed(test: &str) -> bool {
-    let full = std::env::var("VIRTPROF_BED").is_ok_and(|v| v == "full");
-    if !full {
-        note(
-            test,
-            "SKIP: a long nested-SVM bed test; run it with VIRTPROF_BED=full (L1 is not yet reliable enough for CI)",
-        );
-    }
-    full
-}
-
-/// Run `job` (a shell script) in L1; its /out comes back in the returned folder. L1 is
-/// emulated on every host CPU, so it holds the VM lock like the tests that run VMs here, and
-/// what it wrote is flushed before the lock goes (writeback would stall the next test).
-fn in_l1(test: &str, job: &str) -> Option<PathBuf> {
+/// Run `job` (a shell script) in L1, each attempt within `timeout_s`; its /out comes back in
+/// the returned folder. L1 is emulated on every host CPU, so it holds the VM lock like the
+/// tests that run VMs here, and what it wrote is flushed before the lock goes (writeback would
+/// stall the next test). An attempt whose L1 broke under emulation is repeated by the bed and
+/// noted here.
+fn in_l1(test: &str, job: &str, timeout_s: u32) -> Option<PathBuf> {
     let _cpus = vm_lock();
     let _flush = Flush;
     let have = |program: &str| Command::new("sh").arg("-c").arg(format!("command -v {program}")).output();
@@ -45,7 +33,7 @@ fn in_l1(test: &str, job: &str) -> Option<PathBuf> {
     let bed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/nested-svm/bed.sh");
     let run = Command::new("bash")
         .arg(bed)
-        .args(["run", "-t", "600"])
+        .args(["run", "-t", &timeout_s.to_string()])
         .arg(&script)
         .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
         .env("BED_OUT", &out)
@@ -54,7 +42,7 @@ fn in_l1(test: &str, job: &str) -> Option<PathBuf> {
     let log = String::from_utf8_lossy(&run.stdout);
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "L1 job failed ({}):\n{log}\n{err}", run.status);
-    if let Some(line) = err.lines().find(|l| l.contains("running the job again")) {
+    for line in err.lines().filter(|l| l.contains("running the job again")) {
         note(test, line);
     }
     Some(out)
@@ -139,13 +127,24 @@ echo '!hist:keys=exit_reason' > $T/events/kvm/kvm_exit/trigger
 virtprof exits /tmp/r.vprec --json > /out/exits.json
 ls $T/instances > /out/instances
 "#;
-    let Some(out) = in_l1(test, job) else { return };
+    let Some(out) = in_l1(test, job, 300) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
 
     let doctor: Value = serde_json::from_str(&read("doctor.json")).unwrap();
     let text = doctor.to_string();
     assert!(text.contains("\"svm\""), "doctor names the host kind svm: {text}");
     assert!(text.contains("kvm_exit") && text.contains("emitted"), "kvm_exit fires on kvm_amd: {text}");
+    // Every probed operation exits to KVM at both levels, HLT and RDMSR at CPL0 included, and
+    // doctor says this host lacks nothing a PVM host would.
+    let ops = doctor["guest_operations"].as_array().unwrap();
+    for op in ops {
+        assert_eq!(op["verdict"], "exits", "on kvm_amd every probed operation exits: {op}");
+    }
+    for op in ["HLT (no in-kernel APIC)", "RDMSR IA32_APIC_BASE", "CPUID"] {
+        assert!(ops.iter().any(|o| o["operation"] == op && o["cpl"] == 0), "{op} probed at CPL0: {ops:?}");
+    }
+    let differences = doctor["host_differences"].to_string();
+    assert!(differences.contains("this is a VMX/SVM host"), "{differences}");
 
     // Every exit the kernel counted while recording is in the recording, per reason.
     let kernel = kernel_exits(&read("format"), &read("hist"));
@@ -160,15 +159,29 @@ ls $T/instances > /out/instances
     note(test, format!("kvm_amd in L1: per-reason exits {ours:?}"));
 }
 
-/// The testvm workloads run at CPL3 and what their loop makes on VMX/SVM.
-const WORKLOADS: [&str; 6] = ["pio-user", "pio-kernel", "mmio-user", "mmio-kernel", "cpuid", "io-bound"];
+/// The testvm workloads and the privilege level each runs at, and the exit reason (as
+/// kvm_amd names it) its loop makes once per iteration.
+const WORKLOADS: [(&str, u8, &str); 10] = [
+    ("pio-user", 3, "io"),
+    ("pio-kernel", 3, "io"),
+    ("mmio-user", 3, "npf"),
+    ("mmio-kernel", 3, "npf"),
+    ("cpuid", 3, "cpuid"),
+    ("io-bound", 3, "io"),
+    ("cpuid", 0, "cpuid"),
+    ("pio-user", 0, "io"),
+    ("hlt", 0, "hlt"),
+    ("rdmsr", 0, "msr"),
+];
+
+/// Where a workload's results go inside the job's /out.
+fn workload_dir(workload: &str, cpl: u8) -> String {
+    format!("{workload}-cpl{cpl}")
+}
 
 #[test]
 fn on_kvm_amd_every_testvm_workload_is_counted_exactly_and_its_time_adds_up() {
     let test = "on_kvm_amd_every_testvm_workload_is_counted_exactly_and_its_time_adds_up";
-    if !full_bed(test) {
-        return;
-    }
     // Per workload: the kernel's hist triggers (exits by reason, userspace exits) around a
     // recorded run, then every view of that recording. Then live `exits --duration` around a
     // run, with the hist around it too.
@@ -182,20 +195,21 @@ hist() {{
     echo "$1hist:keys=exit_reason" > $H/kvm_exit/trigger
     echo "$1hist:keys=common_pid" > $H/kvm_userspace_exit/trigger
 }}
-for w in {workloads}; do
+for spec in {workloads}; do
+    w=${{spec%@*}}; cpl=${{spec#*@}}; d=$w-cpl$cpl
     n=200; [ $w = io-bound ] && n=50
-    mkdir -p /out/$w
+    mkdir -p /out/$d
     hist ""
-    virtprof record -o /tmp/$w.vprec -- virtprof testvm -w $w -n $n --json > /out/$w/testvm.json
-    cat $H/kvm_exit/hist > /out/$w/hist
-    cat $H/kvm_userspace_exit/hist > /out/$w/uhist
+    virtprof record -o /tmp/$d.vprec -- virtprof testvm -w $w --cpl $cpl -n $n --json > /out/$d/testvm.json
+    cat $H/kvm_exit/hist > /out/$d/hist
+    cat $H/kvm_userspace_exit/hist > /out/$d/uhist
     hist "!"
-    virtprof exits /tmp/$w.vprec --json --noise > /out/$w/exits.json
-    virtprof exits /tmp/$w.vprec --json --by vcpu > /out/$w/by_vcpu.json
-    virtprof exits /tmp/$w.vprec --json --by vm > /out/$w/by_vm.json
+    virtprof exits /tmp/$d.vprec --json --noise > /out/$d/exits.json
+    virtprof exits /tmp/$d.vprec --json --by vcpu > /out/$d/by_vcpu.json
+    virtprof exits /tmp/$d.vprec --json --by vm > /out/$d/by_vm.json
 done
-virtprof sched /tmp/io-bound.vprec --json > /out/sched.json
-virtprof report /tmp/pio-user.vprec --json > /out/report.json
+virtprof sched /tmp/io-bound-cpl3.vprec --json > /out/sched.json
+virtprof report /tmp/pio-user-cpl3.vprec --json > /out/report.json
 mkdir -p /out/live
 hist ""
 virtprof exits --duration 6s --json > /out/live/exits.json &
@@ -207,9 +221,9 @@ cat $H/kvm_userspace_exit/hist > /out/live/uhist
 hist "!"
 ls $T/instances > /out/instances
 "#,
-        workloads = WORKLOADS.join(" ")
+        workloads = WORKLOADS.iter().map(|(w, cpl, _)| format!("{w}@{cpl}")).collect::<Vec<_>>().join(" ")
     );
-    let Some(out) = in_l1(test, &job) else { return };
+    let Some(out) = in_l1(test, &job, 600) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let json = |name: &str| -> Value { serde_json::from_str(&read(name)).unwrap() };
     let format = read("format");
@@ -221,19 +235,36 @@ ls $T/instances > /out/instances
             .sum()
     };
 
-    for w in WORKLOADS {
+    for (workload, cpl, reason) in WORKLOADS {
+        let w = &workload_dir(workload, cpl);
         let exits = json(&format!("{w}/exits.json"));
         let totals = &exits["totals"];
         assert_eq!(exits["source"]["path"], "kvm_exit", "{w}");
         assert_eq!(exits["lost_events"], 0, "{w}: {}", exits["loss"]);
         // Exact per reason: every kvm_exit the kernel counted, and no other.
-        assert_eq!(reported_exits(&exits), kernel(w), "{w}: virtprof exits vs the kernel's hist trigger");
-        // Heavyweight exits are the exits that went to the VMM: its userspace exits.
+        let kernel = kernel(w);
+        assert_eq!(reported_exits(&exits), kernel, "{w}: virtprof exits vs the kernel's hist trigger");
+        let testvm = json(&format!("{w}/testvm.json"));
+        assert_eq!(testvm["cpl"], u64::from(cpl), "{w}");
+        let iterations = testvm["vms"][0]["vcpus"][0]["iterations"].as_u64().unwrap();
+        assert!(
+            kernel.get(reason).copied().unwrap_or(0) >= iterations,
+            "{w}: a {reason} exit per iteration: {kernel:?}"
+        );
+        // Heavyweight exits are the exits that went to the VMM: its userspace exits, as the
+        // kernel's kvm_userspace_exit counted them and as the VMM itself counted its returns.
+        let vmm_returns: u64 = testvm["vms"][0]["vcpus"][0]["userspace_exits"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
         assert_eq!(
             totals["heavyweight"].as_u64().unwrap(),
             userspace_exits(w),
             "{w}: heavyweight vs kvm_userspace_exit"
         );
+        assert_eq!(userspace_exits(w), vmm_returns, "{w}: kvm_userspace_exit vs the VMM's own count");
         // The by-vCPU and by-VM tables hold every exit the totals hold (in flight ones too).
         let all = totals["exits"].as_u64().unwrap();
         for (by, list) in [("by_vcpu", "by_vcpu"), ("by_vm", "by_vm")] {
@@ -248,10 +279,14 @@ ls $T/instances > /out/instances
             let part = |k: &str| r[k].as_u64().unwrap();
             let parts = part("overhead_ns") + part("vmm_ns") + part("preempted_ns") + part("blocked_ns");
             assert_eq!(parts, part("duration_ns"), "{w}: parts of {r}");
+            // vm_noise: a vCPU preempted during its exit names what ran instead.
+            if part("preempted_ns") > 0 {
+                assert!(!r["threads"].as_array().unwrap().is_empty(), "{w}: preempted by nothing: {r}");
+            }
         }
     }
     // io-bound blocks in its VMM: that time is blocked, not the VMM's.
-    let io = json("io-bound/exits.json");
+    let io = json("io-bound-cpl3/exits.json");
     let io_row = io["by_reason"].as_array().unwrap().iter().find(|r| r["reason"] == "io").unwrap().clone();
     let (vmm, blocked, total) = (
         io_row["vmm_ns"].as_u64().unwrap(),
@@ -265,7 +300,7 @@ ls $T/instances > /out/instances
     let vcpu = &sched["windows"][0]["vms"][0]["vcpus"][0];
     assert!(vcpu["blocked_pct"].as_f64().unwrap() > 0.0 && vcpu["running_pct"].as_f64().unwrap() > 0.0, "{vcpu}");
     let report = json("report.json");
-    let pio = json("pio-user/exits.json");
+    let pio = json("pio-user-cpl3/exits.json");
     assert_eq!(report["exits"]["totals"]["exits"], pio["totals"]["exits"], "report vs exits");
     assert_eq!(report["lost_events"], 0);
 
@@ -303,9 +338,6 @@ fn heavy_exits_in_text_trace(trace: &str) -> (u64, u64) {
 #[test]
 fn on_kvm_amd_a_real_linux_guest_boot_is_counted_profiled_and_watched() {
     let test = "on_kvm_amd_a_real_linux_guest_boot_is_counted_profiled_and_watched";
-    if !full_bed(test) {
-        return;
-    }
     let system_map = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/debian-kernel/System.map");
     if !system_map.exists() {
         note(test, "SKIP: needs target/debian-kernel/System.map (scripts/test.sh fetches it)");
@@ -342,7 +374,7 @@ kill %1
 wait || true
 ls $T/instances > /out/instances
 "#;
-    let Some(out) = in_l1(test, job) else { return };
+    let Some(out) = in_l1(test, job, 600) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(read("l2console.txt").contains("L2-INIT-MARKER"), "L2 booted to its marker");
 

@@ -2,7 +2,7 @@
 //! the run, so that `virtprof boot --testvm` has exact ground truth to measure against (the
 //! seed's ballooning experiment included: `--balloon NAME=K` makes one function K times longer).
 
-use super::workload::{Bound, Phase, Script, Workload};
+use super::workload::{Bound, Phase, Privilege, Script, Workload};
 
 /// `init_mm=61,probe_devices=27,start_user=12`: function names with relative weights.
 pub fn parse_shares(spec: &str) -> Result<Vec<(String, f64)>, String> {
@@ -47,7 +47,7 @@ pub fn boot_script(shares: &[(String, f64)], total_ns: u64, balloon: &[(String, 
             Phase { workload: Workload::Compute, bound: Bound::Duration { ns }, function: Some(name.clone()) }
         })
         .collect();
-    Ok(Script { phases })
+    Ok(Script { phases, privilege: Privilege::User })
 }
 
 /// The script for `--shares SPEC [--balloon SPEC]` over `total_ns`; errors name the option.

@@ -1,6 +1,6 @@
 //! The guest-physical memory map and the descriptor tables that put a vCPU directly in 64-bit
-//! long mode at CPL3 (no guest kernel: on PVM hosts CPL0 code is interpreted instruction by
-//! instruction, so workloads never go there unless they fault).
+//! long mode at CPL3, or at CPL0 when asked (no guest kernel: on PVM hosts CPL0 code is
+//! interpreted instruction by instruction, so CPL3 workloads never go there unless they fault).
 //!
 //! Everything below 1 GiB is identity-mapped with user-accessible 2 MiB pages; RAM is the
 //! first [`RAM_SIZE`] bytes, and the MMIO doorbells sit above RAM where no memslot backs them.
@@ -9,6 +9,7 @@ use iced_x86::code_asm::*;
 use kvm_bindings::{kvm_segment, kvm_sregs};
 
 use super::program::{asm_err, GuestProgram, ProgramBuilder};
+use super::workload::Privilege;
 use crate::error::VmmError;
 
 /// Start of the `noise` workload's sample buffers, one [`NOISE_AREA`] per vCPU.
@@ -58,6 +59,7 @@ pub const MMIO_USER_ADDR: u64 = 0x2000_0000;
 pub const MMIO_KERNEL_BASE: u64 = 0x2000_1000;
 
 const SEL_KERNEL_CODE: u16 = 0x08;
+const SEL_KERNEL_DATA: u16 = 0x10;
 const SEL_USER_DATA: u16 = 0x18 | 3;
 const SEL_USER_CODE: u16 = 0x20 | 3;
 const SEL_TSS: u16 = 0x28;
@@ -226,8 +228,8 @@ fn put_u64(ram: &mut [u8], addr: u64, value: u64) {
     ram[addr as usize..addr as usize + 8].copy_from_slice(&value.to_le_bytes());
 }
 
-/// Special registers for long mode with paging, starting at CPL3.
-pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
+/// Special registers for long mode with paging, starting at `privilege`'s CPL.
+pub fn long_mode_sregs(mut sregs: kvm_sregs, privilege: Privilege) -> kvm_sregs {
     let flat = |selector: u16, type_: u8, dpl: u8, code: bool| kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
@@ -243,8 +245,13 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
         unusable: 0,
         padding: 0,
     };
-    sregs.cs = flat(SEL_USER_CODE, 0xb, 3, true);
-    let data = flat(SEL_USER_DATA, 0x3, 3, false);
+    let (code, data) = match privilege {
+        Privilege::User => (SEL_USER_CODE, SEL_USER_DATA),
+        Privilege::Kernel => (SEL_KERNEL_CODE, SEL_KERNEL_DATA),
+    };
+    let dpl = privilege.cpl();
+    sregs.cs = flat(code, 0xb, dpl, true);
+    let data = flat(data, 0x3, dpl, false);
     (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
     sregs.tr = kvm_segment {
         base: TSS_ADDR,
@@ -267,7 +274,8 @@ pub fn long_mode_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     sregs
 }
 
-/// RFLAGS for the workload: reserved bit 1 and IOPL 3, so CPL3 code may use IN/OUT.
+/// RFLAGS for the workload: reserved bit 1 and IOPL 3, so CPL3 code may use IN/OUT; interrupts
+/// stay off (there is no interrupt controller to deliver any).
 pub const USER_RFLAGS: u64 = 0x3002;
 
 // The memory map checks itself at compile time: tables, stacks and code never overlap.

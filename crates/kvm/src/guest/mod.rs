@@ -1,5 +1,5 @@
 //! What runs inside the micro-VMs: the memory map, the CPU state that puts a vCPU in 64-bit
-//! long mode at CPL3, and the workload programs.
+//! long mode at CPL3 (or CPL0), and the workload programs.
 
 pub mod boot;
 pub mod layout;
@@ -7,4 +7,4 @@ pub mod program;
 pub mod workload;
 
 pub use program::{GuestProgram, ProgramBuilder, Symbol};
-pub use workload::{Bound, Phase, Script, Workload, SYNC_ROUNDS};
+pub use workload::{Bound, Phase, Privilege, Script, Workload, SYNC_ROUNDS};

@@ -37,6 +37,12 @@ pub enum Workload {
     Cpuid,
     /// `UD2`: faults on purpose, to exercise fault reporting.
     Fault,
+    /// `HLT` (CPL0 only): with no in-kernel interrupt controller KVM hands every halt to the
+    /// VMM, which resumes the vCPU: one heavyweight `hlt` exit per iteration on VMX/SVM.
+    Hlt,
+    /// `RDMSR` of IA32_APIC_BASE (CPL0 only): KVM answers it itself, a lightweight `msr` exit
+    /// on VMX/SVM.
+    Rdmsr,
     /// An OS-noise loop: reads the TSC; a step above the VMM-given threshold is a sample,
     /// stored with the steal time and the VMM's exit counters accumulated since the previous
     /// sample. Clock-sync exits before and after let the host map guest TSC to its clock.
@@ -45,7 +51,7 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in help order.
-    pub const ALL: [Workload; 9] = [
+    pub const ALL: [Workload; 11] = [
         Workload::Compute,
         Workload::PioUser,
         Workload::PioKernel,
@@ -55,6 +61,8 @@ impl Workload {
         Workload::Cpuid,
         Workload::Fault,
         Workload::Noise,
+        Workload::Hlt,
+        Workload::Rdmsr,
     ];
 
     /// The command-line name.
@@ -69,7 +77,14 @@ impl Workload {
             Workload::Cpuid => "cpuid",
             Workload::Fault => "fault",
             Workload::Noise => "noise",
+            Workload::Hlt => "hlt",
+            Workload::Rdmsr => "rdmsr",
         }
+    }
+
+    /// Privileged instructions: at CPL3 they raise #GP instead of reaching the hypervisor.
+    pub fn needs_cpl0(self) -> bool {
+        matches!(self, Workload::Hlt | Workload::Rdmsr)
     }
 
     fn symbol(self) -> String {
@@ -130,17 +145,51 @@ impl Phase {
     }
 }
 
-/// The sequence of phases every vCPU of a VM runs.
+/// The privilege level guest code runs at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Privilege {
+    /// CPL3, the default: on PVM hosts this code runs natively.
+    #[default]
+    User,
+    /// CPL0, where a guest kernel runs: privileged instructions (`hlt`, `rdmsr`) are allowed.
+    /// On PVM hosts every CPL0 instruction is interpreted, so loops run far slower there.
+    Kernel,
+}
+
+impl Privilege {
+    /// The x86 current privilege level.
+    pub fn cpl(self) -> u8 {
+        match self {
+            Privilege::User => 3,
+            Privilege::Kernel => 0,
+        }
+    }
+
+    /// The privilege level of a CPL (0 or 3, the two the test bed has).
+    pub fn from_cpl(cpl: u8) -> Option<Self> {
+        match cpl {
+            3 => Some(Privilege::User),
+            0 => Some(Privilege::Kernel),
+            _ => None,
+        }
+    }
+}
+
+/// The sequence of phases every vCPU of a VM runs, and the privilege level it runs them at.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Script {
     /// The phases, in order.
     pub phases: Vec<Phase>,
+    /// Where the code runs (CPL3 unless asked).
+    #[serde(default)]
+    pub privilege: Privilege,
 }
 
 impl Script {
     /// A single-phase script.
     pub fn single(workload: Workload, bound: Bound) -> Self {
-        Script { phases: vec![Phase::new(workload, bound)] }
+        Script { phases: vec![Phase::new(workload, bound)], privilege: Privilege::User }
     }
 
     /// Parse `compute:200ms,pio-user:10000,io-bound:50`: a count without a unit is iterations,
@@ -170,7 +219,23 @@ impl Script {
         if phases.is_empty() {
             return Err("empty phase script".into());
         }
-        Ok(Script { phases })
+        Ok(Script { phases, privilege: Privilege::User })
+    }
+
+    /// The same script run at `privilege`.
+    pub fn at(self, privilege: Privilege) -> Self {
+        Script { privilege, ..self }
+    }
+
+    /// Why this script cannot run at its privilege level, if it cannot.
+    pub fn check_privilege(&self) -> Result<(), String> {
+        match self.phases.iter().find(|p| p.workload.needs_cpl0()) {
+            Some(p) if self.privilege == Privilege::User => Err(format!(
+                "the {} workload is privileged (at CPL3 it raises #GP); run it at CPL0 with --cpl 0",
+                p.workload
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Marker `IO` exits each vCPU makes: one per phase plus "done".
@@ -181,6 +246,7 @@ impl Script {
     /// Assemble the program for this script. `tsc_khz` converts duration bounds into guest
     /// TSC ticks.
     pub fn assemble(&self, tsc_khz: u64) -> Result<GuestProgram, VmmError> {
+        self.check_privilege().map_err(VmmError::Assemble)?;
         let mut b = ProgramBuilder::new()?;
         b.function("_start")?;
         b.asm.mov(rbp, rsp).map_err(asm_err)?;
@@ -276,6 +342,11 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
             a(b.asm.cpuid())?
         }
         Workload::Fault => a(b.asm.ud2())?,
+        Workload::Hlt => a(b.asm.hlt())?,
+        Workload::Rdmsr => {
+            a(b.asm.mov(ecx, IA32_APIC_BASE))?;
+            a(b.asm.rdmsr())?
+        }
         Workload::Noise => unreachable!("noise phases have their own loop"),
     }
     a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;
@@ -296,6 +367,10 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
     a(b.asm.nop())?;
     Ok(())
 }
+
+/// The MSR the `rdmsr` workload reads: every KVM answers it in the kernel, in-kernel local
+/// APIC or not.
+const IA32_APIC_BASE: u32 = 0x1b;
 
 /// Clock-sync exits at each end of a noise phase (the tightest bracket wins).
 pub const SYNC_ROUNDS: u64 = 8;
@@ -418,6 +493,18 @@ mod tests {
         assert!(Script::parse_phases("compute").unwrap_err().contains("lacks a bound"));
         assert!(Script::parse_phases("bogus:5").unwrap_err().contains("unknown workload 'bogus'"));
         assert!(Script::parse_phases("compute:5parsecs").is_err());
+    }
+
+    #[test]
+    fn privileged_workloads_need_cpl0() {
+        let s = Script::parse_phases("cpuid:2,hlt:2,rdmsr:2").unwrap();
+        assert!(s.check_privilege().unwrap_err().contains("--cpl 0"));
+        assert!(s.assemble(2_000_000).is_err());
+        let kernel = s.at(Privilege::Kernel);
+        assert!(kernel.check_privilege().is_ok());
+        assert!(kernel.assemble(2_000_000).unwrap().symbol_addr("phase1_hlt_loop").is_some());
+        assert_eq!(Privilege::from_cpl(0), Some(Privilege::Kernel));
+        assert_eq!(Privilege::from_cpl(1), None);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use virtprof_model::testvm::VmReport;
 
 use crate::error::VmmError;
 use crate::guest::layout::{self, ports, shared};
-use crate::guest::{GuestProgram, Script};
+use crate::guest::{GuestProgram, Privilege, Script};
 use crate::stats::StatsFd;
 
 pub use exits::exit_reason_name;
@@ -158,7 +158,7 @@ impl Vm {
             page.store(shared::NOISE_THRESHOLD, config.noise_threshold_ns * tsc_khz / 1_000_000);
             page.store(shared::NOISE_BUFFER, layout::noise_buffer(index));
             doorbells.push(register_doorbells(&vm, index)?);
-            init_vcpu_registers(vcpu, &program, index)?;
+            init_vcpu_registers(vcpu, &program, config.script.privilege, index)?;
             if config.steal_time {
                 let gpa = layout::shared_page(index) + shared::STEAL_TIME;
                 let msrs = Msrs::from_entries(&[kvm_msr_entry {
@@ -305,9 +305,14 @@ fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
     Ok([pio, mmio])
 }
 
-fn init_vcpu_registers(vcpu: &VcpuFd, program: &GuestProgram, index: u32) -> Result<(), VmmError> {
+fn init_vcpu_registers(
+    vcpu: &VcpuFd,
+    program: &GuestProgram,
+    privilege: Privilege,
+    index: u32,
+) -> Result<(), VmmError> {
     let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
-    vcpu.set_sregs(&layout::long_mode_sregs(sregs)).map_err(kvm_err("KVM_SET_SREGS"))?;
+    vcpu.set_sregs(&layout::long_mode_sregs(sregs, privilege)).map_err(kvm_err("KVM_SET_SREGS"))?;
     let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
     regs.rip = program.base;
     regs.rsp = layout::stack_top(index);

@@ -58,7 +58,8 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
     let first_u32 =
         |data: &[u8]| data.iter().take(4).enumerate().fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (8 * i));
     match exit {
-        VcpuExit::IoOut(ports::PIO_USER, _) | VcpuExit::Intr => Action::Resume,
+        // HLT reaches the VMM only from the CPL0 `hlt` workload (at CPL3 it faults).
+        VcpuExit::IoOut(ports::PIO_USER, _) | VcpuExit::Intr | VcpuExit::Hlt => Action::Resume,
         VcpuExit::IoOut(ports::PHASE, data) => Action::Phase(first_u32(data)),
         VcpuExit::IoOut(ports::DONE, _) => Action::Done,
         VcpuExit::IoOut(ports::IO_BLOCK, _) => Action::Block,
@@ -69,7 +70,6 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
         VcpuExit::IoIn(port, _) => Action::Unexpected(format!("IN from unexpected port {port:#x}")),
         VcpuExit::MmioWrite(addr, _) => Action::Unexpected(format!("MMIO write to unexpected address {addr:#x}")),
         VcpuExit::MmioRead(addr, _) => Action::Unexpected(format!("MMIO read from unexpected address {addr:#x}")),
-        VcpuExit::Hlt => Action::Unexpected("HLT (guest programs end through the done port)".into()),
         VcpuExit::Shutdown => Action::Unexpected("KVM_EXIT_SHUTDOWN: the guest triple-faulted".into()),
         VcpuExit::FailEntry(reason, cpu) => {
             Action::Unexpected(format!("KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"))
@@ -355,6 +355,7 @@ mod tests {
         assert_eq!(classify(&VcpuExit::IoOut(ports::FAULT, &[6, 0, 0, 0])), Action::Fault(6));
         assert_eq!(classify(&VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, &[0; 4])), Action::Resume);
         assert_eq!(classify(&VcpuExit::Intr), Action::Resume);
+        assert_eq!(classify(&VcpuExit::Hlt), Action::Resume);
         match classify(&VcpuExit::IoOut(0x3f8, &[0])) {
             Action::Unexpected(m) => assert!(m.contains("0x3f8")),
             other => panic!("{other:?}"),

@@ -1,22 +1,23 @@
 //! `virtprof doctor`: what this host offers, what each virtprof feature will therefore do, and
-//! how to fix what is missing. Probes are read-only except the live probe, which runs one
-//! micro-VM under a private tracefs instance (removed afterwards) to see which kvm events fire.
+//! how to fix what is missing. Probes are read-only except the live probe (`probe`), which runs
+//! micro-VMs under a private tracefs instance (removed afterwards) to see which kvm events fire.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_kvm::caps::KvmCaps;
-use virtprof_kvm::guest::Script;
-use virtprof_kvm::launcher::{self, TestvmConfig};
 use virtprof_model::HostKind;
 use virtprof_sinks::Table;
 use virtprof_trace::perf::{self, Availability};
 use virtprof_trace::{tracefs, Tracefs};
 
 use crate::args::DoctorArgs;
+
+mod probe;
+
+use probe::{live_probe, EventCounts, GuestOperation};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -48,44 +49,11 @@ struct Report {
     features: Vec<Feature>,
     /// Which guest operations exit to KVM here, measured by the live probe.
     guest_operations: Vec<GuestOperation>,
+    /// What differs here from a VMX/SVM host, from the host kind and the live probe.
+    host_differences: Vec<String>,
 }
 
 /// Whether one guest operation reaches this host's KVM, as the live probe measured it.
-#[derive(Debug, Clone, Serialize)]
-struct GuestOperation {
-    operation: &'static str,
-    /// Guest privilege level it ran at.
-    cpl: u8,
-    /// Times the guest ran it (None: not probed).
-    iterations: Option<u64>,
-    /// Exits into KVM meanwhile, by the vCPU's KVM stats fd (`exits`).
-    kvm_exits: Option<u64>,
-    /// `exits` if the operation exits to KVM, `none` if it is handled below KVM, `not probed`.
-    verdict: &'static str,
-    detail: String,
-}
-
-/// Events the live probe counted, by name.
-type EventCounts = BTreeMap<String, u64>;
-
-/// What the live probe found: kvm events by name, and each guest operation's exits.
-struct Probe {
-    events: EventCounts,
-    operations: Vec<GuestOperation>,
-}
-
-/// The guest work of the live probe: a compute phase first (it absorbs the exits of the guest's
-/// first page touches), then each kind of exit our test bed can make.
-const PROBE_SCRIPT: &str = "compute:200,cpuid:200,pio-user:200,pio-kernel:200,mmio-user:200,mmio-kernel:200";
-/// What each probed phase is, and where it is expected to be handled on VMX/SVM.
-const PROBED: [(&str, &str, &str); 5] = [
-    ("cpuid", "CPUID", "a lightweight exit on VMX/SVM"),
-    ("pio-user", "PIO (OUT), VMM port", "a heavyweight exit to the VMM"),
-    ("pio-kernel", "PIO (OUT), ioeventfd port", "a lightweight exit handled in KVM"),
-    ("mmio-user", "MMIO store, VMM address", "a heavyweight exit to the VMM"),
-    ("mmio-kernel", "MMIO store, ioeventfd address", "a lightweight exit handled in KVM"),
-];
-
 fn check(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
     Check { name, status, detail: detail.into(), fix: fix.map(str::to_string) }
 }
@@ -261,7 +229,8 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let exits_live = probed.map(|p| p.events.get("kvm_exit").copied().unwrap_or(0) > 0);
     let features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
     let guest_operations = probed.map(|p| p.operations.clone()).unwrap_or_default();
-    let report = Report { host_kind: kvm.kind, checks, features, guest_operations };
+    let host_differences = probed.map(|p| probe::host_differences(kvm.kind, p)).unwrap_or_default();
+    let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences };
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -278,94 +247,6 @@ fn tool_check_name(tool: &str) -> &'static str {
         "trace-cmd" => "trace-cmd",
         _ => "perf tool",
     }
-}
-
-/// Run one micro-VM with every kvm event enabled in a private instance and count what fired,
-/// and measure per phase which guest operations exit to KVM (its stats fd, not the trace).
-fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
-    let mut instance = tracefs.create_instance("doctor")?;
-    instance.write("buffer_size_kb", "4096")?;
-    instance.enable("kvm", None)?;
-    instance.write("tracing_on", "1")?;
-    let config = TestvmConfig {
-        script: Script::parse_phases(PROBE_SCRIPT).map_err(anyhow::Error::msg)?,
-        vms: 1,
-        vcpus: 1,
-        pin: Vec::new(),
-        io_latency_ns: 0,
-        steal_time: false,
-        linger_ns: 0,
-        name: Some("doctor-probe".into()),
-        sample_hz: 0,
-        noise_threshold_ns: 0,
-    };
-    let exe = std::env::current_exe()?;
-    let result = launcher::run_testvm(&exe, &config);
-    instance.write("tracing_on", "0")?;
-    let report = result?;
-    // The instance sees every VM on the host; count only the probe VM's vCPU threads.
-    let tids: Vec<u32> = report.vcpus().map(|v| v.tid).collect();
-    let events = count_text_events(&instance.read("trace")?, &tids);
-    let phases = report.vcpus().next().map(|v| v.phases.clone()).unwrap_or_default();
-    Ok(Probe { events, operations: guest_operations(&phases) })
-}
-
-/// Each probed operation's verdict from its phase's exits into KVM per iteration
-/// (`PhaseReport::reaches_kvm`, the rule `testvm` reports by too).
-fn guest_operations(phases: &[virtprof_model::testvm::PhaseReport]) -> Vec<GuestOperation> {
-    let mut ops: Vec<GuestOperation> = PROBED
-        .iter()
-        .map(|&(workload, operation, usual)| {
-            let phase = phases.iter().find(|p| p.workload == workload);
-            let per_op = phase.and_then(|p| Some((p.kvm_exits_per_iteration()?, p.reaches_kvm()?)));
-            let (verdict, detail) = match per_op {
-                None => ("not probed", "the KVM stats fd has no `exits` counter".to_string()),
-                Some((r, true)) => ("exits", format!("{r:.2} exits into KVM per operation (usually {usual})")),
-                Some((r, false)) => (
-                    "none",
-                    format!(
-                        "{r:.2} exits into KVM per operation: handled below this host's KVM, so no trace \
-                         shows an exit for it (usually {usual})"
-                    ),
-                ),
-            };
-            GuestOperation {
-                operation,
-                cpl: 3,
-                iterations: phase.map(|p| p.iterations),
-                kvm_exits: phase.and_then(|p| p.kvm_exits),
-                verdict,
-                detail,
-            }
-        })
-        .collect();
-    for operation in ["HLT", "RDMSR/WRMSR"] {
-        ops.push(GuestOperation {
-            operation,
-            cpl: 3,
-            iterations: None,
-            kvm_exits: None,
-            verdict: "not probed",
-            detail: "privileged: at CPL3 it raises #GP in the guest; testvm guests run at CPL3 only".into(),
-        });
-    }
-    ops
-}
-
-/// Count events by name in ftrace text output (`comm-pid [cpu] flags ts: name: fields`),
-/// keeping only lines from the threads in `tids`.
-fn count_text_events(text: &str, tids: &[u32]) -> EventCounts {
-    let mut counts = EventCounts::new();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let tid = line.split(" [").next().and_then(|task| task.rsplit('-').next()).and_then(|t| t.trim().parse().ok());
-        if !tid.is_some_and(|t| tids.contains(&t)) {
-            continue;
-        }
-        if let Some(name) = line.split(": ").nth(1) {
-            *counts.entry(name.to_string()).or_insert(0) += 1;
-        }
-    }
-    counts
 }
 
 fn probe_checks(counts: &EventCounts) -> Vec<Check> {
@@ -504,6 +385,12 @@ fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
         }
         ops.write_text(&mut *out)?;
     }
+    if !report.host_differences.is_empty() {
+        writeln!(out, "\nTHIS HOST AGAINST VMX/SVM (measured by the live probe)")?;
+        for line in &report.host_differences {
+            writeln!(out, "  - {line}")?;
+        }
+    }
     writeln!(out, "\nWHAT VIRTPROF WILL DO HERE")?;
     let mut features = Table::new(["FEATURE", "MODE"]);
     for f in &report.features {
@@ -540,18 +427,4 @@ fn which(tool: &str) -> bool {
 fn geteuid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts_ftrace_text_lines() {
-        let text = "# tracer: nop\n#\n vcpu0-12 [001] ..... 10.000001: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n vcpu0-12 [001] ..... 10.000002: kvm_userspace_exit: reason KVM_EXIT_IO (2)\n vcpu0-12 [001] ..... 10.000003: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n vcpu0-99 [000] ..... 10.000004: kvm_pio: pio_write at 0xe0 size 1 count 1 val 0x0\n";
-        let counts = count_text_events(text, &[12]);
-        assert_eq!(counts.get("kvm_pio"), Some(&2));
-        assert_eq!(counts.get("kvm_userspace_exit"), Some(&1));
-        assert_eq!(counts.len(), 2);
-    }
 }
