@@ -7,6 +7,9 @@
 #   bed.sh run [-t SECONDS] SCRIPT      boot L1, run SCRIPT (sh) there, print its output, power
 #                                       off; exits with SCRIPT's status (124: timed out)
 #
+# `hang-guard SECONDS CMD` inside L1 runs CMD and, should it still run after SECONDS, ends
+# L1 as broken (so the job runs again) instead of letting the whole job time out.
+#
 # L2: `l2-boot [QEMU ARGS]` inside L1 boots the same kernel as a KVM guest of L1 with the
 # host's own QEMU (read from /host), named l2guest; its init prints L2-INIT-MARKER and powers
 # off. `qemu-system-x86_64` in L1 is that QEMU.
@@ -136,8 +139,9 @@ prepare() {
         mkdir -p "$ir$(dirname "$lib")" && cp -L "$lib" "$ir$lib"
     done
     cp "$root/scripts/nested-svm/init" "$ir/init"
-    cp "$root/scripts/nested-svm/qemu-system-x86_64" "$root/scripts/nested-svm/l2-boot" "$ir/usr/bin/"
-    chmod +x "$ir/init" "$ir/usr/bin/qemu-system-x86_64" "$ir/usr/bin/l2-boot"
+    cp "$root/scripts/nested-svm/qemu-system-x86_64" "$root/scripts/nested-svm/l2-boot" \
+        "$root/scripts/nested-svm/hang-guard" "$ir/usr/bin/"
+    chmod +x "$ir/init" "$ir/usr/bin/qemu-system-x86_64" "$ir/usr/bin/l2-boot" "$ir/usr/bin/hang-guard"
     newc_archive "$ir" | gzip -1 > "$1"
     rm -rf "$ir"
 }
@@ -145,15 +149,19 @@ prepare() {
 # Boot L1 once with the job in $share; true if it reported a status.
 boot_l1() {
     local share=$1 out=$2 timeout=$3
-    rm -f "$share/rc" "$share/log"
-    # A soft lockup or an RCU stall panics L1 (and so ends QEMU) instead of hanging until the
-    # timeout. Both thresholds are 60 s or more (watchdog_thresh=60 makes soft lockups 120 s),
-    # as a loaded host can starve an emulated CPU for tens of seconds. QEMU
+    rm -f "$share/rc" "$share/log" "$share/hung"
+    # L1 arms its timers in the LAPIC's one-shot mode (lapic=notscdeadline): with the TSC
+    # deadline timer, emulated SVM now and then lost a CPU's timer while L2 guests ran (an RCU
+    # stall "timer wakeup didn't happen ... on cpu=0" in a third of the long jobs; none in 48
+    # guest runs without it). A soft lockup or an RCU stall panics L1 (and so ends QEMU)
+    # instead of hanging until the timeout. Both thresholds are 60 s or more (watchdog_thresh=60
+    # makes soft lockups 120 s), as a loaded host can starve an emulated CPU for tens of
+    # seconds. QEMU
     # runs in the background so that a signal to this script reaches the trap in `run`
     # (bash runs traps only between commands; `wait` is one).
     timeout -k 5 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 \
         -nographic -no-reboot -kernel "$cache/vmlinuz" -initrd "$share/initrd.gz" \
-        -append "console=ttyS0 panic=-1 softlockup_panic=1 watchdog_thresh=60 \
+        -append "console=ttyS0 panic=-1 lapic=notscdeadline softlockup_panic=1 watchdog_thresh=60 \
 rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED_APPEND:-}" \
         -virtfs "local,path=$share,mount_tag=bed,security_model=none" \
         -virtfs "local,path=$out,mount_tag=out,security_model=none" \
@@ -189,14 +197,18 @@ run() {
     prepare "$share/initrd.gz"
     cp "$script" "$share/job.sh"
     mkdir -p "$share/l2" && cp "$cache/vmlinuz" "$cache/l2-initrd.gz" "$share/l2/"
-    # Emulated SVM under TCG now and then stops an L1 CPU's timer, locks a CPU up or corrupts
-    # a kernel stack (about one L1 boot in ten, long exit-heavy jobs more; the emulator's, not
-    # the job's): L1 panics, and the job runs again, up to BED_ATTEMPTS times in all (default
-    # 3), saying so. Each broken attempt's console is kept as console.N.log.
+    # Emulated SVM under TCG now and then locks an L1 CPU up, corrupts a kernel stack, or
+    # leaves an L2 guest making no progress (a hang-guard'ed command that never ends; once a
+    # micro-VM triple-faulted): the emulator's, not the job's. L1 then panics or is powered
+    # off, and the job runs again, up to BED_ATTEMPTS times in all (default 3), saying so.
+    # Each broken attempt's console is kept as console.N.log.
     local broke='soft lockup|Kernel panic|RCU Stall' attempt=1
-    while ! boot_l1 "$share" "$out" "$timeout" && grep -Eq "$broke" "$share/console.log" &&
+    while ! boot_l1 "$share" "$out" "$timeout" && { [ -s "$share/hung" ] || grep -Eq "$broke" "$share/console.log"; } &&
         [ "$attempt" -lt "${BED_ATTEMPTS:-3}" ]; do
-        echo "bed.sh: L1 broke under emulation ($(grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')); running the job again" >&2
+        local why
+        why=$(cat "$share/hung" 2>/dev/null || grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')
+        echo "bed.sh: L1 broke under emulation ($why); running the job again" >&2
+        mv "$share/hung" "$share/hung.$attempt" 2>/dev/null || true
         mv "$share/console.log" "$share/console.$attempt.log"
         mv "$share/log" "$share/log.$attempt" 2>/dev/null || true
         find "$out" -mindepth 1 -delete
@@ -205,7 +217,8 @@ run() {
     rm -f "$share/initrd.gz"
     [ -n "${BED_OUT:-}" ] || echo "bed.sh: the job's /out is $out" >&2
     if [ ! -s "$share/rc" ]; then
-        echo "bed.sh: L1 ended without the job's status (timed out after ${timeout}s?); console tail:" >&2
+        [ -s "$share/hung" ] && echo "bed.sh: $(cat "$share/hung") on every attempt" >&2
+        echo "bed.sh: L1 ended without the job's status (timed out after ${timeout}s, or broke on every attempt); console tail:" >&2
         tail -20 "$share/console.log" >&2
         cat "$share/log" 2>/dev/null || true
         return 124

@@ -118,13 +118,18 @@ fn on_kvm_amd_doctor_sees_svm_and_recorded_exits_equal_the_kernels_count() {
     let job = r#"
 set -e
 T=/sys/kernel/tracing
-virtprof doctor --json > /out/doctor.json
+hang-guard 150 virtprof doctor --json > /out/doctor.json
+# A probe VM that triple-faults here did so under emulation (the same probe runs in CI on
+# the development host): the bed runs the job again.
+if grep -q triple-faulted /out/doctor.json; then hang-guard --broken "doctor's probe VM triple-faulted"; fi
 cp $T/events/kvm/kvm_exit/format /out/format
 echo 'hist:keys=exit_reason' > $T/events/kvm/kvm_exit/trigger
-virtprof record -o /tmp/r.vprec -- virtprof testvm -w phases --phases pio-user:300,cpuid:300,mmio-user:200 --json > /out/testvm.json
+hang-guard 120 virtprof record -o /tmp/r.vprec -- virtprof testvm -w phases --phases pio-user:300,cpuid:300,mmio-user:200 --json > /out/testvm.json
 cat $T/events/kvm/kvm_exit/hist > /out/hist
 echo '!hist:keys=exit_reason' > $T/events/kvm/kvm_exit/trigger
 virtprof exits /tmp/r.vprec --json > /out/exits.json
+hang-guard 60 virtprof record -o /tmp/quiet.vprec -- sleep 1
+virtprof exits /tmp/quiet.vprec --json > /out/quiet.json
 ls $T/instances > /out/instances
 "#;
     let Some(out) = in_l1(test, job, 300) else { return };
@@ -155,6 +160,11 @@ ls $T/instances > /out/instances
     assert_eq!(ours, kernel, "per-reason kvm_exit counts: virtprof exits vs the kernel's hist trigger");
     assert!(kernel.get("io").copied().unwrap_or(0) >= 300, "{kernel:?}");
     assert!(kernel.get("cpuid").copied().unwrap_or(0) >= 300, "{kernel:?}");
+    // A recording with no exits at all is still read on the kvm_exit path: nothing is missing
+    // on this host, so nothing is said to be.
+    let quiet: Value = serde_json::from_str(&read("quiet.json")).unwrap();
+    assert_eq!(quiet["source"]["path"], "kvm_exit", "{quiet}");
+    assert_eq!(quiet["source"]["unavailable"], serde_json::json!([]), "{quiet}");
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
     note(test, format!("kvm_amd in L1: per-reason exits {ours:?}"));
 }
@@ -200,7 +210,7 @@ for spec in {workloads}; do
     n=200; [ $w = io-bound ] && n=50
     mkdir -p /out/$d
     hist ""
-    virtprof record -o /tmp/$d.vprec -- virtprof testvm -w $w --cpl $cpl -n $n --json > /out/$d/testvm.json
+    hang-guard 120 virtprof record -o /tmp/$d.vprec -- virtprof testvm -w $w --cpl $cpl -n $n --json > /out/$d/testvm.json
     cat $H/kvm_exit/hist > /out/$d/hist
     cat $H/kvm_userspace_exit/hist > /out/$d/uhist
     hist "!"
@@ -212,10 +222,16 @@ virtprof sched /tmp/io-bound-cpl3.vprec --json > /out/sched.json
 virtprof report /tmp/pio-user-cpl3.vprec --json > /out/report.json
 mkdir -p /out/live
 hist ""
-virtprof exits --duration 6s --json > /out/live/exits.json &
-sleep 2
-virtprof testvm -w pio-user -n 200 > /dev/null
-wait
+virtprof exits --duration 300s --json > /out/live/exits.json 2> /out/live/err &
+live=$!
+until grep -q "recording for" /out/live/err; do sleep 1; done
+for spec in {workloads}; do
+    w=${{spec%@*}}; cpl=${{spec#*@}}
+    n=200; [ $w = io-bound ] && n=50
+    hang-guard 120 virtprof testvm -w $w --cpl $cpl -n $n > /dev/null
+done
+kill -INT $live
+wait $live
 cat $H/kvm_exit/hist > /out/live/hist
 cat $H/kvm_userspace_exit/hist > /out/live/uhist
 hist "!"
@@ -304,10 +320,15 @@ ls $T/instances > /out/instances
     assert_eq!(report["exits"]["totals"]["exits"], pio["totals"]["exits"], "report vs exits");
     assert_eq!(report["lost_events"], 0);
 
-    // Live: every exit of the testvm run inside the window, per reason, as the kernel counted.
+    // Live: every exit of every workload run inside one window (ended by Ctrl-C once they all
+    // finished), per reason, as the kernel counted.
     let live = json("live/exits.json");
     assert_eq!(live["lost_events"], 0, "{}", live["loss"]);
-    assert_eq!(reported_exits(&live), kernel("live"), "live exits --duration vs the kernel's hist trigger");
+    let kernel_live = kernel("live");
+    assert_eq!(reported_exits(&live), kernel_live, "live exits --duration vs the kernel's hist trigger");
+    for (_, _, reason) in WORKLOADS {
+        assert!(kernel_live.contains_key(reason), "the live window saw {reason} exits: {kernel_live:?}");
+    }
     assert_eq!(live["totals"]["heavyweight"].as_u64().unwrap(), userspace_exits("live"));
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
     note(test, format!("kvm_amd in L1: io-bound io exits: vmm {vmm} ns + blocked {blocked} ns of {total} ns"));
@@ -354,7 +375,7 @@ echo 'hist:keys=exit_reason' > $H/kvm_exit/trigger
 echo 20000 > $T/buffer_size_kb
 echo 1 > $H/kvm_exit/enable
 echo 1 > $H/kvm_userspace_exit/enable
-virtprof record -o /out/l2.vprec --events kvm -- l2-boot > /out/l2console.txt
+hang-guard 300 virtprof record -o /out/l2.vprec --events kvm -- l2-boot > /out/l2console.txt
 echo 0 > $H/kvm_exit/enable
 echo 0 > $H/kvm_userspace_exit/enable
 grep -E ' kvm_(exit|userspace_exit):' $T/trace > /out/trace.txt
@@ -362,14 +383,15 @@ echo > $T/trace
 cat $H/kvm_exit/hist > /out/hist
 echo '!hist:keys=exit_reason' > $H/kvm_exit/trigger
 L2_APPEND=l2_stay=60 l2-boot > /tmp/l2stay.txt 2>&1 &
-until grep -q L2-INIT-MARKER /tmp/l2stay.txt; do sleep 1; done
-timeout 120 virtprof top --once --json -d 2 > /out/top.json
-timeout 120 virtprof top --once --json -d 2 --no-trace > /out/top-notrace.json
+for i in $(seq 180); do grep -q L2-INIT-MARKER /tmp/l2stay.txt && break; sleep 1; done
+grep -q L2-INIT-MARKER /tmp/l2stay.txt || hang-guard --broken "L2 did not reach its marker in 180 s"
+hang-guard 120 virtprof top --once --json -d 2 > /out/top.json
+hang-guard 120 virtprof top --once --json -d 2 --no-trace > /out/top-notrace.json
 kill %1
 wait || true
 virtprof testvm -w io-bound -n 100000 --io-latency 1ms --name steady > /dev/null &
 sleep 2
-timeout 120 virtprof top --once --json -d 3 > /out/top-steady.json
+hang-guard 120 virtprof top --once --json -d 3 > /out/top-steady.json
 kill %1
 wait || true
 ls $T/instances > /out/instances

@@ -165,3 +165,29 @@ fn assert_stats_agree(v: &virtprof_model::testvm::VcpuReport) {
         }
     }
 }
+
+#[test]
+fn a_cpl0_guest_halts_into_the_vmm_once_per_hlt() {
+    let test = "a_cpl0_guest_halts_into_the_vmm_once_per_hlt";
+    let Some(_vms) = have_kvm(test) else {
+        return;
+    };
+    // With no in-kernel interrupt controller every HLT is a KVM_EXIT_HLT to the VMM, on any
+    // host; the phase around it counts the PIO markers too.
+    let n = 300;
+    let report = testvm(&["--phases", "pio-user:50,hlt:300,rdmsr:50", "--cpl", "0"]);
+    assert_eq!(report.cpl, 0);
+    let v = report.vcpus().next().unwrap();
+    assert!(v.completed);
+    assert_eq!(v.exits("HLT"), n, "userspace exits {:?}", v.userspace_exits);
+    assert_eq!(v.exits("IO"), 50 + 4, "pio-user plus 3 phase markers and done");
+    assert!(v.stat("halt_exits") >= n || v.stat("exits") >= n + 54, "KVM stats {:?}", v.kvm_stats);
+    let hlt = v.phases.iter().find(|p| p.workload == "hlt").unwrap();
+    assert_eq!(hlt.reaches_kvm(), Some(true), "{hlt:?}");
+    assert_stats_agree(v);
+    // A privileged workload at CPL3, or a level the bed lacks, is a usage error.
+    for args in [&["-w", "hlt", "-n", "5"][..], &["-w", "compute", "-n", "5", "--cpl", "1"]] {
+        let out = super::util::virtprof().arg("testvm").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
