@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use virtprof_kvm::VmmError;
 use virtprof_session::SessionError;
 use virtprof_sinks::SinkError;
+use virtprof_trace::TraceError;
 
 /// Bad input, or the host lacks what the command needs.
 pub const USAGE: u8 = 2;
@@ -68,6 +69,9 @@ fn classify(err: &anyhow::Error) -> u8 {
             return USAGE;
         }
         if cause.downcast_ref::<SinkError>().is_some_and(SinkError::is_bad_input) {
+            return USAGE;
+        }
+        if cause.downcast_ref::<TraceError>().is_some_and(TraceError::is_bad_input) {
             return USAGE;
         }
     }

@@ -43,6 +43,43 @@ impl CaptureConfig {
     }
 }
 
+/// The clock must be one the kernel lists in `trace_clock`.
+fn check_clock(tracefs: &Tracefs, clock: &str) -> Result<(), TraceError> {
+    let path = tracefs.root().join("trace_clock");
+    let listed = std::fs::read_to_string(&path).map_err(TraceError::file(&path))?;
+    let offered: Vec<String> = listed.split_whitespace().map(|c| c.trim_matches(['[', ']']).to_string()).collect();
+    if offered.iter().any(|c| c == clock) {
+        Ok(())
+    } else {
+        Err(TraceError::NoSuchClock { clock: clock.to_string(), offered })
+    }
+}
+
+/// At least one page per CPU, and all CPUs' buffers within half the memory available now (the
+/// kernel allocates them at once, unswappable).
+fn check_buffer_size(kb: u32, cpus: usize) -> Result<(), TraceError> {
+    if kb < 4 {
+        return Err(TraceError::BufferSize { kb, why: "the smallest buffer is one 4 KB page per CPU".into() });
+    }
+    let available_kb = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.split_whitespace().next()?.parse::<u64>().ok())
+    });
+    let total_kb = u64::from(kb) * cpus.max(1) as u64;
+    match available_kb {
+        Some(available) if total_kb > available / 2 => Err(TraceError::BufferSize {
+            kb,
+            why: format!(
+                "{cpus} CPUs x {kb} KB = {} MiB of unswappable trace buffers, more than half the {} MiB available; \
+                 at most {} KB per CPU here",
+                total_kb / 1024,
+                available / 1024,
+                available / 2 / cpus.max(1) as u64
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A running capture.
 pub struct Capture {
     // Field order is drop order: the readers must close before the instance is removed (the
@@ -62,6 +99,17 @@ impl Capture {
         config: &CaptureConfig,
         page_size: usize,
     ) -> Result<(Capture, Vec<String>), TraceError> {
+        // Settings the kernel would refuse (or, for a huge buffer, take the host's memory for)
+        // are refused here, naming what would do, before any instance exists.
+        check_clock(tracefs, &config.clock)?;
+        check_buffer_size(config.buffer_size_kb, online_cpus().len())?;
+        let present = |spec: &String| match spec.split_once(':') {
+            Some((system, name)) => tracefs.has_event(system, name),
+            None => !tracefs.events(spec).is_empty(),
+        };
+        if !config.events.is_empty() && !config.events.iter().any(present) {
+            return Err(TraceError::NoEvents { root: tracefs.root().to_path_buf(), asked: config.events.clone() });
+        }
         let mut instance = tracefs.create_instance("record")?;
         instance.write("buffer_size_kb", &config.buffer_size_kb.to_string())?;
         instance.write("trace_clock", &config.clock)?;
@@ -71,18 +119,14 @@ impl Capture {
         let mut missing = Vec::new();
         let mut systems: Vec<String> = Vec::new();
         for spec in &config.events {
+            if !present(spec) {
+                missing.push(spec.clone());
+                continue;
+            }
             let (system, name) = match spec.split_once(':') {
                 Some((s, n)) => (s, Some(n)),
                 None => (spec.as_str(), None),
             };
-            let exists = match name {
-                Some(n) => tracefs.has_event(system, n),
-                None => !tracefs.events(system).is_empty(),
-            };
-            if !exists {
-                missing.push(spec.clone());
-                continue;
-            }
             instance.enable(system, name)?;
             if !systems.iter().any(|s| s == system) {
                 systems.push(system.to_string());
@@ -234,6 +278,15 @@ pub fn online_cpus() -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffer_sizes_are_checked_against_a_page_and_the_memory_available() {
+        assert!(check_buffer_size(0, 2).unwrap_err().is_bad_input());
+        assert!(check_buffer_size(3, 2).is_err());
+        assert!(check_buffer_size(4, 2).is_ok());
+        let huge = check_buffer_size(u32::MAX, 64).unwrap_err().to_string();
+        assert!(huge.contains("more than half the") && huge.contains("KB per CPU here"), "{huge}");
+    }
 
     #[test]
     fn parses_cpu_stats() {

@@ -27,6 +27,30 @@ pub enum TraceError {
         #[source]
         source: crate::format::FormatError,
     },
+    /// The trace clock asked for is not one this kernel offers.
+    #[error("trace clock '{clock}' is not offered by this kernel; choose one of: {}", offered.join(" "))]
+    NoSuchClock {
+        /// The clock asked for.
+        clock: String,
+        /// What `trace_clock` lists.
+        offered: Vec<String>,
+    },
+    /// A per-CPU buffer size no kernel takes, or more memory than the host can spare.
+    #[error("--buffer-size {kb}: {why}")]
+    BufferSize {
+        /// KB per CPU asked for.
+        kb: u32,
+        /// Why it cannot be had, and what would do.
+        why: String,
+    },
+    /// None of the events asked for exists: the capture would record nothing.
+    #[error("none of the events asked for exists on this kernel: {} (see {}/available_events)", asked.join(", "), root.display())]
+    NoEvents {
+        /// tracefs root.
+        root: PathBuf,
+        /// The event specs.
+        asked: Vec<String>,
+    },
     /// An event the caller asked for does not exist on this kernel.
     #[error("event '{system}:{name}' does not exist on this kernel (see {}/events/{system}/)", root.display())]
     NoSuchEvent {
@@ -37,6 +61,20 @@ pub enum TraceError {
         /// Event name.
         name: String,
     },
+}
+
+impl TraceError {
+    /// Whether the caller asked for something this kernel or host cannot give (a usage error),
+    /// rather than tracing failing underway.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            TraceError::NoSuchClock { .. }
+                | TraceError::BufferSize { .. }
+                | TraceError::NoEvents { .. }
+                | TraceError::NoSuchEvent { .. }
+        )
+    }
 }
 
 fn hint(e: &std::io::Error) -> &'static str {

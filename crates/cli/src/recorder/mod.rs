@@ -105,7 +105,13 @@ impl Default for RecordOptions {
 /// Record into the file `output`.
 pub fn record(options: &RecordOptions, output: &Path) -> anyhow::Result<RecordSummary> {
     let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
-    Ok(record_into(options, BufWriter::with_capacity(1 << 20, file))?.0)
+    let result = record_into(options, BufWriter::with_capacity(1 << 20, file));
+    // Refused before tracing started (a setting the kernel cannot give, say): nothing was
+    // written, and an empty file must not be left to look like a recording.
+    if result.is_err() && std::fs::metadata(output).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(output);
+    }
+    Ok(result?.0)
 }
 
 /// Record into `out` (a file, or memory for the live modes), returning it when finished.

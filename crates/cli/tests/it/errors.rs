@@ -138,3 +138,27 @@ fn the_interactive_view_without_a_terminal_says_so_instead_of_panicking() {
     assert_usage_error(&["top"], "needs a terminal");
     assert_usage_error(&["demo", "--duration", "5s"], "needs a terminal");
 }
+
+#[test]
+fn trace_settings_the_kernel_cannot_give_are_usage_errors() {
+    let test = "trace_settings_the_kernel_cannot_give_are_usage_errors";
+    if !super::util::have_tracefs(test) {
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("virtprof-it-settings-{}.vprec", std::process::id()));
+    let out = out.to_str().unwrap();
+    let record = |extra: &[&str], needle: &str| {
+        let mut args = vec!["record", "-o", out, "--duration", "100ms"];
+        args.extend_from_slice(extra);
+        assert_usage_error(&args, needle);
+    };
+    record(&["--clock", "bogus"], "trace clock 'bogus' is not offered by this kernel; choose one of:");
+    record(&["--buffer-size", "0"], "one 4 KB page per CPU");
+    record(&["--buffer-size", "4000000000"], "more than half the");
+    record(
+        &["--events", "nosuch,alsonot:this"],
+        "none of the events asked for exists on this kernel: nosuch, alsonot:this",
+    );
+    // Refused before anything was made: no file, no tracefs instance (made after the checks).
+    assert!(!std::path::Path::new(out).exists(), "a refused recording leaves no file");
+}
