@@ -335,7 +335,15 @@ pub struct SchedAccounting {
     slices: Option<SliceLog>,
     /// Lost-event records and the events they counted (None: count unknown).
     pub lost: (u64, u64),
+    /// The first event that would have needed more than [`MAX_KEPT_BUCKETS`]; from there on
+    /// nothing is accounted (see [`SchedAccounting::overflow`]).
+    overflow: Option<Timestamp>,
 }
+
+/// The most buckets a run keeping every bucket (a recording's windows) may hold. Each holds
+/// every tracked thread's counters, so a damaged timestamp far in the future, or a tiny
+/// window over a long recording, must stop here rather than fill memory.
+pub const MAX_KEPT_BUCKETS: usize = 100_000;
 
 impl SchedAccounting {
     /// An analyzer with `options`; `evidence_events` are event ids counted as exit evidence.
@@ -350,7 +358,19 @@ impl SchedAccounting {
             total: Span::default(),
             slices: None,
             lost: (0, 0),
+            overflow: None,
         }
+    }
+
+    /// Its bucket width and how many it keeps.
+    pub fn options(&self) -> SchedOptions {
+        self.options
+    }
+
+    /// Where the run outgrew [`MAX_KEPT_BUCKETS`] (an event's timestamp): the accounting
+    /// stopped there and its figures cover only what came before.
+    pub fn overflow(&self) -> Option<Timestamp> {
+        self.overflow
     }
 
     /// Also keep every thread's state slices (memory grows with the tracked threads' switches).
@@ -403,6 +423,9 @@ impl SchedAccounting {
     /// Feed one event (in timestamp order; slightly late events are clamped, never negative).
     pub fn on_event(&mut self, e: &Event) {
         self.roll_to(e.ts);
+        if self.overflow.is_some() {
+            return;
+        }
         self.infer_switch_in(e);
         match e.kind {
             EventKind::SchedSwitch { prev_tid, prev_state, next_tid, .. } => {
@@ -611,6 +634,10 @@ impl SchedAccounting {
             self.current = Some((0, Span::empty(ts, ts + width)));
         }
         while let Some(end) = self.current.as_ref().map(|(_, s)| s.end_ns).filter(|&end| ts >= end) {
+            if self.options.keep_buckets > MAX_KEPT_BUCKETS && self.closed.len() >= MAX_KEPT_BUCKETS {
+                self.overflow.get_or_insert(ts);
+                return;
+            }
             let tids: Vec<u32> = self.threads.keys().copied().collect();
             for tid in tids {
                 self.account(tid, end);
@@ -697,6 +724,22 @@ mod tests {
 
     fn analyzer(bucket_ns: u64) -> SchedAccounting {
         SchedAccounting::new(SchedOptions { bucket_ns, keep_buckets: 1000 }, Vec::new())
+    }
+
+    #[test]
+    fn a_far_timestamp_stops_the_accounting_instead_of_filling_memory() {
+        // Found by the fuzzer: one damaged event 26 300 s on, 1 ms buckets kept for the run.
+        let mut a = SchedAccounting::new(SchedOptions { bucket_ns: 1_000_000, keep_buckets: usize::MAX }, Vec::new());
+        a.track(7, 0);
+        a.on_event(&pio(1_000, 0, 7));
+        a.on_event(&pio(26_300_000_000_000, 0, 7));
+        assert_eq!(a.overflow(), Some(26_300_000_000_000));
+        assert_eq!(a.buckets().count(), MAX_KEPT_BUCKETS);
+        // Live views keep few buckets and are never stopped.
+        let mut live = analyzer(1_000_000);
+        live.track(7, 0);
+        live.on_event(&pio(300_000_000_000, 0, 7));
+        assert_eq!(live.overflow(), None);
     }
 
     #[test]

@@ -490,7 +490,8 @@ pub struct RecordArgs {
     /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
     #[arg(long, value_name = "N", default_value_t = crate::recorder::DEFAULT_HW_COUNTERS)]
     pub hw_counters: usize,
-    /// Run this command and record until it exits.
+    /// Run this command and record until it exits. A signal that stops the recording (or
+    /// --duration running out) is passed on to it; it is killed 2 s later if still running.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }

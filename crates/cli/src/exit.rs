@@ -3,6 +3,8 @@
 
 use std::process::ExitCode;
 
+use virtprof_host::input::InputError;
+use virtprof_host::output::OutputError;
 use virtprof_kvm::VmmError;
 use virtprof_session::SessionError;
 use virtprof_sinks::SinkError;
@@ -36,7 +38,7 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
         // `virtprof ... | head` closing the pipe is not a failure.
         return ExitCode::SUCCESS;
     }
-    eprintln!("virtprof: {}", one_line(err));
+    eprintln!("virtprof: {}", virtprof_model::units::printable(&one_line(err)));
     ExitCode::from(classify(err))
 }
 
@@ -72,6 +74,13 @@ fn classify(err: &anyhow::Error) -> u8 {
             return USAGE;
         }
         if cause.downcast_ref::<TraceError>().is_some_and(TraceError::is_bad_input) {
+            return USAGE;
+        }
+        if cause.downcast_ref::<InputError>().is_some_and(InputError::is_bad_input) {
+            return USAGE;
+        }
+        // An output path that cannot be opened is the user's to fix; a disk that fills is not.
+        if cause.downcast_ref::<OutputError>().is_some_and(|e| e.action == "creating" || e.action == "opening") {
             return USAGE;
         }
     }

@@ -5,6 +5,7 @@ mod cmd;
 mod energy;
 mod exit;
 mod exit_table;
+mod output;
 mod pass;
 mod qos;
 mod recorder;
@@ -13,18 +14,21 @@ mod watch;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let args = match args::Cli::try_parse() {
+    let args = match parse_args() {
         Ok(args) => args,
         Err(e) if e.use_stderr() => {
+            if let Some(message) = negative_number(&e) {
+                eprintln!("virtprof: {message}");
+                return ExitCode::from(exit::USAGE);
+            }
             // A usage error: one line, like every other bad input (clap's own text, which
             // names the option and the value, without its banner).
             let text = e.render().to_string();
             let message: Vec<&str> = text.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
             let message = message.join(" ");
-            eprintln!("virtprof: {} (see --help)", message.strip_prefix("error: ").unwrap_or(&message));
+            let message = message.strip_prefix("error: ").unwrap_or(&message);
+            eprintln!("virtprof: {} (see --help)", virtprof_model::units::printable(message));
             return ExitCode::from(exit::USAGE);
         }
         Err(e) => {
@@ -55,6 +59,37 @@ fn main() -> ExitCode {
             None => std::panic::resume_unwind(payload),
         },
     }
+}
+
+/// The command line, with numbers such as `-5` taken as values (so they can be named as
+/// negative) rather than as unknown options.
+fn parse_args() -> Result<args::Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    fn allow_negative(command: clap::Command) -> clap::Command {
+        command.allow_negative_numbers(true).mut_subcommands(allow_negative)
+    }
+    let matches = allow_negative(args::Cli::command()).try_get_matches()?;
+    args::Cli::from_arg_matches(&matches)
+}
+
+/// `--vcpus -5`: say the number is negative and what is accepted, instead of "invalid digit".
+fn negative_number(e: &clap::Error) -> Option<String> {
+    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue};
+    if !matches!(e.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+        return None;
+    }
+    let value = match e.get(ContextKind::InvalidValue)? {
+        ContextValue::String(v) => v,
+        _ => return None,
+    };
+    let digits = value.strip_prefix('-')?;
+    digits.trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse::<f64>().ok()?;
+    let option = match e.get(ContextKind::InvalidArg)? {
+        ContextValue::String(a) => a.split_whitespace().next().unwrap_or(a).to_string(),
+        _ => return None,
+    };
+    Some(format!("{option} {value}: negative; it takes a number of 0 or more (see --help)"))
 }
 
 /// The OS error of a panic raised by `print!` failing to write standard output.

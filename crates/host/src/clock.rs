@@ -20,6 +20,25 @@ pub fn sleep_until(deadline_ns: u64) {
     unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
 }
 
+/// The longest a stoppable sleep goes without looking at its stop flag: a stop is seen
+/// within this, whatever the period being slept.
+pub const STOP_CHECK_NS: u64 = 20_000_000;
+
+/// [`sleep_until`] `deadline_ns`, waking early when `stop` is set. Returns whether it was.
+pub fn sleep_until_or_stop(deadline_ns: u64, stop: &std::sync::atomic::AtomicBool) -> bool {
+    use std::sync::atomic::Ordering;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = crate::monotonic_ns();
+        if now >= deadline_ns {
+            return false;
+        }
+        sleep_until(deadline_ns.min(now + STOP_CHECK_NS));
+    }
+}
+
 /// Can a loop read the TSC as a clock (constant rate, ticking in every C-state)?
 pub fn tsc_usable() -> bool {
     cfg!(target_arch = "x86_64")

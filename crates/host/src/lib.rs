@@ -1,14 +1,16 @@
 //! Process and host plumbing shared by every part of virtprof: the stop request and its
-//! signals, CLOCK_MONOTONIC, CPU affinity, schedstat, /proc scans, and the host kind. No KVM, no tracing:
+//! signals, input files checked before they are read, output files put in place only when whole, CLOCK_MONOTONIC, CPU affinity, schedstat, /proc scans, and the host kind. No KVM, no tracing:
 //! the facts about this process and this machine those build on.
 #![deny(missing_docs)]
 
 pub mod affinity;
 pub mod clock;
+pub mod input;
 pub mod kind;
+pub mod output;
 pub mod procfs;
 pub mod schedstat;
 pub mod stop;
 
-pub use clock::{monotonic_ns, sleep_until};
+pub use clock::{monotonic_ns, sleep_until, sleep_until_or_stop};
 pub use schedstat::{read_schedstat, Schedstat};

@@ -33,7 +33,9 @@ pub fn all_threads(proc_root: &Path) -> Vec<(u32, u32, String)> {
 
 /// A one-line /proc file without its newline (empty if unreadable).
 pub fn read_trimmed(path: &Path) -> String {
-    fs::read_to_string(path).map(|s| s.trim_end_matches('\n').to_string()).unwrap_or_default()
+    let text = fs::read_to_string(path).unwrap_or_default();
+    // A thread names itself: escape what a terminal would act on.
+    virtprof_model::units::printable(text.trim_end_matches('\n')).into_owned()
 }
 
 #[cfg(test)]

@@ -2,17 +2,20 @@
 //! and QUIT all set it, and every long-running loop polls it, so runs end cleanly: tracefs
 //! instances removed, VMs stopped, files finished.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// Set by [`install_handler`]'s signals (or by [`request`]).
 pub static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+/// The last stop signal received (0: none), to pass on to a command being run.
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// The signals that stop a run.
 pub const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Install handlers for [`STOP_SIGNALS`] that set [`STOP_REQUESTED`].
 pub fn install_handler() {
-    extern "C" fn on_signal(_: libc::c_int) {
+    extern "C" fn on_signal(signal: libc::c_int) {
+        LAST_SIGNAL.store(signal, Ordering::Relaxed);
         STOP_REQUESTED.store(true, Ordering::Relaxed);
     }
     for signal in STOP_SIGNALS {
@@ -24,6 +27,31 @@ pub fn install_handler() {
 /// Whether a stop was asked for.
 pub fn requested() -> bool {
     STOP_REQUESTED.load(Ordering::Relaxed)
+}
+
+/// The stop signal received, if a signal (not [`request`]) asked for the stop.
+pub fn signal() -> Option<libc::c_int> {
+    Some(LAST_SIGNAL.load(Ordering::Relaxed)).filter(|&s| s != 0)
+}
+
+/// Make the child `command` starts end with this process, even one killed with SIGKILL: the
+/// kernel sends it SIGTERM (a clean stop) when we die; if we died between its fork and exec,
+/// it exits at once.
+pub fn die_with_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and calls only prctl, getppid
+    // and _exit, which are async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        })
+    };
 }
 
 /// Ask for a stop from inside the process (e.g. a `done` condition).
@@ -43,6 +71,7 @@ mod tests {
             // SAFETY: raise delivers a signal whose handler only stores to an atomic.
             unsafe { libc::raise(signal) };
             assert!(requested(), "signal {signal}");
+            assert_eq!(super::signal(), Some(signal));
         }
         STOP_REQUESTED.store(false, Ordering::Relaxed);
     }

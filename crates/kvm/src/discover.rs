@@ -86,7 +86,10 @@ pub fn vm_name(kind: VmmKind, argv: &[String], pid: u32) -> String {
         VmmKind::Firecracker => value_of(&["--id"]),
         _ => value_of(&["--name"]),
     };
-    name.filter(|n| !n.is_empty()).unwrap_or_else(|| format!("{kind}-{pid}"))
+    // Names come from a command line anyone can set: escape what a terminal would act on.
+    name.filter(|n| !n.is_empty())
+        .map(|n| virtprof_model::units::printable(&n).into_owned())
+        .unwrap_or_else(|| format!("{kind}-{pid}"))
 }
 
 /// The vCPU index a thread name denotes under any VMM's naming scheme: QEMU `CPU n/KVM`,

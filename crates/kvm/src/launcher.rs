@@ -96,25 +96,11 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
     check_kvm()?;
     let started = monotonic_ns();
     let mut children = Vec::new();
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
     for index in 0..config.vms {
         let json = serde_json::to_vec(&config.vm_config(index)).expect("VmConfig serializes");
         let mut command = Command::new(exe);
-        // SAFETY: the closure runs in the forked child before exec and calls only prctl and
-        // getppid, which are async-signal-safe.
-        unsafe {
-            command.pre_exec(move || {
-                // A VM must not outlive its launcher, even one killed with SIGKILL: the kernel
-                // sends SIGTERM (a clean stop) when the parent dies. If it already died
-                // between fork and here, stop now.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            })
-        };
+        // A VM must not outlive its launcher.
+        virtprof_host::stop::die_with_parent(&mut command);
         let mut child = command
             .arg0(VMM_PROCESS_NAME)
             .arg(CHILD_SUBCOMMAND)

@@ -70,6 +70,15 @@ pub struct Loss {
     /// Where an incomplete recording ends: loss is known only up to this byte.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub known_until_byte: Option<u64>,
+    /// Events skipped because their timestamps lie outside the recording's time span (a
+    /// damaged page): not lost by the kernel, but not in any figure either.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "is_zero"))]
+    pub outside_span: u64,
+}
+
+#[cfg(feature = "serde")]
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Loss {
@@ -103,6 +112,7 @@ impl Loss {
         for c in &other.cpus {
             self.cpu(c.cpu).merge(c);
         }
+        self.outside_span = self.outside_span.saturating_add(other.outside_span);
     }
 
     /// Events lost in all, saturating.
@@ -147,6 +157,12 @@ impl Loss {
             .collect();
         if !places.is_empty() {
             text += &format!(" ({})", places.join("; "));
+        }
+        if self.outside_span > 0 {
+            text += &format!(
+                "; {} events skipped: their timestamps lie outside the recording's time span (a damaged page?)",
+                self.outside_span
+            );
         }
         text
     }

@@ -57,6 +57,23 @@ pub fn format_duration_ns(ns: u64) -> String {
     format!("{ns}ns")
 }
 
+/// `text` safe to print on a terminal: control characters (escape sequences, carriage
+/// returns, NULs from a damaged file or a hostile process name) written as `\u{1b}` escapes.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Parse a CPU list such as `0-3,8,10-11` into CPU numbers, in the order given.
 pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
     let bad = |why: &str| format!("invalid CPU list '{text}': {why} (expected e.g. '0', '0-3' or '0,2-3')");
@@ -86,6 +103,12 @@ pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("vm-1"), "vm-1");
+        assert_eq!(printable("a\u{1b}[2Jb\r"), "a\\u{1b}[2Jb\\r");
+    }
 
     #[test]
     fn durations() {

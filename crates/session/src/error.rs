@@ -23,6 +23,9 @@ pub enum SessionError {
     /// Live tracing failed.
     #[error(transparent)]
     Trace(#[from] virtprof_trace::TraceError),
+    /// An input file refused before reading (not a regular file, too large) or unreadable.
+    #[error(transparent)]
+    Input(#[from] virtprof_host::input::InputError),
     /// A live trace's pages or this kernel's formats did not decode.
     #[error("live trace: {0}")]
     Live(String),
@@ -31,7 +34,12 @@ pub enum SessionError {
 impl SessionError {
     /// Whether the user's input is at fault (the CLI's exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, SessionError::BadInput(_))
+        match self {
+            SessionError::BadInput(_) => true,
+            SessionError::Input(e) => e.is_bad_input(),
+            SessionError::Trace(e) => e.is_bad_input(),
+            _ => false,
+        }
     }
 
     /// Bad input about `path`.

@@ -3,7 +3,6 @@
 //! a trace-cmd trace.dat (version 7), or ftrace text re-encoded through the traced kernel's
 //! formats.
 
-use std::fs;
 use std::path::Path;
 
 use virtprof_model::{Cpu, KernelLoss};
@@ -22,7 +21,9 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> Result<(Metadata, CpuP
     if !src.exists() {
         return Err(SessionError::in_file(src, "does not exist"));
     }
-    if src.is_dir() && src.join("events/header_page").is_file() {
+    // `exists`, not `is_file`: a header_page that is a FIFO or a device is refused by name
+    // when the dump is read, not taken for "not a dump".
+    if src.is_dir() && src.join("events/header_page").exists() {
         read_tracefs_dump(src)
     } else if is_trace_dat_file(src) {
         read_trace_dat(src)
@@ -42,6 +43,9 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> Result<(Metadata, CpuP
     }
 }
 
+/// The most a file imported into memory (a trace.dat being converted, ftrace text) can be.
+const MAX_IMPORT: u64 = 16 << 30;
+
 /// True if `path` is a file that starts like a trace-cmd trace.dat.
 fn is_trace_dat_file(path: &Path) -> bool {
     path.is_file() && virtprof_trace::tracedat::is_trace_dat(&file_head(path))
@@ -50,7 +54,7 @@ fn is_trace_dat_file(path: &Path) -> bool {
 /// The first 16 bytes of a file (fewer if it is shorter or unreadable): enough for any magic.
 pub fn file_head(path: &Path) -> Vec<u8> {
     let mut head = Vec::with_capacity(16);
-    if let Ok(file) = fs::File::open(path) {
+    if let Ok(file) = virtprof_host::input::open_regular(path, "input") {
         let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 16), &mut head);
     }
     head
@@ -58,7 +62,7 @@ pub fn file_head(path: &Path) -> Vec<u8> {
 
 /// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
 fn read_trace_dat(path: &Path) -> Result<(Metadata, CpuPages, Footer)> {
-    let bytes = fs::read(path).map_err(SessionError::io(format!("reading '{}'", path.display())))?;
+    let bytes = virtprof_host::input::read_bytes(path, "trace.dat", MAX_IMPORT)?;
     let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?);
     let mut pages = Vec::with_capacity(cpus.len());
     let mut buffer = Vec::new();
@@ -118,8 +122,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
     let header_page =
         virtprof_trace::tracefs::read_file(&formats_root.join("events/header_page")).map_err(formats_error)?;
     let formats = virtprof_trace::tracefs::format_texts(formats_root, &[]).map_err(formats_error)?;
-    let text =
-        fs::read_to_string(path).map_err(|e| SessionError::in_file(path, format!("not readable as text: {e}")))?;
+    let text = virtprof_host::input::read_text(path, "ftrace text", MAX_IMPORT)?;
     let encoder = TextEncoder::new(&layout);
     let mut writers: std::collections::BTreeMap<u32, PageWriter> = Default::default();
     let mut tasks: std::collections::BTreeMap<u32, Task> = Default::default();

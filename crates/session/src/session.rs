@@ -1,7 +1,6 @@
 //! A source opened for reading: container chunks (store) or an imported capture → decoder and
 //! per-CPU pages (trace), with the metadata, interval rows and loss every command reads.
 
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 
@@ -13,7 +12,15 @@ use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
+use virtprof_trace::page::Page;
 use virtprof_trace::segment::Segment;
+
+/// How far past its recorded duration a recording's events may lie from its middle page:
+/// `record` times its duration after tracing starts and drains the buffers after it ends.
+pub const SPAN_SLACK_NS: u64 = 1_000_000_000;
+
+/// Linux's largest CONFIG_NR_CPUS.
+pub const MAX_CPUS: u32 = 8192;
 
 use crate::error::{Result, SessionError};
 use crate::names::DecoderNames;
@@ -144,7 +151,7 @@ impl Session {
         }
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
-        Ok(Session {
+        Session {
             path: path.to_path_buf(),
             metadata,
             footer,
@@ -152,13 +159,22 @@ impl Session {
             bytes,
             intervals,
             pages: Pages::Mapped { map, cpus },
-        })
+        }
+        .with_cpus_checked()
     }
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
     /// at a time as the walk reaches them.
     fn open_trace_dat(path: &Path) -> Result<Session> {
-        let map = map_file(path, "trace.dat")?;
+        Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?))
+    }
+
+    /// A trace.dat already in memory (`name` names it in messages).
+    pub fn trace_dat_from_bytes(bytes: Vec<u8>, name: &str) -> Result<Session> {
+        Session::index_trace_dat(Path::new(name), Backing::Memory(bytes))
+    }
+
+    fn index_trace_dat(path: &Path, map: Backing) -> Result<Session> {
         let base = map.as_ptr() as usize;
         let (metadata, footer, cpus) =
             crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?);
@@ -179,7 +195,23 @@ impl Session {
                 (cpu, spans)
             })
             .collect();
-        Ok(Session::imported(path, metadata, footer, Pages::Mapped { map: Backing::Map(map), cpus }))
+        Session::imported(path, metadata, footer, Pages::Mapped { map, cpus }).with_cpus_checked()
+    }
+
+    /// Refuse CPU numbers no kernel has (a damaged CPU id): every per-CPU table is indexed
+    /// by them.
+    fn with_cpus_checked(self) -> Result<Session> {
+        let cpus: Vec<u32> = match &self.pages {
+            Pages::Mapped { cpus, .. } => cpus.iter().map(|(cpu, _)| *cpu).collect(),
+            Pages::Owned(cpus) => cpus.iter().map(|(cpu, _)| *cpu).collect(),
+        };
+        match cpus.into_iter().find(|&cpu| cpu >= MAX_CPUS) {
+            Some(cpu) => Err(SessionError::in_file(
+                &self.path,
+                format!("names CPU {cpu}; no kernel has more than {MAX_CPUS} CPUs (the file is damaged)"),
+            )),
+            None => Ok(self),
+        }
     }
 
     /// A capture from elsewhere: complete (its loss figures are its footer), no interval rows.
@@ -198,6 +230,10 @@ impl Session {
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
     /// `formats`), imported in memory.
     pub fn open_any(path: &Path, formats: Option<&Path>) -> Result<Session> {
+        if path.exists() && !path.is_dir() {
+            // A FIFO or a device must be refused, not opened and read (or waited on).
+            virtprof_host::input::open_regular(path, "input")?;
+        }
         let head = if path.is_file() { crate::import::file_head(path) } else { Vec::new() };
         if head.starts_with(virtprof_store::recording::MAGIC) || !path.exists() {
             return Session::open(path);
@@ -206,7 +242,7 @@ impl Session {
             return Session::open_trace_dat(path);
         }
         let (metadata, pages, footer) = crate::import::read_source(path, formats)?;
-        Ok(Session::imported(path, metadata, footer, Pages::Owned(pages)))
+        Session::imported(path, metadata, footer, Pages::Owned(pages)).with_cpus_checked()
     }
 
     /// [`Session::open_any`], warning on stderr when the file was cut short.
@@ -268,8 +304,57 @@ impl Session {
     /// Decode every CPU's pages through `decoder` and deliver the events to `sink` in
     /// timestamp order. A page that does not decode is bad input, named by file, CPU and
     /// byte.
-    pub fn walk(&self, decoder: &mut Decoder, sink: impl FnMut(&Event, &Decoder)) -> Result<WalkStats> {
-        merge_cpus(decoder, &self.streams(), sink).map_err(|e| SessionError::in_file(&self.path, e))
+    /// Events whose timestamps lie outside [`Session::time_bounds`] (a damaged page) are
+    /// counted in the walk's loss and skipped, so no analysis stretches its windows to them.
+    pub fn walk(&self, decoder: &mut Decoder, mut sink: impl FnMut(&Event, &Decoder)) -> Result<WalkStats> {
+        let bounds = self.time_bounds(decoder);
+        let mut outside = 0u64;
+        let mut stats = merge_cpus(decoder, &self.streams(), |e, d| match bounds {
+            Some((lo, hi)) if e.ts < lo || e.ts > hi => outside += 1,
+            _ => sink(e, d),
+        })
+        .map_err(|e| SessionError::in_file(&self.path, e))?;
+        stats.page_loss.outside_span = outside;
+        Ok(stats)
+    }
+
+    /// Where every event of this recording must lie: its duration (from the footer) either
+    /// side of the median page time, with [`SPAN_SLACK_NS`] more. The median page lies inside
+    /// the recording, so every true event is within one duration of it, whatever a damaged
+    /// page claims. None without a duration (an import, a recording cut short): there the
+    /// window and bucket caps bound memory instead.
+    pub fn time_bounds(&self, decoder: &Decoder) -> Option<(u64, u64)> {
+        let duration = self.footer.as_ref().map_or(0, |f| f.duration_ns);
+        if duration == 0 {
+            return None;
+        }
+        let header = &decoder.layout().header;
+        let mut times = Vec::new();
+        for stream in self.streams() {
+            for segment in &stream.segments {
+                let Segment::Pages(pages) = segment else { continue };
+                for page in pages.chunks_exact(header.page_size.max(1)) {
+                    times.extend(Page::parse(page, header).ok().map(|p| p.base_ts()).filter(|&ts| ts > 0));
+                }
+            }
+        }
+        if times.is_empty() {
+            return None;
+        }
+        let middle = times.len() / 2;
+        let median = *times.select_nth_unstable(middle).1;
+        let reach = duration.saturating_add(SPAN_SLACK_NS);
+        Some((median.saturating_sub(reach), median.saturating_add(reach)))
+    }
+
+    /// The first and last page times (see [`virtprof_trace::merge::time_range`]) within
+    /// [`Session::time_bounds`].
+    pub fn time_range(&self, decoder: &Decoder) -> Option<(u64, u64)> {
+        let (first, last) = time_range(&decoder.layout().header, &self.streams())?;
+        Some(match self.time_bounds(decoder) {
+            Some((lo, hi)) => (first.clamp(lo, hi), last.clamp(lo, hi)),
+            None => (first, last),
+        })
     }
 
     /// The one pass over a source: walk it once and hand every event, in timestamp order, to
@@ -305,7 +390,7 @@ impl Session {
 
     /// The earliest page timestamp: the origin of the times [`Loss::describe`] prints.
     pub fn origin_ns(&self, decoder: &Decoder) -> u64 {
-        time_range(&decoder.layout().header, &self.streams()).map_or(0, |(start, _)| start)
+        self.time_range(decoder).map_or(0, |(start, _)| start)
     }
 
     /// The loss as reading commands print it: the `lost events:` line, and where the kernel
@@ -328,8 +413,7 @@ impl Session {
 
 /// Map `path` (a `what`, for errors) read-only.
 fn map_file(path: &Path, what: &str) -> Result<memmap2::Mmap> {
-    let file = File::open(path)
-        .map_err(|e| SessionError::BadInput(format!("cannot open {what} '{}': {e}", path.display())))?;
+    let file = virtprof_host::input::open_regular(path, what)?;
     // SAFETY: the mapping is read-only and private to this process; a file being modified
     // while we read it would at worst give garbage pages, which the decoders turn into errors,
     // never undefined behaviour in safe code that indexes a byte slice.

@@ -12,21 +12,15 @@ pub mod table;
 
 pub use table::Table;
 
-use std::path::{Path, PathBuf};
+use virtprof_host::output::OutputError;
 
 /// What can go wrong writing a sink.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SinkError {
-    /// The output file could not be created (a bad path: the user's to fix).
-    #[error("cannot create '{}': {source}", path.display())]
-    Create {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// An output file could not be created or written; the error names it.
+    #[error(transparent)]
+    Output(#[from] OutputError),
     /// Writing failed (a full disk, a closed pipe).
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -44,11 +38,8 @@ pub enum SinkError {
 impl SinkError {
     /// Whether the user's input (the output path) is at fault: the CLI's exit code 2.
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, SinkError::Create { .. })
-    }
-
-    pub(crate) fn create(path: &Path) -> impl FnOnce(std::io::Error) -> SinkError + '_ {
-        move |source| SinkError::Create { path: path.to_path_buf(), source }
+        // A path that cannot be created is the user's to fix; a disk that fills while writing is not.
+        matches!(self, SinkError::Output(e) if e.action == "creating")
     }
 }
 

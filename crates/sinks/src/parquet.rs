@@ -6,7 +6,6 @@
 //!   one row per interval, entity and metric.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,13 +20,15 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::{Event, EventKind};
 
+use virtprof_host::output::{OutputFile, Privacy};
+
 use crate::{Result, SinkError};
 
 /// Rows per row group (and per batch held in memory).
 const BATCH: usize = 1 << 16;
 
-fn writer(path: &Path, schema: &SchemaRef) -> Result<ArrowWriter<File>> {
-    let file = File::create(path).map_err(SinkError::create(path))?;
+fn writer(path: &Path, schema: &SchemaRef) -> Result<ArrowWriter<OutputFile>> {
+    let file = OutputFile::create(path, Privacy::Shared)?;
     let props = WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(BATCH))
@@ -45,7 +46,7 @@ type ReasonKey = (u8, u32, u32);
 /// Streams events into `events.parquet`.
 pub struct EventTable {
     schema: SchemaRef,
-    writer: ArrowWriter<File>,
+    writer: ArrowWriter<OutputFile>,
     ts: UInt64Builder,
     cpu: UInt32Builder,
     tid: UInt32Builder,
@@ -174,7 +175,7 @@ impl EventTable {
             return Err(err);
         }
         self.flush()?;
-        self.writer.close()?;
+        self.writer.into_inner()?.commit()?;
         Ok(self.rows)
     }
 }
@@ -229,7 +230,7 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
         ];
         w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
     }
-    w.close()?;
+    w.into_inner()?.commit()?;
     Ok(rows.len() as u64)
 }
 
@@ -283,7 +284,7 @@ pub fn write_intervals(path: &Path, table: &IntervalTable) -> Result<u64> {
             written += n as u64;
         }
     }
-    w.close()?;
+    w.into_inner()?.commit()?;
     Ok(written)
 }
 

@@ -19,7 +19,9 @@ impl Table {
 
     /// Append a row; missing cells are padded, extra ones dropped.
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
-        let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
+        // Cells hold names from /proc, guests and files: never raw escape sequences.
+        let mut cells: Vec<String> =
+            cells.into_iter().map(|c| virtprof_model::units::printable(&c.into()).into_owned()).collect();
         cells.resize(self.headers.len(), String::new());
         self.rows.push(cells);
     }

@@ -313,6 +313,12 @@ impl<W: Write> Writer<W> {
         self.chunk(ChunkKind::Intervals, &[rows.payload()])
     }
 
+    /// Give up the recording without a footer (its output failed): readers take it as cut
+    /// short, readable up to its last whole chunk.
+    pub fn abandon(self) -> W {
+        self.out
+    }
+
     /// Write the footer and flush.
     pub fn finish(mut self, footer: &Footer) -> io::Result<W> {
         self.chunk(ChunkKind::Footer, &[&serde_json::to_vec(footer).map_err(io::Error::other)?])?;

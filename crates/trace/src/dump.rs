@@ -22,6 +22,9 @@ pub struct CpuPages {
     pub stats: String,
 }
 
+/// The most one CPU's saved pages can be (they are read into memory).
+const MAX_CPU_PAGES: u64 = 16 << 30;
+
 /// Read `per_cpu/cpuN/trace_pipe_raw` (and `stats`) of every CPU in a dump, by CPU number.
 pub fn read_cpu_pages(root: &Path) -> Result<Vec<CpuPages>, TraceError> {
     let per_cpu = root.join("per_cpu");
@@ -32,7 +35,8 @@ pub fn read_cpu_pages(root: &Path) -> Result<Vec<CpuPages>, TraceError> {
             continue;
         };
         let path = entry.path().join("trace_pipe_raw");
-        let raw = fs::read(&path).map_err(TraceError::file(&path))?;
+        let raw =
+            virtprof_host::input::read_bytes(&path, "trace_pipe_raw", MAX_CPU_PAGES).map_err(TraceError::Input)?;
         let stats = read_file(&entry.path().join("stats")).unwrap_or_default();
         cpus.push(CpuPages { cpu, raw, path, stats });
     }

@@ -61,6 +61,9 @@ pub enum TraceError {
         /// Event name.
         name: String,
     },
+    /// An input file refused (not a regular file, too large) or unreadable.
+    #[error(transparent)]
+    Input(#[from] virtprof_host::input::InputError),
 }
 
 impl TraceError {
@@ -73,7 +76,9 @@ impl TraceError {
                 | TraceError::BufferSize { .. }
                 | TraceError::NoEvents { .. }
                 | TraceError::NoSuchEvent { .. }
-        )
+        ) || matches!(self, TraceError::Input(e) if e.is_bad_input())
+            // Not root and no CAP_SYS_ADMIN/CAP_PERFMON: the message says which is missing.
+            || matches!(self, TraceError::File { source, .. } if matches!(source.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)))
     }
 }
 

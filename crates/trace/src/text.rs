@@ -46,7 +46,11 @@ pub fn parse_line(line: &str) -> Option<TextLine<'_>> {
     let colon = rest.find(": ")?;
     let stamp = rest[..colon].split_whitespace().last()?;
     let (secs, usecs) = stamp.split_once('.')?;
-    let ts = secs.parse::<u64>().ok()?.checked_mul(1_000_000_000)?.checked_add(usecs.parse::<u64>().ok()? * 1000)?;
+    let ts = secs
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(usecs.parse::<u64>().ok()?.checked_mul(1000)?)?;
     let after = &rest[colon + 2..];
     let (name, fields) = after.split_once(':').map_or((after.trim(), ""), |(n, f)| (n.trim(), f.trim_start()));
     Some(TextLine { comm, pid, cpu, ts, name, fields })
@@ -430,6 +434,13 @@ impl PageWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timestamp_too_large_is_not_a_line() {
+        // Found by the fuzzer: the microseconds times 1000 overflowed.
+        assert!(parse_line("qemu-1 [000] 1.99999999999999999: kvm_exit: reason 1").is_none());
+        assert!(parse_line("qemu-1 [000] 18446744074.000001: kvm_exit: reason 1").is_none());
+    }
 
     #[test]
     fn parses_trace_and_report_lines() {

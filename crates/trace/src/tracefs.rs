@@ -16,16 +16,31 @@ const DEBUGFS_MOUNT: &str = "/sys/kernel/debug/tracing";
 /// Prefix of every instance virtprof creates (`doctor --cleanup` removes leftovers).
 pub const INSTANCE_PREFIX: &str = "virtprof-";
 
+/// The most a tracefs text file (a format, header_page, a stats file) is read to.
+pub const MAX_TEXT: u64 = 64 << 20;
+
 /// Read a tracefs file whole. tracefs reports size 0, so `fs::read_to_string` starts with a
 /// 32-byte probe read; some files (`events/header_page`) cannot be read in pieces and return
-/// EOF after it. One large read first avoids that.
+/// EOF after it. One large read first avoids that. The same reader takes these files from a
+/// dump on disk, where a FIFO or a device in their place must not block or be read forever:
+/// anything but a regular file is refused, and no tracefs text file is over [`MAX_TEXT`].
 pub fn read_file(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let mut file = fs::File::open(path)?;
+    let mut file = virtprof_host::input::open_regular(path, "tracefs file").map_err(|e| match e {
+        virtprof_host::input::InputError::Open { source, .. }
+        | virtprof_host::input::InputError::Read { source, .. } => source,
+        other => std::io::Error::new(std::io::ErrorKind::InvalidInput, other.to_string()),
+    })?;
     let mut buf = vec![0u8; 64 * 1024];
     let mut len = 0;
     loop {
         if len == buf.len() {
+            if len as u64 >= MAX_TEXT {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("over {MAX_TEXT} bytes: not a tracefs text file"),
+                ));
+            }
             buf.resize(buf.len() * 2, 0);
         }
         match file.read(&mut buf[len..]) {

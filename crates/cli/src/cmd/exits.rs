@@ -76,7 +76,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
 
     let by_vm = vm_rows(&report, &recording.metadata.tasks);
     let kvm_stats = stats_deltas(&recording);
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(
             &mut out,
@@ -130,7 +130,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
 fn record_live(args: &ExitsArgs) -> anyhow::Result<Session> {
     eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
     let options = RecordOptions { duration: Some(args.duration), ..RecordOptions::default() };
-    let (summary, bytes) = record_into(&options, Vec::new())?;
+    let recorded = record_into(&options, Vec::new())?;
+    let (summary, bytes) = (recorded.summary, recorded.out);
     eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
     Ok(Session::from_bytes(bytes, "the live trace")?)
 }

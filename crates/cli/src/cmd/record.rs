@@ -33,8 +33,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     if !summary.missing_events.is_empty() {
         eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
     }
+    // The command's failure is ours (as with `time CMD`), except when it ended because the
+    // recording was stopped and passed the signal on.
+    let passed_on = |status: &std::process::ExitStatus| {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().is_some() && virtprof_host::stop::requested()
+    };
     Ok(match summary.command_status {
-        Some(status) if !status.success() => ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8),
+        Some(status) if !status.success() && !passed_on(&status) => {
+            ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8)
+        }
         _ => ExitCode::SUCCESS,
     })
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 use virtprof_analysis::qos::{window_report, WindowReport};
 use virtprof_analysis::sched::SchedOptions;
-use virtprof_model::units::duration_ns;
+use virtprof_model::units::{duration_ns, format_duration_ns};
 use virtprof_model::Loss;
 
 use crate::args::SchedArgs;
@@ -33,6 +33,9 @@ struct Source<'a> {
     mode: &'static str,
 }
 
+/// The most windows `--window` may cut a recording into: each holds every vCPU's accounting.
+const MAX_WINDOWS: u64 = virtprof_analysis::sched::MAX_KEPT_BUCKETS as u64;
+
 pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let window_ns = match &args.window {
         Some(w) => match duration_ns(*w) {
@@ -43,6 +46,18 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     };
     let recording = Session::open_warning(&args.file, args.formats.as_deref())?;
     let mut decoder = recording.decoder(&["kvm", "sched"])?;
+    if let (Some(window), Some((first, last))) = (window_ns, recording.time_range(&decoder)) {
+        let windows = (last - first) / window + 1;
+        if windows > MAX_WINDOWS {
+            return Err(usage(format!(
+                "--window {} cuts the {} of '{}' into {windows} windows, over the {MAX_WINDOWS} a table can hold: use --window {} or longer",
+                format_duration_ns(window),
+                format_duration_ns(last - first),
+                args.file.display(),
+                format_duration_ns((last - first).div_ceil(MAX_WINDOWS))
+            )));
+        }
+    }
     let evidence = evidence_event_ids(&decoder);
     let host = recording_tasks(&recording);
     for pid in &args.vm {
@@ -55,7 +70,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let mut acc =
         VcpuAccounting::new(&recording, &host, SchedOptions { bucket_ns, keep_buckets: usize::MAX }, evidence);
     let stats = recording.analyse(&mut decoder, &mut [&mut acc])?;
-    let total = acc.finish();
+    let total = acc.finish()?;
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
     if vms.is_empty() {
@@ -76,7 +91,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let loss = recording.loss(&stats);
     let lost_events = loss.total();
 
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         let source = Source {
             recording: args.file.display().to_string(),

@@ -47,7 +47,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
             .map(|(index, fd)| Ok(VcpuStats { index: *index, stats: fd.read()?.values }))
             .collect::<Result<_, StatsError>>()?,
     };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &output)?;
         writeln!(out)?;

@@ -18,7 +18,7 @@ pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
     virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start VMM processes")?;
     let report = launcher::run_testvm(&exe, &config)?;
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;

@@ -35,7 +35,7 @@ impl Model {
     /// `--weights FILE`, or the defaults.
     pub fn load(path: Option<&Path>) -> anyhow::Result<Model> {
         let Some(path) = path else { return Ok(Model::default_model()) };
-        let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--weights {}: {e}", path.display())))?;
+        let text = virtprof_host::input::read_text(path, "--weights", virtprof_host::input::SMALL_TEXT)?;
         let model: Model = toml::from_str(&text).map_err(|e| {
             let why = e.to_string();
             usage(format!(

@@ -4,8 +4,9 @@
 use std::collections::HashSet;
 
 use virtprof_analysis::qos::VmInfo;
-use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
+use virtprof_analysis::sched::{SchedAccounting, SchedOptions, MAX_KEPT_BUCKETS};
 use virtprof_analysis::{Analyzer, Names};
+use virtprof_model::units::format_duration_ns;
 use virtprof_model::EventKind;
 use virtprof_session::Session;
 
@@ -19,7 +20,9 @@ pub struct VcpuAccounting {
     initial: Vec<u32>,
     late: HashSet<u32>,
     first: bool,
+    first_ts: u64,
     last_ts: u64,
+    source: std::path::PathBuf,
 }
 
 impl VcpuAccounting {
@@ -34,7 +37,9 @@ impl VcpuAccounting {
             initial,
             late: late.into_iter().collect(),
             first: true,
+            first_ts: 0,
             last_ts: 0,
+            source: recording.path.clone(),
         }
     }
 
@@ -43,6 +48,7 @@ impl VcpuAccounting {
         if self.first {
             self.initial.iter().for_each(|&tid| self.inner.track(tid, e.ts));
             self.first = false;
+            self.first_ts = e.ts;
         }
         if !self.late.is_empty() {
             let mentioned = match e.kind {
@@ -72,9 +78,19 @@ impl VcpuAccounting {
         vms
     }
 
-    /// Close the run at the last event and return it whole.
-    pub fn finish(&mut self) -> virtprof_analysis::sched::Span {
-        self.inner.finish(self.last_ts)
+    /// Close the run at the last event and return it whole; an error if its windows would
+    /// not fit in memory (a damaged timestamp, or windows too small for its length).
+    pub fn finish(&mut self) -> anyhow::Result<virtprof_analysis::sched::Span> {
+        if let Some(ts) = self.inner.overflow() {
+            let width = self.inner.options().bucket_ns;
+            return Err(crate::exit::usage(format!(
+                "'{}': an event {} after the first needs more than {MAX_KEPT_BUCKETS} windows of {}: ask for a wider --window, or the file is damaged there (see the `lost events` line of `virtprof exits`)",
+                self.source.display(),
+                format_duration_ns(ts.saturating_sub(self.first_ts)),
+                format_duration_ns(width),
+            )));
+        }
+        Ok(self.inner.finish(self.last_ts))
     }
 }
 

@@ -15,7 +15,6 @@ use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::interval::Entity;
 use virtprof_model::{Event, Loss, Tid, VcpuThread};
 use virtprof_trace::decode::Decoder;
-use virtprof_trace::merge::time_range;
 
 mod accounting;
 mod intervals;
@@ -90,7 +89,7 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let mut table = if want.binning { recording.intervals.take() } else { None };
     let recording = &*recording;
-    let range = time_range(&decoder.layout().header, &recording.streams());
+    let range = recording.time_range(&decoder);
     let host = recording_tasks(recording);
     let evidence = evidence_event_ids(&decoder);
 
@@ -151,7 +150,7 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
     }
     let (total, buckets, slices, vms) = match accounting.as_mut() {
         Some(a) => {
-            let total = a.finish();
+            let total = a.finish()?;
             let vms = a.vms(&host, &total, &[]);
             (Some(total), a.inner.buckets().cloned().collect(), a.inner.take_slices(), vms)
         }

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtprof_host::affinity::prefer_realtime;
-use virtprof_host::{monotonic_ns, sleep_until};
+use virtprof_host::{monotonic_ns, sleep_until_or_stop};
 use virtprof_interval::counters::default_specs;
 use virtprof_interval::ring::IntervalRing;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
@@ -106,12 +106,17 @@ fn run(
             // Hardware counter groups take turns: one sub-interval each, every interval.
             let subs = sampler.sub_intervals() as u64;
             for s in 1..=subs {
-                sleep_until(t0 + next * interval_ns + s * interval_ns / subs);
+                // A stop (the end of the recording) cuts the interval short, so `record`
+                // ends within a few ms whatever --interval is; the last row is partial.
+                if sleep_until_or_stop(t0 + next * interval_ns + s * interval_ns / subs, stop) {
+                    break;
+                }
                 sampler.rotate();
             }
         }
         let now = monotonic_ns();
         // The interval this wake-up ends; later than `next` when we overslept.
+        let stopping = stopping || stop.load(Ordering::Acquire);
         let index = if stopping { next } else { ((now - t0) / interval_ns).saturating_sub(1).max(next) };
         sampler.sample(now - last_end, &mut row);
         ring.produce(index, last_end, now).copy_from_slice(&row);

@@ -7,14 +7,15 @@
 mod intervals;
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use virtprof_host::output::{OutputFile, Privacy};
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_store::recording::{
@@ -102,26 +103,47 @@ impl Default for RecordOptions {
     }
 }
 
-/// Record into the file `output`.
+/// What [`record_into`] gives back.
+pub struct Recorded<W> {
+    pub summary: RecordSummary,
+    /// The output: finished, or without its footer after `write_error`.
+    pub out: W,
+    /// Writing failed (a full disk): what was written before is in `out`, and the
+    /// capture stopped at once.
+    pub write_error: Option<std::io::Error>,
+}
+
+/// Record into the file `output`, created 0600 like perf.data (traces hold process names,
+/// command lines and kernel addresses) under a temporary name until it is whole; a refused
+/// run leaves nothing behind. When the disk fills, what was written is kept and said.
 pub fn record(options: &RecordOptions, output: &Path) -> anyhow::Result<RecordSummary> {
-    let file = File::create(output).map_err(|e| usage(format!("cannot create '{}': {e}", output.display())))?;
-    let result = record_into(options, BufWriter::with_capacity(1 << 20, file));
-    // Refused before tracing started (a setting the kernel cannot give, say): nothing was
-    // written, and an empty file must not be left to look like a recording.
-    if result.is_err() && std::fs::metadata(output).is_ok_and(|m| m.len() == 0) {
-        let _ = std::fs::remove_file(output);
-    }
-    Ok(result?.0)
+    // Before the temporary file exists: a stop from here on ends the run through its clean-up.
+    virtprof_host::stop::install_handler();
+    let file = OutputFile::create(output, Privacy::Private)?;
+    let recorded = record_into(options, BufWriter::with_capacity(1 << 20, file))?;
+    let Some(cause) = recorded.write_error else {
+        recorded.out.into_inner().map_err(|e| e.into_error())?.commit()?;
+        return Ok(recorded.summary);
+    };
+    let (file, _unwritten) = recorded.out.into_parts();
+    let kept = file.keep_partial()?;
+    Err(anyhow::Error::new(cause).context(format!(
+        "recording cut short: kept {:.1} MiB ({} pages) in '{}', readable up to its last whole chunk",
+        kept as f64 / (1 << 20) as f64,
+        recorded.summary.pages,
+        output.display()
+    )))
 }
 
 /// Record into `out` (a file, or memory for the live modes), returning it when finished.
-pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -> anyhow::Result<(RecordSummary, W)> {
+pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -> anyhow::Result<Recorded<W>> {
     let duration = options.duration;
     let events = if options.events.is_empty() { CaptureConfig::default_events() } else { options.events.clone() };
     let interval_ns = options.interval_ns;
     let tracefs = Tracefs::locate_or_mount().map_err(|e| usage(format!("{e}")))?;
-    let header_page = virtprof_trace::tracefs::read_file(&tracefs.root().join("events/header_page"))
-        .context("reading header_page")?;
+    let header_path = tracefs.root().join("events/header_page");
+    let header_page = virtprof_trace::tracefs::read_file(&header_path)
+        .map_err(|e| virtprof_trace::TraceError::File { path: header_path, source: e })?;
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
     let config = CaptureConfig { events, buffer_size_kb: options.buffer_size_kb, clock: options.clock.clone() };
 
@@ -162,20 +184,33 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
 
     let writer = Writer::new(out, &metadata)?;
     let (tx, rx) = sync_channel::<WriterMsg>(CHANNEL_BATCHES);
-    let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn(move || {
-        let mut writer = writer;
-        let mut pages = 0u64;
-        for msg in rx {
-            match msg {
-                WriterMsg::Pages(cpu, data) => {
-                    writer.pages(cpu, &data)?;
-                    pages += (data.len() / page_size) as u64;
+    let writer_failed = Arc::new(AtomicBool::new(false));
+    let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn({
+        let writer_failed = writer_failed.clone();
+        move || {
+            let mut writer = writer;
+            let mut pages = 0u64;
+            let mut failure = None;
+            for msg in rx {
+                // After a failure, keep receiving (and dropping) so no sender blocks while
+                // the capture stops.
+                if failure.is_some() {
+                    continue;
                 }
-                WriterMsg::Schema(schema) => writer.interval_schema(&schema)?,
-                WriterMsg::Rows(rows) => writer.intervals(&rows)?,
+                let written = match msg {
+                    WriterMsg::Pages(cpu, data) => {
+                        writer.pages(cpu, &data).map(|()| pages += (data.len() / page_size) as u64)
+                    }
+                    WriterMsg::Schema(schema) => writer.interval_schema(&schema),
+                    WriterMsg::Rows(rows) => writer.intervals(&rows),
+                };
+                if let Err(e) = written {
+                    failure = Some(e);
+                    writer_failed.store(true, Ordering::Relaxed);
+                }
             }
+            (writer, pages, failure)
         }
-        Ok::<_, std::io::Error>((writer, pages))
     })?;
     let interval_thread = match interval_ns {
         Some(ns) => Some(intervals::IntervalThread::start(ns, options.hw_counters, tracefs.root(), tx.clone())?),
@@ -212,7 +247,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
                     return true;
                 }
             }
-            duration.is_some_and(|d| started.elapsed() >= d)
+            writer_failed.load(Ordering::Relaxed) || duration.is_some_and(|d| started.elapsed() >= d)
         },
         |cpu, pages| {
             // A full channel blocks here; the kernel buffer absorbs the stall or counts loss.
@@ -221,7 +256,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     );
     if let Some(mut c) = child {
         if command_status.is_none() {
-            command_status = c.wait().ok();
+            command_status = Some(stop_command(&mut c)?);
         }
     }
     tasks.extend(scan_tasks());
@@ -246,7 +281,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     };
     drop(tx);
     result?;
-    let (writer, pages) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))??;
+    let (writer, pages, write_error) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
     // The figure every reading command will report for this file (sums saturate).
     let mut kernel_loss = virtprof_model::Loss::default();
     for counters in &loss {
@@ -263,10 +298,34 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         intervals,
     };
     let bytes = writer.written();
-    let out = writer.finish(&footer)?;
     let summary =
         RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, intervals, command_status };
-    Ok((summary, out))
+    if let Some(e) = write_error {
+        return Ok(Recorded { summary, out: writer.abandon(), write_error: Some(e) });
+    }
+    let out = writer.finish(&footer)?;
+    Ok(Recorded { summary, out, write_error: None })
+}
+
+/// How long `record -- CMD` lets the command end after passing on a stop signal.
+const COMMAND_GRACE: Duration = Duration::from_secs(2);
+
+/// End `record -- CMD`'s command when the recording stops before it exits: pass on the signal
+/// that stopped us (a `kill` aimed at virtprof alone would otherwise leave it running), give
+/// it [`COMMAND_GRACE`], then kill it; reap it either way.
+fn stop_command(child: &mut std::process::Child) -> anyhow::Result<std::process::ExitStatus> {
+    let signal = virtprof_host::stop::signal().unwrap_or(libc::SIGTERM);
+    // SAFETY: kill on our own child's pid, not yet reaped (so the pid is still ours).
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+    let deadline = Instant::now() + COMMAND_GRACE;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill()?;
+    Ok(child.wait()?)
 }
 
 fn identity(vm: &DiscoveredVm) -> VmIdentity {

@@ -156,7 +156,7 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
     if snapshot.windows[0].vms.is_empty() {
         eprintln!("virtprof: no VM found (no process holds a readable KVM VM fd; run as root, or start one with `virtprof testvm --duration 60s`)");
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if json {
         serde_json::to_writer_pretty(&mut out, snapshot)?;
         writeln!(out)?;

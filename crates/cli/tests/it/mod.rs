@@ -8,6 +8,7 @@ mod loss;
 mod noise;
 mod perf_stat;
 mod record;
+mod reliability;
 mod report;
 mod sched;
 mod stats;

@@ -41,7 +41,7 @@ pub struct Fit {
 
 /// Read `run_ns,METRIC...,energy_j` rows.
 pub fn read_csv(path: &Path) -> anyhow::Result<Samples> {
-    let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--input {}: {e}", path.display())))?;
+    let text = virtprof_host::input::read_text(path, "--input", 1 << 30)?;
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'));
     let (_, header) = lines.next().ok_or_else(|| usage(format!("--input {}: empty file", path.display())))?;
     let names: Vec<&str> = header.split(',').map(str::trim).collect();

@@ -12,7 +12,7 @@ use virtprof_analysis::balancer::{CoreAccount, Ledger, Policy, Swap};
 use virtprof_analysis::energy::{Activity, Weights};
 use virtprof_host::affinity::prefer_realtime;
 use virtprof_host::stop::STOP_REQUESTED;
-use virtprof_host::{monotonic_ns, sleep_until};
+use virtprof_host::{monotonic_ns, sleep_until_or_stop};
 use virtprof_interval::counters::default_specs;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::DiscoveredVm;
@@ -218,7 +218,7 @@ pub fn run_observed(
     };
 
     loop {
-        sleep_until(next_period.min(next_forced).min(end));
+        sleep_until_or_stop(next_period.min(next_forced).min(end), &STOP_REQUESTED);
         let now = monotonic_ns();
         let stopping = STOP_REQUESTED.load(Ordering::Relaxed) || now >= end;
         if let Some(every) = forced_every.filter(|_| now >= next_forced && !stopping) {

@@ -117,7 +117,7 @@ fn run_calibrate(args: &CalibrateArgs) -> anyhow::Result<ExitCode> {
     };
     let fit = calibrate::fit(&samples, &base)?;
     if let Some(out) = &args.output {
-        std::fs::write(out, fit.model.to_toml()).map_err(|e| usage(format!("-o {}: {e}", out.display())))?;
+        virtprof_host::output::write_file(out, fit.model.to_toml().as_bytes(), virtprof_host::output::Privacy::Shared)?;
     }
     output::calibration(&fit, args.json, args.output.as_deref())
 }

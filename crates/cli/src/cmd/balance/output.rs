@@ -271,7 +271,7 @@ pub fn bench(r: &BenchResult, json: bool, html: Option<&Path>) -> anyhow::Result
 
 fn write_html(out: &Path, kind: &str, title: &str, data: &impl Serialize) -> anyhow::Result<()> {
     let page = page::render(kind, title, data, SCRIPT)?;
-    std::fs::write(out, page).map_err(|e| crate::exit::usage(format!("--html {}: {e}", out.display())))?;
+    virtprof_host::output::write_file(out, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;
     eprintln!("virtprof: wrote {}", out.display());
     Ok(())
 }

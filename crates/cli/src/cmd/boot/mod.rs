@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use virtprof_analysis::pcprof::{self, Labeled};
 use virtprof_analysis::symbols::SymbolTable;
@@ -163,9 +162,9 @@ pub fn run(args: &BootArgs) -> anyhow::Result<ExitCode> {
         return Err(anyhow::anyhow!("no samples were taken (the guest ended before the first tick?)"));
     }
     if let Some(path) = &options.save {
-        let file = std::fs::File::create(path).with_context(|| format!("creating --save {}", path.display()))?;
-        serde_json::to_writer(std::io::BufWriter::new(file), &profile)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let mut out = crate::output::Output::open(Some(path), virtprof_host::output::Privacy::Shared)?;
+        serde_json::to_writer(&mut out, &profile)?;
+        out.finish()?;
     }
     let other = match &options.compare {
         Some(path) => Some((path.display().to_string(), load(path)?)),
@@ -220,7 +219,8 @@ fn relabel(samples: &[Labeled], kernel: Option<&SymbolTable>, user: Option<&Symb
 
 /// A symbol file of any supported kind: ELF by its magic, otherwise System.map/kallsyms text.
 fn symbols_file(path: &Path) -> anyhow::Result<SymbolTable> {
-    let bytes = std::fs::read(path).map_err(|e| usage(format!("reading symbols '{}': {e}", path.display())))?;
+    // A vmlinux with debug information is a few hundred MB.
+    let bytes = virtprof_host::input::read_bytes(path, "symbols", 4 << 30)?;
     let table = if bytes.starts_with(b"\x7fELF") {
         SymbolTable::from_elf(&bytes)
     } else {
@@ -230,7 +230,7 @@ fn symbols_file(path: &Path) -> anyhow::Result<SymbolTable> {
 }
 
 fn load(path: &Path) -> anyhow::Result<SavedProfile> {
-    let bytes = std::fs::read(path).map_err(|e| usage(format!("reading profile '{}': {e}", path.display())))?;
+    let bytes = virtprof_host::input::read_bytes(path, "profile", 1 << 30)?;
     let saved: SavedProfile = serde_json::from_slice(&bytes)
         .map_err(|e| usage(format!("'{}' is not a profile saved by `virtprof boot --save` ({e})", path.display())))?;
     if saved.format != SAVED_FORMAT {

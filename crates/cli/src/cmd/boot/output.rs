@@ -10,7 +10,6 @@ use virtprof_model::pcsample::Realm;
 use virtprof_sinks::Table;
 
 use super::{SavedProfile, Truth};
-use crate::exit::usage;
 
 const BOOT_JS: &str = include_str!("../../../assets/boot.js");
 
@@ -90,9 +89,9 @@ pub fn write(view: &View, saved: &SavedProfile, other: Option<(String, SavedProf
     };
     if let Some(path) = &view.html {
         let page = virtprof_sinks::html::render("boot profile", report.source, &report, BOOT_JS)?;
-        std::fs::write(path, page).map_err(|e| usage(format!("writing --html {}: {e}", path.display())))?;
+        virtprof_host::output::write_file(path, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;
     }
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     match view.format {
         Format::Json => {
             serde_json::to_writer_pretty(&mut out, &report)?;

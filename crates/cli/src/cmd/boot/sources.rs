@@ -165,7 +165,10 @@ pub fn qemu(launch: &QemuLaunch, sampling: &Sampling, kernel: Option<&SymbolTabl
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let socket = dir.join("gdb.sock");
     let program = &launch.program;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    // QEMU must not outlive us, even if we are killed with SIGKILL.
+    virtprof_host::stop::die_with_parent(&mut command);
+    let mut child = command
         .args(&launch.args)
         .arg("-S")
         .arg("-chardev")

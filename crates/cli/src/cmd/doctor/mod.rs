@@ -231,7 +231,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let guest_operations = probed.map(|p| p.operations.clone()).unwrap_or_default();
     let host_differences = probed.map(|p| probe::host_differences(kvm.kind, p)).unwrap_or_default();
     let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences };
-    let mut out = std::io::stdout().lock();
+    let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;

@@ -1,12 +1,12 @@
 //! `virtprof export FILE --format csv|parquet|perfetto`: a recording for other tools.
 
-use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 
 use crate::args::{ExportArgs, ExportFormat};
 use crate::exit::usage;
+use crate::output::Output;
 use crate::pass::{analyse, analyse_with, interval_table, Want};
+use virtprof_host::output::Privacy;
 use virtprof_session::Session;
 use virtprof_sinks::{csv, parquet, perfetto};
 
@@ -14,11 +14,13 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     match args.format {
         ExportFormat::Csv => {
             let rows = interval_table(&args.file)?;
-            csv::write(&rows.table, &mut output(args.output.as_deref())?)?;
+            let mut out = Output::open(args.output.as_deref(), Privacy::Shared)?;
+            csv::write(&rows.table, &mut out)?;
+            out.finish()?;
             eprintln!("virtprof: lost events: {}", rows.lost_events_text);
         }
         ExportFormat::Parquet => {
-            let Some(dir) = &args.output else {
+            let Some(dir) = args.output.as_ref().filter(|d| d.as_os_str() != "-") else {
                 return Err(usage("--format parquet writes a directory of tables: give it with -o DIR"));
             };
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
@@ -52,20 +54,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 table,
                 origin_ns,
             };
-            let mut out = output(args.output.as_deref())?;
+            let mut out = Output::open(args.output.as_deref(), Privacy::Shared)?;
             perfetto::write(&tracks, &mut out)?;
+            out.finish()?;
             eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// A buffered writer to `path`, or to standard output.
-fn output(path: Option<&Path>) -> anyhow::Result<Box<dyn Write>> {
-    Ok(match path {
-        Some(path) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(path).map_err(|e| usage(format!("cannot create '{}': {e}", path.display())))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-    })
 }

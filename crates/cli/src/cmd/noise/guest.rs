@@ -150,7 +150,7 @@ pub fn run(s: &Settings, cpu: u32, inject_hz: u32) -> anyhow::Result<GuestReport
 /// `--host-recording FILE --guest REPORT`: a testvm `noise` run recorded by `virtprof record`
 /// (on the default `mono` clock), explained afterwards.
 pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestReport> {
-    let text = std::fs::read_to_string(guest).map_err(|e| usage(format!("--guest '{}': {e}", guest.display())))?;
+    let text = virtprof_host::input::read_text(guest, "--guest", 1 << 30)?;
     let report: TestvmReport = serde_json::from_str(&text).map_err(|e| {
         usage(format!(
             "--guest '{}': not a `virtprof testvm --json` report ({e}); save one with `virtprof testvm -w noise --pin CPU --json > FILE`",

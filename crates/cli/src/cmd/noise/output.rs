@@ -211,7 +211,7 @@ pub fn write_snapshot(
         };
         let _ = writeln!(s, "{mark} {:>16} cpu{} tid {:>7} {what}", e.ts, e.cpu, e.tid);
     }
-    std::fs::write(path, s).map_err(|e| anyhow::anyhow!("writing the snapshot {}: {e}", path.display()))?;
+    virtprof_host::output::write_file(path, s.as_bytes(), virtprof_host::output::Privacy::Private)?;
     Ok(path.display().to_string())
 }
 

@@ -3,6 +3,7 @@
 //! totals and rates, phases, and the most correlated metric pairs. As text, `--json`, or one
 //! self-contained HTML page (`--html OUT`).
 
+use std::io::Write;
 mod html;
 mod model;
 mod text;
@@ -12,7 +13,6 @@ use std::process::ExitCode;
 use virtprof_analysis::correlate::Method;
 
 use crate::args::ReportArgs;
-use crate::exit::usage;
 use crate::pass::{analyse, Want};
 use virtprof_session::Session;
 
@@ -25,7 +25,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let report = model::build(&args.file, &recording, analysis, &limits);
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
-        std::fs::write(path, page).map_err(|e| usage(format!("cannot write '{}': {e}", path.display())))?;
+        virtprof_host::output::write_file(path, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;
         eprintln!(
             "virtprof: wrote {} ({} KiB); lost events: {}",
             path.display(),
@@ -34,9 +34,14 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        let mut out = crate::output::stdout();
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+        out.flush()?;
     } else if args.html.is_none() {
-        text::print(&report, &mut std::io::stdout().lock())?;
+        let mut out = crate::output::stdout();
+        text::print(&report, &mut out)?;
+        out.flush()?;
     }
     Ok(ExitCode::SUCCESS)
 }

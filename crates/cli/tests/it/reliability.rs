@@ -1,0 +1,396 @@
+//! The hostile cases of issue 23: damaged timestamps, inputs that are not files, outputs on a
+//! full disk or behind a symlink, signals at awkward moments, negative numbers, escape bytes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::util::{have_tracefs, note, temp, virtprof};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec")
+}
+
+/// The largest resident set of any child waited for so far, in MiB.
+fn children_peak_rss_mib() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    usage.ru_maxrss as u64 / 1024
+}
+
+/// A recording's chunks: (header offset, kind, payload range).
+fn chunks(bytes: &[u8]) -> Vec<(usize, u32, std::ops::Range<usize>)> {
+    let mut out = Vec::new();
+    let mut at = 12;
+    while at + 16 <= bytes.len() {
+        let kind = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = usize::try_from(u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap())).unwrap();
+        out.push((at, kind, at + 16..at + 16 + len));
+        at += 16 + len;
+    }
+    out
+}
+
+/// The fixture with its first page chunk's first page stamped `seconds` later, CRC fixed up:
+/// damage the checksum cannot see.
+fn with_a_page_moved(seconds: u64) -> PathBuf {
+    let mut bytes = std::fs::read(fixture()).unwrap();
+    // The last pages chunk: the vCPU's first events (which name it a vCPU) stay in place.
+    let (header, _, payload) = chunks(&bytes).into_iter().rfind(|(_, kind, _)| *kind == 2).expect("a pages chunk");
+    // Payload: the CPU (u32), then pages; a page starts with its u64 timestamp.
+    let ts_at = payload.start + 4;
+    let ts = u64::from_le_bytes(bytes[ts_at..ts_at + 8].try_into().unwrap());
+    bytes[ts_at..ts_at + 8].copy_from_slice(&(ts + seconds * 1_000_000_000).to_le_bytes());
+    let crc = crc32fast::hash(&bytes[payload.clone()]);
+    bytes[header + 12..header + 16].copy_from_slice(&crc.to_le_bytes());
+    let path = temp("moved-page").with_extension("vprec");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn events_outside_the_recordings_span_are_counted_and_skipped_in_bounded_memory() {
+    let damaged = with_a_page_moved(26_300);
+    let clean = virtprof().args(["exits", "--json"]).arg(fixture()).output().unwrap();
+    let clean: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    for args in [
+        &["exits", "--json"][..],
+        &["sched", "--window", "1ms", "--json"],
+        &["report", "--json"],
+        &["export", "--format", "perfetto", "-o", "/dev/null"],
+    ] {
+        let out = virtprof().arg(args[0]).arg(&damaged).args(&args[1..]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            stdout.contains("\"outside_span\"")
+                || stdout.contains("outside the recording's time span")
+                || stderr.contains("outside the recording's time span"),
+            "{args:?}: the skipped events are reported: {stderr}"
+        );
+        assert!(children_peak_rss_mib() < 1024, "{args:?}: peak RSS {} MiB", children_peak_rss_mib());
+        if args[0] == "exits" {
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            // The page moved held some of the exits; every other one is still counted.
+            let (now, before) = (json["totals"]["exits"].as_u64().unwrap(), clean["totals"]["exits"].as_u64().unwrap());
+            assert!(now <= before && now > 0, "{now} of {before}");
+            assert!(json["loss"]["outside_span"].as_u64().unwrap() > 0, "{}", json["loss"]);
+        }
+    }
+    let _ = std::fs::remove_file(damaged);
+}
+
+#[test]
+fn too_many_windows_is_a_usage_error_naming_the_smallest_that_fits() {
+    let out = virtprof().arg("sched").arg(fixture()).args(["--window", "1ns"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("windows, over the 100000") && stderr.contains("or longer"), "{stderr}");
+}
+
+fn mkfifo(path: &Path) {
+    let name = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+}
+
+/// Run with a time limit: a hang fails the test instead of blocking CI.
+fn output_within(command: &mut Command, limit: Duration) -> Output {
+    output_within_child(command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap(), limit)
+}
+
+#[test]
+fn fifos_and_devices_as_inputs_are_refused_without_blocking() {
+    let dir = temp("fifo-inputs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    mkfifo(&fifo);
+    let cases: Vec<Vec<std::ffi::OsString>> = vec![
+        vec!["exits".into(), fifo.clone().into()],
+        vec!["exits".into(), "/dev/zero".into()],
+        vec!["balance".into(), "calibrate".into(), "--input".into(), fifo.clone().into()],
+        vec!["boot".into(), "--load".into(), fifo.clone().into()],
+        vec!["noise".into(), "--host-recording".into(), fixture().into(), "--guest".into(), fifo.clone().into()],
+    ];
+    for args in cases {
+        let out = output_within(virtprof().args(&args), Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("not a regular file"), "{args:?}: {stderr}");
+    }
+    // A dump whose trace_pipe_raw is a FIFO, and one whose header_page is /dev/zero.
+    let fixture_dump =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
+    let dump = dir.join("dump");
+    copy_tree(&fixture_dump, &dump);
+    let raw = dump.join("per_cpu/cpu0/trace_pipe_raw");
+    std::fs::remove_file(&raw).unwrap();
+    mkfifo(&raw);
+    let out = output_within(virtprof().arg("exits").arg(&dump), Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    copy_tree(&fixture_dump, &dump);
+    let header = dump.join("events/header_page");
+    std::fs::remove_file(&header).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &header).unwrap();
+    let out = output_within(virtprof().arg("exits").arg(&dump), Duration::from_secs(30));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn outputs_replace_a_planted_symlink_and_recordings_are_private() {
+    let dir = temp("symlink-output");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let precious = dir.join("precious");
+    std::fs::write(&precious, "keep").unwrap();
+    let out = dir.join("out.pftrace");
+    std::os::unix::fs::symlink(&precious, &out).unwrap();
+    let run = virtprof().arg("export").arg(fixture()).args(["--format", "perfetto", "-o"]).arg(&out).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
+    assert!(!std::fs::symlink_metadata(&out).unwrap().file_type().is_symlink());
+    // `import` writes a recording: 0600, like perf.data.
+    let recording = dir.join("imported.vprec");
+    let dump =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
+    let run = virtprof().arg("import").arg(&dump).arg("-o").arg(&recording).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&recording).unwrap().permissions().mode() & 0o777, 0o600);
+    // `-o -` is standard output, not a file named "-".
+    let run = virtprof()
+        .arg("export")
+        .arg(fixture())
+        .args(["--format", "perfetto", "-o", "-"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(run.status.success() && run.stdout.len() > 1000);
+    assert!(!dir.join("-").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn negative_numbers_and_escape_bytes_are_named_not_echoed() {
+    for (args, flag) in
+        [(&["testvm", "--vcpus", "-5"][..], "--vcpus -5"), (&["report", "x", "--top", "-1"], "--top -1")]
+    {
+        let out = virtprof().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&format!("{flag}: negative")), "{stderr}");
+    }
+    let out = virtprof().args(["exits", "no\u{1b}[2Jsuch"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains('\u{1b}') && stderr.contains("\\u{1b}[2J"), "{stderr}");
+}
+
+/// A tmpfs of `kib` KiB, unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(kib: u32) -> Option<SmallDisk> {
+        let dir = temp("small-disk");
+        std::fs::create_dir_all(&dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(SmallDisk(dir))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_full_disk_keeps_what_was_recorded_names_the_path_and_reads_back() {
+    let test = "a_full_disk_keeps_what_was_recorded_names_the_path_and_reads_back";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(disk) = SmallDisk::mount(1024) else {
+        note(test, "SKIP: cannot mount a tmpfs (not root?)");
+        return;
+    };
+    let path = disk.0.join("full.vprec");
+    // Every event of a busy host for up to 20 s: far more than 1 MiB.
+    let child = virtprof()
+        .args(["record", "--events", "sched,irq,syscalls,raw_syscalls,timer", "--duration", "20s", "-o"])
+        .arg(&path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = std::thread::spawn({
+        let done = done.clone();
+        move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = Command::new("true").status();
+            }
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = load.join();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("recording cut short")
+            && stderr.contains(&format!("'{}'", path.display()))
+            && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    // What was kept reads, up to its last whole chunk, and says its loss is unknown after it.
+    let read = virtprof().args(["exits"]).arg(&path).output().unwrap();
+    let read_err = String::from_utf8_lossy(&read.stderr);
+    assert_eq!(read.status.code(), Some(0), "{read_err}");
+    assert!(String::from_utf8_lossy(&read.stdout).contains("unknown"), "{read_err}");
+    assert!(std::fs::read_dir(&disk.0).unwrap().count() == 1, "no temporary left");
+}
+
+#[test]
+fn a_stopped_record_passes_the_signal_to_its_command_and_stops_mid_interval() {
+    let test = "a_stopped_record_passes_the_signal_to_its_command_and_stops_mid_interval";
+    if !have_tracefs(test) {
+        return;
+    }
+    let path = temp("stop-command").with_extension("vprec");
+    let marker = temp("stop-command-child");
+    let _ = std::fs::remove_file(&marker);
+    // The command writes its pid and sleeps; only virtprof is signalled.
+    let script = format!("echo $$ > {}; exec sleep 600", marker.display());
+    let child = virtprof()
+        .args(["record", "--interval", "100s", "-o"])
+        .arg(&path)
+        .args(["--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !marker.exists() && started.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let command_pid: i32 = std::fs::read_to_string(&marker).unwrap().trim().parse().unwrap();
+    // SAFETY: kill on the pid of the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Within the command's 600 s and the interval's 100 s by far: it did not wait for either.
+    assert!(started.elapsed() < Duration::from_secs(60), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // SAFETY: signal 0 only checks whether the pid exists.
+    assert_ne!(unsafe { libc::kill(command_pid, 0) }, 0, "the command {command_pid} was reaped");
+    let read = virtprof().arg("exits").arg(&path).output().unwrap();
+    assert!(read.status.success(), "{}", String::from_utf8_lossy(&read.stderr));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(&marker);
+}
+
+/// The direct children of `pid` now.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie is gone for our purpose: it runs nothing.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+}
+
+fn instance_left(pid: u32) -> bool {
+    std::fs::read_dir("/sys/kernel/tracing/instances")
+        .is_ok_and(|d| d.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().ends_with(&format!("-{pid}"))))
+}
+
+#[test]
+fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
+    let test = "every_stop_signal_at_any_moment_ends_long_runs_cleanly";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = super::util::have_kvm(test) else { return };
+    let recording = temp("signals").with_extension("vprec");
+    let commands: [(&str, Vec<std::ffi::OsString>); 3] = [
+        ("record", vec!["record".into(), "--duration".into(), "60s".into(), "-o".into(), recording.clone().into()]),
+        ("testvm", vec!["testvm".into(), "-w".into(), "compute".into(), "--duration".into(), "60s".into()]),
+        ("exits", vec!["exits".into(), "--duration".into(), "60s".into()]),
+    ];
+    for (name, args) in &commands {
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            for delay_ms in [50, 700] {
+                let _ = std::fs::remove_file(&recording);
+                let child = virtprof().args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+                let pid = child.id();
+                std::thread::sleep(Duration::from_millis(delay_ms));
+                let kids = children(pid);
+                // SAFETY: kill on the pid of the child we spawned, not yet reaped.
+                unsafe { libc::kill(pid as i32, signal) };
+                let started = Instant::now();
+                let out = output_within_child(child, Duration::from_secs(30));
+                let what = format!("{name} signal {signal} at {delay_ms} ms");
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                assert!(out.status.code().is_some(), "{what}: killed by the signal: {stderr}");
+                assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+                assert!(started.elapsed() < Duration::from_secs(20), "{what}: took {:?}", started.elapsed());
+                assert!(!instance_left(pid), "{what}: tracefs instance left");
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while kids.iter().any(|&k| alive(k)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                assert!(!kids.iter().any(|&k| alive(k)), "{what}: children {kids:?} left running");
+                if *name == "record" && recording.exists() {
+                    let read = virtprof().arg("exits").arg(&recording).output().unwrap();
+                    assert!(read.status.success(), "{what}: {}", String::from_utf8_lossy(&read.stderr));
+                    assert!(String::from_utf8_lossy(&read.stdout).contains("lost events: "), "{what}");
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&recording);
+}
+
+fn output_within_child(mut child: std::process::Child, limit: Duration) -> Output {
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}

@@ -1,0 +1,247 @@
+//! Output files that never look complete before they are: written under a temporary name in
+//! the target's folder and renamed over the target when finished, so a run stopped by a full
+//! disk, a signal or a crash leaves either the old file or none, never a truncated one that
+//! reads as whole. The temporary is created exclusively without following symlinks, and the
+//! rename replaces whatever sits at the final name (a planted symlink included) rather than
+//! writing through it. A path that already is a device or a pipe (`/dev/null`, `/dev/stdout`,
+//! a FIFO) is written directly: there is no file to replace. Every error names the path it
+//! concerns.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Who may read an output file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Privacy {
+    /// 0600, like perf.data: traces hold process names, command lines and kernel addresses.
+    Private,
+    /// 0644 less the umask: reports, pages, exported tables.
+    Shared,
+}
+
+impl Privacy {
+    fn mode(self) -> u32 {
+        match self {
+            Privacy::Private => 0o600,
+            Privacy::Shared => 0o644,
+        }
+    }
+}
+
+/// An I/O error with the path it happened on, `writing 'PATH': cause`.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} '{path}': {source}")]
+pub struct OutputError {
+    /// What was being done ("creating", "writing", "finishing").
+    pub action: &'static str,
+    /// The final path (not the temporary one: that is what the user asked for).
+    pub path: PathBuf,
+    /// The OS error.
+    #[source]
+    pub source: io::Error,
+}
+
+impl OutputError {
+    fn new<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OutputError + 'a {
+        move |source| OutputError { action, path: path.to_path_buf(), source }
+    }
+
+    /// Whether the file system is full (ENOSPC or EDQUOT).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self.source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    }
+}
+
+/// A file being written to a temporary name next to `path`; [`OutputFile::commit`] puts it in
+/// place. Dropped without a commit, the temporary is removed.
+#[derive(Debug)]
+pub struct OutputFile {
+    file: Option<File>,
+    /// None when writing a device or a pipe in place.
+    temporary: Option<PathBuf>,
+    path: PathBuf,
+    written: u64,
+}
+
+impl OutputFile {
+    /// Start writing `path`.
+    pub fn create(path: &Path, privacy: Privacy) -> Result<OutputFile, OutputError> {
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new("opening", path))?;
+            return Ok(OutputFile { file: Some(file), temporary: None, path: path.to_path_buf(), written: 0 });
+        }
+        let temporary = temporary_name(path);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(privacy.mode())
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&temporary)
+            .map_err(OutputError::new("creating", path))?;
+        Ok(OutputFile { file: Some(file), temporary: Some(temporary), path: path.to_path_buf(), written: 0 })
+    }
+
+    /// The path it will have once committed.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Flush to disk and rename over the final path.
+    pub fn commit(mut self) -> Result<(), OutputError> {
+        let file = self.file.take().expect("an uncommitted output has its file");
+        let Some(temporary) = self.temporary.take() else { return Ok(()) };
+        // A full disk can surface only at the flush (delayed allocation): it must fail here,
+        // before the rename, not leave a complete-looking file with a hole.
+        if let Err(e) = file.sync_data() {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(OutputError::new("writing", &self.path)(e));
+        }
+        drop(file);
+        std::fs::rename(&temporary, &self.path).map_err(OutputError::new("finishing", &self.path))
+    }
+
+    /// Put what was written so far in place although it is not whole (a recording cut short
+    /// by a full disk: its reader knows where it stops). Returns the bytes kept.
+    pub fn keep_partial(mut self) -> Result<u64, OutputError> {
+        drop(self.file.take());
+        if let Some(temporary) = self.temporary.take() {
+            std::fs::rename(&temporary, &self.path).map_err(OutputError::new("finishing", &self.path))?;
+        }
+        Ok(self.written)
+    }
+}
+
+impl Write for OutputFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let file = self.file.as_mut().expect("an uncommitted output has its file");
+        let n = file.write(buf).map_err(|e| with_path(e, "writing", &self.path))?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let file = self.file.as_mut().expect("an uncommitted output has its file");
+        file.flush().map_err(|e| with_path(e, "writing", &self.path))
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if let (Some(_), Some(temporary)) = (self.file.take(), &self.temporary) {
+            let _ = std::fs::remove_file(temporary);
+        }
+    }
+}
+
+/// Write `bytes` as the whole of `path`.
+pub fn write_file(path: &Path, bytes: &[u8], privacy: Privacy) -> Result<(), OutputError> {
+    let mut out = OutputFile::create(path, privacy)?;
+    out.write_all(bytes).map_err(|e| OutputError { action: "writing", path: path.to_path_buf(), source: e })?;
+    out.commit()
+}
+
+/// An io::Error that keeps its kind (a full disk stays a full disk) and names the path.
+fn with_path(e: io::Error, action: &str, path: &Path) -> io::Error {
+    let kind = e.kind();
+    let os = e.raw_os_error();
+    let text = match os {
+        Some(code) => io::Error::from_raw_os_error(code).to_string(),
+        None => e.to_string(),
+    };
+    io::Error::new(kind, format!("{action} '{}': {text}", path.display()))
+}
+
+/// `DIR/.NAME.PID.tmp`: hidden, in the same folder (so the rename stays on one file system),
+/// and unique to this process.
+fn temporary_name(path: &Path) -> PathBuf {
+    let mut name = OsString::from(".");
+    name.push(path.file_name().unwrap_or(path.as_os_str()));
+    name.push(format!(".{}.tmp", std::process::id()));
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.join(name),
+        _ => PathBuf::from(name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("virtprof-output-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn nothing_is_at_the_path_until_commit_and_the_mode_is_kept() {
+        let dir = scratch("commit");
+        let path = dir.join("r.vprec");
+        let mut out = OutputFile::create(&path, Privacy::Private).unwrap();
+        out.write_all(b"hello").unwrap();
+        assert!(!path.exists());
+        out.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"hello");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary left");
+    }
+
+    #[test]
+    fn dropped_uncommitted_leaves_the_old_file_and_no_temporary() {
+        let dir = scratch("drop");
+        let path = dir.join("out.json");
+        std::fs::write(&path, "old").unwrap();
+        let mut out = OutputFile::create(&path, Privacy::Shared).unwrap();
+        out.write_all(b"half").unwrap();
+        drop(out);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_symlink_at_the_path_is_replaced_not_written_through() {
+        let dir = scratch("symlink");
+        let target = dir.join("precious");
+        std::fs::write(&target, "keep me").unwrap();
+        let path = dir.join("out.txt");
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        write_file(&path, b"new", Privacy::Shared).unwrap();
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+    }
+
+    #[test]
+    fn a_full_disk_names_the_path_and_keeps_its_kind() {
+        let err = with_path(io::Error::from_raw_os_error(libc::ENOSPC), "writing", Path::new("/x/r.vprec"));
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(err.to_string(), "writing '/x/r.vprec': No space left on device (os error 28)");
+        let err =
+            OutputError { action: "writing", path: "/x".into(), source: io::Error::from_raw_os_error(libc::ENOSPC) };
+        assert!(err.is_disk_full());
+    }
+
+    #[test]
+    fn a_device_is_written_in_place() {
+        let mut out = OutputFile::create(Path::new("/dev/null"), Privacy::Private).unwrap();
+        out.write_all(b"gone").unwrap();
+        out.commit().unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&std::fs::metadata("/dev/null").unwrap().file_type()));
+    }
+
+    #[test]
+    fn a_missing_folder_is_named() {
+        let err = OutputFile::create(Path::new("/nonexistent-virtprof/r.vprec"), Privacy::Private).unwrap_err();
+        assert_eq!(err.to_string(), "creating '/nonexistent-virtprof/r.vprec': No such file or directory (os error 2)");
+    }
+}
