@@ -80,7 +80,7 @@ fn classify(err: &anyhow::Error) -> u8 {
             return USAGE;
         }
         // An output path that cannot be opened is the user's to fix; a disk that fills is not.
-        if cause.downcast_ref::<OutputError>().is_some_and(|e| e.action == "creating" || e.action == "opening") {
+        if cause.downcast_ref::<OutputError>().is_some_and(OutputError::is_bad_path) {
             return USAGE;
         }
     }

@@ -13,6 +13,9 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+const CANNOT_CREATE: &str = "cannot create";
+const CANNOT_OPEN: &str = "cannot open";
+
 /// Who may read an output file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Privacy {
@@ -35,7 +38,7 @@ impl Privacy {
 #[derive(Debug, thiserror::Error)]
 #[error("{action} '{path}': {source}")]
 pub struct OutputError {
-    /// What was being done ("creating", "writing", "finishing").
+    /// What failed ("cannot create", "cannot open", "writing", "finishing").
     pub action: &'static str,
     /// The final path (not the temporary one: that is what the user asked for).
     pub path: PathBuf,
@@ -47,6 +50,12 @@ pub struct OutputError {
 impl OutputError {
     fn new<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OutputError + 'a {
         move |source| OutputError { action, path: path.to_path_buf(), source }
+    }
+
+    /// Whether the path could not be opened at all (a missing folder, no permission): the
+    /// user's to fix, unlike a disk that fills while writing.
+    pub fn is_bad_path(&self) -> bool {
+        self.action == CANNOT_CREATE || self.action == CANNOT_OPEN
     }
 
     /// Whether the file system is full (ENOSPC or EDQUOT).
@@ -70,7 +79,7 @@ impl OutputFile {
     /// Start writing `path`.
     pub fn create(path: &Path, privacy: Privacy) -> Result<OutputFile, OutputError> {
         if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
-            let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new("opening", path))?;
+            let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new(CANNOT_OPEN, path))?;
             return Ok(OutputFile { file: Some(file), temporary: None, path: path.to_path_buf(), written: 0 });
         }
         let temporary = temporary_name(path);
@@ -80,7 +89,7 @@ impl OutputFile {
             .mode(privacy.mode())
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&temporary)
-            .map_err(OutputError::new("creating", path))?;
+            .map_err(OutputError::new(CANNOT_CREATE, path))?;
         Ok(OutputFile { file: Some(file), temporary: Some(temporary), path: path.to_path_buf(), written: 0 })
     }
 
@@ -242,6 +251,9 @@ mod tests {
     #[test]
     fn a_missing_folder_is_named() {
         let err = OutputFile::create(Path::new("/nonexistent-virtprof/r.vprec"), Privacy::Private).unwrap_err();
-        assert_eq!(err.to_string(), "creating '/nonexistent-virtprof/r.vprec': No such file or directory (os error 2)");
+        assert_eq!(
+            err.to_string(),
+            "cannot create '/nonexistent-virtprof/r.vprec': No such file or directory (os error 2)"
+        );
     }
 }

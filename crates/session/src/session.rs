@@ -259,8 +259,29 @@ impl Session {
                 path.display(),
                 recording.bytes
             );
+        } else if let Some(warning) = recording.footer_mismatch() {
+            eprintln!("virtprof: warning: '{}': {warning}", path.display());
         }
         Ok(recording)
+    }
+
+    /// Damage the checksums cannot see: a recording's footer that disagrees with the pages
+    /// the file holds (the footer's loss figures then describe another file).
+    pub fn footer_mismatch(&self) -> Option<String> {
+        let footer = self.footer.as_ref()?;
+        // Imports (bytes 0) build their footer from what they read: nothing to compare.
+        if self.bytes == 0 {
+            return None;
+        }
+        let page_size = parse_header_page(&self.metadata.header_page).ok()?.page_size.max(1) as u64;
+        let Pages::Mapped { cpus, .. } = &self.pages else { return None };
+        let stored: u64 = cpus.iter().flat_map(|(_, spans)| spans).map(|s| s.range.len() as u64 / page_size).sum();
+        (footer.pages != stored).then(|| {
+            format!(
+                "its footer counts {} pages but the file holds {stored}: the file was altered, and the loss figures of its footer may be wrong",
+                footer.pages
+            )
+        })
     }
 
     /// The kind of KVM host it was recorded on, as `record` probed it (None: not known, e.g.

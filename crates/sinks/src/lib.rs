@@ -39,7 +39,7 @@ impl SinkError {
     /// Whether the user's input (the output path) is at fault: the CLI's exit code 2.
     pub fn is_bad_input(&self) -> bool {
         // A path that cannot be created is the user's to fix; a disk that fills while writing is not.
-        matches!(self, SinkError::Output(e) if e.action == "creating")
+        matches!(self, SinkError::Output(e) if e.is_bad_path())
     }
 }
 

@@ -126,7 +126,7 @@ fn bad_boot_input_is_a_usage_error() {
     for (args, needle) in [
         (vec!["--testvm", "--shares", "a=1,a=2"], "given twice"),
         (vec!["--testvm", "--balloon", "nope=2"], "no such function"),
-        (vec!["--load", "/nonexistent/profile.json"], "reading profile"),
+        (vec!["--load", "/nonexistent/profile.json"], "cannot open profile"),
         (vec!["--testvm", "--kaslr", "zz"], "hex offset"),
         (vec!["--testvm", "--rate", "0"], "0 is not in 1..=100000"),
         (vec!["--testvm", "--system-map", "/etc/hostname"], "System.map"),

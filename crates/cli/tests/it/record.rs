@@ -236,12 +236,13 @@ fn record_vm_snapshots_kvm_stats_that_bracket_the_traced_exits() {
 }
 
 #[test]
-fn an_error_after_the_instance_exists_still_removes_it() {
-    let test = "an_error_after_the_instance_exists_still_removes_it";
+fn an_unwritable_output_is_refused_before_tracing_starts() {
+    let test = "an_unwritable_output_is_refused_before_tracing_starts";
     if !have_tracefs(test) {
         return;
     }
-    // The output file is created after the capture starts; an unwritable path fails there.
+    // The output's temporary file is created first; an error after the instance exists (a
+    // full disk) is in reliability.rs.
     let child = virtprof()
         .args(["record", "-o", "/nonexistent-dir/x.vprec", "--duration", "1s"])
         .stderr(Stdio::piped())

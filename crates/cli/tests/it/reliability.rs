@@ -236,6 +236,8 @@ fn a_full_disk_keeps_what_was_recorded_names_the_path_and_reads_back() {
     if !have_tracefs(test) {
         return;
     }
+    // Its load (a fork storm, every syscall traced) must not overlap the tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let Some(disk) = SmallDisk::mount(1024) else {
         note(test, "SKIP: cannot mount a tmpfs (not root?)");
         return;
@@ -257,6 +259,7 @@ fn a_full_disk_keeps_what_was_recorded_names_the_path_and_reads_back() {
             }
         }
     });
+    let pid = child.id();
     let out = child.wait_with_output().unwrap();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = load.join();
@@ -273,6 +276,7 @@ fn a_full_disk_keeps_what_was_recorded_names_the_path_and_reads_back() {
     let read_err = String::from_utf8_lossy(&read.stderr);
     assert_eq!(read.status.code(), Some(0), "{read_err}");
     assert!(String::from_utf8_lossy(&read.stdout).contains("unknown"), "{read_err}");
+    assert!(!instance_left(pid), "the tracefs instance was removed after the error");
     assert!(std::fs::read_dir(&disk.0).unwrap().count() == 1, "no temporary left");
 }
 
