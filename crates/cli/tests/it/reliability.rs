@@ -398,3 +398,30 @@ fn output_within_child(mut child: std::process::Child, limit: Duration) -> Outpu
     }
     child.wait_with_output().unwrap()
 }
+
+#[test]
+fn a_user_without_tracing_rights_is_told_what_is_missing() {
+    let test = "a_user_without_tracing_rights_is_told_what_is_missing";
+    if !have_tracefs(test) {
+        return;
+    }
+    // The binary where `nobody` can run it.
+    let exe = temp("nonroot-virtprof");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("virtprof"), &exe).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let recording = temp("nonroot").with_extension("vprec");
+    for args in
+        [vec!["record", "--duration", "1s", "-o", recording.to_str().unwrap()], vec!["exits", "--duration", "1s"]]
+    {
+        let Ok(out) = Command::new("runuser").args(["-u", "nobody", "--"]).arg(&exe).args(&args).output() else {
+            note(test, "SKIP: no runuser");
+            return;
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("tracing needs root or CAP_SYS_ADMIN/CAP_PERFMON"), "{args:?}: {stderr}");
+    }
+    assert!(!recording.exists());
+    let _ = std::fs::remove_file(&exe);
+}

@@ -32,6 +32,9 @@ pub fn parse_shares(spec: &str) -> Result<Vec<(String, f64)>, String> {
     Ok(out)
 }
 
+/// The longest boot run a script may make: an hour.
+const MAX_RUN_NS: u64 = 3_600_000_000_000;
+
 /// A script running each function in order for its share of `total_ns`, functions named in
 /// `balloon` K times longer (so the run grows, as ballooning does).
 pub fn boot_script(shares: &[(String, f64)], total_ns: u64, balloon: &[(String, f64)]) -> Result<Script, String> {
@@ -39,12 +42,29 @@ pub fn boot_script(shares: &[(String, f64)], total_ns: u64, balloon: &[(String, 
         return Err(format!("--balloon {name}: no such function in --shares"));
     }
     let sum: f64 = shares.iter().map(|(_, w)| w).sum();
-    let phases = shares
+    let durations: Vec<f64> = shares
         .iter()
         .map(|(name, weight)| {
             let k = balloon.iter().find(|(b, _)| b == name).map_or(1.0, |(_, k)| *k);
-            let ns = (total_ns as f64 * weight / sum * k).round() as u64;
-            Phase { workload: Workload::Compute, bound: Bound::Duration { ns }, function: Some(name.clone()) }
+            total_ns as f64 * weight / sum * k
+        })
+        .collect();
+    // `--balloon f=1e12` must be refused, not run until the end of time.
+    let run_ns: f64 = durations.iter().sum();
+    if !(run_ns <= MAX_RUN_NS as f64) {
+        return Err(format!(
+            "--balloon makes the run {:.0} s long; the most is {} s (use a smaller factor)",
+            run_ns / 1e9,
+            MAX_RUN_NS / 1_000_000_000
+        ));
+    }
+    let phases = shares
+        .iter()
+        .zip(durations)
+        .map(|((name, _), ns)| Phase {
+            workload: Workload::Compute,
+            bound: Bound::Duration { ns: ns.round() as u64 },
+            function: Some(name.clone()),
         })
         .collect();
     Ok(Script { phases, privilege: Privilege::User })
@@ -99,5 +119,7 @@ mod tests {
         assert!(parse_shares("a").unwrap_err().contains("NAME=WEIGHT"));
         let shares = parse_shares("a=1").unwrap();
         assert!(boot_script(&shares, 1, &[("b".into(), 2.0)]).unwrap_err().contains("no such function"));
+        let err = boot_script(&shares, 1_000_000_000, &[("a".into(), 1e12)]).unwrap_err();
+        assert!(err.contains("the most is 3600 s"), "{err}");
     }
 }
