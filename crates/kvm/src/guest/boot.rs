@@ -51,7 +51,7 @@ pub fn boot_script(shares: &[(String, f64)], total_ns: u64, balloon: &[(String, 
         .collect();
     // `--balloon f=1e12` must be refused, not run until the end of time.
     let run_ns: f64 = durations.iter().sum();
-    if !(run_ns <= MAX_RUN_NS as f64) {
+    if run_ns.is_nan() || run_ns > MAX_RUN_NS as f64 {
         return Err(format!(
             "--balloon makes the run {:.0} s long; the most is {} s (use a smaller factor)",
             run_ns / 1e9,
