@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 ITERS=${ITERS:-1000000}
 SHARDS=${SHARDS:-$(nproc)}
 out=benches/results/$(date +%F)-fuzz.txt
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+# Kept after the run: a failure's seed, iteration and backtrace are in the target's logs.
+work=target/fuzz-logs
+rm -rf "$work" && mkdir -p "$work"
 cargo test --release -q -p virtprof-trace -p virtprof-session --test fuzz --no-run 2>/dev/null
 
 failed=0
@@ -28,7 +29,10 @@ summary() { # target inputs status log
     rss=$(grep -o 'peak RSS [0-9]* MiB' "$log" | awk '{print $3}' | sort -n | tail -1)
     printf '%-10s %9s inputs  panics %d  aborts %d  hangs %d  peak RSS %s MiB\n' \
         "$target" "$inputs" "$panics" "$aborts" "$hangs" "${rss:-?}"
-    [ "$status" -eq 0 ] || failed=1
+    if [ "$status" -ne 0 ]; then
+        failed=1
+        grep -h "PANIC\|HANG\|panicked at\|memory allocation" "$log" | head -5 | sed 's/^/    /'
+    fi
 }
 
 {
@@ -52,5 +56,5 @@ summary() { # target inputs status log
         summary "$target" "$((per_shard * SHARDS))" "$status" "$work/$target.log"
     done
 } | tee "$out"
-echo "saved in $out"
+echo "saved in $out; logs in $work"
 exit $failed

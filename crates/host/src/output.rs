@@ -4,7 +4,8 @@
 //! reads as whole. The temporary is created exclusively without following symlinks, and the
 //! rename replaces whatever sits at the final name (a planted symlink included) rather than
 //! writing through it. A path that already is a device or a pipe (`/dev/null`, `/dev/stdout`,
-//! a FIFO) is written directly: there is no file to replace. Every error names the path it
+//! a FIFO) is written directly: there is no file to replace; so is any path in /dev or /proc
+//! (`-o /dev/stdout` with standard output redirected to a file). Every error names the path it
 //! concerns.
 
 use std::ffi::OsString;
@@ -78,7 +79,10 @@ pub struct OutputFile {
 impl OutputFile {
     /// Start writing `path`.
     pub fn create(path: &Path, privacy: Privacy) -> Result<OutputFile, OutputError> {
-        if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        // A device or a pipe (`/dev/null`, a FIFO), or a name in /dev or /proc that stands for
+        // one of our descriptors (`/dev/stdout` redirected to a file): written where it is.
+        let special = path.starts_with("/dev/") || path.starts_with("/proc/");
+        if special || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
             let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new(CANNOT_OPEN, path))?;
             return Ok(OutputFile { file: Some(file), temporary: None, path: path.to_path_buf(), written: 0 });
         }

@@ -188,6 +188,20 @@ fn outputs_replace_a_planted_symlink_and_recordings_are_private() {
         .unwrap();
     assert!(run.status.success() && run.stdout.len() > 1000);
     assert!(!dir.join("-").exists());
+    // `-o /dev/stdout` with standard output redirected to a file writes that file (and never
+    // replaces /dev/stdout).
+    let redirected = dir.join("redirected.pftrace");
+    let file = std::fs::File::create(&redirected).unwrap();
+    let run = virtprof()
+        .arg("export")
+        .arg(fixture())
+        .args(["--format", "perfetto", "-o", "/dev/stdout"])
+        .stdout(file)
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(std::fs::metadata(&redirected).unwrap().len() > 1000);
+    assert!(std::fs::symlink_metadata("/dev/stdout").unwrap().file_type().is_symlink());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
