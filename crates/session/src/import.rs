@@ -139,7 +139,11 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
         };
         match encoder.encode(&parsed) {
             Ok(record) => {
-                writers.entry(parsed.cpu).or_insert_with(|| PageWriter::new(&layout)).push(parsed.ts, &record);
+                writers
+                    .entry(parsed.cpu)
+                    .or_insert_with(|| PageWriter::new(&layout))
+                    .push(parsed.ts, &record)
+                    .map_err(|e| SessionError::in_file(path, format!("line {}: {e}", number + 1)))?;
                 tasks.entry(parsed.pid).or_insert_with(|| Task {
                     tid: parsed.pid,
                     pid: parsed.pid,

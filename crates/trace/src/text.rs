@@ -380,12 +380,19 @@ impl PageWriter {
         }
     }
 
-    /// Append one record at `ts` (timestamps must not go backwards).
-    pub fn push(&mut self, ts: u64, record: &[u8]) {
+    /// Append one record at `ts` (timestamps must not go backwards); an error if the record
+    /// cannot fit even an empty page.
+    pub fn push(&mut self, ts: u64, record: &[u8]) -> Result<(), String> {
         let padded = record.len().div_ceil(4) * 4;
         let long = padded > 28 * 4;
         let need = 8 + padded + if long { 4 } else { 0 };
-        if self.page.is_empty() || self.used + need > self.page_size - self.data_offset {
+        let capacity = self.page_size.saturating_sub(self.data_offset);
+        if need > capacity {
+            return Err(format!("a record of {} bytes does not fit a page of {capacity}", record.len()));
+        }
+        // A time extend takes two more words (found by fuzzing: it overran a full page).
+        let extend = if ts.saturating_sub(self.last_ts) >= 1 << 27 { 8 } else { 0 };
+        if self.page.is_empty() || self.used + need + extend > capacity {
             self.flush();
             self.page = vec![0u8; self.page_size];
             self.page[0..8].copy_from_slice(&ts.to_le_bytes());
@@ -411,6 +418,7 @@ impl PageWriter {
         self.page[at..at + record.len()].copy_from_slice(record);
         self.used += padded;
         self.last_ts = ts;
+        Ok(())
     }
 
     fn word(&mut self, w: u32) {
@@ -434,6 +442,28 @@ impl PageWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_extend_at_the_end_of_a_page_starts_a_new_one() {
+        // Found by the fuzzer: a far timestamp's extend words overran a nearly full page.
+        let header = crate::format::PageHeader {
+            timestamp_offset: 0,
+            commit_offset: 8,
+            commit_size: 8,
+            data_offset: 16,
+            page_size: 64,
+        };
+        let layout = Layout::new(header, Vec::new());
+        let mut w = PageWriter::new(&layout);
+        // Three records of 4 + 8 bytes leave 12 of 48: room for the record, not its extend.
+        for i in 0..3 {
+            w.push(i, &[0u8; 8]).unwrap();
+        }
+        w.push(1 << 40, &[0u8; 4]).unwrap();
+        w.flush();
+        assert_eq!(w.pages.len(), 2 * 64);
+        assert!(w.push(1 << 41, &[0u8; 64]).unwrap_err().contains("does not fit"));
+    }
 
     #[test]
     fn a_timestamp_too_large_is_not_a_line() {

@@ -244,7 +244,7 @@ fn text_trace_reencoded_equals_the_raw_pages() {
         let mut lines = 0;
         for line in text.lines().filter_map(parse_line) {
             let record = encoder.encode(&line).unwrap();
-            writers.entry(line.cpu).or_insert_with(|| PageWriter::new(&layout)).push(line.ts, &record);
+            writers.entry(line.cpu).or_insert_with(|| PageWriter::new(&layout)).push(line.ts, &record).unwrap();
             lines += 1;
         }
         assert_eq!(lines, raw.len(), "{run}: one record per text line");
