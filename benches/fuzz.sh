@@ -3,16 +3,18 @@
 #   crates/trace/tests/fuzz.rs    pages, event formats, header_page (decoder level)
 #   crates/session/tests/fuzz.rs  recording (CRC-valid damage), trace.dat, ftrace text
 #                                  (whole sources through Session and two analyzers)
-# Each whole-source target runs as SHARDS processes with their own seeds (default: one per
-# CPU). Any panic, abort (a runaway allocation meets the 8 GiB address-space limit) or hang
-# (an input over 20 s) fails the run and names the seed and iteration to replay; a hang also
-# saves its input to /tmp/virtprof-fuzz-hang.bin. Prints per target: inputs, panics, aborts,
-# hangs and peak RSS, and saves them to benches/results/DATE-fuzz.txt.
+# TARGETS picks some of them (default: all four). Each whole-source target runs as SHARDS
+# processes with their own seeds (default: one per CPU). Any panic, abort (a runaway
+# allocation meets the 8 GiB address-space limit) or hang (an input over 20 s) fails the run
+# and names the seed and iteration to replay; a hang also saves its input to
+# /tmp/virtprof-fuzz-hang.bin. Prints per target: inputs, panics, aborts, hangs and peak RSS,
+# and saves them to benches/results/DATE-fuzz-TARGETS.txt (logs in target/fuzz-logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=${ITERS:-1000000}
 SHARDS=${SHARDS:-$(nproc)}
-out=benches/results/$(date +%F)-fuzz.txt
+TARGETS=${TARGETS:-decoders recording tracedat text}
+out=benches/results/$(date +%F)-fuzz-$(echo "$TARGETS" | tr ' ' '-').txt
 # Kept after the run: a failure's seed, iteration and backtrace are in the target's logs.
 work=target/fuzz-logs
 rm -rf "$work" && mkdir -p "$work"
@@ -37,11 +39,14 @@ summary() { # target inputs status log
 
 {
     echo "# virtprof fuzzing, $(date -u +%FT%TZ), $(git rev-parse --short HEAD), $ITERS inputs per target, $SHARDS shards"
-    log=$work/trace.log
-    status=0
-    VIRTPROF_FUZZ_ITERS=$ITERS cargo test --release -q -p virtprof-trace --test fuzz -- --nocapture >"$log" 2>&1 || status=$?
-    summary "decoders" "$ITERS" "$status" "$log"
-    for target in recording tracedat text; do
+    for target in $TARGETS; do
+        if [ "$target" = decoders ]; then
+            log=$work/trace.log
+            status=0
+            VIRTPROF_FUZZ_ITERS=$ITERS cargo test --release -q -p virtprof-trace --test fuzz -- --nocapture >"$log" 2>&1 || status=$?
+            summary "decoders" "$ITERS" "$status" "$log"
+            continue
+        fi
         per_shard=$(( (ITERS + SHARDS - 1) / SHARDS ))
         pids=()
         for shard in $(seq 0 $((SHARDS - 1))); do
