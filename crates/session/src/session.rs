@@ -41,6 +41,8 @@ pub struct Session {
     /// The sampled interval rows (`record --interval`), if any.
     pub intervals: Option<IntervalTable>,
     pages: Pages,
+    /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
+    bounds: std::sync::OnceLock<Option<(u64, u64)>>,
 }
 
 /// The bytes of a recording: a mapped file, or one made in memory (a live mode's).
@@ -159,6 +161,7 @@ impl Session {
             bytes,
             intervals,
             pages: Pages::Mapped { map, cpus },
+            bounds: Default::default(),
         }
         .with_cpus_checked()
     }
@@ -224,6 +227,7 @@ impl Session {
             bytes: 0,
             intervals: None,
             pages,
+            bounds: Default::default(),
         }
     }
 
@@ -345,6 +349,10 @@ impl Session {
     /// page claims. None without a duration (an import, a recording cut short): there the
     /// window and bucket caps bound memory instead.
     pub fn time_bounds(&self, decoder: &Decoder) -> Option<(u64, u64)> {
+        *self.bounds.get_or_init(|| self.find_time_bounds(decoder))
+    }
+
+    fn find_time_bounds(&self, decoder: &Decoder) -> Option<(u64, u64)> {
         let duration = self.footer.as_ref().map_or(0, |f| f.duration_ns);
         if duration == 0 {
             return None;
