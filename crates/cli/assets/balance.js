@@ -34,7 +34,7 @@ vp.run((d) => {
   } else if (d.kind === "bench") {
     if (d.overhead.length) {
       const s = vp.section("(a) Forced-swap overhead", "two compute vCPUs on CPUs " + d.cpus.join(",") + "; throughput from the guests' own counters (median of repetitions)");
-      s.append(vp.table("summary", ["freq Hz", "swaps/s", "iterations/s", "loss %"], d.overhead.map((o) => [o.freq_hz, vp.fmt(o.swaps_per_s, 1), vp.fmt(o.throughput, 0), vp.fmt(o.loss_pct, 2)])));
+      s.append(vp.table("summary", ["freq Hz", "swaps/s", "missed/due", "iterations/s", "loss %"], d.overhead.map((o) => [o.freq_hz, vp.fmt(o.swaps_per_s, 1), o.ticks_missed + "/" + o.ticks_due, vp.fmt(o.throughput, 0), vp.fmt(o.loss_pct, 2)])));
       const xs = d.overhead.map((_, i) => i);
       vp.plot(s, "Performance loss against swap frequency", {
         width: 760,

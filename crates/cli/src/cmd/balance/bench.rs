@@ -53,8 +53,14 @@ pub struct BenchConfig {
 pub struct OverheadRow {
     /// Forced swaps per second asked for.
     pub freq_hz: f64,
-    /// Swaps per second carried out.
+    /// Swaps per second carried out (median over repetitions).
     pub swaps_per_s: f64,
+    /// Swaps carried out over all repetitions.
+    pub swaps: u64,
+    /// Forced-swap ticks due over all repetitions: each was swapped or missed.
+    pub ticks_due: u64,
+    /// Ticks skipped because the balancer woke up late (a loaded host).
+    pub ticks_missed: u64,
     /// Guest iterations per second, both guests together (median over repetitions).
     pub throughput: f64,
     /// Loss against 0 Hz, percent.
@@ -86,6 +92,8 @@ pub struct PolicyResult {
     pub r2_without: f64,
     /// How often each of the seven cases decided (with the policy).
     pub cases: [u64; 7],
+    /// Periods accounted late (without, with the policy): a loaded host.
+    pub late_periods: (u64, u64),
     /// Gap over time (s, J) without the policy.
     pub without: Vec<(f64, f64)>,
     /// Gap over time (s, J) with the policy.
@@ -161,6 +169,7 @@ fn overhead(config: &BenchConfig) -> anyhow::Result<Vec<OverheadRow>> {
     // Let the guests get past their start-up before the first segment is timed.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); FREQUENCIES_HZ.len()];
+    let mut ticks = [(0, 0, 0); FREQUENCIES_HZ.len()];
     for rep in 0..config.reps {
         for step in 0..FREQUENCIES_HZ.len() {
             // Rotate the order each repetition so no frequency always runs first.
@@ -172,6 +181,8 @@ fn overhead(config: &BenchConfig) -> anyhow::Result<Vec<OverheadRow>> {
             let (i1, t1) = (iterations(), monotonic_ns());
             let seconds = (t1 - t0) as f64 / 1e9;
             runs[at].push(((i1 - i0) as f64 / seconds, run.swaps.len() as f64 / run.elapsed_s.max(1e-9)));
+            let (swaps, due, missed) = ticks[at];
+            ticks[at] = (swaps + run.swaps.len() as u64, due + run.forced_due, missed + run.forced_missed);
             if STOP_REQUESTED.load(std::sync::atomic::Ordering::Relaxed) {
                 anyhow::bail!("interrupted");
             }
@@ -188,9 +199,13 @@ fn overhead(config: &BenchConfig) -> anyhow::Result<Vec<OverheadRow>> {
     Ok(FREQUENCIES_HZ
         .iter()
         .zip(rows)
-        .map(|(&freq_hz, (throughput, swaps_per_s, runs))| OverheadRow {
+        .zip(ticks)
+        .map(|((&freq_hz, (throughput, swaps_per_s, runs)), (swaps, ticks_due, ticks_missed))| OverheadRow {
             freq_hz,
             swaps_per_s,
+            swaps,
+            ticks_due,
+            ticks_missed,
             throughput,
             loss_pct: if base > 0.0 { 100.0 * (1.0 - throughput / base) } else { 0.0 },
             runs,
@@ -233,6 +248,7 @@ pub fn summarize(config: &BenchConfig, without: &RunResult, with: &RunResult) ->
         slope_without_j_per_s: slope,
         r2_without: r2,
         cases: with.cases,
+        late_periods: (without.late_periods, with.late_periods),
         without: without_curve,
         with: with_curve,
     }

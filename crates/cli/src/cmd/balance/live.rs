@@ -121,6 +121,14 @@ pub struct RunResult {
     pub periods: Vec<PeriodRow>,
     /// Swaps, in order.
     pub swaps: Vec<SwapRow>,
+    /// Forced-swap ticks that came due (`forced_hz` × the run, counted on the fixed clock).
+    pub forced_due: u64,
+    /// Of those, ticks skipped because the balancer woke up after the next one was due (a
+    /// loaded host): every due tick is either swapped or counted here.
+    pub forced_missed: u64,
+    /// Periods accounted late, after the next one was already due (a loaded host): each
+    /// covers more than one period's energy, which raises the bound seen.
+    pub late_periods: u64,
     /// How often each of the seed's cases (1–7) decided.
     pub cases: [u64; 7],
     /// Weighted metrics none of the vCPUs offers here (they count nothing).
@@ -188,6 +196,9 @@ pub fn run_observed(
         final_cpus: Vec::new(),
         periods: Vec::new(),
         swaps: Vec::new(),
+        forced_due: 0,
+        forced_missed: 0,
+        late_periods: 0,
         cases: [0; 7],
         unavailable_metrics,
         verify: None,
@@ -230,9 +241,13 @@ pub fn run_observed(
                 .collect();
             carry_out(swaps, &|_| 0, &mut result)?;
             // A late wake-up skips the swaps it missed rather than bunching them.
+            let mut due = 0;
             while next_forced <= now {
                 next_forced += every;
+                due += 1;
             }
+            result.forced_due += due;
+            result.forced_missed += due - 1;
         }
         if now >= next_period || stopping {
             sampler.sample(now - last_sample, &mut row);
@@ -255,9 +270,12 @@ pub fn run_observed(
                 gap_j: ledger.gap_j(),
                 decisions,
             });
+            let mut due = 0;
             while next_period <= now {
                 next_period += config.period_ns;
+                due += 1;
             }
+            result.late_periods += u64::from(due > 1);
             if let Some(t) = tracer.as_mut() {
                 t.drain()?;
             }
@@ -278,6 +296,14 @@ pub fn run_observed(
             next_status += 1_000_000_000;
         }
         if stopping {
+            // Ticks that fell due before the end while the balancer slept late were missed too.
+            if let Some(every) = forced_every {
+                while next_forced < now.min(end) {
+                    next_forced += every;
+                    result.forced_due += 1;
+                    result.forced_missed += 1;
+                }
+            }
             break;
         }
     }

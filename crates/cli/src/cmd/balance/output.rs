@@ -132,6 +132,13 @@ fn run_text(r: &RunReport<'_>) -> String {
         r.swaps_per_s,
         if r.forced_hz > 0.0 { format!(", forced at {} Hz", r.forced_hz) } else { String::new() }
     );
+    if run.forced_missed > 0 || run.late_periods > 0 {
+        let _ = writeln!(
+            s,
+            "host busy: the balancer woke late, {} of {} forced swaps skipped, {} periods accounted late",
+            run.forced_missed, run.forced_due, run.late_periods
+        );
+    }
     let cases: Vec<String> = run.cases.iter().enumerate().map(|(i, n)| format!("{}:{n}", i + 1)).collect();
     let _ = writeln!(s, "decisions by seed case: {}", cases.join(" "));
     let now: Vec<String> = run
@@ -241,9 +248,16 @@ pub fn bench(r: &BenchResult, json: bool, html: Option<&Path>) -> anyhow::Result
     }
     if !r.overhead.is_empty() {
         println!("(a) forced swaps of two compute vCPUs on CPUs {:?} (seed 002, Table 6.3)\n", r.cpus);
-        println!("{:>10} {:>10} {:>16} {:>10}", "freq Hz", "swaps/s", "iterations/s", "loss %");
+        println!("{:>10} {:>10} {:>10} {:>16} {:>10}", "freq Hz", "swaps/s", "missed", "iterations/s", "loss %");
         for o in &r.overhead {
-            println!("{:>10} {:>10.1} {:>16.0} {:>10.2}", o.freq_hz, o.swaps_per_s, o.throughput, o.loss_pct);
+            println!(
+                "{:>10} {:>10.1} {:>10} {:>16.0} {:>10.2}",
+                o.freq_hz,
+                o.swaps_per_s,
+                format!("{}/{}", o.ticks_missed, o.ticks_due),
+                o.throughput,
+                o.loss_pct
+            );
         }
     }
     if let Some(p) = &r.policy {
@@ -265,6 +279,12 @@ pub fn bench(r: &BenchResult, json: bool, html: Option<&Path>) -> anyhow::Result
         );
         let cases: Vec<String> = p.cases.iter().enumerate().map(|(i, n)| format!("{}:{n}", i + 1)).collect();
         println!("  decisions by seed case: {}", cases.join(" "));
+        if p.late_periods != (0, 0) {
+            println!(
+                "  host busy: {} periods accounted late without the policy, {} with it",
+                p.late_periods.0, p.late_periods.1
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
