@@ -7,6 +7,10 @@
 #     -kernel target/debian-kernel/vmlinuz -initrd /tmp/noise.cpio \
 #     -append 'console=ttyS0 quiet -- /virtprof noise --cpus 1 --duration 1s --json'
 # The output sits between the lines VIRTPROF-RUN-BEGIN and VIRTPROF-RUN-END status=N.
+# MODULES="virtio_pci virtio_console" adds those modules (with what they depend on) from the
+# kernel package that scripts/nested-svm/bed.sh unpacks (boot that package's kernel: `bed.sh
+# kernel` prints its folder); init loads them before the command runs. FILES="SRC:DEST ..."
+# copies more files in (DEST relative to the root, in an existing folder such as tmp).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 binary=$(realpath "${1:?usage: guest-initrd.sh BINARY OUT.cpio}")
@@ -17,9 +21,15 @@ gcc -Os -static -o "$work/init" "$here/run-init.c"
 objcopy --strip-all "$binary" "$work/virtprof"
 # Every library the dynamic binary loads, at the path the loader looks for it.
 ldd "$binary" | awk '/=> \// { print $3 } /^\t\/.*ld-linux/ { print $1 }' > "$work/libs"
-python3 - "$work" "$out" <<'PY'
+: > "$work/modules"
+if [ -n "${MODULES:-}" ]; then
+    kernel=$(bash "$here/../nested-svm/bed.sh" kernel)
+    # shellcheck disable=SC2086
+    bash "$here/../nested-svm/bed.sh" modules "$kernel/kernel/lib/modules" $MODULES > "$work/modules"
+fi
+python3 - "$work" "$out" "${FILES:-}" <<'PY'
 import os, sys
-work, out = sys.argv[1:3]
+work, out, files = sys.argv[1:4]
 ino = [0]
 def entry(name, mode, content=b""):
     ino[0] += 1
@@ -28,7 +38,8 @@ def entry(name, mode, content=b""):
     b += b"\0" * (-len(b) % 4)
     return b + content + b"\0" * (-len(content) % 4)
 libs = [l.strip() for l in open(os.path.join(work, "libs")) if l.strip()]
-dirs = {"proc", "sys", "dev"}
+modules = [l.strip() for l in open(os.path.join(work, "modules")) if l.strip()]
+dirs = {"proc", "sys", "dev", "tmp", "lib", "lib/modules"}
 for lib in libs:
     parts = lib.strip("/").split("/")[:-1]
     for i in range(1, len(parts) + 1):
@@ -40,6 +51,13 @@ with open(out, "wb") as f:
         f.write(entry(name, 0o100755, open(os.path.join(work, name), "rb").read()))
     for lib in libs:
         f.write(entry(lib.lstrip("/"), 0o100755, open(os.path.realpath(lib), "rb").read()))
+    names = [os.path.basename(m)[:-3] for m in modules]
+    for m, name in zip(modules, names):
+        f.write(entry("lib/modules/" + name + ".ko", 0o100644, open(m, "rb").read()))
+    f.write(entry("lib/modules/order", 0o100644, "".join(n + "\n" for n in names).encode()))
+    for pair in files.split():
+        src, dest = pair.split(":", 1)
+        f.write(entry(dest.lstrip("/"), 0o100600, open(src, "rb").read()))
     f.write(entry("TRAILER!!!", 0))
 PY
 echo "guest-initrd.sh: $out ($(du -h "$out" | cut -f1))" >&2

@@ -4,6 +4,9 @@
 # as root with tracefs mounted; the host's root is shared read-only at /host.
 #
 #   bed.sh prepare                      fetch and cache the kernel package, build the initramfs
+#   bed.sh kernel                       unpack the kernel package; print the folder holding
+#                                       vmlinuz and kernel/lib/modules
+#   bed.sh modules DIR NAME...          those modules of DIR and their dependencies, in load order
 #   bed.sh run [-t SECONDS] SCRIPT      boot L1, run SCRIPT (sh) there, print its output, power
 #                                       off; exits with SCRIPT's status (124: timed out)
 #
@@ -46,10 +49,11 @@ kernel_package() {
     echo "$deb"
 }
 
-# Modules L1 needs, with everything they depend on, in load order.
+# Modules named after DIR, with everything they depend on, in load order.
 module_order() {
     local dir=$1
-    python3 - "$dir" virtio_pci 9pnet_virtio 9p kvm_amd <<'PY'
+    shift
+    python3 - "$dir" "$@" <<'PY'
 import os, sys
 root, wanted = sys.argv[1], sys.argv[2:]
 paths = {}
@@ -74,6 +78,17 @@ for name in wanted:
 for name in order:
     print(paths[name])
 PY
+}
+
+# The kernel package unpacked under $cache/kernel, its vmlinuz at $cache/vmlinuz (call with
+# the cache lock held).
+unpack_kernel() {
+    local deb
+    deb=$(kernel_package)
+    if [ ! -s "$cache/vmlinuz" ] || [ "$deb" -nt "$cache/vmlinuz" ] || [ ! -d "$cache/kernel/lib/modules" ]; then
+        rm -rf "$cache/kernel" && dpkg-deb -x "$deb" "$cache/kernel"
+        cp "$cache"/kernel/boot/vmlinuz-* "$cache/vmlinuz"
+    fi
 }
 
 # A directory as a newc cpio archive (what the kernel unpacks as an initramfs).
@@ -113,11 +128,7 @@ prepare() {
     local kimg=$cache/kernel ir
     (
         flock 9
-        deb=$(kernel_package)
-        if [ ! -s "$cache/vmlinuz" ] || [ "$deb" -nt "$cache/vmlinuz" ]; then
-            rm -rf "$kimg" && dpkg-deb -x "$deb" "$kimg"
-            cp "$kimg"/boot/vmlinuz-* "$cache/vmlinuz"
-        fi
+        unpack_kernel
         if [ ! -s "$cache/l2-initrd.gz" ]; then
             local l2=$cache/l2-initramfs
             rm -rf "$l2" && mkdir -p "$l2"/{bin,proc,sys,dev}
@@ -130,7 +141,7 @@ prepare() {
     ir=$cache/initramfs.$$
     rm -rf "$ir" && mkdir -p "$ir"/{bin,usr/bin,proc,sys,dev,tmp,out,host,lib/modules}
     cp "$(command -v busybox)" "$ir/bin/busybox"
-    module_order "$kimg/lib/modules" | while read -r ko; do
+    module_order "$kimg/lib/modules" virtio_pci 9pnet_virtio 9p kvm_amd | while read -r ko; do
         cp "$ko" "$ir/lib/modules/"
         basename "$ko" .ko >> "$ir/lib/modules/order"
     done
@@ -233,6 +244,10 @@ run() {
 
 case "${1:-}" in
     prepare) prepare "$cache/initrd.gz" ;;
+    # The folder holding vmlinuz and kernel/lib/modules of the bed's kernel package.
+    kernel) (flock 9 && unpack_kernel) 9> "$cache/lock" && echo "$cache" ;;
+    # MODULES_DIR NAME...: those modules and their dependencies' paths, in load order.
+    modules) shift; module_order "$@" ;;
     run) shift; run "$@" ;;
     *) sed -n '2,/^# Cache/p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -58,6 +58,9 @@ pub enum Command {
     /// OS noise (osnoise for VMs): gaps a pinned loop sees, attributed to NMI, IRQ, softirq,
     /// thread, and inside a VM to steal and hypervisor; --testvm attributes guest noise to host events.
     Noise(Box<NoiseArgs>),
+    /// Run inside a Linux guest: send guest kernel and application counters per interval to a
+    /// host's `record --agent` over vsock, virtio-serial or TCP, answering its clock pings.
+    Agent(AgentArgs),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -65,6 +68,47 @@ pub enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+WHAT IT SENDS, per interval: per-CPU time from /proc/stat (steal included), /proc/schedstat run and wait,
+/proc/interrupts per line, page-fault and swap counters from /proc/vmstat, perf software counters per CPU
+(--perf; hardware ones where the guest has a vPMU), and every application counter file (--counters; see
+docs/agent.md, include/virtprof_counters.h, examples/counters.py). Hosts come and go; the agent stays.
+
+TRANSPORTS:
+  vsock:PORT       AF_VSOCK (the VMM's vhost-vsock); the host records with --agent vsock:CID:PORT
+  serial:NAME      a virtio-serial port (/dev/virtio-ports/NAME, or a path); on the host QEMU has
+                   -chardev socket,id=vp,path=SOCK,server=on,wait=off -device virtio-serial
+                   -device virtserialport,chardev=vp,name=NAME and records with --agent serial:SOCK
+  tcp:ADDR:PORT    only when asked, and only with --token-file (the host gives the same file)
+
+EXAMPLES:
+  virtprof agent --listen vsock:9478                            in the guest
+  virtprof record -o run.vprec --agent vsock:3:9478 -d 30s      on the host (guest CID 3)
+  virtprof agent --listen serial:virtprof --interval 100ms
+  virtprof agent --listen tcp:0.0.0.0:9478 --token-file /etc/virtprof.token
+  virtprof report run.vprec                                      guest layers beside the host's")]
+pub struct AgentArgs {
+    /// Where to wait for the host: vsock:PORT, serial:NAME|PATH or tcp:ADDR:PORT.
+    #[arg(long, value_name = "ADDR", default_value = "vsock:9478", value_parser = parse_agent_address)]
+    pub listen: virtprof_agent::transport::Address,
+    /// A file holding the token hosts must present (required with tcp).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Row width.
+    #[arg(short, long, value_name = "TIME[ms|s]", value_parser = duration, default_value = "1s")]
+    pub interval: Duration,
+    /// Application counter files, or folders of *.counters files (looked at each second).
+    #[arg(long, value_name = "PATH", default_value = "/run/virtprof/counters")]
+    pub counters: Vec<PathBuf>,
+    /// Also count perf software events per CPU (and hardware ones where there is a vPMU).
+    #[arg(long)]
+    pub perf: bool,
+    /// Serve this many hosts, then exit (default: until stopped).
+    #[arg(long, value_name = "N")]
+    pub sessions: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -490,10 +534,22 @@ pub struct RecordArgs {
     /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
     #[arg(long, value_name = "N", default_value_t = crate::recorder::DEFAULT_HW_COUNTERS)]
     pub hw_counters: usize,
+    /// Also record a guest agent (`virtprof agent` inside a guest): vsock:CID:PORT,
+    /// serial:PATH (QEMU's `-chardev socket,path=PATH` of a virtserialport) or tcp:HOST:PORT.
+    /// Repeat for more guests; its rows are placed on this recording's clock.
+    #[arg(long, value_name = "ADDR", value_parser = parse_agent_address)]
+    pub agent: Vec<virtprof_agent::transport::Address>,
+    /// The token the agents were started with (`agent --token-file`); tcp agents need one.
+    #[arg(long, value_name = "FILE")]
+    pub agent_token_file: Option<PathBuf>,
     /// Run this command and record until it exits. A signal that stops the recording (or
     /// --duration running out) is passed on to it; it is killed 2 s later if still running.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+fn parse_agent_address(s: &str) -> Result<virtprof_agent::transport::Address, String> {
+    s.parse()
 }
 
 #[cfg(test)]

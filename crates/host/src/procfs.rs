@@ -51,3 +51,46 @@ mod tests {
         assert!(all_threads(proc_root).iter().any(|(tid, pid, _)| *tid == me && *pid == me));
     }
 }
+
+/// A /proc file kept open and read whole with `pread` into a kept buffer: a sample costs one
+/// syscall per buffer-full and allocates only when the file outgrows the buffer.
+#[derive(Debug)]
+pub struct ProcFile {
+    file: std::fs::File,
+    buf: Vec<u8>,
+}
+
+impl ProcFile {
+    /// The most a /proc file is read to (a runaway file must not take all memory).
+    const MAX: usize = 16 << 20;
+
+    /// Open `path`.
+    pub fn open(path: impl AsRef<Path>) -> std::io::Result<ProcFile> {
+        Ok(ProcFile { file: std::fs::File::open(path)?, buf: vec![0; 64 << 10] })
+    }
+
+    /// The file's bytes now.
+    pub fn read_bytes(&mut self) -> std::io::Result<&[u8]> {
+        use std::os::unix::fs::FileExt;
+        let mut len = 0;
+        loop {
+            let n = self.file.read_at(&mut self.buf[len..], len as u64)?;
+            if n == 0 {
+                break;
+            }
+            len += n;
+            if len == self.buf.len() {
+                if len >= Self::MAX {
+                    break;
+                }
+                self.buf.resize(len * 2, 0);
+            }
+        }
+        Ok(&self.buf[..len])
+    }
+
+    /// The file's text now.
+    pub fn read(&mut self) -> std::io::Result<&str> {
+        std::str::from_utf8(self.read_bytes()?).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+}

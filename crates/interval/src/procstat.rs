@@ -1,8 +1,7 @@
 //! `/proc/stat` per-CPU times (user, nice, system, idle, iowait, irq, softirq, steal), read by
 //! `pread` on a file kept open so a sample costs one syscall and no allocation.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use virtprof_host::procfs::ProcFile;
 
 /// Columns of a `cpuN` line, in the kernel's order.
 pub const FIELDS: [&str; 8] = ["user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"];
@@ -10,8 +9,7 @@ pub const FIELDS: [&str; 8] = ["user", "nice", "system", "idle", "iowait", "irq"
 /// An open `/proc/stat`.
 #[derive(Debug)]
 pub struct ProcStat {
-    file: File,
-    buf: Vec<u8>,
+    file: ProcFile,
     ns_per_tick: f64,
 }
 
@@ -21,7 +19,7 @@ impl ProcStat {
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         let hz = if hz > 0 { hz as f64 } else { 100.0 };
-        Ok(ProcStat { file: File::open("/proc/stat")?, buf: vec![0; 64 << 10], ns_per_tick: 1e9 / hz })
+        Ok(ProcStat { file: ProcFile::open("/proc/stat")?, ns_per_tick: 1e9 / hz })
     }
 
     /// The CPUs listed now.
@@ -33,18 +31,8 @@ impl ProcStat {
 
     /// Every `cpuN` line as (N, its [`FIELDS`] in ns).
     pub fn read(&mut self, mut each: impl FnMut(u32, [f64; 8])) -> std::io::Result<()> {
-        let mut len = 0;
-        loop {
-            let n = self.file.read_at(&mut self.buf[len..], len as u64)?;
-            if n == 0 {
-                break;
-            }
-            len += n;
-            if len == self.buf.len() {
-                self.buf.resize(len * 2, 0);
-            }
-        }
-        parse(&self.buf[..len], self.ns_per_tick, &mut each);
+        let ns_per_tick = self.ns_per_tick;
+        parse(self.file.read_bytes()?, ns_per_tick, &mut each);
         Ok(())
     }
 }

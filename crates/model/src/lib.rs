@@ -6,6 +6,7 @@
 
 pub mod entity;
 pub mod event;
+pub mod guest;
 pub mod host;
 pub mod ids;
 pub mod interval;

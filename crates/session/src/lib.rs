@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod guest;
 pub mod import;
 pub mod live;
 pub mod names;

@@ -40,6 +40,8 @@ pub struct Session {
     pub bytes: u64,
     /// The sampled interval rows (`record --interval`), if any.
     pub intervals: Option<IntervalTable>,
+    /// Guest agents' rows, clocks and gaps (`record --agent`).
+    pub guests: Vec<crate::guest::GuestStream>,
     pages: Pages,
     /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
     bounds: std::sync::OnceLock<Option<(u64, u64)>>,
@@ -111,6 +113,7 @@ impl Session {
         let mut cpus: Vec<(u32, Vec<Span>)> = Vec::new();
         let mut intervals: Option<IntervalTable> = None;
         let mut columns: Vec<usize> = Vec::new();
+        let mut guests = crate::guest::GuestStreams::default();
         while let Some(chunk) = reader.next_chunk().map_err(|e| SessionError::in_file(path, e))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
@@ -123,6 +126,18 @@ impl Session {
                     }
                 }
                 Chunk::Footer(f) => footer = Some(f),
+                Chunk::Agent(record) => guests.record(record),
+                Chunk::AgentRow { agent, start_ns, end_ns, values } => {
+                    if !guests.row(agent, start_ns, end_ns, values) {
+                        return Err(SessionError::in_file(
+                            path,
+                            format!(
+                                "a guest row of agent {agent} with {} values does not match its series",
+                                values.len() / 8
+                            ),
+                        ));
+                    }
+                }
                 Chunk::IntervalSchema(schema) => {
                     let table = intervals.get_or_insert_with(|| IntervalTable::new(schema.interval_ns));
                     columns = schema.series.iter().map(|s| table.column_of(s)).collect();
@@ -153,6 +168,7 @@ impl Session {
         }
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
+        let guests = guests.finish(footer.as_ref().map_or(&[], |f| f.agents.as_slice()));
         Session {
             path: path.to_path_buf(),
             metadata,
@@ -160,6 +176,7 @@ impl Session {
             truncated_at,
             bytes,
             intervals,
+            guests,
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
         }
@@ -226,6 +243,7 @@ impl Session {
             truncated_at: None,
             bytes: 0,
             intervals: None,
+            guests: Vec::new(),
             pages,
             bounds: Default::default(),
         }

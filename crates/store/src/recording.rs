@@ -35,6 +35,82 @@ pub enum ChunkKind {
     /// Interval rows: `series: u32`, then rows of `index, start_ns, end_ns: u64` and one f64
     /// per series of the latest schema.
     Intervals = 5,
+    /// [`AgentRecord`] as JSON: a guest agent connected, changed its series, measured a clock
+    /// point, or left a gap.
+    Agent = 6,
+    /// One guest row: `agent: u32`, `values: u32`, `start_ns, end_ns: u64` (guest clock), then
+    /// `values` f64 in the order of that agent's latest series.
+    AgentRow = 7,
+}
+
+/// What a guest agent's link recorded (`record --agent`), in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+pub enum AgentRecord {
+    /// The agent answered: its guest and the series of the rows that follow.
+    Connected {
+        /// Agent number in this recording (the order of `--agent`).
+        agent: u32,
+        /// Its address.
+        address: String,
+        /// The guest.
+        guest: virtprof_model::guest::GuestInfo,
+        /// Columns.
+        series: Vec<virtprof_model::guest::GuestSeries>,
+    },
+    /// The rows from here on carry these series.
+    Schema {
+        /// Agent number.
+        agent: u32,
+        /// Columns.
+        series: Vec<virtprof_model::guest::GuestSeries>,
+    },
+    /// A measured point of the guest's clock against the recording's.
+    Clock {
+        /// Agent number.
+        agent: u32,
+        /// The point.
+        point: virtprof_model::guest::ClockPoint,
+    },
+    /// No rows from the guest between these host (trace clock) times.
+    Gap {
+        /// Agent number.
+        agent: u32,
+        /// Last heard.
+        from_ns: u64,
+        /// Heard again, or the end.
+        to_ns: u64,
+        /// Why.
+        cause: String,
+    },
+}
+
+/// A guest agent's link figures at the end of the recording.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct AgentFooter {
+    /// Agent number.
+    pub agent: u32,
+    /// Its address.
+    pub address: String,
+    /// Sessions (connections that got a welcome).
+    pub sessions: u64,
+    /// Rows received.
+    pub rows: u64,
+    /// Gaps.
+    pub gaps: u64,
+    /// Garbage bytes skipped.
+    pub garbage_bytes: u64,
+    /// Malformed frames refused.
+    pub bad_frames: u64,
+    /// Clock exchanges checked against the final alignment.
+    pub exchanges_checked: u64,
+    /// Of those, exchanges outside their window by more than the bound.
+    pub exchanges_outside: u64,
+    /// The most any was outside, ns.
+    pub worst_excess_ns: u64,
+    /// The agent refused the link (a wrong token), if it did.
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 /// The series that the interval rows after it carry, in column order. A new schema chunk is
@@ -242,6 +318,9 @@ pub struct Footer {
     /// The interval engine's row counts and losses (`record --interval`).
     #[serde(default)]
     pub intervals: IntervalStats,
+    /// Guest agents' link figures (`record --agent`).
+    #[serde(default)]
+    pub agents: Vec<AgentFooter>,
 }
 
 /// Container errors, with the byte offset.
@@ -313,6 +392,22 @@ impl<W: Write> Writer<W> {
         self.chunk(ChunkKind::Intervals, &[rows.payload()])
     }
 
+    /// Append what an agent's link recorded.
+    pub fn agent(&mut self, record: &AgentRecord) -> io::Result<()> {
+        self.chunk(ChunkKind::Agent, &[&serde_json::to_vec(record).map_err(io::Error::other)?])
+    }
+
+    /// Append one guest row.
+    pub fn agent_row(&mut self, agent: u32, start_ns: u64, end_ns: u64, values: &[f64]) -> io::Result<()> {
+        let mut head = [0u8; 24];
+        head[0..4].copy_from_slice(&agent.to_le_bytes());
+        head[4..8].copy_from_slice(&u32::try_from(values.len()).unwrap_or(u32::MAX).to_le_bytes());
+        head[8..16].copy_from_slice(&start_ns.to_le_bytes());
+        head[16..24].copy_from_slice(&end_ns.to_le_bytes());
+        let body: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.chunk(ChunkKind::AgentRow, &[&head, &body])
+    }
+
     /// Give up the recording without a footer (its output failed): readers take it as cut
     /// short, readable up to its last whole chunk.
     pub fn abandon(self) -> W {
@@ -369,6 +464,24 @@ pub enum Chunk<'a> {
     IntervalSchema(IntervalSchema),
     /// Interval rows.
     Intervals(IntervalRows<'a>),
+    /// A guest agent's record.
+    Agent(AgentRecord),
+    /// One guest row.
+    AgentRow {
+        /// Agent number.
+        agent: u32,
+        /// Guest start time.
+        start_ns: u64,
+        /// Guest end time.
+        end_ns: u64,
+        /// Values, little-endian f64 (read with [`agent_value`]).
+        values: &'a [u8],
+    },
+}
+
+/// Value `i` of a guest row's `values`.
+pub fn agent_value(values: &[u8], i: usize) -> f64 {
+    values.get(i * 8..i * 8 + 8).map_or(f64::NAN, |b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
 }
 
 /// Reads a recording held in memory, chunk by chunk.
@@ -448,6 +561,25 @@ impl<'a> Reader<'a> {
                         return Err(RecordingError::Malformed {
                             offset: at,
                             message: "interval rows do not match their series count".into(),
+                        })
+                    }
+                }
+            }
+            6 => Chunk::Agent(serde_json::from_slice(payload).map_err(json)?),
+            7 => {
+                let word = |i: usize| u64::from_le_bytes(payload[i..i + 8].try_into().expect("8"));
+                let count = payload.get(4..8).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize);
+                match count {
+                    Some(n) if payload.len() == 24 + 8 * n => Chunk::AgentRow {
+                        agent: u32::from_le_bytes(payload[0..4].try_into().expect("4")),
+                        start_ns: word(8),
+                        end_ns: word(16),
+                        values: &payload[24..],
+                    },
+                    _ => {
+                        return Err(RecordingError::Malformed {
+                            offset: at,
+                            message: "a guest row whose length does not match its value count".into(),
                         })
                     }
                 }

@@ -1,5 +1,6 @@
 //! One module per subcommand; `run` dispatches.
 
+pub mod agent;
 mod balance;
 mod boot;
 mod compare;
@@ -37,6 +38,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Boot(args) => boot::run(&args),
         Command::Balance(args) => balance::run(&args),
         Command::Noise(args) => noise::run(&args),
+        Command::Agent(args) => agent::run(&args),
         Command::Vmm { .. } => {
             virtprof_host::stop::install_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

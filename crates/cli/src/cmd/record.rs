@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use virtprof_model::units::{duration_ns, format_duration_ns};
 
+use virtprof_agent::transport::Address;
+
 use crate::args::RecordArgs;
 use crate::exit::usage;
 use crate::recorder::{record, RecordOptions};
@@ -66,7 +68,21 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         }
         None => None,
     };
+    let token = match &args.agent_token_file {
+        Some(path) => Some(crate::cmd::agent::read_token(path)?),
+        None => None,
+    };
+    if let Some(a) = args.agent.iter().find(|a| matches!(a, Address::Tcp(_))).filter(|_| token.is_none()) {
+        return Err(usage(format!("--agent {a}: a tcp agent needs its token: --agent-token-file FILE")));
+    }
+    if !args.agent.is_empty() && args.clock != crate::recorder::DEFAULT_CLOCK {
+        return Err(usage(format!(
+            "--agent with --clock {}: guest rows are aligned to CLOCK_MONOTONIC, so the trace clock must be mono",
+            args.clock
+        )));
+    }
     Ok(RecordOptions {
+        agents: args.agent.iter().map(|a| (a.clone(), token.clone())).collect(),
         events,
         duration: args.duration,
         buffer_size_kb: args.buffer_size_kb,

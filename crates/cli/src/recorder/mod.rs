@@ -4,6 +4,7 @@
 //! which is reported, never hidden). With `--interval`, a third thread samples counters
 //! per interval ([`intervals`]) into the same writer.
 
+mod agents;
 mod intervals;
 
 use std::collections::BTreeMap;
@@ -19,8 +20,8 @@ use virtprof_host::output::{OutputFile, Privacy};
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_store::recording::{
-    Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task, VmIdentity,
-    Writer,
+    AgentRecord, Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task,
+    VmIdentity, Writer,
 };
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
@@ -47,6 +48,10 @@ pub enum WriterMsg {
     Schema(IntervalSchema),
     /// A batch of interval rows.
     Rows(IntervalEncoder),
+    /// What a guest agent's link recorded.
+    Agent(AgentRecord),
+    /// One guest row: agent, guest start and end, values.
+    AgentRow(u32, u64, u64, Vec<f64>),
 }
 
 /// What a finished recording holds.
@@ -86,6 +91,8 @@ pub struct RecordOptions {
     pub hw_counters: usize,
     /// Record until this command exits.
     pub command: Vec<String>,
+    /// Guest agents to connect to, each with its token.
+    pub agents: Vec<(virtprof_agent::transport::Address, Option<String>)>,
 }
 
 impl Default for RecordOptions {
@@ -99,6 +106,7 @@ impl Default for RecordOptions {
             interval_ns: None,
             hw_counters: DEFAULT_HW_COUNTERS,
             command: Vec::new(),
+            agents: Vec::new(),
         }
     }
 }
@@ -203,6 +211,8 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
                     }
                     WriterMsg::Schema(schema) => writer.interval_schema(&schema),
                     WriterMsg::Rows(rows) => writer.intervals(&rows),
+                    WriterMsg::Agent(record) => writer.agent(&record),
+                    WriterMsg::AgentRow(agent, start, end, values) => writer.agent_row(agent, start, end, &values),
                 };
                 if let Err(e) = written {
                     failure = Some(e);
@@ -216,6 +226,16 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         Some(ns) => Some(intervals::IntervalThread::start(ns, options.hw_counters, tracefs.root(), tx.clone())?),
         None => None,
     };
+
+    let agents_stop = Arc::new(AtomicBool::new(false));
+    let agent_threads: Vec<_> = options
+        .agents
+        .iter()
+        .enumerate()
+        .map(|(i, (address, token))| {
+            agents::start(u32::try_from(i).unwrap_or(u32::MAX), address, token, &tx, &agents_stop)
+        })
+        .collect::<std::io::Result<_>>()?;
 
     let mut child = match options.command.split_first() {
         Some((program, rest)) => {
@@ -279,6 +299,8 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         Some(thread) => thread.finish()?,
         None => IntervalStats::default(),
     };
+    agents_stop.store(true, Ordering::Relaxed);
+    let agents = agent_threads.into_iter().map(agents::Running::finish).collect::<anyhow::Result<Vec<_>>>()?;
     drop(tx);
     result?;
     let (writer, pages, write_error) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
@@ -296,6 +318,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         kvm_stats: end_stats,
         vm_identities: identities.into_values().filter(|v| !initial_vms.contains(&v.pid)).collect(),
         intervals,
+        agents,
     };
     let bytes = writer.written();
     let summary =

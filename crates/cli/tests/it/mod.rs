@@ -1,3 +1,4 @@
+mod agent;
 mod balance;
 mod boot;
 mod doctor;

@@ -59,6 +59,50 @@ pub struct Report {
     pub timeline: Option<Timeline>,
     /// `record --interval` analyses.
     pub intervals: Option<IntervalsOut>,
+    /// Guest agents' layers (`record --agent`), on the recording's clock.
+    pub guests: Vec<GuestOut>,
+}
+
+#[derive(Serialize)]
+pub struct GuestOut {
+    pub agent: u32,
+    pub name: String,
+    pub address: String,
+    pub kernel: String,
+    pub cpus: u32,
+    pub clocksource: String,
+    pub ptp_kvm: Option<String>,
+    pub interval_ns: u64,
+    pub rows: usize,
+    /// Seconds of the recording (from its start) the guest rows cover: first and last.
+    pub span_s: Option<(f64, f64)>,
+    pub clock: GuestClockOut,
+    pub gaps: Vec<GuestGapOut>,
+    /// Shares of the guest's CPU time (all its CPUs), percent: user, nice, system, idle,
+    /// iowait, irq, softirq, steal.
+    pub cpu_pct: Vec<(String, f64)>,
+    /// Every other counter's total and rate, gauges' last level.
+    pub metrics: Vec<MetricOut>,
+    pub unavailable: Vec<(String, String)>,
+    /// The link's figures (None when the recording has no footer).
+    pub link: Option<virtprof_store::recording::AgentFooter>,
+}
+
+#[derive(Serialize)]
+pub struct GuestClockOut {
+    pub points: usize,
+    /// Guest minus host at the first point, ns.
+    pub offset_ns: Option<i64>,
+    pub drift_ppm: f64,
+    pub median_bound_ns: u64,
+    pub max_bound_ns: u64,
+}
+
+#[derive(Serialize)]
+pub struct GuestGapOut {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub cause: String,
 }
 
 #[derive(Serialize)]
@@ -216,7 +260,9 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
         })
         .collect();
     let intervals = table.map(|t| intervals(&t, recording, analysis.outside_rows, origin_ns, limits));
+    let guests = recording.guests.iter().map(|g| guest(g, origin_ns)).collect();
     Report {
+        guests,
         recording: path.display().to_string(),
         origin: md.origin.clone(),
         trace_clock: md.trace_clock.clone(),
@@ -356,4 +402,68 @@ fn series(table: &IntervalTable, phase_ids: &[usize], origin_ns: u64) -> SeriesO
         .collect();
     let phase = groups.iter().map(|g| phase_ids.get(g.start).copied().unwrap_or(0)).collect();
     SeriesOut { t_s, metrics, phase }
+}
+
+/// One guest's layer: its clock, gaps, CPU split and counters, on the recording's time.
+fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
+    let seconds = |ns: u64| ns.saturating_sub(origin_ns) as f64 / 1e9;
+    let placed: Vec<_> = g.segments.iter().filter_map(|s| g.placed(s)).flatten().collect();
+    let span_s = placed.first().zip(placed.last()).map(|(a, b)| (seconds(a.start_ns), seconds(b.end_ns)));
+    let covered_s = span_s.map_or(0.0, |(a, b)| b - a).max(1e-9);
+    let totals = g.totals();
+    let mut cpu: Vec<(String, f64)> =
+        virtprof_interval::procstat::FIELDS.iter().map(|f| (f.to_string(), 0.0)).collect();
+    let mut metrics = Vec::new();
+    for (s, total) in &totals {
+        let field = s.name.strip_prefix("cpu").and_then(|rest| rest.split_once('.')).and_then(|(n, f)| {
+            n.parse::<u32>().ok()?;
+            f.strip_suffix("_ns").filter(|f| virtprof_interval::procstat::FIELDS.contains(f))
+        });
+        match field {
+            Some(f) => cpu.iter_mut().filter(|(name, _)| name == f).for_each(|(_, v)| *v += total),
+            None => metrics.push(MetricOut {
+                entity: g.name(),
+                metric: s.name.clone(),
+                unit: s.unit.clone(),
+                total: *total,
+                per_second: if s.kind == virtprof_model::guest::SeriesKind::Counter {
+                    total / covered_s
+                } else {
+                    f64::NAN
+                },
+            }),
+        }
+    }
+    let all: f64 = cpu.iter().map(|(_, v)| v).sum();
+    for (_, v) in &mut cpu {
+        *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 };
+    }
+    GuestOut {
+        agent: g.agent,
+        name: g.name(),
+        address: g.address.clone(),
+        kernel: g.guest.kernel.clone(),
+        cpus: g.guest.cpus,
+        clocksource: g.guest.clocksource.clone(),
+        ptp_kvm: g.guest.ptp_kvm.clone(),
+        interval_ns: g.guest.interval_ns,
+        rows: g.rows(),
+        span_s,
+        clock: GuestClockOut {
+            points: g.alignment.points().len(),
+            offset_ns: g.alignment.points().first().map(|p| p.offset_ns),
+            drift_ppm: g.alignment.drift_ppm(),
+            median_bound_ns: g.alignment.median_bound_ns(),
+            max_bound_ns: g.alignment.max_bound_ns(),
+        },
+        gaps: g
+            .gaps
+            .iter()
+            .map(|x| GuestGapOut { from_s: seconds(x.from_ns), to_s: seconds(x.to_ns), cause: x.cause.clone() })
+            .collect(),
+        cpu_pct: cpu,
+        metrics,
+        unavailable: g.guest.unavailable.clone(),
+        link: g.footer.clone(),
+    }
 }

@@ -45,6 +45,70 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     if let Some(iv) = &r.intervals {
         print_intervals(iv, out)?;
     }
+    for g in &r.guests {
+        print_guest(g, out)?;
+    }
+    Ok(())
+}
+
+fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "\nguest {} (agent {} at {}): kernel {}, {} CPUs, clocksource {}{}",
+        g.name,
+        g.agent,
+        g.address,
+        g.kernel,
+        g.cpus,
+        g.clocksource,
+        g.ptp_kvm.as_deref().map(|p| format!(", ptp_kvm {p}")).unwrap_or_default()
+    )?;
+    let span = g.span_s.map(|(a, b)| format!(" from {a:.3} s to {b:.3} s")).unwrap_or_default();
+    writeln!(out, "  {} rows of {}{span}", g.rows, format_duration_ns(g.interval_ns))?;
+    let c = &g.clock;
+    let checked = g
+        .link
+        .as_ref()
+        .map(|l| format!("; {} exchanges checked, {} outside their bound", l.exchanges_checked, l.exchanges_outside))
+        .unwrap_or_default();
+    match c.offset_ns {
+        Some(offset) => writeln!(
+            out,
+            "  clock: guest − host {:+.3} ms, drift {:+.2} ppm, bound ±{} (median) ±{} (max) over {} points{checked}",
+            offset as f64 / 1e6,
+            c.drift_ppm,
+            format_duration_ns(c.median_bound_ns),
+            format_duration_ns(c.max_bound_ns),
+            c.points
+        )?,
+        None => writeln!(out, "  clock: never measured (its rows cannot be placed on the host's timeline)")?,
+    }
+    if let Some(l) = &g.link {
+        if l.garbage_bytes > 0 || l.bad_frames > 0 || l.refused.is_some() {
+            writeln!(
+                out,
+                "  link: {} garbage bytes skipped, {} bad frames{}",
+                l.garbage_bytes,
+                l.bad_frames,
+                l.refused.as_deref().map(|r| format!("; refused: {r}")).unwrap_or_default()
+            )?;
+        }
+    }
+    for gap in &g.gaps {
+        writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, gap.cause)?;
+    }
+    let cpu: Vec<String> = g.cpu_pct.iter().map(|(f, v)| format!("{f} {v:.1}%")).collect();
+    writeln!(out, "  CPU time: {}", cpu.join(", "))?;
+    for m in g.metrics.iter().filter(|m| m.total != 0.0) {
+        if m.per_second.is_finite() {
+            writeln!(out, "  {:<40} {:>14.0} {:<8} {:>12.1}/s", m.metric, m.total, m.unit, m.per_second)?;
+        } else {
+            writeln!(out, "  {:<40} {:>14.0} {:<8} (level)", m.metric, m.total, m.unit)?;
+        }
+    }
+    for (what, why) in &g.unavailable {
+        writeln!(out, "  not sampled: {what}: {why}")?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,441 @@
+//! What the agent samples inside the guest each interval, as one row of values: per-CPU time
+//! from /proc/stat (steal included), /proc/schedstat, /proc/interrupts, chosen /proc/vmstat
+//! counters, perf software counters per CPU (hardware ones where the guest has a vPMU), and
+//! application counter files. Counters are sent as their increase over the row, gauges as
+//! their level; a source the guest does not offer is listed with its reason, never sent as
+//! zeros.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use perf_event_names::{hardware_specs, software_specs};
+use virtprof_host::procfs::ProcFile;
+use virtprof_interval::counters::{Counters, Target};
+use virtprof_interval::procstat::{ProcStat, FIELDS};
+use virtprof_model::guest::{GuestSeries, SeriesKind};
+
+use crate::appcounters::CounterFile;
+
+/// /proc/vmstat counters sent (the ones that explain a stall): name and kind.
+const VMSTAT: [(&str, SeriesKind); 9] = [
+    ("pgfault", SeriesKind::Counter),
+    ("pgmajfault", SeriesKind::Counter),
+    ("pgpgin", SeriesKind::Counter),
+    ("pgpgout", SeriesKind::Counter),
+    ("pswpin", SeriesKind::Counter),
+    ("pswpout", SeriesKind::Counter),
+    ("pgscan_kswapd", SeriesKind::Counter),
+    ("oom_kill", SeriesKind::Counter),
+    ("nr_free_pages", SeriesKind::Gauge),
+];
+
+/// The perf events the agent counts per CPU, named as the host's interval series are.
+mod perf_event_names {
+    use virtprof_interval::counters::{CounterEvent, CounterSpec};
+
+    /// `PERF_COUNT_SW_*` values (linux/perf_event.h).
+    const SW_CPU_CLOCK: u64 = 0;
+    const SW_PAGE_FAULTS: u64 = 2;
+    const SW_CONTEXT_SWITCHES: u64 = 3;
+    const SW_CPU_MIGRATIONS: u64 = 4;
+    /// `PERF_COUNT_HW_*`.
+    const HW_CPU_CYCLES: u64 = 0;
+    const HW_INSTRUCTIONS: u64 = 1;
+
+    pub fn software_specs() -> Vec<CounterSpec> {
+        [
+            ("cpu-clock", "ns", SW_CPU_CLOCK),
+            ("context-switches", "events", SW_CONTEXT_SWITCHES),
+            ("cpu-migrations", "events", SW_CPU_MIGRATIONS),
+            ("page-faults", "events", SW_PAGE_FAULTS),
+        ]
+        .into_iter()
+        .map(|(name, unit, config)| CounterSpec {
+            metric: format!("perf.{name}"),
+            unit,
+            event: CounterEvent::Software(config),
+        })
+        .collect()
+    }
+
+    /// Cycles and instructions, user and kernel: four counters, one PMU group (no
+    /// multiplexing to rotate).
+    pub fn hardware_specs() -> Vec<CounterSpec> {
+        let mut specs = Vec::new();
+        for (name, config) in [("cycles", HW_CPU_CYCLES), ("instructions", HW_INSTRUCTIONS)] {
+            for (suffix, user_only) in [("u", true), ("k", false)] {
+                specs.push(CounterSpec {
+                    metric: format!("perf.{name}:{suffix}"),
+                    unit: "events",
+                    event: CounterEvent::Hardware { config, user_only, kernel_only: !user_only, guest_only: false },
+                });
+            }
+        }
+        specs
+    }
+}
+
+/// Settings of the sampler.
+#[derive(Debug, Clone, Default)]
+pub struct CollectConfig {
+    /// Counter files, or folders of `*.counters` files (rescanned).
+    pub counters: Vec<PathBuf>,
+    /// Open perf counters (needs perf_event_paranoid ≤ 0 or CAP_PERFMON for per-CPU ones).
+    pub perf: bool,
+}
+
+/// One row's sampler.
+pub struct Collector {
+    config: CollectConfig,
+    series: Vec<GuestSeries>,
+    /// Last cumulative reading of each counter series (gauges: unused).
+    previous: Vec<f64>,
+    /// This row's cumulative readings.
+    now: Vec<f64>,
+    stat: Option<ProcStat>,
+    /// Column of cpuN's first /proc/stat field.
+    stat_at: BTreeMap<u32, usize>,
+    schedstat: Option<(ProcFile, usize)>,
+    interrupts: Option<(ProcFile, BTreeMap<String, usize>, usize)>,
+    vmstat: Option<(ProcFile, usize)>,
+    perf: Vec<(Counters, usize)>,
+    apps: Vec<(CounterFile, usize)>,
+    /// Sources not offered here, with the reason.
+    pub unavailable: Vec<(String, String)>,
+}
+
+impl Collector {
+    /// Open every source the guest offers.
+    pub fn open(config: CollectConfig) -> Collector {
+        let mut c = Collector {
+            config,
+            series: Vec::new(),
+            previous: Vec::new(),
+            now: Vec::new(),
+            stat: None,
+            stat_at: BTreeMap::new(),
+            schedstat: None,
+            interrupts: None,
+            vmstat: None,
+            perf: Vec::new(),
+            apps: Vec::new(),
+            unavailable: Vec::new(),
+        };
+        c.open_stat();
+        c.open_schedstat();
+        c.open_interrupts();
+        c.open_vmstat();
+        if c.config.perf {
+            c.open_perf();
+        }
+        c.rescan_apps();
+        c.now = vec![0.0; c.series.len()];
+        c.sample_into_now();
+        c.previous = c.now.clone();
+        c
+    }
+
+    /// The columns of the rows.
+    pub fn series(&self) -> &[GuestSeries] {
+        &self.series
+    }
+
+    fn add(&mut self, s: GuestSeries) -> usize {
+        self.series.push(s);
+        self.series.len() - 1
+    }
+
+    fn open_stat(&mut self) {
+        match ProcStat::open().and_then(|mut s| s.cpus().map(|cpus| (s, cpus))) {
+            Ok((stat, cpus)) => {
+                for cpu in cpus {
+                    let at = self.series.len();
+                    for f in FIELDS {
+                        self.add(GuestSeries::counter(format!("cpu{cpu}.{f}_ns"), "ns"));
+                    }
+                    self.stat_at.insert(cpu, at);
+                }
+                self.stat = Some(stat);
+            }
+            Err(e) => self.unavailable.push(("/proc/stat".into(), e.to_string())),
+        }
+    }
+
+    fn open_schedstat(&mut self) {
+        let opened = ProcFile::open("/proc/schedstat").and_then(|mut f| {
+            let cpus = f.read()?.lines().filter(|l| l.starts_with("cpu")).count();
+            Ok((f, cpus))
+        });
+        match opened {
+            Ok((f, cpus)) => {
+                let at = self.series.len();
+                for cpu in 0..cpus {
+                    self.add(GuestSeries::counter(format!("cpu{cpu}.sched_run_ns"), "ns"));
+                    self.add(GuestSeries::counter(format!("cpu{cpu}.sched_wait_ns"), "ns"));
+                    self.add(GuestSeries::counter(format!("cpu{cpu}.sched_timeslices"), "events"));
+                }
+                self.schedstat = Some((f, at));
+            }
+            Err(e) => self.unavailable.push(("/proc/schedstat".into(), e.to_string())),
+        }
+    }
+
+    fn open_interrupts(&mut self) {
+        let opened = ProcFile::open("/proc/interrupts").and_then(|mut f| {
+            let names: Vec<String> =
+                f.read()?.lines().skip(1).filter_map(|l| Some(l.split_once(':')?.0.trim().to_string())).collect();
+            Ok((f, names))
+        });
+        match opened {
+            Ok((f, names)) => {
+                let at = self.series.len();
+                let mut columns = BTreeMap::new();
+                for name in names {
+                    let i = self.add(GuestSeries::counter(format!("irq.{name}"), "events"));
+                    columns.insert(name, i);
+                }
+                self.interrupts = Some((f, columns, at));
+            }
+            Err(e) => self.unavailable.push(("/proc/interrupts".into(), e.to_string())),
+        }
+    }
+
+    fn open_vmstat(&mut self) {
+        match ProcFile::open("/proc/vmstat") {
+            Ok(f) => {
+                let at = self.series.len();
+                for (name, kind) in VMSTAT {
+                    let unit = if kind == SeriesKind::Gauge { "pages" } else { "events" };
+                    self.add(GuestSeries { name: format!("vmstat.{name}"), unit: unit.into(), kind });
+                }
+                self.vmstat = Some((f, at));
+            }
+            Err(e) => self.unavailable.push(("/proc/vmstat".into(), e.to_string())),
+        }
+    }
+
+    fn open_perf(&mut self) {
+        let cpus: Vec<u32> = self.stat_at.keys().copied().collect();
+        for (specs, hw) in [(software_specs(), 0), (hardware_specs(), 4)] {
+            for &cpu in &cpus {
+                let (counters, refused) = Counters::open(Target::Cpu(cpu), &specs, hw);
+                if let Some((metric, why)) = refused.first() {
+                    // The same reason for every CPU: say it once per metric family.
+                    if cpu == cpus[0] {
+                        self.unavailable.push((format!("{metric} (and {} more)", refused.len() - 1), why.clone()));
+                    }
+                }
+                if counters.columns().is_empty() {
+                    continue;
+                }
+                let at = self.series.len();
+                for (metric, unit, kind) in counters.columns() {
+                    // Hardware columns come with their multiplex ratio, a level.
+                    let kind = match kind {
+                        virtprof_model::interval::SeriesKind::Delta => SeriesKind::Counter,
+                        _ => SeriesKind::Gauge,
+                    };
+                    self.add(GuestSeries { name: format!("cpu{cpu}.{metric}"), unit: unit.to_string(), kind });
+                }
+                self.perf.push((counters, at));
+            }
+        }
+    }
+
+    /// Look for new counter files; true if the series changed (a new schema must be sent).
+    pub fn rescan_apps(&mut self) -> bool {
+        let mut files = Vec::new();
+        for p in &self.config.counters {
+            if p.is_dir() {
+                if let Ok(entries) = std::fs::read_dir(p) {
+                    let mut found: Vec<PathBuf> = entries
+                        .filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .filter(|p| p.extension().is_some_and(|e| e == "counters"))
+                        .collect();
+                    found.sort();
+                    files.extend(found);
+                }
+            } else {
+                files.push(p.clone());
+            }
+        }
+        let mut changed = false;
+        // Drop files that went away or were rewritten.
+        let before = self.apps.len();
+        self.apps.retain_mut(|(f, _)| files.iter().any(|p| p == f.path()) && f.refresh().is_ok());
+        if self.apps.len() != before {
+            changed = true;
+            self.rebuild_app_series();
+        }
+        for path in files {
+            if self.apps.iter().any(|(f, _)| f.path() == path) {
+                continue;
+            }
+            match CounterFile::open(&path) {
+                Ok(f) => {
+                    let at = self.series.len();
+                    for s in f.series() {
+                        self.add(s);
+                    }
+                    self.apps.push((f, at));
+                    changed = true;
+                }
+                Err(e) => {
+                    let key = path.display().to_string();
+                    if !self.unavailable.iter().any(|(k, _)| *k == key) {
+                        self.unavailable.push((key, e.to_string()));
+                    }
+                }
+            }
+        }
+        if changed {
+            self.now.resize(self.series.len(), 0.0);
+            self.sample_apps();
+            self.previous.resize(self.series.len(), 0.0);
+            for (f, at) in &self.apps {
+                for i in 0..f.slots.len() {
+                    self.previous[at + i] = self.now[at + i];
+                }
+            }
+        }
+        changed
+    }
+
+    /// App files sit last: after one goes away, renumber the rest.
+    fn rebuild_app_series(&mut self) {
+        let first_app = self.apps.iter().map(|(_, at)| *at).min().unwrap_or(self.series.len());
+        let keep =
+            self.series.iter().position(|s| s.name.starts_with("app.")).unwrap_or(self.series.len()).min(first_app);
+        self.series.truncate(keep);
+        for (f, at) in &mut self.apps {
+            *at = self.series.len();
+            self.series.extend(f.series());
+        }
+        self.now.resize(self.series.len(), 0.0);
+        self.previous.resize(self.series.len(), 0.0);
+    }
+
+    fn sample_apps(&mut self) {
+        for (f, at) in &mut self.apps {
+            if f.refresh().is_ok() {
+                for i in 0..f.slots.len() {
+                    self.now[*at + i] = f.value(i) as f64;
+                }
+            }
+        }
+    }
+
+    /// Read every source into `now` (cumulative values; perf columns are already deltas).
+    fn sample_into_now(&mut self) {
+        let now = &mut self.now;
+        if let Some(stat) = self.stat.as_mut() {
+            let at = &self.stat_at;
+            let _ = stat.read(|cpu, fields| {
+                if let Some(&i) = at.get(&cpu) {
+                    now[i..i + 8].copy_from_slice(&fields);
+                }
+            });
+        }
+        if let Some((f, at)) = self.schedstat.as_mut() {
+            if let Ok(text) = f.read() {
+                for (n, line) in text.lines().filter(|l| l.starts_with("cpu")).enumerate() {
+                    let v: Vec<f64> = line.split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect();
+                    if v.len() >= 9 && *at + 3 * n + 3 <= now.len() {
+                        now[*at + 3 * n..*at + 3 * n + 3].copy_from_slice(&v[6..9]);
+                    }
+                }
+            }
+        }
+        if let Some((f, columns, _)) = self.interrupts.as_mut() {
+            if let Ok(text) = f.read() {
+                for line in text.lines().skip(1) {
+                    let Some((name, rest)) = line.split_once(':') else { continue };
+                    let Some(&i) = columns.get(name.trim()) else { continue };
+                    // Per-CPU counts come first; the device's name follows them.
+                    now[i] = rest.split_whitespace().map_while(|w| w.parse::<f64>().ok()).sum();
+                }
+            }
+        }
+        if let Some((f, at)) = self.vmstat.as_mut() {
+            if let Ok(text) = f.read() {
+                for line in text.lines() {
+                    let Some((name, value)) = line.split_once(' ') else { continue };
+                    if let Some(k) = VMSTAT.iter().position(|(n, _)| *n == name) {
+                        now[*at + k] = value.trim().parse().unwrap_or(0.0);
+                    }
+                }
+            }
+        }
+        self.sample_apps();
+    }
+
+    /// One row: counters' increase since the last call, gauges' level, perf deltas.
+    pub fn sample(&mut self, interval_ns: u64, row: &mut Vec<f64>) {
+        self.sample_into_now();
+        row.clear();
+        row.extend(self.series.iter().enumerate().map(|(i, s)| match s.kind {
+            SeriesKind::Counter => (self.now[i] - self.previous[i]).max(0.0),
+            SeriesKind::Gauge => self.now[i],
+        }));
+        std::mem::swap(&mut self.previous, &mut self.now);
+        self.now.copy_from_slice(&self.previous);
+        for (counters, at) in &mut self.perf {
+            let n = counters.columns().len();
+            counters.sample(interval_ns, &mut row[*at..*at + n]);
+        }
+    }
+}
+
+/// The guest's host name, kernel and clocksource.
+pub fn guest_facts() -> (String, String, String) {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    (
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease"),
+        read("/sys/devices/system/clocksource/clocksource0/current_clocksource"),
+    )
+}
+
+/// The guest's ptp_kvm clock device, if it has one.
+pub fn ptp_kvm() -> Option<String> {
+    let dir = Path::new("/sys/class/ptp");
+    std::fs::read_dir(dir).ok()?.filter_map(Result::ok).find_map(|e| {
+        let name = std::fs::read_to_string(e.path().join("clock_name")).ok()?;
+        name.trim().contains("KVM").then(|| format!("/dev/{}", e.file_name().to_string_lossy()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_counts_this_hosts_cpu_time_and_a_counter_file() {
+        let dir = std::env::temp_dir().join(format!("vp-collect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = Collector::open(CollectConfig { counters: vec![dir.clone()], perf: false });
+        assert!(c.series().iter().any(|s| s.name == "cpu0.steal_ns"));
+        assert!(c.series().iter().any(|s| s.name == "vmstat.nr_free_pages" && s.kind == SeriesKind::Gauge));
+        let slots = [crate::appcounters::Slot { name: "hits".into(), kind: SeriesKind::Counter }];
+        let w = crate::appcounters::CounterWriter::create(&dir.join("t.counters"), "t", &slots).unwrap();
+        w.add(0, 5);
+        assert!(c.rescan_apps(), "a new file changes the series");
+        w.add(0, 3);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut row = Vec::new();
+        c.sample(50_000_000, &mut row);
+        let col = |name: &str| c.series().iter().position(|s| s.name == name).unwrap();
+        assert_eq!(row[col("app.t.hits")], 3.0, "the increase since the file was found");
+        let cpu_ns: f64 = c
+            .series()
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.name.starts_with("cpu") && s.name.ends_with("_ns") && !s.name.contains("sched"))
+            .map(|(i, _)| row[i])
+            .sum();
+        assert!(cpu_ns > 0.0, "some CPU time passed");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!c.rescan_apps() || c.series().iter().all(|s| !s.name.starts_with("app.")));
+    }
+}

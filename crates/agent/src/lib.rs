@@ -1,0 +1,17 @@
+//! `virtprof agent`: a real Linux guest seen from inside, on the host's timeline.
+//!
+//! - [`wire`]: the frames agent and host exchange (sans I/O).
+//! - [`clock`]: NTP-style exchanges → the guest-to-host clock mapping and its check.
+//! - [`appcounters`]: the counter file any program can publish.
+//! - [`collect`]: what the agent samples in the guest each interval.
+//! - [`transport`]: vsock, virtio-serial and TCP addresses, listened on and connected to.
+//! - [`serve`]: the agent's loop in the guest.
+//! - [`link`]: the host's side of one agent: connect, align clocks, receive rows, report gaps.
+
+pub mod appcounters;
+pub mod clock;
+pub mod collect;
+pub mod link;
+pub mod serve;
+pub mod transport;
+pub mod wire;

@@ -1,0 +1,258 @@
+//! The agent's loop in the guest: wait for a host, say what the guest is, then send one row
+//! per interval and answer clock pings at once, until the host goes (it hangs up, stops
+//! reading, or falls silent); then wait for the next one. Hosts come and go; the agent stays.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use virtprof_host::monotonic_ns;
+use virtprof_model::guest::GuestInfo;
+
+use crate::collect::{guest_facts, ptp_kvm, CollectConfig, Collector};
+use crate::transport::{Address, Stream};
+use crate::wire::{FrameReader, Hello, Message, Pong, Row, Welcome, VERSION};
+
+/// A host that sends nothing (no ping) for this long is gone.
+pub const HOST_SILENCE: Duration = Duration::from_secs(5);
+/// A host that reads nothing for this long is stalled: the agent hangs up.
+pub const HOST_STALL: Duration = Duration::from_secs(2);
+/// How long a connection has to say hello.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
+/// How often counter folders are looked at for new files.
+const RESCAN_EVERY_NS: u64 = 1_000_000_000;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Where to wait for hosts.
+    pub address: Address,
+    /// The token a host must present (required on TCP).
+    pub token: Option<String>,
+    /// Row width.
+    pub interval_ns: u64,
+    /// What to sample.
+    pub collect: CollectConfig,
+    /// Serve this many hosts, then exit (None: until stopped).
+    pub sessions: Option<u32>,
+}
+
+/// How one host's session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEnd {
+    /// Rows sent.
+    pub rows: u64,
+    /// Pings answered.
+    pub pongs: u64,
+    /// Why it ended.
+    pub cause: String,
+    /// Whether a host said hello (a serial port reads end-of-file while no host is there).
+    pub welcomed: bool,
+}
+
+/// Serve hosts until `stop` is set (or the sessions asked for are done), telling `log` about
+/// each one.
+pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str)) -> std::io::Result<()> {
+    let listener = config.address.listen()?;
+    let mut collector = Collector::open(config.collect.clone());
+    for (what, why) in &collector.unavailable {
+        log(&format!("not sampled: {what}: {why}"));
+    }
+    log(&format!("listening on {} ({} series)", config.address, collector.series().len()));
+    let mut served = 0;
+    let mut last_error = String::new();
+    while !stop.load(Ordering::Relaxed) && config.sessions.is_none_or(|n| served < n) {
+        let stream = match listener.accept(Duration::from_millis(200)) {
+            Ok(Some(s)) => s,
+            Ok(None) => continue,
+            Err(e) => {
+                // Said once, not every retry (a port that has not appeared yet).
+                let error = format!("accepting: {e} (retrying)");
+                if error != last_error {
+                    log(&error);
+                    last_error = error;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        last_error.clear();
+        let end = session(stream, config, &mut collector, stop);
+        if end.welcomed {
+            served += 1;
+            log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
+        } else if end.cause.starts_with("refused") {
+            log(&end.cause);
+        } else if matches!(listener, crate::transport::Listener::Port(_)) {
+            // A serial port with no host on it reads end-of-file at once: wait, quietly.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(())
+}
+
+fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
+    let (hostname, kernel, clocksource) = guest_facts();
+    GuestInfo {
+        hostname,
+        kernel,
+        cpus: u32::try_from(collector.series().iter().filter(|s| s.name.ends_with(".steal_ns")).count()).unwrap_or(0),
+        interval_ns: config.interval_ns,
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+        clocksource,
+        ptp_kvm: ptp_kvm(),
+        unavailable: collector.unavailable.clone(),
+    }
+}
+
+/// One host, from its hello to its going.
+fn session(mut stream: Stream, config: &ServeConfig, collector: &mut Collector, stop: &AtomicBool) -> SessionEnd {
+    let mut end = SessionEnd { rows: 0, pongs: 0, cause: String::new(), welcomed: false };
+    let mut reader = FrameReader::default();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut out = Vec::new();
+    let mut welcomed = false;
+    let opened = monotonic_ns();
+    let mut last_heard = opened;
+    let mut row = Vec::new();
+    let mut last_row = opened;
+    let mut next_row = u64::MAX;
+    let mut next_rescan = opened + RESCAN_EVERY_NS;
+    let silence = u64::try_from(HOST_SILENCE.as_nanos()).unwrap_or(u64::MAX);
+    let hello_within = u64::try_from(HELLO_WITHIN.as_nanos()).unwrap_or(u64::MAX);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            end.cause = "the agent was stopped".into();
+            return end;
+        }
+        let now = monotonic_ns();
+        let wait = next_row.saturating_sub(now).min(20_000_000);
+        match stream.readable(Duration::from_nanos(wait)) {
+            Ok(true) => match stream.read_some(&mut buf) {
+                Ok(Some(0)) => {
+                    end.cause = "it hung up".into();
+                    return end;
+                }
+                Ok(Some(n)) => {
+                    let t2 = monotonic_ns();
+                    last_heard = t2;
+                    reader.feed(&buf[..n]);
+                    out.clear();
+                    while let Some(message) = reader.next_message() {
+                        match message {
+                            Ok(Message::Hello(hello)) => {
+                                if let Err(why) = check_hello(&hello, config) {
+                                    Message::Refused(why.clone()).encode(&mut out);
+                                    let _ = stream.write_all_within(&out, HOST_STALL);
+                                    end.cause = format!("refused: {why}");
+                                    return end;
+                                }
+                                // A new baseline: the first row covers from here.
+                                collector.sample(config.interval_ns, &mut row);
+                                last_row = monotonic_ns();
+                                next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
+                                let welcome = Welcome {
+                                    version: VERSION,
+                                    guest: guest_info(config, collector),
+                                    series: collector.series().to_vec(),
+                                };
+                                Message::Welcome(Box::new(welcome)).encode(&mut out);
+                                welcomed = true;
+                                end.welcomed = true;
+                            }
+                            Ok(Message::Ping { seq, t1 }) if welcomed => {
+                                Message::Pong(Pong { seq, t1, t2, t3: monotonic_ns() }).encode(&mut out);
+                                end.pongs += 1;
+                            }
+                            // Anything else from a host is ignored; garbage is skipped.
+                            Ok(_) | Err(_) => {}
+                        }
+                    }
+                    if !out.is_empty() {
+                        // Pongs go out with their guest send time as late as possible.
+                        if let Err(e) = stream.write_all_within(&out, HOST_STALL) {
+                            end.cause = format!("writing: {e}");
+                            return end;
+                        }
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    end.cause = format!("reading: {e}");
+                    return end;
+                }
+            },
+            Ok(false) => {}
+            Err(e) => {
+                end.cause = format!("waiting: {e}");
+                return end;
+            }
+        }
+        let now = monotonic_ns();
+        if !welcomed && now - opened > hello_within {
+            end.cause = "no hello".into();
+            return end;
+        }
+        if welcomed && now - last_heard > silence {
+            end.cause = format!("silent for {} s", HOST_SILENCE.as_secs());
+            return end;
+        }
+        if welcomed && now >= next_row {
+            out.clear();
+            if now >= next_rescan {
+                next_rescan = now + RESCAN_EVERY_NS;
+                if collector.rescan_apps() {
+                    Message::Schema(collector.series().to_vec()).encode(&mut out);
+                }
+            }
+            collector.sample(now - last_row, &mut row);
+            Message::Row(Row { start_ns: last_row, end_ns: now, values: std::mem::take(&mut row) }).encode(&mut out);
+            last_row = now;
+            // Rows stay on the interval grid; a late wake-up makes one longer row.
+            next_row = (now / config.interval_ns + 1) * config.interval_ns;
+            if let Err(e) = stream.write_all_within(&out, HOST_STALL) {
+                end.cause = format!("the host stopped reading ({e})");
+                return end;
+            }
+            end.rows += 1;
+        }
+    }
+}
+
+/// Whether a hello may go on: same protocol, and the token when one is set.
+fn check_hello(hello: &Hello, config: &ServeConfig) -> Result<(), String> {
+    if hello.version != VERSION {
+        return Err(format!("protocol version {} (this agent speaks {VERSION})", hello.version));
+    }
+    match (&config.token, &hello.token) {
+        (Some(want), Some(got)) if constant_time_eq(want.as_bytes(), got.as_bytes()) => Ok(()),
+        (Some(_), _) => Err("wrong or missing token".into()),
+        (None, _) => Ok(()),
+    }
+}
+
+/// Compare without returning early at the first difference (no timing oracle on the token).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hellos_are_checked_for_version_and_token() {
+        let config = ServeConfig {
+            address: Address::Tcp("127.0.0.1:0".into()),
+            token: Some("t0k".into()),
+            interval_ns: 100_000_000,
+            collect: CollectConfig::default(),
+            sessions: None,
+        };
+        let hello = |version, token: Option<&str>| Hello { version, token: token.map(String::from) };
+        assert!(check_hello(&hello(VERSION, Some("t0k")), &config).is_ok());
+        assert!(check_hello(&hello(VERSION, Some("t0K")), &config).unwrap_err().contains("token"));
+        assert!(check_hello(&hello(VERSION, None), &config).is_err());
+        assert!(check_hello(&hello(9, Some("t0k")), &config).unwrap_err().contains("version 9"));
+        assert!(check_hello(&hello(VERSION, None), &ServeConfig { token: None, ..config }).is_ok());
+    }
+}

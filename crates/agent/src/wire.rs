@@ -1,0 +1,328 @@
+//! The agent protocol's frames, sans I/O (documented in `docs/agent.md`).
+//!
+//! Every frame is an 8-byte header — magic `VA`, kind: u8, reserved 0, length: u32 (little
+//! endian) — then `length` bytes of payload, at most [`MAX_PAYLOAD`]. The magic lets a reader
+//! on a byte stream that outlives its peers (a virtio-serial port) find the next frame after
+//! garbage: [`FrameReader`] skips to it and counts what it skipped.
+
+use serde::{Deserialize, Serialize};
+use virtprof_model::guest::{GuestInfo, GuestSeries};
+
+/// Frame magic.
+pub const MAGIC: [u8; 2] = *b"VA";
+/// Header bytes.
+pub const HEADER: usize = 8;
+/// The largest payload: a row of 65 536 series (512 KiB) plus room.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+/// Protocol version.
+pub const VERSION: u32 = 1;
+
+/// Frame kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    Hello = 1,
+    Welcome = 2,
+    Ping = 3,
+    Pong = 4,
+    Row = 5,
+    Schema = 6,
+    Refused = 7,
+}
+
+impl Kind {
+    fn of(byte: u8) -> Option<Kind> {
+        [Kind::Hello, Kind::Welcome, Kind::Ping, Kind::Pong, Kind::Row, Kind::Schema, Kind::Refused]
+            .into_iter()
+            .find(|k| *k as u8 == byte)
+    }
+}
+
+/// The host's opening: which protocol, its token (TCP), and the interval it wants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The shared secret, on transports that need one.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// The agent's answer: its guest and the series its rows carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// [`VERSION`].
+    pub version: u32,
+    /// The guest.
+    pub guest: GuestInfo,
+    /// Columns of the rows that follow.
+    pub series: Vec<GuestSeries>,
+}
+
+/// One clock exchange as the agent returns it: the host's send time, the guest's receive and
+/// send times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pong {
+    /// The ping's number.
+    pub seq: u64,
+    /// Host time the ping was sent.
+    pub t1: u64,
+    /// Guest time it was read.
+    pub t2: u64,
+    /// Guest time the answer was written.
+    pub t3: u64,
+}
+
+/// One interval of the guest: guest times and one value per series of the latest schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// Guest time the row starts.
+    pub start_ns: u64,
+    /// Guest time it ends.
+    pub end_ns: u64,
+    /// Values, in schema order.
+    pub values: Vec<f64>,
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Host → agent, first.
+    Hello(Hello),
+    /// Agent → host, answering [`Message::Hello`].
+    Welcome(Box<Welcome>),
+    /// Host → agent: a clock exchange (number, host send time).
+    Ping {
+        /// Number.
+        seq: u64,
+        /// Host time sent.
+        t1: u64,
+    },
+    /// Agent → host.
+    Pong(Pong),
+    /// Agent → host: one interval.
+    Row(Row),
+    /// Agent → host: the rows from here on carry these series.
+    Schema(Vec<GuestSeries>),
+    /// Agent → host: the hello was refused (a wrong token, another version).
+    Refused(String),
+}
+
+/// A frame that cannot be what it claims.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// Length over [`MAX_PAYLOAD`].
+    #[error("a frame of {0} bytes (the most is {MAX_PAYLOAD})")]
+    TooLarge(usize),
+    /// A kind no version knows.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// A payload that does not parse as its kind.
+    #[error("a bad {kind} frame: {why}")]
+    BadPayload {
+        /// Frame kind.
+        kind: &'static str,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl Message {
+    /// Append this message as one frame to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[MAGIC[0], MAGIC[1], 0, 0, 0, 0, 0, 0]);
+        let kind = match self {
+            Message::Hello(h) => json(out, h, Kind::Hello),
+            Message::Welcome(w) => json(out, w, Kind::Welcome),
+            Message::Ping { seq, t1 } => {
+                words(out, &[*seq, *t1]);
+                Kind::Ping
+            }
+            Message::Pong(p) => {
+                words(out, &[p.seq, p.t1, p.t2, p.t3]);
+                Kind::Pong
+            }
+            Message::Row(r) => {
+                words(out, &[r.start_ns, r.end_ns]);
+                for v in &r.values {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                Kind::Row
+            }
+            Message::Schema(s) => json(out, s, Kind::Schema),
+            Message::Refused(why) => json(out, why, Kind::Refused),
+        };
+        let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
+        out[start + 2] = kind as u8;
+        out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+    }
+
+    fn decode(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
+        let kind = Kind::of(kind).ok_or(WireError::UnknownKind(kind))?;
+        let bad = |name: &'static str, why: String| WireError::BadPayload { kind: name, why };
+        let fixed = |name: &'static str, n: usize| -> Result<Vec<u64>, WireError> {
+            if payload.len() != 8 * n {
+                return Err(bad(name, format!("{} bytes, not {}", payload.len(), 8 * n)));
+            }
+            Ok(payload.chunks_exact(8).map(le_u64).collect())
+        };
+        Ok(match kind {
+            Kind::Hello => Message::Hello(parse(payload).map_err(|e| bad("hello", e))?),
+            Kind::Welcome => Message::Welcome(Box::new(parse(payload).map_err(|e| bad("welcome", e))?)),
+            Kind::Schema => Message::Schema(parse(payload).map_err(|e| bad("schema", e))?),
+            Kind::Refused => Message::Refused(parse(payload).map_err(|e| bad("refused", e))?),
+            Kind::Ping => {
+                let w = fixed("ping", 2)?;
+                Message::Ping { seq: w[0], t1: w[1] }
+            }
+            Kind::Pong => {
+                let w = fixed("pong", 4)?;
+                Message::Pong(Pong { seq: w[0], t1: w[1], t2: w[2], t3: w[3] })
+            }
+            Kind::Row => {
+                if payload.len() < 16 || payload.len() % 8 != 0 {
+                    return Err(bad("row", format!("{} bytes", payload.len())));
+                }
+                let values = payload[16..].chunks_exact(8).map(|b| f64::from_bits(le_u64(b))).collect();
+                Message::Row(Row { start_ns: le_u64(&payload[..8]), end_ns: le_u64(&payload[8..16]), values })
+            }
+        })
+    }
+}
+
+fn json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, kind: Kind) -> Kind {
+    // Our own types always serialize.
+    serde_json::to_writer(&mut *out, value).expect("serializable");
+    kind
+}
+
+fn words(out: &mut Vec<u8>, words: &[u64]) {
+    for w in words {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(payload).map_err(|e| e.to_string())
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b.try_into().expect("8 bytes"))
+}
+
+/// Frames out of a byte stream fed in pieces, in bounded memory.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+    /// Bytes skipped looking for a frame (garbage, or a frame cut by a reconnect).
+    pub skipped: u64,
+    /// Frames refused (too large, unknown kind, bad payload).
+    pub refused: u64,
+}
+
+impl FrameReader {
+    /// Append bytes read from the stream.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame, if one is buffered. A bad frame is skipped (counted) and its
+    /// error returned; the reader then looks for the next magic.
+    pub fn next_message(&mut self) -> Option<Result<Message, WireError>> {
+        let at = self.buf.windows(2).position(|w| w == MAGIC).unwrap_or(self.buf.len().saturating_sub(1));
+        if at > 0 {
+            self.skipped += at as u64;
+            self.buf.drain(..at);
+        }
+        if self.buf.len() < HEADER {
+            return None;
+        }
+        let len =
+            usize::try_from(u32::from_le_bytes(self.buf[4..8].try_into().expect("4 bytes"))).unwrap_or(usize::MAX);
+        if len > MAX_PAYLOAD || self.buf[3] != 0 {
+            // Not a frame after all (or a hostile one): skip its magic and look on.
+            self.refused += 1;
+            self.skipped += 2;
+            self.buf.drain(..2);
+            return Some(Err(WireError::TooLarge(len)));
+        }
+        if self.buf.len() < HEADER + len {
+            return None;
+        }
+        let message = Message::decode(self.buf[2], &self.buf[HEADER..HEADER + len]);
+        self.buf.drain(..HEADER + len);
+        if message.is_err() {
+            self.refused += 1;
+            self.skipped += (HEADER + len) as u64;
+        }
+        Some(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(reader: &mut FrameReader) -> Vec<Result<Message, WireError>> {
+        std::iter::from_fn(|| reader.next_message()).collect()
+    }
+
+    #[test]
+    fn every_message_round_trips_through_bytes_fed_one_at_a_time() {
+        let messages = vec![
+            Message::Hello(Hello { version: VERSION, token: Some("s3cret".into()) }),
+            Message::Welcome(Box::new(Welcome {
+                version: VERSION,
+                guest: GuestInfo { hostname: "g".into(), cpus: 2, ..Default::default() },
+                series: vec![GuestSeries::counter("cpu0.steal_ns", "ns")],
+            })),
+            Message::Ping { seq: 7, t1: 123 },
+            Message::Pong(Pong { seq: 7, t1: 123, t2: 456, t3: 789 }),
+            Message::Row(Row { start_ns: 1, end_ns: 2, values: vec![0.5, -1.0, f64::MAX] }),
+            Message::Schema(vec![GuestSeries::gauge("vmstat.nr_free_pages", "pages")]),
+            Message::Refused("wrong token".into()),
+        ];
+        let mut bytes = Vec::new();
+        for m in &messages {
+            m.encode(&mut bytes);
+        }
+        let mut reader = FrameReader::default();
+        let mut got = Vec::new();
+        for b in bytes {
+            reader.feed(&[b]);
+            got.extend(all(&mut reader));
+        }
+        assert_eq!(got, messages.into_iter().map(Ok).collect::<Vec<_>>());
+        assert_eq!((reader.skipped, reader.refused), (0, 0));
+    }
+
+    #[test]
+    fn garbage_and_bad_frames_are_skipped_and_counted_and_the_next_frame_still_reads() {
+        let mut bytes = b"noise before".to_vec();
+        // A header claiming 4 GiB, an unknown kind, and a ping of the wrong size.
+        bytes.extend_from_slice(&[b'V', b'A', 4, 0, 0xff, 0xff, 0xff, 0xff]);
+        bytes.extend_from_slice(&[b'V', b'A', 99, 0, 0, 0, 0, 0]);
+        bytes.extend_from_slice(&[b'V', b'A', 3, 0, 1, 0, 0, 0, 0]);
+        Message::Ping { seq: 1, t1: 2 }.encode(&mut bytes);
+        let mut reader = FrameReader::default();
+        reader.feed(&bytes);
+        let got = all(&mut reader);
+        assert_eq!(got.last(), Some(&Ok(Message::Ping { seq: 1, t1: 2 })));
+        assert_eq!(got.iter().filter(|m| m.is_err()).count(), 3);
+        assert_eq!(reader.refused, 3);
+        assert!(reader.skipped >= 12 + 8 + 8 + 9 - 6, "{}", reader.skipped);
+        assert!(reader.buf.is_empty());
+    }
+
+    #[test]
+    fn a_half_frame_waits_for_the_rest_without_growing_past_it() {
+        let mut bytes = Vec::new();
+        Message::Row(Row { start_ns: 5, end_ns: 6, values: vec![1.0; 100] }).encode(&mut bytes);
+        let mut reader = FrameReader::default();
+        reader.feed(&bytes[..500]);
+        assert!(reader.next_message().is_none());
+        reader.feed(&bytes[500..]);
+        assert!(matches!(reader.next_message(), Some(Ok(Message::Row(r))) if r.values.len() == 100));
+    }
+}

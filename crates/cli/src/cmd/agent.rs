@@ -1,0 +1,59 @@
+//! `virtprof agent`: the guest side (`virtprof_agent::serve`), with its options checked.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use virtprof_agent::collect::CollectConfig;
+use virtprof_agent::serve::{serve, ServeConfig};
+use virtprof_agent::transport::Address;
+use virtprof_host::stop::STOP_REQUESTED;
+use virtprof_model::units::duration_ns;
+
+use crate::args::AgentArgs;
+use crate::exit::usage;
+
+pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    let interval_ns = duration_ns(args.interval);
+    if !(10_000_000..=3_600_000_000_000).contains(&interval_ns) {
+        return Err(usage("--interval: between 10ms and 1h"));
+    }
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    if matches!(args.listen, Address::Tcp(_)) && token.is_none() {
+        return Err(usage(format!(
+            "--listen {}: TCP is open to anyone who can reach it; give --token-file FILE (the host passes the same file to --agent-token-file)",
+            args.listen
+        )));
+    }
+    let config = ServeConfig {
+        address: args.listen.clone(),
+        token,
+        interval_ns,
+        collect: CollectConfig { counters: args.counters.clone(), perf: args.perf },
+        sessions: args.sessions,
+    };
+    virtprof_host::stop::install_handler();
+    serve(&config, &STOP_REQUESTED, &mut |line| {
+        eprintln!("virtprof agent: {}", virtprof_model::units::printable(line))
+    })
+    .map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::AddrInUse | std::io::ErrorKind::PermissionDenied => {
+            usage(format!("--listen {}: {e}", args.listen))
+        }
+        _ if e.raw_os_error() == Some(libc::EAFNOSUPPORT) || e.raw_os_error() == Some(libc::ENODEV) => usage(format!(
+            "--listen {}: {e} (this guest has no vsock device: give the VM vhost-vsock, or use serial: or tcp:)",
+            args.listen
+        )),
+        _ => anyhow::Error::new(e).context(format!("serving on {}", args.listen)),
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A token file's first line (a secret: read with a size limit, never echoed).
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let text = virtprof_host::input::read_text(path, "token file", 4096).map_err(|e| usage(e.to_string()))?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    if token.len() < 8 {
+        return Err(usage(format!("token file '{}': the token needs 8 characters or more", path.display())));
+    }
+    Ok(token)
+}

@@ -1,0 +1,293 @@
+//! `virtprof agent` and `record --agent`: a real Debian guest under QEMU TCG over virtio-serial
+//! and TCP (user networking), an agent on this host with an application counter file, and the
+//! ways a link breaks.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::util::{debian_kernel, have_tracefs, note, temp, virtprof, vm_lock};
+
+fn report_json(rec: &Path) -> Value {
+    let out = virtprof().arg("report").arg(rec).arg("--json").output().unwrap();
+    assert!(out.status.success(), "report: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn token_file(name: &str) -> PathBuf {
+    let path = temp(name);
+    std::fs::write(&path, "it-token-0123456789\n").unwrap();
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The bed's kernel package (its vmlinuz and modules), or None with a note.
+fn bed_kernel(test: &str) -> Option<(PathBuf, String)> {
+    debian_kernel(test)?;
+    let bed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/nested-svm/bed.sh");
+    let out = Command::new("bash").arg(bed).arg("kernel").output().unwrap();
+    if !out.status.success() {
+        note(test, format!("SKIP: bed.sh kernel: {}", String::from_utf8_lossy(&out.stderr)));
+        return None;
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let version = std::fs::read_dir(dir.join("kernel/lib/modules")).ok()?.flatten().next()?.file_name();
+    Some((dir, version.to_string_lossy().into_owned()))
+}
+
+/// A Debian guest running `agent ARGS` under QEMU TCG with `qemu_args`, its console read
+/// until the agent listens.
+struct Guest {
+    qemu: Child,
+    console: std::sync::mpsc::Receiver<String>,
+    initrd: PathBuf,
+}
+
+impl Guest {
+    fn boot(dir: &Path, name: &str, agent_args: &str, qemu_args: &[String], files: &str) -> Guest {
+        let initrd = temp(&format!("{name}.cpio"));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/debian-kernel/guest-initrd.sh");
+        let built = Command::new("bash")
+            .arg(&script)
+            .arg(assert_cmd::cargo::cargo_bin("virtprof"))
+            .arg(&initrd)
+            .env("MODULES", "virtio_pci virtio_console virtio_net")
+            .env("FILES", files)
+            .output()
+            .unwrap();
+        assert!(built.status.success(), "guest-initrd.sh: {}", String::from_utf8_lossy(&built.stderr));
+        let mut qemu = Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1G", "-nographic", "-no-reboot", "-nodefaults"])
+            .args(["-serial", "stdio", "-kernel"])
+            .arg(dir.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(&initrd)
+            .args(["-append", &format!("console=ttyS0 quiet -- /virtprof agent {agent_args}")])
+            .args(qemu_args)
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = qemu.stdout.take().unwrap();
+        let (tx, console) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Guest { qemu, console, initrd }
+    }
+
+    /// Console lines until one contains `marker` (or panic with what came).
+    fn wait_for(&self, marker: &str, within: Duration) -> Vec<String> {
+        let deadline = Instant::now() + within;
+        let mut seen = Vec::new();
+        while let Ok(line) = self.console.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            let done = line.contains(marker);
+            seen.push(line);
+            if done {
+                return seen;
+            }
+        }
+        panic!("no '{marker}' on the guest console:\n{}", seen.join("\n"));
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        let lines = self.wait_for("VIRTPROF-RUN-END", Duration::from_secs(120));
+        let _ = self.qemu.wait();
+        let _ = std::fs::remove_file(&self.initrd);
+        lines
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
+    }
+}
+
+/// What every recorded guest layer must show: the guest's own kernel and CPUs, rows whose CPU
+/// time adds up to the time they cover on every CPU, and a clock bound that every exchange
+/// (an event both sides saw) respects.
+fn check_guest_layer(r: &Value, kernel: &str, transport: &str) {
+    let guests = r["guests"].as_array().unwrap();
+    assert_eq!(guests.len(), 1, "{transport}: {}", r["guests"]);
+    let g = &guests[0];
+    assert_eq!(g["kernel"], kernel, "{transport}: the guest's own kernel");
+    assert_eq!(g["cpus"], 2, "{transport}: QEMU -smp 2");
+    let rows = g["rows"].as_u64().unwrap();
+    assert!((15..=40).contains(&rows), "{transport}: 3 s of 100 ms rows: {rows}");
+    assert_eq!(g["gaps"].as_array().unwrap().len(), 0, "{transport}: {}", g["gaps"]);
+    let link = &g["link"];
+    assert_eq!((link["garbage_bytes"].as_u64(), link["bad_frames"].as_u64()), (Some(0), Some(0)), "{link}");
+    let checked = link["exchanges_checked"].as_u64().unwrap();
+    assert!(checked >= 16, "{transport}: {link}");
+    assert_eq!(link["exchanges_outside"], 0, "{transport}: every exchange lies within the bound: {link}");
+    assert!(g["clock"]["points"].as_u64().unwrap() >= 2, "{transport}: {}", g["clock"]);
+    // The guest's CPU time over its rows is the time they cover on each of its 2 CPUs
+    // (/proc/stat counts in 10 ms ticks: a few ticks either way).
+    let (from, to) = (g["span_s"][0].as_f64().unwrap(), g["span_s"][1].as_f64().unwrap());
+    let cpu_pct: f64 = g["cpu_pct"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).sum();
+    assert!((cpu_pct - 100.0).abs() < 1e-6, "{transport}: shares add up: {}", g["cpu_pct"]);
+    assert!(to > from, "{transport}: {}", g["span_s"]);
+    let irq_total: f64 = g["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["metric"].as_str().is_some_and(|n| n == "irq.LOC"))
+        .map(|m| m["total"].as_f64().unwrap())
+        .sum();
+    assert!(irq_total > 0.0, "{transport}: the guest's local timer interrupts were counted: {}", g["metrics"]);
+}
+
+#[test]
+fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_checked_clock_bound() {
+    let test = "an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_checked_clock_bound";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some((dir, kernel)) = bed_kernel(test) else { return };
+    let _lock = vm_lock();
+
+    // virtio-serial: QEMU serves the port's socket; the agent answers on /dev/virtio-ports.
+    let sock = temp("agent-port.sock");
+    let chardev = format!("socket,id=vp,path={},server=on,wait=off", sock.display());
+    let qemu_args: Vec<String> = [
+        "-device",
+        "virtio-serial-pci",
+        "-chardev",
+        &chardev,
+        "-device",
+        "virtserialport,chardev=vp,name=virtprof",
+        "-net",
+        "none",
+    ]
+    .map(String::from)
+    .to_vec();
+    let guest =
+        Guest::boot(&dir, "agent-serial", "--listen serial:virtprof --interval 100ms --sessions 1", &qemu_args, "");
+    guest.wait_for("listening on", Duration::from_secs(120));
+    let rec = temp("agent-serial.vprec");
+    let address = format!("serial:{}", sock.display());
+    let out = virtprof().args(["record", "-d", "3s", "--agent", &address, "-o"]).arg(&rec).output().unwrap();
+    assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    let console = guest.finish();
+    assert!(console.iter().any(|l| l.contains("VIRTPROF-RUN-END status=0")), "{}", console.join("\n"));
+    check_guest_layer(&report_json(&rec), &kernel, "virtio-serial");
+    let _ = std::fs::remove_file(&rec);
+
+    // TCP over QEMU user networking, with a token.
+    let token = token_file("agent-token");
+    let port = free_port();
+    let net = format!("user,id=n0,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:9478");
+    let qemu_args: Vec<String> = ["-netdev", &net, "-device", "virtio-net-pci,netdev=n0"].map(String::from).to_vec();
+    let files = format!("{}:tmp/token", token.display());
+    let args = "--listen tcp:0.0.0.0:9478 --token-file /tmp/token --interval 100ms --sessions 1";
+    let guest = Guest::boot(&dir, "agent-tcp", args, &qemu_args, &files);
+    guest.wait_for("listening on", Duration::from_secs(120));
+    let rec = temp("agent-tcp.vprec");
+    let out = virtprof()
+        .args(["record", "-d", "3s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    let console = guest.finish();
+    assert!(console.iter().any(|l| l.contains("VIRTPROF-RUN-END status=0")), "{}", console.join("\n"));
+    check_guest_layer(&report_json(&rec), &kernel, "tcp");
+    let _ = std::fs::remove_file(&rec);
+    let _ = std::fs::remove_file(&token);
+}
+
+#[test]
+fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_reported_gap() {
+    let test = "an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_reported_gap";
+    if !have_tracefs(test) {
+        return;
+    }
+    // A program's counter file, written while the agent runs: its increase is the ground truth.
+    let counters = temp("agent-counters");
+    std::fs::create_dir_all(&counters).unwrap();
+    let slots = [virtprof_agent::appcounters::Slot {
+        name: "requests".into(),
+        kind: virtprof_model::guest::SeriesKind::Counter,
+    }];
+    let writer =
+        virtprof_agent::appcounters::CounterWriter::create(&counters.join("web.counters"), "web", &slots).unwrap();
+    let token = token_file("agent-local-token");
+    let port = free_port();
+    let mut agent = virtprof()
+        .args(["agent", "--listen", &format!("tcp:127.0.0.1:{port}"), "--interval", "100ms", "--sessions", "1"])
+        .arg("--token-file")
+        .arg(&token)
+        .arg("--counters")
+        .arg(&counters)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let rec = temp("agent-local.vprec");
+    let mut record = virtprof()
+        .args(["record", "-d", "2s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .spawn()
+        .unwrap();
+    // 1000 requests while the host records.
+    std::thread::sleep(Duration::from_millis(700));
+    for _ in 0..1000 {
+        writer.add(0, 1);
+    }
+    assert!(record.wait().unwrap().success());
+    assert!(agent.wait().unwrap().success(), "the agent serves one host and exits");
+    let r = report_json(&rec);
+    let g = &r["guests"][0];
+    let requests =
+        g["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == "app.web.requests").expect("app counter");
+    assert_eq!(requests["total"], 1000.0, "{requests}");
+    // Host and agent share CLOCK_MONOTONIC here: the measured offset is 0 within its bound.
+    let clock = &g["clock"];
+    assert!(clock["offset_ns"].as_i64().unwrap().unsigned_abs() <= clock["max_bound_ns"].as_u64().unwrap(), "{clock}");
+    assert_eq!(g["link"]["exchanges_outside"], 0, "{}", g["link"]);
+
+    // Nobody listens: the recording goes on, and the gap says why.
+    let out = virtprof()
+        .args(["record", "-d", "1s", "--agent", &format!("tcp:127.0.0.1:{}", free_port()), "--agent-token-file"])
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = report_json(&rec);
+    let gaps = &r["guests"][0]["gaps"];
+    assert!(gaps[0]["cause"].as_str().unwrap().contains("cannot connect"), "{gaps}");
+    assert!(r["events"].as_u64().unwrap() > 0, "the host's own trace is all there");
+
+    // Bad command lines exit 2 with the way out.
+    for (args, says) in [
+        (vec!["agent", "--listen", "tcp:127.0.0.1:1"], "--token-file"),
+        (vec!["agent", "--listen", "udp:1"], "unknown transport"),
+        (vec!["record", "-o", "/tmp/x.vprec", "--agent", "tcp:127.0.0.1:1"], "--agent-token-file"),
+        (vec!["record", "-o", "/tmp/x.vprec", "--agent", "vsock:3:1", "--clock", "local"], "mono"),
+    ] {
+        let out = virtprof().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    for p in [rec, token] {
+        let _ = std::fs::remove_file(p);
+    }
+    let _ = std::fs::remove_dir_all(counters);
+}

@@ -1,0 +1,178 @@
+//! Guest agents' rows in a recording (`record --agent`): per agent, its guest, its rows in
+//! the guest's clock with the series they carry, the measured clock alignment and the gaps.
+
+use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries};
+use virtprof_store::recording::{agent_value, AgentFooter, AgentRecord};
+
+/// One interval of a guest, in its own clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuestRow {
+    /// Guest time it starts.
+    pub start_ns: u64,
+    /// Guest time it ends.
+    pub end_ns: u64,
+    /// One value per series of its segment.
+    pub values: Vec<f64>,
+}
+
+/// Rows that carry the same series.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GuestSegment {
+    /// Columns.
+    pub series: Vec<GuestSeries>,
+    /// Rows in order.
+    pub rows: Vec<GuestRow>,
+}
+
+/// A stretch of host time without rows from a guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestGap {
+    /// Host time last heard.
+    pub from_ns: u64,
+    /// Host time heard again (or the end).
+    pub to_ns: u64,
+    /// Why.
+    pub cause: String,
+}
+
+/// Everything one agent's link recorded.
+#[derive(Debug, Clone, Default)]
+pub struct GuestStream {
+    /// Agent number.
+    pub agent: u32,
+    /// Its address.
+    pub address: String,
+    /// The guest (as it last said).
+    pub guest: GuestInfo,
+    /// Rows by series set.
+    pub segments: Vec<GuestSegment>,
+    /// Guest clock → recording clock.
+    pub alignment: Alignment,
+    /// Gaps.
+    pub gaps: Vec<GuestGap>,
+    /// The link's figures (None when the recording has no footer).
+    pub footer: Option<AgentFooter>,
+    points: Vec<ClockPoint>,
+}
+
+impl GuestStream {
+    /// Rows over all segments.
+    pub fn rows(&self) -> usize {
+        self.segments.iter().map(|s| s.rows.len()).sum()
+    }
+
+    /// A name for tables: the guest's host name, else its address.
+    pub fn name(&self) -> String {
+        if self.guest.hostname.is_empty() {
+            self.address.clone()
+        } else {
+            self.guest.hostname.clone()
+        }
+    }
+}
+
+/// Builds the guest streams while a recording's chunks are indexed.
+#[derive(Debug, Default)]
+pub struct GuestStreams {
+    streams: Vec<GuestStream>,
+}
+
+impl GuestStreams {
+    fn stream(&mut self, agent: u32) -> &mut GuestStream {
+        let at = match self.streams.iter().position(|s| s.agent == agent) {
+            Some(at) => at,
+            None => {
+                self.streams.push(GuestStream { agent, ..Default::default() });
+                self.streams.len() - 1
+            }
+        };
+        &mut self.streams[at]
+    }
+
+    /// Take one record.
+    pub fn record(&mut self, record: AgentRecord) {
+        match record {
+            AgentRecord::Connected { agent, address, guest, series } => {
+                let s = self.stream(agent);
+                s.address = address;
+                s.guest = guest;
+                s.segments.push(GuestSegment { series, rows: Vec::new() });
+            }
+            AgentRecord::Schema { agent, series } => {
+                self.stream(agent).segments.push(GuestSegment { series, rows: Vec::new() })
+            }
+            AgentRecord::Clock { agent, point } => self.stream(agent).points.push(point),
+            AgentRecord::Gap { agent, from_ns, to_ns, cause } => {
+                self.stream(agent).gaps.push(GuestGap { from_ns, to_ns, cause })
+            }
+        }
+    }
+
+    /// Take one row; false if it does not fit its agent's series (damage).
+    pub fn row(&mut self, agent: u32, start_ns: u64, end_ns: u64, values: &[u8]) -> bool {
+        let Some(segment) = self.stream(agent).segments.last_mut() else { return false };
+        let n = values.len() / 8;
+        if n != segment.series.len() {
+            return false;
+        }
+        segment.rows.push(GuestRow { start_ns, end_ns, values: (0..n).map(|i| agent_value(values, i)).collect() });
+        true
+    }
+
+    /// The streams, with their alignments and the footer's figures.
+    pub fn finish(mut self, footers: &[AgentFooter]) -> Vec<GuestStream> {
+        for s in &mut self.streams {
+            s.alignment = Alignment::new(std::mem::take(&mut s.points));
+            s.footer = footers.iter().find(|f| f.agent == s.agent).cloned();
+        }
+        self.streams.sort_by_key(|s| s.agent);
+        self.streams
+    }
+}
+
+/// A guest row placed on the recording's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacedRow {
+    /// Host time it starts.
+    pub start_ns: u64,
+    /// Host time it ends.
+    pub end_ns: u64,
+    /// The alignment's error bound there.
+    pub bound_ns: u64,
+}
+
+impl GuestStream {
+    /// Where each row of `segment` lies on the recording's clock (None without any clock point).
+    pub fn placed(&self, segment: &GuestSegment) -> Option<Vec<PlacedRow>> {
+        segment
+            .rows
+            .iter()
+            .map(|r| {
+                let (start_ns, b0) = self.alignment.to_host(r.start_ns)?;
+                let (end_ns, b1) = self.alignment.to_host(r.end_ns)?;
+                Some(PlacedRow { start_ns, end_ns, bound_ns: b0.max(b1) })
+            })
+            .collect()
+    }
+
+    /// Each series' total over all rows (counters: the sum; gauges: the last value), by name.
+    pub fn totals(&self) -> Vec<(GuestSeries, f64)> {
+        let mut out: Vec<(GuestSeries, f64)> = Vec::new();
+        for segment in &self.segments {
+            for (i, s) in segment.series.iter().enumerate() {
+                let mut column =
+                    segment.rows.iter().map(|r| r.values.get(i).copied().unwrap_or(0.0)).filter(|v| v.is_finite());
+                let value = match s.kind {
+                    virtprof_model::guest::SeriesKind::Counter => column.sum(),
+                    virtprof_model::guest::SeriesKind::Gauge => column.next_back().unwrap_or(0.0),
+                };
+                match out.iter_mut().find(|(o, _)| o.name == s.name) {
+                    Some((o, v)) if o.kind == virtprof_model::guest::SeriesKind::Counter => *v += value,
+                    Some((_, v)) => *v = value,
+                    None => out.push((s.clone(), value)),
+                }
+            }
+        }
+        out
+    }
+}
