@@ -387,6 +387,13 @@ impl Collector {
     }
 }
 
+/// The /proc/stat field (`user`, `steal`, ...) of a per-CPU time series `cpuN.FIELD_ns`.
+pub fn cpu_field(name: &str) -> Option<&str> {
+    let (n, f) = name.strip_prefix("cpu")?.split_once('.')?;
+    n.parse::<u32>().ok()?;
+    f.strip_suffix("_ns").filter(|f| FIELDS.contains(f))
+}
+
 /// The guest's host name, kernel and clocksource.
 pub fn guest_facts() -> (String, String, String) {
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();

@@ -52,6 +52,9 @@ pub enum LinkEvent {
     Row(Row),
     /// A measured clock point.
     Clock(ClockPoint),
+    /// The agent cannot be reached now, and why (said once per cause; the gap follows when
+    /// it is back, or at the end).
+    Unreachable(String),
     /// No rows between these host times, and why.
     Gap {
         /// Host time the guest was last heard.
@@ -106,7 +109,11 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
         let stream = match config.address.connect(Duration::from_secs(2)) {
             Ok(s) => s,
             Err(e) => {
-                gap_cause.get_or_insert_with(|| format!("cannot connect: {e}"));
+                let cause = format!("cannot connect: {e}");
+                if gap_cause.is_none() {
+                    sink(LinkEvent::Unreachable(cause.clone()));
+                }
+                gap_cause.get_or_insert(cause);
                 sleep_or_stop(Duration::from_secs(1), stop);
                 continue;
             }
@@ -154,6 +161,7 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                 break;
             }
             Outcome::Lost(cause) => {
+                sink(LinkEvent::Unreachable(cause.clone()));
                 gap_cause.get_or_insert(cause);
                 sleep_or_stop(Duration::from_millis(200), stop);
             }

@@ -125,7 +125,8 @@ fn session(mut stream: Stream, config: &ServeConfig, collector: &mut Collector, 
             return end;
         }
         let now = monotonic_ns();
-        let wait = next_row.saturating_sub(now).min(20_000_000);
+        // Wakes for the next row, a host frame, or every 100 ms to look at the stop flag.
+        let wait = next_row.saturating_sub(now).min(100_000_000);
         match stream.readable(Duration::from_nanos(wait)) {
             Ok(true) => match stream.read_some(&mut buf) {
                 Ok(Some(0)) => {

@@ -141,6 +141,37 @@
     }
   }
 
+  function guests(D) {
+    for (const g of D.guests) {
+      const c = g.clock;
+      const s = section(`Guest ${g.name} (inside view)`,
+        `agent ${g.agent} at ${g.address}: ${g.rows} rows of ${fmt(g.interval_ns / 1e6, 0)} ms placed on this recording's clock.`);
+      const rows = [
+        ["kernel", g.kernel], ["CPUs", g.cpus], ["clocksource", g.clocksource + (g.ptp_kvm ? `, ptp_kvm ${g.ptp_kvm}` : "")],
+        ["clock", c.offset_ns === null ? "never measured" :
+          `guest − host ${fmt(c.offset_ns / 1e6, 3)} ms, drift ${fmt(c.drift_ppm, 2)} ppm, bound ±${fmt(c.median_bound_ns / 1e3, 1)} µs (median), ±${fmt(c.max_bound_ns / 1e3, 1)} µs (max), ${c.points} points`],
+      ];
+      if (g.link) rows.push(["exchanges", `${g.link.exchanges_checked} checked, ${g.link.exchanges_outside} outside their bound; ${g.link.garbage_bytes} garbage bytes, ${g.link.bad_frames} bad frames`]);
+      s.append(table("facts", null, rows));
+      if (g.gaps.length) s.append(table("grid", ["from s", "to s", "gap"], g.gaps.map((x) => [fmt(x.from_s, 3), fmt(x.to_s, 3), x.cause])));
+      const T = g.timeline;
+      if (T.t_s.length > 1) {
+        const fields = ["user", "system", "iowait", "irq", "softirq", "steal", "idle"];
+        const box = el("div", { class: "charts" });
+        s.append(box);
+        plot(box, "guest CPU time (% of all its CPUs)", {
+          width: 760, height: 220,
+          scales: { x: { time: false }, y: { range: [0, 100] } },
+          axes: [{ label: "s" }, { label: "%" }],
+          series: [{ label: "s" }].concat(fields.map((f, i) => ({ label: f, stroke: COLORS[i % COLORS.length] }))),
+        }, [T.t_s].concat(fields.map((f) => T.cpu_pct[f])));
+      }
+      const m = g.metrics.filter((x) => x.total !== 0);
+      s.append(table("grid", ["metric", "unit", "total", "per s"], m.map((x) => [x.metric, x.unit, fmt(x.total, 0), x.per_second === null ? "level" : fmt(x.per_second, 1)])));
+      if (g.unavailable.length) s.append(table("grid", ["not sampled", "reason"], g.unavailable));
+    }
+  }
+
   vp.run((D) => {
     summary(D);
     exits(D);
@@ -150,5 +181,6 @@
       timelines(D, D.intervals);
       heatmap(D, D.intervals);
     }
+    guests(D);
   });
 })();

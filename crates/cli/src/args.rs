@@ -333,6 +333,13 @@ pub struct TopArgs {
     /// Append CSV rows (one per VM and vCPU per refresh) to FILE.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Also show a guest from inside (`virtprof agent` in it): vsock:CID:PORT, serial:PATH
+    /// or tcp:HOST:PORT; repeat for more guests.
+    #[arg(long, value_name = "ADDR", value_parser = parse_agent_address)]
+    pub agent: Vec<virtprof_agent::transport::Address>,
+    /// The agents' token file (tcp agents need one).
+    #[arg(long, value_name = "FILE")]
+    pub agent_token_file: Option<PathBuf>,
 }
 
 /// How `top` and `demo` watch.

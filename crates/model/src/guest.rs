@@ -162,6 +162,36 @@ impl Alignment {
     }
 }
 
+/// A guest's rows placed on the recording's clock: what sinks draw beside the host's tracks.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GuestLayer {
+    /// Agent number in the recording.
+    pub agent: u32,
+    /// The guest's name (host name, else the agent's address).
+    pub name: String,
+    /// Columns of the rows.
+    pub series: Vec<GuestSeries>,
+    /// Rows in order.
+    pub rows: Vec<LayerRow>,
+}
+
+/// One guest row on the recording's clock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerRow {
+    /// Guest time it starts.
+    pub guest_start_ns: u64,
+    /// Guest time it ends.
+    pub guest_end_ns: u64,
+    /// Host time it starts.
+    pub start_ns: u64,
+    /// Host time it ends.
+    pub end_ns: u64,
+    /// The alignment's error bound there.
+    pub bound_ns: u64,
+    /// One value per series.
+    pub values: Vec<f64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -155,6 +155,37 @@ impl GuestStream {
             .collect()
     }
 
+    /// The rows placed on the recording's clock, one layer per series set (none without a
+    /// clock point: such rows cannot be placed).
+    pub fn layers(&self) -> Vec<virtprof_model::guest::GuestLayer> {
+        self.segments
+            .iter()
+            .filter_map(|segment| {
+                let placed = self.placed(segment)?;
+                let rows = segment
+                    .rows
+                    .iter()
+                    .zip(placed)
+                    .map(|(r, p)| virtprof_model::guest::LayerRow {
+                        guest_start_ns: r.start_ns,
+                        guest_end_ns: r.end_ns,
+                        start_ns: p.start_ns,
+                        end_ns: p.end_ns,
+                        bound_ns: p.bound_ns,
+                        values: r.values.clone(),
+                    })
+                    .collect();
+                Some(virtprof_model::guest::GuestLayer {
+                    agent: self.agent,
+                    name: self.name(),
+                    series: segment.series.clone(),
+                    rows,
+                })
+            })
+            .filter(|l| !l.rows.is_empty())
+            .collect()
+    }
+
     /// Each series' total over all rows (counters: the sum; gauges: the last value), by name.
     pub fn totals(&self) -> Vec<(GuestSeries, f64)> {
         let mut out: Vec<(GuestSeries, f64)> = Vec::new();

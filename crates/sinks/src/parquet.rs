@@ -40,6 +40,51 @@ fn field(name: &str, data_type: DataType, nullable: bool) -> Field {
     Field::new(name, data_type, nullable)
 }
 
+/// The last four columns of the long-form tables: metric, unit, kind and value (null when
+/// unknown).
+struct MetricColumns {
+    metric: StringBuilder,
+    unit: StringBuilder,
+    kind: StringBuilder,
+    value: Float64Builder,
+}
+
+impl MetricColumns {
+    fn with_capacity(n: usize) -> MetricColumns {
+        MetricColumns {
+            metric: StringBuilder::new(),
+            unit: StringBuilder::new(),
+            kind: StringBuilder::new(),
+            value: Float64Builder::with_capacity(n),
+        }
+    }
+
+    fn fields() -> [Field; 4] {
+        [
+            field("metric", DataType::Utf8, false),
+            field("unit", DataType::Utf8, false),
+            field("kind", DataType::Utf8, false),
+            field("value", DataType::Float64, true),
+        ]
+    }
+
+    fn push(&mut self, metric: &str, unit: &str, kind: &str, value: f64) {
+        self.metric.append_value(metric);
+        self.unit.append_value(unit);
+        self.kind.append_value(kind);
+        self.value.append_option(value.is_finite().then_some(value));
+    }
+
+    fn finish(mut self) -> [ArrayRef; 4] {
+        [
+            Arc::new(self.metric.finish()),
+            Arc::new(self.unit.finish()),
+            Arc::new(self.kind.finish()),
+            Arc::new(self.value.finish()),
+        ]
+    }
+}
+
 /// A reason to name: (0 for `kvm_exit`, 1 for `kvm_userspace_exit`, reason, isa).
 type ReasonKey = (u8, u32, u32);
 
@@ -236,16 +281,17 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
 
 /// Write `intervals.parquet` in long form (unknown values as nulls); returns the rows written.
 pub fn write_intervals(path: &Path, table: &IntervalTable) -> Result<u64> {
-    let schema = Arc::new(Schema::new(vec![
-        field("interval", DataType::UInt64, false),
-        field("start_ns", DataType::UInt64, false),
-        field("end_ns", DataType::UInt64, false),
-        field("entity", DataType::Utf8, false),
-        field("metric", DataType::Utf8, false),
-        field("unit", DataType::Utf8, false),
-        field("kind", DataType::Utf8, false),
-        field("value", DataType::Float64, true),
-    ]));
+    let schema = Arc::new(Schema::new(
+        vec![
+            field("interval", DataType::UInt64, false),
+            field("start_ns", DataType::UInt64, false),
+            field("end_ns", DataType::UInt64, false),
+            field("entity", DataType::Utf8, false),
+        ]
+        .into_iter()
+        .chain(MetricColumns::fields())
+        .collect::<Vec<_>>(),
+    ));
     let mut w = writer(path, &schema)?;
     let mut written = 0u64;
     for c in &table.columns {
@@ -256,30 +302,68 @@ pub fn write_intervals(path: &Path, table: &IntervalTable) -> Result<u64> {
             let n = rows.len();
             let (mut index, mut start, mut end) =
                 (UInt64Builder::with_capacity(n), UInt64Builder::with_capacity(n), UInt64Builder::with_capacity(n));
-            let (mut ent, mut metric, mut unit, mut kinds) =
-                (StringBuilder::new(), StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
-            let mut value = Float64Builder::with_capacity(n);
+            let mut ent = StringBuilder::new();
+            let mut metrics = MetricColumns::with_capacity(n);
             for r in rows {
                 index.append_value(table.index[r]);
                 start.append_value(table.start_ns[r]);
                 end.append_value(table.end_ns[r]);
                 ent.append_value(&entity);
-                metric.append_value(&c.series.metric);
-                unit.append_value(&c.series.unit);
-                kinds.append_value(&kind);
-                let v = c.values[r];
-                value.append_option(v.is_finite().then_some(v));
+                metrics.push(&c.series.metric, &c.series.unit, &kind, c.values[r]);
             }
-            let columns: Vec<ArrayRef> = vec![
+            let mut columns: Vec<ArrayRef> = vec![
                 Arc::new(index.finish()),
                 Arc::new(start.finish()),
                 Arc::new(end.finish()),
                 Arc::new(ent.finish()),
-                Arc::new(metric.finish()),
-                Arc::new(unit.finish()),
-                Arc::new(kinds.finish()),
-                Arc::new(value.finish()),
             ];
+            columns.extend(metrics.finish());
+            w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+            written += n as u64;
+        }
+    }
+    w.into_inner()?.commit()?;
+    Ok(written)
+}
+
+/// Write `guests.parquet` in long form: one row per guest row and series, with its guest and
+/// host (recording clock) times and the alignment's bound; returns the rows written.
+pub fn write_guests(path: &Path, layers: &[virtprof_model::guest::GuestLayer]) -> Result<u64> {
+    let schema = Arc::new(Schema::new(
+        vec![
+            field("agent", DataType::UInt64, false),
+            field("guest", DataType::Utf8, false),
+            field("guest_start_ns", DataType::UInt64, false),
+            field("guest_end_ns", DataType::UInt64, false),
+            field("start_ns", DataType::UInt64, false),
+            field("end_ns", DataType::UInt64, false),
+            field("bound_ns", DataType::UInt64, false),
+        ]
+        .into_iter()
+        .chain(MetricColumns::fields())
+        .collect::<Vec<_>>(),
+    ));
+    let mut w = writer(path, &schema)?;
+    let mut written = 0u64;
+    for layer in layers {
+        for (i, s) in layer.series.iter().enumerate() {
+            let kind = format!("{:?}", s.kind).to_lowercase();
+            let n = layer.rows.len();
+            let mut times: Vec<UInt64Builder> = (0..6).map(|_| UInt64Builder::with_capacity(n)).collect();
+            let mut guest = StringBuilder::new();
+            let mut metrics = MetricColumns::with_capacity(n);
+            for r in &layer.rows {
+                let words =
+                    [u64::from(layer.agent), r.guest_start_ns, r.guest_end_ns, r.start_ns, r.end_ns, r.bound_ns];
+                for (b, v) in times.iter_mut().zip(words) {
+                    b.append_value(v);
+                }
+                guest.append_value(&layer.name);
+                metrics.push(&s.name, &s.unit, &kind, r.values.get(i).copied().unwrap_or(f64::NAN));
+            }
+            let mut columns: Vec<ArrayRef> = times.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef).collect();
+            columns.insert(1, Arc::new(guest.finish()));
+            columns.extend(metrics.finish());
             w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
             written += n as u64;
         }

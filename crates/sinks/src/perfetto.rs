@@ -2,7 +2,9 @@
 //! ui.perfetto.dev and chrome://tracing open. Per VM a process; per vCPU two tracks: its
 //! scheduling state (running / waiting / blocked / unknown slices: the sched accounting's own,
 //! so they add up to what `sched` reports) and its exits
-//! (a slice per timed exit, reason as name). Interval recordings add counter tracks per VM.
+//! (a slice per timed exit, reason as name). Interval recordings add counter tracks per VM;
+//! guests recorded with `record --agent` are processes of their own on the same timeline, a
+//! counter track per series (counters as rates).
 //! Layout documented in docs/export.md.
 
 use std::collections::HashMap;
@@ -34,9 +36,15 @@ pub struct Tracks<'a> {
     pub exits: &'a [ExitRow],
     /// Interval rows, drawn as counter tracks.
     pub table: Option<&'a IntervalTable>,
+    /// Guests seen from inside (`record --agent`), placed on the recording's clock: a process
+    /// each, beside the VMs.
+    pub guests: &'a [virtprof_model::guest::GuestLayer],
     /// Timestamps are written relative to this.
     pub origin_ns: u64,
 }
+
+/// Guest processes get ids above every real pid: `GUEST_PROCESS + agent`.
+pub const GUEST_PROCESS: u64 = 1 << 32;
 
 /// Write the trace as JSON, one event per line.
 pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
@@ -110,6 +118,28 @@ pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
                 emit(
                     out,
                     json!({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": rel(table.start_ns[r]), "args": {"value": v / seconds}}),
+                )?;
+            }
+        }
+    }
+    for layer in t.guests {
+        let pid = GUEST_PROCESS + u64::from(layer.agent);
+        emit(
+            out,
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": format!("guest {} (agent {}, inside view)", layer.name, layer.agent)}}),
+        )?;
+        for (i, s) in layer.series.iter().enumerate() {
+            let (name, per_second) = match s.kind {
+                virtprof_model::guest::SeriesKind::Counter => (format!("{} /s", s.name), true),
+                virtprof_model::guest::SeriesKind::Gauge => (s.name.clone(), false),
+            };
+            for r in &layer.rows {
+                let Some(v) = r.values.get(i).copied().filter(|v| v.is_finite()) else { continue };
+                let seconds = r.end_ns.saturating_sub(r.start_ns).max(1) as f64 / 1e9;
+                let value = if per_second { v / seconds } else { v };
+                emit(
+                    out,
+                    json!({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": rel(r.start_ns), "args": {"value": value}}),
                 )?;
             }
         }

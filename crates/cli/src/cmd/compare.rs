@@ -36,6 +36,15 @@ struct ChangeOut {
     change: f64,
 }
 
+/// The guest layers' rates side by side (`guestN.SERIES`, N the agent's number in each).
+fn guest_rates(a: &[(String, f64)], b: &[(String, f64)]) -> Vec<Rate> {
+    let mut names: Vec<&String> = a.iter().chain(b).map(|(n, _)| n).collect();
+    names.sort();
+    names.dedup();
+    let of = |v: &[(String, f64)], n: &str| v.iter().find(|(m, _)| m == n).map_or(0.0, |(_, r)| *r);
+    names.into_iter().map(|n| Rate { metric: n.clone(), a_per_second: of(a, n), b_per_second: of(b, n) }).collect()
+}
+
 pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     let (ra, rb) = (interval_table(&args.a)?, interval_table(&args.b)?);
     let (ta, tb) = (&ra.table, &rb.table);
@@ -55,6 +64,7 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
             a_per_second: rate(&totals_a, m, ta.seconds()),
             b_per_second: rate(&totals_b, m, tb.seconds()),
         })
+        .chain(guest_rates(&ra.guest_rates, &rb.guest_rates))
         .filter(|r| r.a_per_second != 0.0 || r.b_per_second != 0.0)
         .collect();
     let method = if args.spearman { Method::Spearman } else { Method::Pearson };

@@ -54,5 +54,6 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         log: None,
         no_trace: args.watch.no_trace,
         done: &done,
+        agents: Vec::new(),
     })
 }

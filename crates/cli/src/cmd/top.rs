@@ -3,6 +3,8 @@
 use std::path::Path;
 use std::process::ExitCode;
 
+use virtprof_agent::transport::Address;
+
 use crate::args::TopArgs;
 use crate::exit::usage;
 use crate::watch::{delay, watch, Watch};
@@ -19,7 +21,12 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
             )));
         }
     }
+    let token = args.agent_token_file.as_deref().map(crate::cmd::agent::read_token).transpose()?;
+    if let Some(a) = args.agent.iter().find(|a| matches!(a, Address::Tcp(_))).filter(|_| token.is_none()) {
+        return Err(usage(format!("--agent {a}: a tcp agent needs its token: --agent-token-file FILE")));
+    }
     watch(&Watch {
+        agents: args.agent.iter().map(|a| (a.clone(), token.clone())).collect(),
         delay,
         only: args.vm.clone(),
         once: args.watch.once,

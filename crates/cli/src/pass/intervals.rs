@@ -22,7 +22,8 @@ pub fn interval_table(path: &std::path::Path) -> anyhow::Result<Intervals> {
     let lost_events = analysis.loss.total();
     let lost_events_text = recording.describe_loss(&analysis.loss, &analysis.decoder);
     let table = analysis.table.expect("the recording has interval rows, checked above");
-    Ok(Intervals { table, lost_events, lost_events_text })
+    let guest_rates = recording.guests.iter().flat_map(guest_rates).collect();
+    Ok(Intervals { table, lost_events, lost_events_text, guest_rates })
 }
 
 /// A recording's interval rows, and the events its trace lost (the rows' trace columns are
@@ -34,6 +35,38 @@ pub struct Intervals {
     pub lost_events: u64,
     /// The loss as one line, with where.
     pub lost_events_text: String,
+    /// Guest agents' counters per second of the time their rows cover: `guestN.SERIES`, with
+    /// per-CPU times summed over the guest's CPUs (`guestN.cpu.steal_ns`).
+    pub guest_rates: Vec<(String, f64)>,
+}
+
+/// One guest's counter rates (see [`Intervals::guest_rates`]).
+fn guest_rates(g: &virtprof_session::guest::GuestStream) -> Vec<(String, f64)> {
+    let layers = g.layers();
+    let first = layers.iter().filter_map(|l| l.rows.first()).map(|r| r.start_ns).min();
+    let last = layers.iter().filter_map(|l| l.rows.last()).map(|r| r.end_ns).max();
+    let Some(seconds) = first.zip(last).map(|(a, b)| b.saturating_sub(a) as f64 / 1e9).filter(|s| *s > 0.0) else {
+        return Vec::new();
+    };
+    let mut rates: Vec<(String, f64)> = Vec::new();
+    for (series, total) in g.totals() {
+        if series.kind != virtprof_model::guest::SeriesKind::Counter {
+            continue;
+        }
+        // cpu3.steal_ns -> cpu.steal_ns: one figure per guest, whatever its CPU count.
+        let name = match series.name.split_once('.') {
+            Some((cpu, rest)) if cpu.strip_prefix("cpu").is_some_and(|n| n.parse::<u32>().is_ok()) => {
+                format!("cpu.{rest}")
+            }
+            _ => series.name.clone(),
+        };
+        let name = format!("guest{}.{name}", g.agent);
+        match rates.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, r)) => *r += total / seconds,
+            None => rates.push((name, total / seconds)),
+        }
+    }
+    rates
 }
 
 /// The features phase detection and correlation look at: host-level delta metrics per second

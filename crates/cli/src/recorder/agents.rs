@@ -44,6 +44,8 @@ pub fn start(
                     WriterMsg::Agent(AgentRecord::Gap { agent, from_ns, to_ns, cause })
                 }
                 LinkEvent::Row(r) => WriterMsg::AgentRow(agent, r.start_ns, r.end_ns, r.values),
+                // The gap that follows records it.
+                LinkEvent::Unreachable(_) => return,
             };
             let _ = tx.send(msg);
         })

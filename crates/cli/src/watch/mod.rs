@@ -2,6 +2,7 @@
 //! gathers, [`view`] draws; this module runs the loop, the `--once` mode and the CSV log.
 
 mod energy;
+mod guests;
 pub mod sampler;
 pub mod view;
 
@@ -19,6 +20,7 @@ use crate::exit::usage;
 use crate::qos::{log_rows, table, LOG_HEADER};
 use sampler::{Sampler, Snapshot};
 use view::{Action, ViewState};
+use virtprof_model::units::duration_ns;
 
 /// How often the loop wakes between refreshes to notice SIGTERM or the demo's end.
 const STOP_CHECK: Duration = Duration::from_millis(500);
@@ -39,6 +41,8 @@ pub struct Watch<'a> {
     pub no_trace: bool,
     /// Stop when this returns true (demo: its VMs ended).
     pub done: &'a dyn Fn() -> bool,
+    /// Guest agents to show from inside (`top --agent`).
+    pub agents: Vec<(virtprof_agent::transport::Address, Option<String>)>,
 }
 
 /// The interactive view draws on a terminal: without one (a pipe, a file, a service), say so
@@ -72,6 +76,7 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace)?;
+    let guests = guests::Guests::start(&w.agents)?;
     if let Some(why) = &why_polling {
         eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
     }
@@ -88,14 +93,15 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
             }
         }
         sampler.refresh()?;
-        let snapshot = sampler.snapshot(None);
+        let mut snapshot = sampler.snapshot(None);
+        snapshot.guests = guests.snapshot(duration_ns(w.delay));
         write_log(&mut log, &snapshot)?;
         print_once(&snapshot, w.json, w.delay)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut terminal = ratatui::try_init()
         .map_err(|e| usage(format!("cannot open the terminal for the interactive view: {e}; use --once")))?;
-    let result = interactive(&mut terminal, &mut sampler, w, &mut log);
+    let result = interactive(&mut terminal, &mut sampler, &guests, w, &mut log);
     ratatui::restore();
     result
 }
@@ -103,12 +109,14 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
 fn interactive(
     terminal: &mut ratatui::DefaultTerminal,
     sampler: &mut Sampler,
+    guests: &guests::Guests,
     w: &Watch<'_>,
     log: &mut Option<File>,
 ) -> anyhow::Result<ExitCode> {
     let mut state = ViewState::default();
     let cpus = sampler.cpus();
     let mut shown: Snapshot = sampler.snapshot(state.cpu);
+    shown.guests = guests.snapshot(duration_ns(w.delay));
     let mut last_refresh = Instant::now();
     loop {
         let status = format!("refresh {:.1} s", w.delay.as_secs_f64());
@@ -133,6 +141,7 @@ fn interactive(
                     Action::Redraw => {
                         if !state.paused || state.cpu != cpu_before {
                             shown = sampler.snapshot(state.cpu);
+                            shown.guests = guests.snapshot(duration_ns(w.delay));
                         }
                         terminal.draw(|f| view::render(f, &shown, &state, &status))?;
                     }
@@ -148,6 +157,7 @@ fn interactive(
         }
         if !state.paused {
             shown = sampler.snapshot(state.cpu);
+            shown.guests = guests.snapshot(duration_ns(w.delay));
         }
     }
 }
@@ -175,6 +185,9 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
     )?;
     table(window, true).write_text(&mut out)?;
     writeln!(out, "{}", energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer))?;
+    for g in &snapshot.guests {
+        writeln!(out, "{}", guests::line(g))?;
+    }
     Ok(())
 }
 

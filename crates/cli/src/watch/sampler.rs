@@ -64,6 +64,9 @@ pub struct Snapshot {
     pub swaps_per_s: Option<f64>,
     /// The `virtprof balance` whose per-core accounts `cores` are (None: `top`'s estimate).
     pub balancer: Option<u32>,
+    /// Guests seen from inside (`top --agent`), over the refresh interval.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub guests: Vec<super::guests::GuestLive>,
 }
 
 /// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).
@@ -290,6 +293,7 @@ impl Sampler {
             cores: self.energy.rows(),
             swaps_per_s: self.energy.swaps_per_s,
             balancer: self.energy.balancer,
+            guests: Vec::new(),
         }
     }
 

@@ -154,8 +154,16 @@ pub fn render(frame: &mut Frame, snapshot: &Snapshot, state: &ViewState, status:
         frame.render_widget(Paragraph::new(msg).wrap(ratatui::widgets::Wrap { trim: true }), area);
         return;
     }
-    let [header, body, keys] =
-        Layout::vertical([Constraint::Length(3), Constraint::Min(1), Constraint::Length(1)]).areas(area);
+    let guest_rows = u16::try_from(snapshot.guests.len()).unwrap_or(u16::MAX).min(area.height / 4);
+    let [header, body, guests, keys] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Min(1),
+        Constraint::Length(guest_rows),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    let guest_lines: Vec<Line> = snapshot.guests.iter().map(|g| Line::from(super::guests::line(g))).collect();
+    frame.render_widget(Paragraph::new(guest_lines), guests);
     let Some(window) = snapshot.windows.get(state.window) else { return };
     frame.render_widget(Paragraph::new(header_lines(snapshot, window, state, status)), header);
     if window.vms.is_empty() {
@@ -317,6 +325,7 @@ mod tests {
             cores: vec![core(0), core(1)],
             swaps_per_s: Some(9.5),
             balancer: None,
+            guests: Vec::new(),
         }
     }
 

@@ -237,7 +237,16 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     std::thread::sleep(Duration::from_millis(500));
     let rec = temp("agent-local.vprec");
     let mut record = virtprof()
-        .args(["record", "-d", "2s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
+        .args([
+            "record",
+            "-d",
+            "2s",
+            "--interval",
+            "100ms",
+            "--agent",
+            &format!("tcp:127.0.0.1:{port}"),
+            "--agent-token-file",
+        ])
         .arg(&token)
         .arg("-o")
         .arg(&rec)
@@ -260,6 +269,58 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     assert!(clock["offset_ns"].as_i64().unwrap().unsigned_abs() <= clock["max_bound_ns"].as_u64().unwrap(), "{clock}");
     assert_eq!(g["link"]["exchanges_outside"], 0, "{}", g["link"]);
 
+    // compare puts the guest's rates beside the host's.
+    let out = virtprof().arg("compare").arg(&rec).arg(&rec).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rate =
+        c["rates"].as_array().unwrap().iter().find(|r| r["metric"] == "guest0.app.web.requests").expect("guest rate");
+    assert!(rate["a_per_second"].as_f64().unwrap() > 0.0 && rate["a_per_second"] == rate["b_per_second"], "{rate}");
+    // The agent runs on this host: its CPU time adds up to every CPU's whole time.
+    let cpu_ns_per_s: f64 = c["rates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["metric"].as_str().is_some_and(|m| m.starts_with("guest0.cpu.")))
+        .map(|r| r["a_per_second"].as_f64().unwrap())
+        .sum();
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    assert!((cpu_ns_per_s / (cpus * 1e9) - 1.0).abs() < 0.05, "{cpu_ns_per_s} ns/s on {cpus} CPUs");
+
+    // The same layer in every export: Parquet (checked by pyarrow), Perfetto, HTML.
+    let dir = temp("agent-parquet");
+    let out = virtprof().args(["export", "--format", "parquet", "-o"]).arg(&dir).arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let py = "import sys, pyarrow.parquet as pq\n\
+        t = pq.read_table(sys.argv[1]).to_pylist()\n\
+        print(sum(r['value'] for r in t if r['metric'] == 'app.web.requests'), len({(r['start_ns']) for r in t}))";
+    match Command::new("python3").args(["-c", py]).arg(dir.join("guests.parquet")).output() {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let mut words = text.split_whitespace();
+            assert_eq!(words.next(), Some("1000.0"), "{text}");
+            assert_eq!(words.next().map(|n| n.parse::<u64>().unwrap()), g["rows"].as_u64(), "{text}");
+        }
+        other => note(test, format!("SKIP (Parquet part): python3 with pyarrow: {other:?}")),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let trace = virtprof().args(["export", "--format", "perfetto", "-o", "-"]).arg(&rec).output().unwrap();
+    let trace: Value = serde_json::from_slice(&trace.stdout).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "process_name" && e["args"]["name"].as_str().unwrap().starts_with("guest ")));
+    let counted = events.iter().filter(|e| e["name"] == "app.web.requests /s").count() as u64;
+    assert_eq!(Some(counted), g["rows"].as_u64(), "a counter sample per guest row");
+    let html = temp("agent-report").with_extension("html");
+    let out = virtprof().arg("report").arg(&rec).arg("--html").arg(&html).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    match super::util::rendered_body(&html) {
+        Some(body) => assert!(body.contains("data-ready=\"ok\""), "{body}"),
+        None => note(test, "SKIP (HTML part): no Chromium (scripts/test.sh installs it)"),
+    }
+    let _ = std::fs::remove_file(&html);
+
     // Nobody listens: the recording goes on, and the gap says why.
     let out = virtprof()
         .args(["record", "-d", "1s", "--agent", &format!("tcp:127.0.0.1:{}", free_port()), "--agent-token-file"])
@@ -273,6 +334,43 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     let gaps = &r["guests"][0]["gaps"];
     assert!(gaps[0]["cause"].as_str().unwrap().contains("cannot connect"), "{gaps}");
     assert!(r["events"].as_u64().unwrap() > 0, "the host's own trace is all there");
+
+    // top shows a guest from inside, or why it cannot.
+    let port = free_port();
+    let mut agent = virtprof()
+        .args(["agent", "--listen", &format!("tcp:127.0.0.1:{port}"), "--interval", "100ms", "--sessions", "1"])
+        .arg("--token-file")
+        .arg(&token)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let top = |port: u16| -> Value {
+        let out = virtprof()
+            .args([
+                "top",
+                "--once",
+                "--json",
+                "-d",
+                "2",
+                "--agent",
+                &format!("tcp:127.0.0.1:{port}"),
+                "--agent-token-file",
+            ])
+            .arg(&token)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let live = top(port);
+    let g = &live["guests"][0];
+    assert!(g["rows"].as_u64().unwrap() >= 5, "{g}");
+    let shares: f64 = g["cpu_pct"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).sum();
+    assert!((shares - 100.0).abs() < 1e-6, "{g}");
+    assert!(agent.wait().unwrap().success());
+    let gone = top(free_port());
+    assert!(gone["guests"][0]["status"].as_str().unwrap().contains("cannot connect"), "{}", gone["guests"]);
 
     // Bad command lines exit 2 with the way out.
     for (args, says) in [

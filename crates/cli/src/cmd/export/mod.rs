@@ -36,6 +36,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 let rows = parquet::write_intervals(&dir.join("intervals.parquet"), table)?;
                 summary += &format!(", {rows} interval values");
             }
+            let layers: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
+            if !layers.is_empty() {
+                let rows = parquet::write_guests(&dir.join("guests.parquet"), &layers)?;
+                summary += &format!(", {rows} guest values");
+            }
             eprintln!("virtprof: wrote {summary} into {}", dir.display());
             eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
         }
@@ -47,7 +52,9 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let (first, _) = analysis.span_ns.unwrap_or((0, 0));
             let table = analysis.table.as_ref();
             let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
+            let guests: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
             let tracks = perfetto::Tracks {
+                guests: &guests,
                 vms: &analysis.vms,
                 states: &analysis.slices,
                 exits: analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]),

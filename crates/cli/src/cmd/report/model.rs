@@ -83,9 +83,18 @@ pub struct GuestOut {
     pub cpu_pct: Vec<(String, f64)>,
     /// Every other counter's total and rate, gauges' last level.
     pub metrics: Vec<MetricOut>,
+    /// Per row on the recording's time: seconds from its start, and each CPU-time share.
+    pub timeline: GuestTimeline,
     pub unavailable: Vec<(String, String)>,
     /// The link's figures (None when the recording has no footer).
     pub link: Option<virtprof_store::recording::AgentFooter>,
+}
+
+#[derive(Serialize, Default)]
+pub struct GuestTimeline {
+    pub t_s: Vec<f64>,
+    /// Field name → percent of the guest's CPU time in each row.
+    pub cpu_pct: BTreeMap<String, Vec<f64>>,
 }
 
 #[derive(Serialize)]
@@ -415,11 +424,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
         virtprof_interval::procstat::FIELDS.iter().map(|f| (f.to_string(), 0.0)).collect();
     let mut metrics = Vec::new();
     for (s, total) in &totals {
-        let field = s.name.strip_prefix("cpu").and_then(|rest| rest.split_once('.')).and_then(|(n, f)| {
-            n.parse::<u32>().ok()?;
-            f.strip_suffix("_ns").filter(|f| virtprof_interval::procstat::FIELDS.contains(f))
-        });
-        match field {
+        match virtprof_agent::collect::cpu_field(&s.name) {
             Some(f) => cpu.iter_mut().filter(|(name, _)| name == f).for_each(|(_, v)| *v += total),
             None => metrics.push(MetricOut {
                 entity: g.name(),
@@ -434,6 +439,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
             }),
         }
     }
+    let timeline = guest_timeline(g, origin_ns);
     let all: f64 = cpu.iter().map(|(_, v)| v).sum();
     for (_, v) in &mut cpu {
         *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 };
@@ -463,7 +469,34 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
             .collect(),
         cpu_pct: cpu,
         metrics,
+        timeline,
         unavailable: g.guest.unavailable.clone(),
         link: g.footer.clone(),
     }
+}
+
+/// Each row's CPU-time shares, on the recording's time.
+fn guest_timeline(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestTimeline {
+    let mut t = GuestTimeline::default();
+    for layer in g.layers() {
+        let fields: Vec<Option<&str>> =
+            layer.series.iter().map(|s| virtprof_agent::collect::cpu_field(&s.name)).collect();
+        for row in &layer.rows {
+            let mut by_field: BTreeMap<&str, f64> = BTreeMap::new();
+            for (f, v) in fields.iter().zip(&row.values) {
+                if let Some(f) = f {
+                    *by_field.entry(f).or_default() += v;
+                }
+            }
+            let all: f64 = by_field.values().sum();
+            if all <= 0.0 {
+                continue;
+            }
+            t.t_s.push(row.start_ns.saturating_sub(origin_ns) as f64 / 1e9);
+            for f in virtprof_interval::procstat::FIELDS {
+                t.cpu_pct.entry(f.to_string()).or_default().push(100.0 * by_field.get(f).copied().unwrap_or(0.0) / all);
+            }
+        }
+    }
+    t
 }
