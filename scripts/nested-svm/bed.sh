@@ -141,7 +141,7 @@ prepare() {
     ir=$cache/initramfs.$$
     rm -rf "$ir" && mkdir -p "$ir"/{bin,usr/bin,proc,sys,dev,tmp,out,host,lib/modules}
     cp "$(command -v busybox)" "$ir/bin/busybox"
-    module_order "$kimg/lib/modules" virtio_pci 9pnet_virtio 9p kvm_amd | while read -r ko; do
+    module_order "$kimg/lib/modules" virtio_pci 9pnet_virtio 9p kvm_amd vhost_vsock | while read -r ko; do
         cp "$ko" "$ir/lib/modules/"
         basename "$ko" .ko >> "$ir/lib/modules/order"
     done
@@ -179,8 +179,14 @@ rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
         > "$share/console.log" 2>&1 < /dev/null &
     l1=$!
-    wait "$l1" || true
+    local status=0
+    wait "$l1" || status=$?
     l1=
+    # A silent L1 that never reports (stuck in its emulated boot: nothing on a `quiet`
+    # console, no job log) is broken like one that panics: the attempt is repeated.
+    if [ "$status" = 124 ] && [ ! -s "$share/rc" ] && [ ! -s "$share/hung" ]; then
+        echo "L1 reported nothing within ${timeout}s" > "$share/hung"
+    fi
     [ -s "$share/rc" ]
 }
 

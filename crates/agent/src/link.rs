@@ -140,6 +140,7 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                 summary.rows += 1;
                 sink(LinkEvent::Row(row));
             }
+            Event::BadRow => summary.bad_frames += 1,
             Event::Exchange(e) => {
                 if exchanges.len() < MAX_EXCHANGES {
                     exchanges.push(e);
@@ -185,6 +186,8 @@ enum Event {
     Stalled(u64, u64),
     Schema(Vec<GuestSeries>),
     Row(Row),
+    /// A row whose values do not match the series: dropped, counted.
+    BadRow,
     Exchange(Exchange),
     Point(ClockPoint),
 }
@@ -216,6 +219,7 @@ impl Session<'_> {
         }
         let opened = monotonic_ns();
         let mut welcomed = false;
+        let mut series = 0;
         let mut last_heard = opened;
         let mut stalled_since: Option<u64> = None;
         let ping_every = u64::try_from(self.config.ping_every.as_nanos()).unwrap_or(u64::MAX);
@@ -271,11 +275,18 @@ impl Session<'_> {
                                 Ok(Message::Welcome(w)) => {
                                     welcomed = true;
                                     self.interval_ns = w.guest.interval_ns.max(1_000_000);
+                                    series = w.series.len();
                                     on(Event::Welcome(w.guest, w.series));
                                 }
                                 Ok(Message::Refused(why)) => return Outcome::Refused(why),
-                                Ok(Message::Schema(s)) => on(Event::Schema(s)),
-                                Ok(Message::Row(r)) => on(Event::Row(r)),
+                                Ok(Message::Schema(s)) => {
+                                    series = s.len();
+                                    on(Event::Schema(s));
+                                }
+                                // A guest's rows must match its series, or the recording
+                                // could not be read back: a row that does not is dropped.
+                                Ok(Message::Row(r)) if welcomed && r.values.len() == series => on(Event::Row(r)),
+                                Ok(Message::Row(_)) => on(Event::BadRow),
                                 Ok(Message::Pong(p)) => {
                                     if waiting.is_some_and(|(s, _)| s == p.seq) {
                                         let e = Exchange { t1: p.t1, t2: p.t2, t3: p.t3, t4 };
@@ -411,6 +422,8 @@ mod tests {
             for i in 0..2 {
                 Message::Row(Row { start_ns: i, end_ns: i + 1, values: vec![1.0] }).encode(&mut out);
             }
+            // A row that does not match the series: dropped, or the recording would not read.
+            Message::Row(Row { start_ns: 3, end_ns: 4, values: vec![1.0, 2.0] }).encode(&mut out);
             s.write_all(&out).unwrap();
             std::thread::sleep(Duration::from_millis(3500));
             drop(s);
@@ -418,7 +431,8 @@ mod tests {
         let (summary, events) = link_for(&LinkConfig::new(address, None), Duration::from_millis(4500));
         fake.join().unwrap();
         assert_eq!(summary.rows, 2, "{summary:?}");
-        assert!(summary.garbage_bytes > 0, "{summary:?}");
+        assert!(summary.garbage_bytes > 0 && summary.bad_frames >= 2, "{summary:?}");
+        assert_eq!(events.iter().filter(|e| matches!(e, LinkEvent::Row(_))).count(), 2);
         let gaps: Vec<&LinkEvent> = events.iter().filter(|e| matches!(e, LinkEvent::Gap { .. })).collect();
         assert!(!gaps.is_empty(), "{events:?}");
         assert_eq!(summary.gaps, gaps.len() as u64);

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::util::{debian_kernel, have_tracefs, note, temp, virtprof, vm_lock};
 
-fn report_json(rec: &Path) -> Value {
+pub fn report_json(rec: &Path) -> Value {
     let out = virtprof().arg("report").arg(rec).arg("--json").output().unwrap();
     assert!(out.status.success(), "report: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()

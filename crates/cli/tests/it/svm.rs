@@ -507,3 +507,65 @@ fn steady_windows_agree(steady: &Value) -> Result<(), String> {
     assert!(compared.iter().any(|l| l == "1s"), "{steady}");
     Ok(())
 }
+
+/// A real Linux L2 guest under QEMU-KVM in L1 runs `virtprof agent` over vsock (QEMU's
+/// vhost-vsock) while L1 records kvm exits: the guest's rows arrive on L1's clock with a bound
+/// that every clock exchange respects, beside the exits of the same VM.
+#[test]
+fn on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits() {
+    let test = "on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits";
+    // L2's initramfs: virtprof as init's only command, with the vsock and PTP modules.
+    let initrd = temp("l2-agent.cpio");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/debian-kernel/guest-initrd.sh");
+    let built = Command::new("bash")
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_virtprof"))
+        .arg(&initrd)
+        .env("MODULES", "virtio_pci vmw_vsock_virtio_transport ptp_kvm")
+        .output()
+        .unwrap();
+    if !built.status.success() {
+        note(test, format!("SKIP: guest-initrd.sh: {}", String::from_utf8_lossy(&built.stderr)));
+        return;
+    }
+    let job = format!(
+        r#"
+set -e
+qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 1 -nographic -no-reboot -nodefaults \
+    -serial stdio -net none -name l2agent,debug-threads=on -device vhost-vsock-pci,guest-cid=3 \
+    -kernel /bed/l2/vmlinuz -initrd /host{initrd} \
+    -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1" \
+    > /out/l2console.txt 2>&1 &
+for i in $(seq 240); do grep -q 'listening on' /out/l2console.txt && break; sleep 1; done
+grep -q 'listening on' /out/l2console.txt || hang-guard --broken "L2's agent did not start in 240 s"
+hang-guard 120 virtprof record -o /out/agent.vprec --events kvm -d 5s --agent vsock:3:9478
+for i in $(seq 60); do grep -q VIRTPROF-RUN-END /out/l2console.txt && break; sleep 1; done
+wait || true
+ls /sys/kernel/tracing/instances > /out/instances
+"#,
+        initrd = initrd.display()
+    );
+    let out = in_l1(test, &job, 600);
+    let _ = std::fs::remove_file(&initrd);
+    let Some(out) = out else { return };
+    let console = std::fs::read_to_string(out.join("l2console.txt")).unwrap();
+    assert!(console.contains("VIRTPROF-RUN-END status=0"), "{console}");
+    let r = super::agent::report_json(&out.join("agent.vprec"));
+    let g = &r["guests"][0];
+    assert_eq!(g["cpus"], 1, "l2 runs with -smp 1: {g}");
+    let rows = g["rows"].as_u64().unwrap();
+    assert!((25..=55).contains(&rows), "5 s of 100 ms rows: {rows}");
+    assert_eq!(g["gaps"].as_array().unwrap().len(), 0, "{}", g["gaps"]);
+    let link = &g["link"];
+    assert!(link["exchanges_checked"].as_u64().unwrap() >= 16, "{link}");
+    assert_eq!(link["exchanges_outside"], 0, "every exchange within the bound: {link}");
+    note(
+        test,
+        format!(
+            "L2 clocksource {}, ptp_kvm {}, clock {}, {} exits of L2 recorded beside its rows",
+            g["clocksource"], g["ptp_kvm"], g["clock"], r["exits"]["totals"]["exits"]
+        ),
+    );
+    assert!(r["exits"]["totals"]["exits"].as_u64().unwrap() > 0, "L1 traced L2's exits meanwhile");
+    assert_eq!(std::fs::read_to_string(out.join("instances")).unwrap().trim(), "", "no tracefs instance left in L1");
+}

@@ -52,16 +52,18 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
 }
 
 fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<()> {
+    // Everything here came from inside a guest: escaped before it reaches a terminal.
+    let p = virtprof_model::units::printable;
     writeln!(
         out,
         "\nguest {} (agent {} at {}): kernel {}, {} CPUs, clocksource {}{}",
-        g.name,
+        p(&g.name),
         g.agent,
         g.address,
-        g.kernel,
+        p(&g.kernel),
         g.cpus,
-        g.clocksource,
-        g.ptp_kvm.as_deref().map(|p| format!(", ptp_kvm {p}")).unwrap_or_default()
+        p(&g.clocksource),
+        g.ptp_kvm.as_deref().map(|x| format!(", ptp_kvm {}", p(x))).unwrap_or_default()
     )?;
     let span = g.span_s.map(|(a, b)| format!(" from {a:.3} s to {b:.3} s")).unwrap_or_default();
     writeln!(out, "  {} rows of {}{span}", g.rows, format_duration_ns(g.interval_ns))?;
@@ -90,24 +92,24 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
                 "  link: {} garbage bytes skipped, {} bad frames{}",
                 l.garbage_bytes,
                 l.bad_frames,
-                l.refused.as_deref().map(|r| format!("; refused: {r}")).unwrap_or_default()
+                l.refused.as_deref().map(|r| format!("; refused: {}", p(r))).unwrap_or_default()
             )?;
         }
     }
     for gap in &g.gaps {
-        writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, gap.cause)?;
+        writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, p(&gap.cause))?;
     }
     let cpu: Vec<String> = g.cpu_pct.iter().map(|(f, v)| format!("{f} {v:.1}%")).collect();
     writeln!(out, "  CPU time: {}", cpu.join(", "))?;
     for m in g.metrics.iter().filter(|m| m.total != 0.0) {
         if m.per_second.is_finite() {
-            writeln!(out, "  {:<40} {:>14.0} {:<8} {:>12.1}/s", m.metric, m.total, m.unit, m.per_second)?;
+            writeln!(out, "  {:<40} {:>14.0} {:<8} {:>12.1}/s", p(&m.metric), m.total, p(&m.unit), m.per_second)?;
         } else {
-            writeln!(out, "  {:<40} {:>14.0} {:<8} (level)", m.metric, m.total, m.unit)?;
+            writeln!(out, "  {:<40} {:>14.0} {:<8} (level)", p(&m.metric), m.total, p(&m.unit))?;
         }
     }
     for (what, why) in &g.unavailable {
-        writeln!(out, "  not sampled: {what}: {why}")?;
+        writeln!(out, "  not sampled: {}: {}", p(what), p(why))?;
     }
     Ok(())
 }
