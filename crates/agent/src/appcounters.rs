@@ -3,37 +3,16 @@
 //! interval with one `pread` (never a mapping: a program that truncates its file must not
 //! bring the agent down with SIGBUS). The writer pays one memory write per update.
 //!
-//! Layout (little endian; `docs/agent.md`, `include/virtprof_counters.h`,
-//! `examples/counters.py`):
-//!
-//! ```text
-//! offset 0   magic "VPCOUNT1"   8 bytes, written last: the file is ready once it is there
-//! offset 8   version: u32       1
-//! offset 12  slots: u32         number of slots, at most MAX_SLOTS
-//! offset 16  app: [u8; 48]      the application's name, UTF-8, NUL-padded
-//! offset 64  slot[slots]        64 bytes each:
-//!              name: [u8; 48]   NUL-padded UTF-8
-//!              kind: u32        0 counter (only grows), 1 gauge (a level)
-//!              reserved: u32
-//!              value: u64       8-byte aligned; updated atomically by the program
-//! ```
+//! The layout is `model::appcounters` (also in `docs/agent.md`, `include/virtprof_counters.h`,
+//! `examples/counters.py`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use virtprof_model::guest::{GuestSeries, SeriesKind};
+use virtprof_model::guest::GuestSeries;
 
-/// File magic.
-pub const MAGIC: &[u8; 8] = b"VPCOUNT1";
-/// Layout version.
-pub const VERSION: u32 = 1;
-/// Header and slot size.
-pub const SLOT: usize = 64;
-/// The most slots a file may declare.
-pub const MAX_SLOTS: usize = 4096;
-/// Bytes of a name.
-pub const NAME_BYTES: usize = 48;
-const VALUE_AT: usize = 56;
+use virtprof_model::appcounters::{image, parse, value, MAGIC};
+pub use virtprof_model::appcounters::{Slot, MAX_SLOTS, SLOT};
 
 /// Why a file is not a counter file (yet).
 #[derive(Debug, thiserror::Error)]
@@ -54,15 +33,6 @@ pub enum CounterFileError {
         /// What is wrong.
         why: String,
     },
-}
-
-/// One published counter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Slot {
-    /// Its name.
-    pub name: String,
-    /// Counter or gauge.
-    pub kind: SeriesKind,
 }
 
 /// A counter file, read whole each interval.
@@ -98,23 +68,9 @@ impl CounterFile {
             std::io::ErrorKind::InvalidData => bad(e.to_string()),
             _ => io(e),
         })?;
-        let map = &this.buf;
-        let word = |at: usize| u32::from_le_bytes(map[at..at + 4].try_into().expect("4 bytes"));
-        if word(8) != VERSION {
-            return Err(bad(format!("layout version {}; this agent reads {VERSION}", word(8))));
-        }
-        let count = usize::try_from(word(12)).unwrap_or(usize::MAX);
-        if count > MAX_SLOTS || SLOT * (count + 1) > len {
-            return Err(bad(format!("{count} slots do not fit in {len} bytes")));
-        }
-        this.slots = (0..count)
-            .map(|i| {
-                let at = SLOT * (i + 1);
-                let kind = if word(at + NAME_BYTES) == 1 { SeriesKind::Gauge } else { SeriesKind::Counter };
-                Slot { name: name(&map[at..at + NAME_BYTES]), kind }
-            })
-            .collect();
-        this.app = name(&map[16..16 + NAME_BYTES]);
+        let header = parse(&this.buf).map_err(bad)?;
+        this.app = header.app;
+        this.slots = header.slots;
         Ok(this)
     }
 
@@ -139,8 +95,7 @@ impl CounterFile {
 
     /// Slot `i`'s value at the last [`CounterFile::refresh`].
     pub fn value(&self, i: usize) -> u64 {
-        let at = SLOT * (i + 1) + VALUE_AT;
-        self.buf.get(at..at + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        value(&self.buf, i)
     }
 
     /// The series this file adds to a guest's rows: `app.APP.NAME`.
@@ -150,15 +105,6 @@ impl CounterFile {
             .map(|s| GuestSeries { name: format!("app.{}.{}", self.app, s.name), unit: "events".into(), kind: s.kind })
             .collect()
     }
-}
-
-fn name(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    // Names become series names: keep them to printable ASCII without dots' ambiguity.
-    String::from_utf8_lossy(&bytes[..end])
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
-        .collect()
 }
 
 /// A program's side: create a counter file and update its slots (what the C header and the
@@ -173,28 +119,22 @@ impl CounterWriter {
         if slots.len() > MAX_SLOTS {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "too many slots"));
         }
-        let len = SLOT * (slots.len() + 1);
+        let len = virtprof_model::appcounters::size(slots.len());
         let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
         file.set_len(len as u64)?;
         // SAFETY: a shared writable mapping of the file just sized; this process owns its
         // contents (readers only map it read-only).
         let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&file) }?;
-        map[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        map[12..16].copy_from_slice(&u32::try_from(slots.len()).unwrap_or(u32::MAX).to_le_bytes());
-        put_name(&mut map[16..16 + NAME_BYTES], app);
-        for (i, s) in slots.iter().enumerate() {
-            let at = SLOT * (i + 1);
-            put_name(&mut map[at..at + NAME_BYTES], &s.name);
-            let kind: u32 = if s.kind == SeriesKind::Gauge { 1 } else { 0 };
-            map[at + NAME_BYTES..at + NAME_BYTES + 4].copy_from_slice(&kind.to_le_bytes());
-        }
+        // Everything but the magic first: a reader takes the file as ready once it is there.
+        let header = image(app, slots);
+        map[8..].copy_from_slice(&header[8..]);
         std::sync::atomic::fence(Ordering::Release);
         map[..8].copy_from_slice(MAGIC);
         Ok(CounterWriter { map })
     }
 
     fn slot(&self, i: usize) -> &AtomicU64 {
-        let at = SLOT * (i + 1) + VALUE_AT;
+        let at = virtprof_model::appcounters::value_offset(i);
         assert!(at + 8 <= self.map.len(), "slot {i} exists");
         // SAFETY: aligned (page-aligned mapping, 64-byte slots) and inside the mapping
         // (asserted), which lives as long as `self`.
@@ -212,14 +152,10 @@ impl CounterWriter {
     }
 }
 
-fn put_name(dest: &mut [u8], name: &str) {
-    let n = name.len().min(dest.len() - 1);
-    dest[..n].copy_from_slice(&name.as_bytes()[..n]);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtprof_model::guest::SeriesKind;
 
     #[test]
     fn what_a_writer_publishes_the_reader_sees_and_damage_is_refused() {

@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use virtprof_model::appcounters;
+
 use crate::error::StatsError;
 use crate::guest::layout::{self, shared};
 use crate::remote::PidFd;
@@ -21,6 +23,8 @@ pub struct AppCounters {
 /// A read-only view of a testvm VM's guest RAM.
 pub struct GuestCounters {
     map: memmap2::Mmap,
+    /// Per vCPU, the slots of `iterations` and `phase`, found by name once.
+    slots: Vec<std::sync::OnceLock<(usize, usize)>>,
 }
 
 impl GuestCounters {
@@ -40,7 +44,8 @@ impl GuestCounters {
         // to plain memory that could change under us.
         let map = unsafe { memmap2::MmapOptions::new().len(layout::RAM_SIZE as usize).map(&file) }
             .map_err(|e| StatsError::Proc { path: dir, source: e })?;
-        Ok(Some(GuestCounters { map }))
+        let slots = (0..layout::MAX_VCPUS).map(|_| std::sync::OnceLock::new()).collect();
+        Ok(Some(GuestCounters { map, slots }))
     }
 
     fn load(&self, gpa: u64) -> u64 {
@@ -58,10 +63,26 @@ impl GuestCounters {
             return None;
         }
         let page = layout::shared_page(index);
-        (self.load(page + shared::MAGIC) == shared::MAGIC_VALUE).then(|| AppCounters {
-            iterations: self.load(page + shared::ITERATIONS),
-            phase: self.load(page + shared::PHASE),
-        })
+        if self.load(page + shared::MAGIC) != shared::MAGIC_VALUE {
+            return None;
+        }
+        // The guest's counters in the published layout, read the way any reader reads them:
+        // by name (once per vCPU). The header is the VMM's, written before the vCPU ran.
+        let base = page + shared::COUNTERS;
+        let cached = self.slots.get(usize::try_from(index).ok()?)?;
+        let &(iterations, phase) = match cached.get() {
+            Some(slots) => slots,
+            None => {
+                let words = appcounters::size(shared::counter_slots().len()) / 8;
+                let bytes: Vec<u8> = (0..words).flat_map(|w| self.load(base + 8 * w as u64).to_le_bytes()).collect();
+                let header = appcounters::parse(&bytes).ok()?;
+                let slot = |name: &str| header.slots.iter().position(|s| s.name == name);
+                let found = (slot("iterations")?, slot("phase")?);
+                cached.get_or_init(|| found)
+            }
+        };
+        let value = |i: usize| self.load(base + appcounters::value_offset(i) as u64);
+        Some(AppCounters { iterations: value(iterations), phase: value(phase) })
     }
 }
 

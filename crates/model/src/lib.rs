@@ -4,6 +4,7 @@
 //! Serialization is behind the `serde` feature so analyzers can use the model without it.
 #![deny(missing_docs)]
 
+pub mod appcounters;
 pub mod entity;
 pub mod event;
 pub mod guest;

@@ -17,9 +17,11 @@ pub fn report_json(rec: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A token file whose token is the test's own: an agent of another test that happens to get
+/// the same free port refuses it instead of serving the wrong host.
 fn token_file(name: &str) -> PathBuf {
     let path = temp(name);
-    std::fs::write(&path, "it-token-0123456789\n").unwrap();
+    std::fs::write(&path, format!("it-token-{name}-{}\n", std::process::id())).unwrap();
     path
 }
 
@@ -95,7 +97,11 @@ impl Guest {
                 return seen;
             }
         }
-        panic!("no '{marker}' on the guest console:\n{}", seen.join("\n"));
+        panic!(
+            "no '{marker}' on the guest console within {} s; after the last wait it printed:\n{}",
+            within.as_secs(),
+            seen.join("\n")
+        );
     }
 
     fn finish(mut self) -> Vec<String> {
@@ -178,9 +184,10 @@ fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_chec
     let address = format!("serial:{}", sock.display());
     let out = virtprof().args(["record", "-d", "3s", "--agent", &address, "-o"]).arg(&rec).output().unwrap();
     assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    check_guest_layer(&report_json(&rec), &kernel, "virtio-serial");
+    // The agent saw the host go (the port's end-of-file) and, serving one host, exited.
     let console = guest.finish();
     assert!(console.iter().any(|l| l.contains("VIRTPROF-RUN-END status=0")), "{}", console.join("\n"));
-    check_guest_layer(&report_json(&rec), &kernel, "virtio-serial");
     let _ = std::fs::remove_file(&rec);
 
     // TCP over QEMU user networking, with a token.
@@ -201,9 +208,9 @@ fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_chec
         .output()
         .unwrap();
     assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
+    check_guest_layer(&report_json(&rec), &kernel, "tcp");
     let console = guest.finish();
     assert!(console.iter().any(|l| l.contains("VIRTPROF-RUN-END status=0")), "{}", console.join("\n"));
-    check_guest_layer(&report_json(&rec), &kernel, "tcp");
     let _ = std::fs::remove_file(&rec);
     let _ = std::fs::remove_file(&token);
 }
@@ -214,6 +221,8 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     if !have_tracefs(test) {
         return;
     }
+    // Alone, like the guest tests: no other test's agent or QEMU forward takes its ports.
+    let _lock = vm_lock();
     // A program's counter file, written while the agent runs: its increase is the ground truth.
     let counters = temp("agent-counters");
     std::fs::create_dir_all(&counters).unwrap();

@@ -85,6 +85,19 @@ pub mod ports {
 
 /// Offsets inside a vCPU's shared page (first page of its per-vCPU area).
 pub mod shared {
+    use virtprof_model::appcounters;
+    use virtprof_model::guest::SeriesKind;
+
+    /// The slots at [`COUNTERS`], in order.
+    pub fn counter_slots() -> [appcounters::Slot; 3] {
+        let slot = |name: &str, kind| appcounters::Slot { name: name.into(), kind };
+        [
+            slot("iterations", SeriesKind::Counter),
+            slot("phase", SeriesKind::Gauge),
+            slot("noise_samples", SeriesKind::Counter),
+        ]
+    }
+
     /// Written by the VMM: b"VPROFSHR" so the guest (and humans with a dump) can check.
     pub const MAGIC: u64 = 0x00;
     /// VMM → guest: KVM_RUN returns the VMM handled so far.
@@ -110,12 +123,16 @@ pub mod shared {
     /// VMM → guest: lightweight exits (the KVM stats fd's `exits` minus the VMM's returns),
     /// published by the VMM's main thread every 100 µs.
     pub const VMM_LW_EXITS: u64 = 0x58;
-    /// Guest → VMM: workload iterations completed (the application counter).
-    pub const ITERATIONS: u64 = 0x80;
-    /// Guest → VMM: index of the phase running now.
-    pub const PHASE: u64 = 0x88;
-    /// Guest → VMM: noise samples detected (records beyond the buffer are counted, not kept).
-    pub const NOISE_SAMPLES: u64 = 0x90;
+    /// The guest's application counters, in the layout any program publishes its own in
+    /// (`model::appcounters`): header and names written by the VMM, values by the guest.
+    pub const COUNTERS: u64 = 0x400;
+    /// Guest → VMM: workload iterations completed (the application counter; slot 0).
+    pub const ITERATIONS: u64 = COUNTERS + appcounters::value_offset(0) as u64;
+    /// Guest → VMM: index of the phase running now (slot 1, a gauge).
+    pub const PHASE: u64 = COUNTERS + appcounters::value_offset(1) as u64;
+    /// Guest → VMM: noise samples detected (records beyond the buffer are counted, not kept;
+    /// slot 2).
+    pub const NOISE_SAMPLES: u64 = COUNTERS + appcounters::value_offset(2) as u64;
     /// Guest → VMM: the guest's TSC at a [`super::ports::SYNC`] exit.
     pub const SYNC_TSC: u64 = 0x98;
     /// The KVM steal-time record (64-byte aligned), when `--steal-time` is on.

@@ -150,6 +150,10 @@ impl Vm {
         let mut doorbells = Vec::with_capacity(vcpus.len());
         for (index, vcpu) in (0u32..).zip(&vcpus) {
             let page = SharedPage::new(&memory, index)?;
+            let counters = virtprof_model::appcounters::image("testvm", &shared::counter_slots());
+            memory
+                .write_slice(&counters, GuestAddress(layout::shared_page(index) + shared::COUNTERS))
+                .map_err(|e| VmmError::Memory(e.to_string()))?;
             page.store(shared::MAGIC, shared::MAGIC_VALUE);
             page.store(shared::TSC_KHZ, tsc_khz);
             page.store(shared::VCPU_INDEX, u64::from(index));
