@@ -222,7 +222,15 @@ impl Collector {
                 if let Some((metric, why)) = refused.first() {
                     // The same reason for every CPU: say it once per metric family.
                     if cpu == cpus[0] {
-                        self.unavailable.push((format!("{metric} (and {} more)", refused.len() - 1), why.clone()));
+                        let fix = if why.contains("os error 13") {
+                            " (counting a whole CPU needs perf_event_paranoid ≤ 0, CAP_PERFMON or root)"
+                        } else if hw > 0 && why.contains("os error 2") {
+                            " (no hardware PMU here: a guest needs a vPMU)"
+                        } else {
+                            ""
+                        };
+                        self.unavailable
+                            .push((format!("{metric} (and {} more)", refused.len() - 1), format!("{why}{fix}")));
                     }
                 }
                 if counters.columns().is_empty() {
@@ -256,9 +264,10 @@ impl Collector {
                     found.sort();
                     files.extend(found);
                 }
-            } else {
+            } else if p.exists() || p.extension().is_some_and(|e| e == "counters") {
                 files.push(p.clone());
             }
+            // A folder that is not there (yet) is not a failure: it is looked at again.
         }
         let mut changed = false;
         // Drop files that went away or were rewritten.
