@@ -4,6 +4,7 @@
 //! - [`clock`]: NTP-style exchanges → the guest-to-host clock mapping and its check.
 //! - [`appcounters`]: the counter file any program can publish.
 //! - [`collect`]: what the agent samples in the guest each interval.
+//! - [`noise`]: the OS-noise loop on chosen guest CPUs (`agent --noise`).
 //! - [`transport`]: vsock, virtio-serial and TCP addresses, listened on and connected to.
 //! - [`serve`]: the agent's loop in the guest.
 //! - [`link`]: the host's side of one agent: connect, align clocks, receive rows, report gaps.
@@ -12,6 +13,7 @@ pub mod appcounters;
 pub mod clock;
 pub mod collect;
 pub mod link;
+pub mod noise;
 pub mod serve;
 pub mod transport;
 pub mod wire;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use virtprof_host::monotonic_ns;
-use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries};
+use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries, NoiseBatch};
 
 use crate::clock::{validate, Burst, Exchange, Validation};
 use crate::transport::{Address, Stream};
@@ -50,6 +50,8 @@ pub enum LinkEvent {
     Schema(Vec<GuestSeries>),
     /// One interval of the guest (guest times).
     Row(Row),
+    /// One period of the guest's noise loop on one CPU (guest times).
+    Noise(Box<NoiseBatch>),
     /// A measured clock point.
     Clock(ClockPoint),
     /// The agent cannot be reached now, and why (said once per cause; the gap follows when
@@ -73,6 +75,8 @@ pub struct LinkSummary {
     pub sessions: u64,
     /// Rows received.
     pub rows: u64,
+    /// Noise periods received.
+    pub noise_batches: u64,
     /// Gaps reported.
     pub gaps: u64,
     /// Bytes skipped as garbage.
@@ -140,6 +144,10 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                 summary.rows += 1;
                 sink(LinkEvent::Row(row));
             }
+            Event::Noise(batch) => {
+                summary.noise_batches += 1;
+                sink(LinkEvent::Noise(batch));
+            }
             Event::BadRow => summary.bad_frames += 1,
             Event::Exchange(e) => {
                 if exchanges.len() < MAX_EXCHANGES {
@@ -186,7 +194,9 @@ enum Event {
     Stalled(u64, u64),
     Schema(Vec<GuestSeries>),
     Row(Row),
-    /// A row whose values do not match the series: dropped, counted.
+    Noise(Box<NoiseBatch>),
+    /// A row whose values do not match the series, or a noise period that cannot be what it
+    /// claims: dropped, counted.
     BadRow,
     Exchange(Exchange),
     Point(ClockPoint),
@@ -287,6 +297,8 @@ impl Session<'_> {
                                 // could not be read back: a row that does not is dropped.
                                 Ok(Message::Row(r)) if welcomed && r.values.len() == series => on(Event::Row(r)),
                                 Ok(Message::Row(_)) => on(Event::BadRow),
+                                Ok(Message::Noise(b)) if welcomed && plausible(&b) => on(Event::Noise(b)),
+                                Ok(Message::Noise(_)) => on(Event::BadRow),
                                 Ok(Message::Pong(p)) => {
                                     if waiting.is_some_and(|(s, _)| s == p.seq) {
                                         let e = Exchange { t1: p.t1, t2: p.t2, t3: p.t3, t4 };
@@ -320,9 +332,28 @@ impl Session<'_> {
     }
 }
 
+/// Whether a noise period from a guest can be what it claims: within the sample cap, and
+/// every sample inside its window (else a guest could make the host explain nonsense).
+fn plausible(b: &NoiseBatch) -> bool {
+    b.start_ns <= b.end_ns
+        && b.samples.len() <= NoiseBatch::MAX_SAMPLES
+        && b.samples.iter().all(|&(start, len)| start >= b.start_ns && start.saturating_add(len) <= b.end_ns)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_noise_period_must_keep_its_samples_inside_its_window_and_cap() {
+        let batch = |samples: Vec<(u64, u64)>| NoiseBatch { start_ns: 100, end_ns: 200, samples, ..Default::default() };
+        assert!(plausible(&batch(vec![(100, 10), (150, 50)])));
+        assert!(!plausible(&batch(vec![(90, 5)])), "starts before the window");
+        assert!(!plausible(&batch(vec![(150, 51)])), "ends after it");
+        assert!(!plausible(&batch(vec![(150, u64::MAX)])), "no overflow");
+        assert!(!plausible(&batch(vec![(100, 1); NoiseBatch::MAX_SAMPLES + 1])), "over the cap");
+        assert!(!plausible(&NoiseBatch { start_ns: 2, end_ns: 1, ..Default::default() }));
+    }
     use crate::collect::CollectConfig;
     use crate::serve::{serve, ServeConfig};
     use std::io::Write;
@@ -357,6 +388,7 @@ mod tests {
             interval_ns: 100_000_000,
             collect: CollectConfig::default(),
             sessions: Some(1),
+            noise: None,
         };
         let stop = Arc::new(AtomicBool::new(false));
         let agent = {

@@ -9,6 +9,7 @@ use virtprof_host::monotonic_ns;
 use virtprof_model::guest::GuestInfo;
 
 use crate::collect::{guest_facts, ptp_kvm, CollectConfig, Collector};
+use crate::noise::{NoiseConfig, NoiseLoops};
 use crate::transport::{Address, Stream};
 use crate::wire::{FrameReader, Hello, Message, Pong, Row, Welcome, VERSION};
 
@@ -34,6 +35,8 @@ pub struct ServeConfig {
     pub collect: CollectConfig,
     /// Serve this many hosts, then exit (None: until stopped).
     pub sessions: Option<u32>,
+    /// Run the noise loop on these CPUs and send its periods (None: no loop).
+    pub noise: Option<NoiseConfig>,
 }
 
 /// How one host's session ended.
@@ -54,6 +57,14 @@ pub struct SessionEnd {
 pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str)) -> std::io::Result<()> {
     let listener = config.address.listen()?;
     let mut collector = Collector::open(config.collect.clone());
+    let noise = config.noise.as_ref().map(NoiseLoops::start).transpose()?;
+    if noise.is_some() {
+        collector.unavailable.push((
+            "noise: exit counts".into(),
+            "a Linux guest cannot see its VM exits; the host's trace explains its samples (noise --host-recording)"
+                .into(),
+        ));
+    }
     for (what, why) in &collector.unavailable {
         log(&format!("not sampled: {what}: {why}"));
     }
@@ -76,7 +87,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
             }
         };
         last_error.clear();
-        let end = session(stream, config, &mut collector, stop);
+        let end = session(stream, config, &mut collector, noise.as_ref(), stop);
         if end.welcomed {
             served += 1;
             log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
@@ -86,8 +97,13 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
             // A serial port with no host on it reads end-of-file at once: wait, quietly.
             std::thread::sleep(Duration::from_millis(200));
         }
+        // Periods measured while no host was there have no one to go to.
+        noise.iter().for_each(|n| drop(n.take()));
     }
-    Ok(())
+    match noise.map(NoiseLoops::stop) {
+        Some(Err(e)) => Err(std::io::Error::new(e.kind(), format!("the noise loop: {e}"))),
+        _ => Ok(()),
+    }
 }
 
 fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
@@ -105,7 +121,13 @@ fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
 }
 
 /// One host, from its hello to its going.
-fn session(mut stream: Stream, config: &ServeConfig, collector: &mut Collector, stop: &AtomicBool) -> SessionEnd {
+fn session(
+    mut stream: Stream,
+    config: &ServeConfig,
+    collector: &mut Collector,
+    noise: Option<&NoiseLoops>,
+    stop: &AtomicBool,
+) -> SessionEnd {
     let mut end = SessionEnd { rows: 0, pongs: 0, cause: String::new(), welcomed: false };
     let mut reader = FrameReader::default();
     let mut buf = vec![0u8; 64 << 10];
@@ -147,8 +169,10 @@ fn session(mut stream: Stream, config: &ServeConfig, collector: &mut Collector, 
                                     end.cause = format!("refused: {why}");
                                     return end;
                                 }
-                                // A new baseline: the first row covers from here.
+                                // A new baseline: the first row covers from here, and noise
+                                // periods from before the host came are not its.
                                 collector.sample(config.interval_ns, &mut row);
+                                noise.iter().for_each(|n| drop(n.take()));
                                 last_row = monotonic_ns();
                                 next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
                                 let welcome = Welcome {
@@ -207,6 +231,9 @@ fn session(mut stream: Stream, config: &ServeConfig, collector: &mut Collector, 
             }
             collector.sample(now - last_row, &mut row);
             Message::Row(Row { start_ns: last_row, end_ns: now, values: std::mem::take(&mut row) }).encode(&mut out);
+            for batch in noise.map(NoiseLoops::take).unwrap_or_default() {
+                Message::Noise(Box::new(batch)).encode(&mut out);
+            }
             last_row = now;
             // Rows stay on the interval grid; a late wake-up makes one longer row.
             next_row = (now / config.interval_ns + 1) * config.interval_ns;
@@ -248,6 +275,7 @@ mod tests {
             interval_ns: 100_000_000,
             collect: CollectConfig::default(),
             sessions: None,
+            noise: None,
         };
         let hello = |version, token: Option<&str>| Hello { version, token: token.map(String::from) };
         assert!(check_hello(&hello(VERSION, Some("t0k")), &config).is_ok());

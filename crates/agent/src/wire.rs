@@ -6,7 +6,7 @@
 //! garbage: [`FrameReader`] skips to it and counts what it skipped.
 
 use serde::{Deserialize, Serialize};
-use virtprof_model::guest::{GuestInfo, GuestSeries};
+use virtprof_model::guest::{GuestInfo, GuestSeries, NoiseBatch};
 
 /// Frame magic.
 pub const MAGIC: [u8; 2] = *b"VA";
@@ -28,11 +28,12 @@ enum Kind {
     Row = 5,
     Schema = 6,
     Refused = 7,
+    Noise = 8,
 }
 
 impl Kind {
     fn of(byte: u8) -> Option<Kind> {
-        [Kind::Hello, Kind::Welcome, Kind::Ping, Kind::Pong, Kind::Row, Kind::Schema, Kind::Refused]
+        [Kind::Hello, Kind::Welcome, Kind::Ping, Kind::Pong, Kind::Row, Kind::Schema, Kind::Refused, Kind::Noise]
             .into_iter()
             .find(|k| *k as u8 == byte)
     }
@@ -106,6 +107,8 @@ pub enum Message {
     Schema(Vec<GuestSeries>),
     /// Agent → host: the hello was refused (a wrong token, another version).
     Refused(String),
+    /// Agent → host: one period of the noise loop on one CPU (`agent --noise`).
+    Noise(Box<NoiseBatch>),
 }
 
 /// A frame that cannot be what it claims.
@@ -152,6 +155,7 @@ impl Message {
             }
             Message::Schema(s) => json(out, s, Kind::Schema),
             Message::Refused(why) => json(out, why, Kind::Refused),
+            Message::Noise(batch) => json(out, batch, Kind::Noise),
         };
         let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
         out[start + 2] = kind as u8;
@@ -172,6 +176,7 @@ impl Message {
             Kind::Welcome => Message::Welcome(Box::new(parse(payload).map_err(|e| bad("welcome", e))?)),
             Kind::Schema => Message::Schema(parse(payload).map_err(|e| bad("schema", e))?),
             Kind::Refused => Message::Refused(parse(payload).map_err(|e| bad("refused", e))?),
+            Kind::Noise => Message::Noise(Box::new(parse(payload).map_err(|e| bad("noise", e))?)),
             Kind::Ping => {
                 let w = fixed("ping", 2)?;
                 Message::Ping { seq: w[0], t1: w[1] }

@@ -486,16 +486,20 @@ pub struct HostView {
 }
 
 impl HostView {
-    /// Index the events (all CPUs, time order) of vCPU thread `tid` pinned to `cpu`.
+    /// Index the events (all CPUs, time order) of vCPU thread `tid`, first seen on `cpu`. An
+    /// unpinned thread is followed: host IRQs count where it ran last (its switches in, and
+    /// any event it emitted, say where that is).
     pub fn new(events: &[Event], tid: u32, cpu: u32) -> HostView {
         let mut v = HostView::default();
         let mut off: Option<(u64, StrId)> = None;
+        let mut cpu = cpu;
         for e in events {
             let running_again = match e.kind {
                 EventKind::SchedSwitch { next_tid, .. } => next_tid == tid,
                 _ => e.tid == tid,
             };
             if running_again {
+                cpu = e.cpu;
                 if let Some((from, who)) = off.take() {
                     v.off_cpu.push((from, e.ts, who));
                 }

@@ -77,6 +77,12 @@ WHAT IT SENDS, per interval: per-CPU time from /proc/stat (steal included), /pro
 (--perf; hardware ones where the guest has a vPMU), and every application counter file (--counters; see
 docs/agent.md, include/virtprof_counters.h, examples/counters.py). Hosts come and go; the agent stays.
 
+NOISE: --noise CPUS runs the OS-noise loop of `virtprof noise` on those guest CPUs (on CLOCK_MONOTONIC,
+the clock its rows are aligned by) and sends every sample; on the host, `virtprof noise
+--host-recording run.vprec` explains each one by the host's trace: the vCPU thread preempted (steal),
+a VM exit (hypervisor), a host IRQ, or nothing the host saw (hardware). The loop takes its CPUs for
+--noise-runtime of every --noise-period.
+
 TRANSPORTS:
   vsock:PORT       AF_VSOCK (the VMM's vhost-vsock); the host records with --agent vsock:CID:PORT
   serial:NAME      a virtio-serial port (/dev/virtio-ports/NAME, or a path); on the host QEMU has
@@ -89,6 +95,7 @@ EXAMPLES:
   virtprof record -o run.vprec --agent vsock:3:9478 -d 30s      on the host (guest CID 3)
   virtprof agent --listen serial:virtprof --interval 100ms
   virtprof agent --listen tcp:0.0.0.0:9478 --token-file /etc/virtprof.token
+  virtprof agent --noise 1 --noise-runtime 900ms                 guest CPU 1's noise, for the host to explain
   virtprof report run.vprec                                      guest layers beside the host's")]
 pub struct AgentArgs {
     /// Where to wait for the host: vsock:PORT, serial:NAME|PATH or tcp:ADDR:PORT.
@@ -109,6 +116,18 @@ pub struct AgentArgs {
     /// Serve this many hosts, then exit (default: until stopped).
     #[arg(long, value_name = "N")]
     pub sessions: Option<u32>,
+    /// Measure OS noise on these guest CPUs (e.g. 1 or 0-3) and send every sample.
+    #[arg(long, value_name = "CPUS", value_parser = cpu_list)]
+    pub noise: Option<CpuList>,
+    /// With --noise: a step between two clock reads longer than this is a sample.
+    #[arg(long, value_name = "TIME[ns|us|ms]", value_parser = duration, default_value = "5us")]
+    pub noise_threshold: Duration,
+    /// With --noise: the loop's period.
+    #[arg(long, value_name = "TIME[ms|s]", value_parser = duration, default_value = "1s")]
+    pub noise_period: Duration,
+    /// With --noise: the measuring part of each period (default: all of it).
+    #[arg(long, value_name = "TIME[ms|s]", value_parser = duration)]
+    pub noise_runtime: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -856,7 +875,10 @@ samples first) and hypervisor. Times are in microseconds.
 --testvm runs the guest-side loop inside a micro-VM instead, records the host meanwhile, and
 attributes every guest sample to host events (preemption, exits, host IRQs) on a clock mapping
 whose error bound is printed. --host-recording FILE --guest REPORT does the same afterwards,
-from a recording of the host made while `virtprof testvm -w noise` ran pinned.
+from a recording of the host made while `virtprof testvm -w noise` ran pinned. For a real
+guest, run `virtprof agent --noise CPUS` in it and `virtprof record --agent ADDR` on the host;
+--host-recording FILE alone then explains each guest sample the same way, by the vCPU thread of
+that guest CPU (QEMU names them with `-name NAME,debug-threads=on`).
 
 EXAMPLES:
   virtprof noise --cpus 1 --duration 10s                   rtla osnoise top, plus STEAL and HYP
@@ -865,7 +887,9 @@ EXAMPLES:
   virtprof noise --cpus 1 --no-trace                       counts only, as oslat does
   virtprof noise --testvm --pin 1 --inject-hz 100 --json   guest noise explained by the host
   virtprof record -o h.vprec -- virtprof testvm -w noise --pin 1 --json > g.json
-  virtprof noise --host-recording h.vprec --guest g.json   the same, afterwards")]
+  virtprof noise --host-recording h.vprec --guest g.json   the same, afterwards
+  virtprof record -o h.vprec --agent vsock:3:9478 -d 30s   (guest: virtprof agent --noise 1)
+  virtprof noise --host-recording h.vprec                  the guest's samples explained")]
 pub struct NoiseArgs {
     /// CPUs to measure (default: every online CPU).
     #[arg(long, value_name = "LIST", value_parser = cpu_list)]
@@ -918,10 +942,14 @@ pub struct NoiseArgs {
     /// --testvm: host CPU of the vCPU.
     #[arg(long, value_name = "CPU")]
     pub pin: Option<u32>,
-    /// Explain a recorded guest run instead: the host's `virtprof record` of a testvm `noise`
-    /// run (with --guest, that run's JSON report).
-    #[arg(long, value_name = "FILE", requires = "guest", conflicts_with_all = ["testvm", "no_trace"])]
+    /// Explain a recorded guest's noise instead: a `virtprof record --agent` of a guest whose
+    /// agent ran with --noise, or (with --guest) the host's record of a testvm `noise` run.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["testvm", "no_trace"])]
     pub host_recording: Option<PathBuf>,
+    /// --host-recording with agent samples: the VM the agent ran in (name or VMM pid), when
+    /// the recording saw several and none is named after the guest.
+    #[arg(long, value_name = "NAME|PID", requires = "host_recording")]
+    pub vm: Option<String>,
     /// --host-recording: the `virtprof testvm -w noise --pin CPU --json` report of the recorded run.
     #[arg(long, value_name = "FILE", requires = "host_recording")]
     pub guest: Option<PathBuf>,

@@ -7,6 +7,7 @@ pub mod affinity;
 pub mod clock;
 pub mod input;
 pub mod kind;
+pub mod osnoise;
 pub mod output;
 pub mod procfs;
 pub mod schedstat;

@@ -65,6 +65,38 @@ pub struct GuestInfo {
     pub unavailable: Vec<(String, String)>,
 }
 
+/// One measuring period of the agent's noise loop on one guest CPU (`agent --noise`): the
+/// loop read CLOCK_MONOTONIC back to back from `start_ns` to `end_ns`, and every step longer
+/// than the threshold is a sample — time the guest CPU did not run the loop (guest clock).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct NoiseBatch {
+    /// Guest CPU.
+    pub cpu: u32,
+    /// Guest time the window started.
+    pub start_ns: u64,
+    /// Guest time it ended.
+    pub end_ns: u64,
+    /// The threshold, ns.
+    pub threshold_ns: u64,
+    /// Clock reads made.
+    pub iterations: u64,
+    /// Samples `(guest start, length)`, ns, at most [`NoiseBatch::MAX_SAMPLES`].
+    pub samples: Vec<(u64, u64)>,
+    /// Samples seen but not kept (over the cap, or a batch the agent could not send).
+    pub dropped: u64,
+}
+
+impl NoiseBatch {
+    /// The most samples one batch carries; more are counted in `dropped`.
+    pub const MAX_SAMPLES: usize = 4096;
+
+    /// Sum of sample lengths.
+    pub fn noise_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.1).sum()
+    }
+}
+
 /// One measured point of the mapping: at host time `host_ns`, guest time was
 /// `host_ns + offset_ns`, give or take `bound_ns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

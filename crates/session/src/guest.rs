@@ -1,7 +1,7 @@
 //! Guest agents' rows in a recording (`record --agent`): per agent, its guest, its rows in
 //! the guest's clock with the series they carry, the measured clock alignment and the gaps.
 
-use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries};
+use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries, NoiseBatch};
 use virtprof_store::recording::{agent_value, AgentFooter, AgentRecord};
 
 /// One interval of a guest, in its own clock.
@@ -50,6 +50,8 @@ pub struct GuestStream {
     pub alignment: Alignment,
     /// Gaps.
     pub gaps: Vec<GuestGap>,
+    /// Periods of the guest's noise loop (`agent --noise`), in the order received.
+    pub noise: Vec<NoiseBatch>,
     /// The link's figures (None when the recording has no footer).
     pub footer: Option<AgentFooter>,
     points: Vec<ClockPoint>,
@@ -105,6 +107,7 @@ impl GuestStreams {
             AgentRecord::Gap { agent, from_ns, to_ns, cause } => {
                 self.stream(agent).gaps.push(GuestGap { from_ns, to_ns, cause })
             }
+            AgentRecord::Noise { agent, batch } => self.stream(agent).noise.push(batch),
         }
     }
 

@@ -36,7 +36,7 @@ pub enum ChunkKind {
     /// per series of the latest schema.
     Intervals = 5,
     /// [`AgentRecord`] as JSON: a guest agent connected, changed its series, measured a clock
-    /// point, or left a gap.
+    /// point, left a gap, or sent a period of noise samples.
     Agent = 6,
     /// One guest row: `agent: u32`, `values: u32`, `start_ns, end_ns: u64` (guest clock), then
     /// `values` f64 in the order of that agent's latest series.
@@ -83,6 +83,13 @@ pub enum AgentRecord {
         /// Why.
         cause: String,
     },
+    /// One period of the agent's noise loop on one guest CPU (guest clock).
+    Noise {
+        /// Agent number.
+        agent: u32,
+        /// The period.
+        batch: virtprof_model::guest::NoiseBatch,
+    },
 }
 
 /// A guest agent's link figures at the end of the recording.
@@ -96,6 +103,9 @@ pub struct AgentFooter {
     pub sessions: u64,
     /// Rows received.
     pub rows: u64,
+    /// Noise periods received (`agent --noise`).
+    #[serde(default)]
+    pub noise_batches: u64,
     /// Gaps.
     pub gaps: u64,
     /// Garbage bytes skipped.

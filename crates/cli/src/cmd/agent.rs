@@ -4,10 +4,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use virtprof_agent::collect::CollectConfig;
+use virtprof_agent::noise::NoiseConfig;
 use virtprof_agent::serve::{serve, ServeConfig};
 use virtprof_agent::transport::Address;
 use virtprof_host::stop::STOP_REQUESTED;
-use virtprof_model::units::duration_ns;
+use virtprof_model::units::{duration_ns, format_duration_ns};
 
 use crate::args::AgentArgs;
 use crate::exit::usage;
@@ -30,6 +31,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         interval_ns,
         collect: CollectConfig { counters: args.counters.clone(), perf: args.perf },
         sessions: args.sessions,
+        noise: noise_config(args)?,
     };
     virtprof_host::stop::install_handler();
     serve(&config, &STOP_REQUESTED, &mut |line| {
@@ -46,6 +48,32 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         _ => anyhow::Error::new(e).context(format!("serving on {}", args.listen)),
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--noise CPUS` and its timing, checked.
+fn noise_config(args: &AgentArgs) -> anyhow::Result<Option<NoiseConfig>> {
+    let Some(cpus) = &args.noise else { return Ok(None) };
+    let threshold_ns = duration_ns(args.noise_threshold);
+    let period_ns = duration_ns(args.noise_period);
+    let runtime_ns = args.noise_runtime.map_or(period_ns, duration_ns);
+    if threshold_ns == 0 {
+        return Err(usage("--noise-threshold must be more than 0"));
+    }
+    if !(10_000_000..=60_000_000_000).contains(&period_ns) {
+        return Err(usage("--noise-period: between 10ms and 60s"));
+    }
+    if runtime_ns == 0 || runtime_ns > period_ns {
+        return Err(usage(format!(
+            "--noise-runtime {}: more than 0 and at most --noise-period {}",
+            format_duration_ns(runtime_ns),
+            format_duration_ns(period_ns)
+        )));
+    }
+    let allowed = virtprof_host::affinity::allowed_cpus();
+    if let Some(cpu) = cpus.0.iter().find(|c| !allowed.contains(c)) {
+        return Err(usage(format!("--noise: CPU {cpu} is not one this agent may run on (allowed: {allowed:?})")));
+    }
+    Ok(Some(NoiseConfig { cpus: cpus.0.clone(), threshold_ns, period_ns, runtime_ns }))
 }
 
 /// A token file's first line (a secret: read with a size limit, never echoed).

@@ -44,6 +44,7 @@ pub fn start(
                     WriterMsg::Agent(AgentRecord::Gap { agent, from_ns, to_ns, cause })
                 }
                 LinkEvent::Row(r) => WriterMsg::AgentRow(agent, r.start_ns, r.end_ns, r.values),
+                LinkEvent::Noise(batch) => WriterMsg::Agent(AgentRecord::Noise { agent, batch: *batch }),
                 // The gap that follows records it.
                 LinkEvent::Unreachable(_) => return,
             };
@@ -62,6 +63,7 @@ impl Running {
             address: self.address.to_string(),
             sessions: s.sessions,
             rows: s.rows,
+            noise_batches: s.noise_batches,
             gaps: s.gaps,
             garbage_bytes: s.garbage_bytes,
             bad_frames: s.bad_frames,

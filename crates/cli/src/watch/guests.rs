@@ -82,6 +82,8 @@ impl Guests {
                             s.rows.push_back((host_end, r.end_ns.saturating_sub(r.start_ns), r.values));
                             s.status = None;
                         }
+                        // Noise samples are explained from a recording (`noise --host-recording`).
+                        LinkEvent::Noise(_) => {}
                     }
                 })
                 .refused

@@ -153,6 +153,35 @@ fn check_guest_layer(r: &Value, kernel: &str, transport: &str) {
     assert!(irq_total > 0.0, "{transport}: the guest's local timer interrupts were counted: {}", g["metrics"]);
 }
 
+/// The agent's noise loop on guest CPU 1 (periods of 500 ms, 400 ms measured), explained by
+/// the host's trace of QEMU's thread for that CPU.
+fn check_guest_noise(rec: &Path, qemu_pid: u32, vcpu_tid: u32) {
+    let out = virtprof().args(["noise", "--json", "--host-recording"]).arg(rec).output().unwrap();
+    assert!(out.status.success(), "noise --host-recording: {}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = &r["guests"][0];
+    assert_eq!(g["vm_pid"], qemu_pid, "{g}");
+    let cpu = &g["cpus"][0];
+    assert_eq!(cpu["cpu"], 1, "{cpu}");
+    assert_eq!(cpu["vcpu_tid"], vcpu_tid, "{cpu}");
+    // Every period the footer counted is explained; each measured 400 ms, give or take a read.
+    let footer_batches = report_json(rec)["guests"][0]["link"]["noise_batches"].as_u64().unwrap();
+    let periods = cpu["periods"].as_u64().unwrap();
+    assert!(periods >= 3 && periods == footer_batches, "{periods} periods, footer {footer_batches}: {cpu}");
+    let measured = cpu["measured_ns"].as_u64().unwrap();
+    assert!(measured.abs_diff(periods * 400_000_000) < periods * 20_000_000, "{cpu}");
+    // A busy guest CPU takes its scheduler tick (HZ 250 in Debian) inside the loop: each one a
+    // sample of more than the 5 us threshold under emulation.
+    let samples = cpu["samples"].as_u64().unwrap();
+    assert!(samples as f64 >= 50.0 * measured as f64 / 1e9, "{samples} samples in {measured} ns: {cpu}");
+    let noise = cpu["noise_ns"].as_u64().unwrap();
+    assert!(noise < measured && cpu["host_steal_ns"].as_u64().unwrap() <= noise, "{cpu}");
+    // Every placed sample has one cause.
+    let by_cause: u64 = cpu["by_cause"].as_object().unwrap().values().map(|c| c["samples"].as_u64().unwrap()).sum();
+    assert_eq!(by_cause + cpu["unplaced_samples"].as_u64().unwrap(), samples, "{cpu}");
+    assert_eq!(cpu["dropped_samples"], 0, "{cpu}");
+}
+
 #[test]
 fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_checked_clock_bound() {
     let test = "an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_checked_clock_bound";
@@ -194,11 +223,23 @@ fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_chec
     let token = token_file("agent-token");
     let port = free_port();
     let net = format!("user,id=n0,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:9478");
-    let qemu_args: Vec<String> = ["-netdev", &net, "-device", "virtio-net-pci,netdev=n0"].map(String::from).to_vec();
+    // QEMU names its CPU threads ("CPU 1/TCG"): the host finds the one that ran guest CPU 1.
+    let qemu_args: Vec<String> =
+        ["-netdev", &net, "-device", "virtio-net-pci,netdev=n0", "-name", "agent-tcp,debug-threads=on"]
+            .map(String::from)
+            .to_vec();
     let files = format!("{}:tmp/token", token.display());
-    let args = "--listen tcp:0.0.0.0:9478 --token-file /tmp/token --interval 100ms --sessions 1";
+    let args = "--listen tcp:0.0.0.0:9478 --token-file /tmp/token --interval 100ms --sessions 1 \
+                --noise 1 --noise-period 500ms --noise-runtime 400ms";
     let guest = Guest::boot(&dir, "agent-tcp", args, &qemu_args, &files);
     guest.wait_for("listening on", Duration::from_secs(120));
+    // Ground truth: the thread QEMU named for guest CPU 1.
+    let task = std::fs::read_dir(format!("/proc/{}/task", guest.qemu.id()))
+        .unwrap()
+        .flatten()
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "CPU 1/TCG"))
+        .expect("QEMU's thread for CPU 1");
+    let vcpu_tid: u32 = task.file_name().to_string_lossy().parse().unwrap();
     let rec = temp("agent-tcp.vprec");
     let out = virtprof()
         .args(["record", "-d", "3s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
@@ -209,6 +250,7 @@ fn an_agent_in_a_debian_guest_is_recorded_over_virtio_serial_and_tcp_with_a_chec
         .unwrap();
     assert!(out.status.success(), "record: {}", String::from_utf8_lossy(&out.stderr));
     check_guest_layer(&report_json(&rec), &kernel, "tcp");
+    check_guest_noise(&rec, guest.qemu.id(), vcpu_tid);
     let console = guest.finish();
     assert!(console.iter().any(|l| l.contains("VIRTPROF-RUN-END status=0")), "{}", console.join("\n"));
     let _ = std::fs::remove_file(&rec);
@@ -387,6 +429,9 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
         (vec!["agent", "--listen", "udp:1"], "unknown transport"),
         (vec!["record", "-o", "/tmp/x.vprec", "--agent", "tcp:127.0.0.1:1"], "--agent-token-file"),
         (vec!["record", "-o", "/tmp/x.vprec", "--agent", "vsock:3:1", "--clock", "local"], "mono"),
+        (vec!["agent", "--noise", "4096"], "CPU 4096 is not one this agent may run on"),
+        (vec!["agent", "--noise", "0", "--noise-period", "1s", "--noise-runtime", "2s"], "--noise-runtime 2s"),
+        (vec!["noise", "--host-recording", rec.to_str().unwrap()], "no guest noise samples"),
     ] {
         let out = virtprof().args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -508,9 +508,46 @@ fn steady_windows_agree(steady: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// A real Linux L2 guest under QEMU-KVM in L1 runs `virtprof agent` over vsock (QEMU's
-/// vhost-vsock) while L1 records kvm exits: the guest's rows arrive on L1's clock with a bound
-/// that every clock exchange respects, beside the exits of the same VM.
+/// L2's noise loop on its CPU 1 (`agent --noise 1`), explained by L1's trace of the vCPU
+/// thread that ran it: the samples are placed on L1's clock and L1's exits explain them.
+fn check_l2_noise(test: &str, out: &Path) {
+    let run = Command::new(env!("CARGO_BIN_EXE_virtprof"))
+        .args(["noise", "--json", "--host-recording"])
+        .arg(out.join("agent.vprec"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "noise --host-recording: {}", String::from_utf8_lossy(&run.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let g = &r["guests"][0];
+    assert_eq!(g["vm"], "l2agent", "{g}");
+    let cpu = &g["cpus"][0];
+    let tid: u64 = std::fs::read_to_string(out.join("vcpu1.tid")).unwrap().trim().parse().unwrap();
+    assert_eq!((cpu["cpu"].as_u64(), cpu["vcpu_tid"].as_u64()), (Some(1), Some(tid)), "L1's thread for CPU 1: {cpu}");
+    let periods = cpu["periods"].as_u64().unwrap();
+    assert!(periods >= 6, "5 s of 500 ms periods: {cpu}");
+    let samples = cpu["samples"].as_u64().unwrap();
+    assert!(samples > 0 && cpu["unplaced_samples"] == 0 && cpu["dropped_samples"] == 0, "{cpu}");
+    // On SVM every timer tick and IPI the guest takes is a VM exit L1 sees: the exits explain
+    // samples, under their kvm_amd names.
+    let exits = |cause: &str| cpu["by_cause"][cause]["samples"].as_u64().unwrap_or(0);
+    assert!(exits("hyp_lw") + exits("hyp_hw") > 0, "{cpu}");
+    let reasons = cpu["exit_reasons"].as_object().unwrap();
+    assert!(!reasons.is_empty() && reasons.keys().all(|k| k.parse::<u64>().is_err()), "named: {cpu}");
+    let explained = cpu["explained_pct"].as_f64().unwrap();
+    assert!(explained > 50.0, "most of L2's noise is L1's doing: {cpu}");
+    note(
+        test,
+        format!(
+            "L2 CPU 1: {samples} noise samples in {periods} periods, {explained:.1} % explained by L1; causes {}; exits {}",
+            cpu["by_cause"], cpu["exit_reasons"]
+        ),
+    );
+}
+
+/// A real Linux L2 guest (2 CPUs) under QEMU-KVM in L1 runs `virtprof agent --noise 1` over
+/// vsock (QEMU's vhost-vsock) while L1 records: the guest's rows arrive on L1's clock with a
+/// bound that every clock exchange respects, beside the exits of the same VM, and its noise
+/// samples are explained by L1's exits.
 #[test]
 fn on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits() {
     let test = "on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits";
@@ -531,14 +568,16 @@ fn on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits() {
     let job = format!(
         r#"
 set -e
-qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 1 -nographic -no-reboot -nodefaults \
+qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 2 -nographic -no-reboot -nodefaults \
     -serial stdio -net none -name l2agent,debug-threads=on -device vhost-vsock-pci,guest-cid=3 \
     -kernel /bed/l2/vmlinuz -initrd /host{initrd} \
-    -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1" \
+    -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1 --noise 1 --noise-period 500ms --noise-runtime 400ms" \
     > /out/l2console.txt 2>&1 &
 for i in $(seq 240); do grep -q 'listening on' /out/l2console.txt && break; sleep 1; done
 grep -q 'listening on' /out/l2console.txt || hang-guard --broken "L2's agent did not start in 240 s"
-hang-guard 120 virtprof record -o /out/agent.vprec --events kvm -d 5s --agent vsock:3:9478
+# Ground truth: L1's thread for L2's CPU 1.
+grep -l '^CPU 1/KVM$' /proc/$!/task/*/comm | cut -d/ -f5 > /out/vcpu1.tid
+hang-guard 120 virtprof record -o /out/agent.vprec -d 5s --agent vsock:3:9478
 for i in $(seq 60); do grep -q VIRTPROF-RUN-END /out/l2console.txt && break; sleep 1; done
 wait || true
 ls /sys/kernel/tracing/instances > /out/instances
@@ -552,7 +591,7 @@ ls /sys/kernel/tracing/instances > /out/instances
     assert!(console.contains("VIRTPROF-RUN-END status=0"), "{console}");
     let r = super::agent::report_json(&out.join("agent.vprec"));
     let g = &r["guests"][0];
-    assert_eq!(g["cpus"], 1, "l2 runs with -smp 1: {g}");
+    assert_eq!(g["cpus"], 2, "l2 runs with -smp 2: {g}");
     let rows = g["rows"].as_u64().unwrap();
     assert!((25..=55).contains(&rows), "5 s of 100 ms rows: {rows}");
     assert_eq!(g["gaps"].as_array().unwrap().len(), 0, "{}", g["gaps"]);
@@ -567,5 +606,6 @@ ls /sys/kernel/tracing/instances > /out/instances
         ),
     );
     assert!(r["exits"]["totals"]["exits"].as_u64().unwrap() > 0, "L1 traced L2's exits meanwhile");
+    check_l2_noise(test, &out);
     assert_eq!(std::fs::read_to_string(out.join("instances")).unwrap().trim(), "", "no tracefs instance left in L1");
 }

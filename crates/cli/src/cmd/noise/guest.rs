@@ -4,11 +4,10 @@
 //! `--host-recording FILE --guest REPORT` does the same afterwards, from a `virtprof record`
 //! of the host and the JSON report of the testvm run it recorded.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Serialize;
-use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostCause, HostView};
+use virtprof_analysis::noise::{guest_columns, GuestColumns, GuestSample, HostView};
 use virtprof_analysis::Names;
 use virtprof_kvm::guest::{Bound, Script, Workload, SYNC_ROUNDS};
 use virtprof_kvm::launcher::{self, TestvmConfig};
@@ -18,13 +17,11 @@ use virtprof_model::units::saturating_u64;
 
 use virtprof_trace::decode::Decoder;
 
-use super::trace::{NoiseTrace, EVENTS};
+use super::explain::Explanation;
+use super::trace::{missing, NoiseTrace, EVENTS, HOST_EVENTS};
 use super::Settings;
 use crate::exit::usage;
 use virtprof_session::Session;
-
-/// The host events that explain guest noise: the noise set plus KVM's exits.
-const HOST_EVENTS: [&str; 3] = ["kvm:kvm_userspace_exit", "kvm:kvm_exit", "kvm:kvm_entry"];
 
 /// Guest TSC → host CLOCK_MONOTONIC, with its error bound.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -62,13 +59,6 @@ impl ClockMap {
     }
 }
 
-/// Samples and time per host cause.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct CauseTotal {
-    pub samples: u64,
-    pub ns: u64,
-}
-
 /// What `noise --testvm` reports.
 #[derive(Debug, Serialize)]
 pub struct GuestReport {
@@ -89,16 +79,9 @@ pub struct GuestReport {
     pub dropped_samples: u64,
     /// The vCPU thread's schedstat wait over the loop (compare with `guest.steal_ns`).
     pub schedstat_wait_ns: u64,
-    /// Time the host trace shows the vCPU thread off its CPU during samples.
-    pub host_steal_ns: u64,
-    /// By the cause of each sample's non-steal part (`steal` when preemption is all of it).
-    pub by_cause: BTreeMap<HostCause, CauseTotal>,
-    /// Who preempted the vCPU, ns.
-    pub preemptors: BTreeMap<String, u64>,
-    /// Exits that explain samples, by reason.
-    pub exit_reasons: BTreeMap<String, u64>,
-    /// Share of guest noise time the host explains, %.
-    pub explained_pct: f64,
+    /// The host's account of the samples.
+    #[serde(flatten)]
+    pub host: Explanation,
     pub lost_events: u64,
     pub missing_events: Vec<String>,
 }
@@ -169,20 +152,7 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
         )));
     }
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors", "nmi"])?;
-    let missing_events = [EVENTS.as_slice(), HOST_EVENTS.as_slice()]
-        .concat()
-        .into_iter()
-        .filter(|name| {
-            let (system, event) = name.split_once(':').unwrap_or((name, ""));
-            let layout = decoder.layout();
-            if event.is_empty() {
-                !layout.formats().iter().any(|f| f.system == system)
-            } else {
-                layout.format_by_name(system, event).is_none()
-            }
-        })
-        .map(str::to_string)
-        .collect();
+    let missing_events = missing(&decoder, &[EVENTS.as_slice(), HOST_EVENTS.as_slice()].concat());
     // Only the vCPU's CPU and the vCPU thread matter: the rest of a long recording is skipped.
     let tid = vcpu.tid;
     let mut events = Vec::new();
@@ -225,31 +195,10 @@ fn explain(report: &TestvmReport, host_trace: HostTrace, inject_hz: Option<u32>)
         })
         .collect();
     let host = HostView::new(&host_trace.events, vcpu.tid, cpu);
-    let mut by_cause: BTreeMap<HostCause, CauseTotal> = BTreeMap::new();
-    let mut preemptors: BTreeMap<String, u64> = BTreeMap::new();
-    let mut exit_reasons: BTreeMap<String, u64> = BTreeMap::new();
-    let (mut host_steal_ns, mut explained, mut total) = (0, 0, 0);
+    let mut explanation = Explanation::new();
     for r in &noise.samples {
         let (start, len) = (clock.ns(r.start_tsc), clock.len(r.len_tsc));
-        let a = host.attribute(start, len, clock.bound_ns);
-        host_steal_ns += a.steal_ns;
-        if let Some(who) = a.preemptor {
-            *preemptors.entry(decoder.strings.resolve(who).to_string()).or_default() += a.steal_ns;
-        }
-        if let Some((heavy, reason, isa)) = a.reason {
-            let name = if heavy {
-                decoder.symbol("kvm", "kvm_userspace_exit", "reason", u64::from(reason)).map(str::to_string)
-            } else {
-                decoder.exit_reason_name(reason, isa).map(str::to_string)
-            };
-            *exit_reasons.entry(name.unwrap_or_else(|| reason.to_string())).or_default() += 1;
-        }
-        let entry = by_cause.entry(a.cause).or_default();
-        entry.samples += 1;
-        entry.ns += len - a.steal_ns;
-        total += len;
-        // An unexplained sample has no off-CPU time either (that would make it `steal`).
-        explained += if a.cause == HostCause::Unexplained { 0 } else { len };
+        explanation.add(len, &host.attribute(start, len, clock.bound_ns), decoder);
     }
     Ok(GuestReport {
         kind: "noise-testvm",
@@ -263,11 +212,7 @@ fn explain(report: &TestvmReport, host_trace: HostTrace, inject_hz: Option<u32>)
         guest: guest_columns(&guest_samples),
         dropped_samples: noise.detected - noise.samples.len() as u64,
         schedstat_wait_ns: noise.loop_wait_ns,
-        host_steal_ns,
-        by_cause,
-        preemptors,
-        exit_reasons,
-        explained_pct: if total == 0 { 100.0 } else { 100.0 * explained as f64 / total as f64 },
+        host: explanation,
         lost_events: host_trace.lost_events,
         missing_events: host_trace.missing_events,
     })

@@ -1,8 +1,9 @@
 //! `virtprof noise`: OS noise per CPU with its causes (rtla osnoise top's columns plus STEAL and
 //! HYP), or, with `--testvm`, a guest's noise explained by host events.
 
+mod agent;
+mod explain;
 mod guest;
-mod measure;
 mod output;
 mod trace;
 
@@ -21,7 +22,7 @@ use virtprof_trace::decode::Decoder;
 
 use crate::args::{NoiseArgs, NoiseClock};
 use crate::exit::usage;
-use measure::{Clock, LoopConfig, LoopResult, TscMap};
+use virtprof_host::osnoise::{self as measure, Clock, LoopConfig, LoopResult, TscMap};
 
 /// Settings common to both modes, validated.
 pub struct Settings {
@@ -52,6 +53,8 @@ enum Target {
     Guest { cpu: u32, inject_hz: u32 },
     /// A recorded host trace and the guest report of the same run.
     Recorded { recording: PathBuf, guest: PathBuf },
+    /// A `record --agent` recording holding a guest agent's noise samples.
+    Agent { recording: PathBuf, vm: Option<String> },
 }
 
 pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
@@ -59,6 +62,12 @@ pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
     let target = target(args)?;
     if let Target::Recorded { recording, guest } = &target {
         return output::print_guest(&guest::run_recorded(recording, guest)?, show);
+    }
+    if let Target::Agent { recording, vm } = &target {
+        let report = agent::run(recording, vm.as_deref())?;
+        let text = if show.json { serde_json::to_string_pretty(&report)? + "\n" } else { agent::table(&report) };
+        std::io::Write::write_all(&mut crate::output::stdout(), text.as_bytes())?;
+        return Ok(ExitCode::SUCCESS);
     }
     let settings = settings(args)?;
     if let Target::Guest { cpu, inject_hz } = target {
@@ -72,6 +81,14 @@ pub fn run(args: &NoiseArgs) -> anyhow::Result<ExitCode> {
 fn target(args: &NoiseArgs) -> anyhow::Result<Target> {
     if let (Some(recording), Some(guest)) = (&args.host_recording, &args.guest) {
         return Ok(Target::Recorded { recording: recording.clone(), guest: guest.clone() });
+    }
+    if let Some(recording) = &args.host_recording {
+        if args.hist || args.stop_single.is_some() || args.stop_total.is_some() {
+            return Err(usage(
+                "--hist, --stop-single and --stop-total measure host CPUs; drop them with --host-recording",
+            ));
+        }
+        return Ok(Target::Agent { recording: recording.clone(), vm: args.vm.clone() });
     }
     if !args.testvm {
         return Ok(Target::Host);
@@ -218,6 +235,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
     let trace_clock = match s.clock {
         // The trace runs on CLOCK_MONOTONIC_RAW either way; TSC samples are mapped onto it.
         Clock::Tsc | Clock::MonoRaw => "mono_raw",
+        Clock::Mono => "mono",
     };
     let mut tracer = match trace::NoiseTrace::start(&s.cpus, trace_clock, &trace::EVENTS) {
         _ if !s.trace => None,
@@ -244,7 +262,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
     let first_pair = TscMap::pair();
     let ticks_per_ns = match s.clock {
         Clock::Tsc => calibrate_tsc(),
-        Clock::MonoRaw => 1.0,
+        Clock::MonoRaw | Clock::Mono => 1.0,
     };
     let t0 = measure::mono_raw_ns() + 20_000_000;
     let config = |cpu| LoopConfig {
@@ -269,7 +287,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
                 let c = config(cpu);
                 std::thread::Builder::new()
                     .name(format!("noise/{cpu}"))
-                    .spawn_scoped(scope, move || measure::run(c, ticks_per_ns))
+                    .spawn_scoped(scope, move || Ok(measure::run(c, ticks_per_ns)?))
             })
             .collect();
         // Every period: steal counters and the trace buffers.
@@ -370,6 +388,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
         clock: match s.clock {
             Clock::Tsc => "tsc",
             Clock::MonoRaw => "mono-raw",
+            Clock::Mono => "mono",
         },
         tsc_hz: map.map(|m| m.hz()),
         threshold_ns: s.threshold_ns,

@@ -258,7 +258,7 @@ fn guest_table(r: &GuestReport) -> String {
         "steal: guest record {:.1} us, vCPU thread schedstat wait {:.1} us, host trace {:.1} us",
         us(g.steal_ns),
         us(r.schedstat_wait_ns),
-        us(r.host_steal_ns)
+        us(r.host.host_steal_ns)
     );
     if r.injected > 0 || r.inject_hz.is_some_and(|hz| hz > 0) {
         let rate = r.inject_hz.map_or_else(String::new, |hz| format!(" at {hz} Hz"));
@@ -274,17 +274,17 @@ fn guest_table(r: &GuestReport) -> String {
         r.clock.ns_per_tick,
         us(r.clock.bound_ns)
     );
-    for (cause, t) in &r.by_cause {
+    for (cause, t) in &r.host.by_cause {
         let name = serde_json::to_value(cause).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
         let _ = writeln!(s, "  {name:<13} {:>7} samples {:>12.1} us (besides steal)", t.samples, us(t.ns));
     }
-    for (who, ns) in &r.preemptors {
+    for (who, ns) in &r.host.preemptors {
         let _ = writeln!(s, "  preempted by {who}: {:.1} us", us(*ns));
     }
-    for (reason, n) in &r.exit_reasons {
+    for (reason, n) in &r.host.exit_reasons {
         let _ = writeln!(s, "  exit {reason}: {n} samples");
     }
-    let _ = writeln!(s, "explained by host events: {:.1} % of guest noise time", r.explained_pct);
+    let _ = writeln!(s, "explained by host events: {:.1} % of guest noise time", r.host.explained_pct);
     if r.lost_events > 0 {
         let _ = writeln!(s, "warning: the kernel lost {} trace events: attribution is incomplete", r.lost_events);
     }

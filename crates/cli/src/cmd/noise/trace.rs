@@ -19,6 +19,26 @@ pub const EVENTS: [&str; 8] = [
     "sched:sched_wakeup",
 ];
 
+/// The host events that explain guest noise besides [`EVENTS`]: KVM's exits.
+pub const HOST_EVENTS: [&str; 3] = ["kvm:kvm_userspace_exit", "kvm:kvm_exit", "kvm:kvm_entry"];
+
+/// The events of `wanted` a recorded kernel has no format for (a whole system as `sys`).
+pub fn missing(decoder: &Decoder, wanted: &[&str]) -> Vec<String> {
+    let layout = decoder.layout();
+    wanted
+        .iter()
+        .filter(|name| {
+            let (system, event) = name.split_once(':').unwrap_or((name, ""));
+            if event.is_empty() {
+                !layout.formats().iter().any(|f| f.system == system)
+            } else {
+                layout.format_by_name(system, event).is_none()
+            }
+        })
+        .map(|s| s.to_string())
+        .collect()
+}
+
 /// A running trace of the measured CPUs.
 pub struct NoiseTrace {
     trace: LiveTrace,

@@ -1,12 +1,14 @@
-//! The measurement threads: one per CPU, pinned, optionally SCHED_FIFO, each reading a clock
-//! in a tight loop. A step between two reads longer than the threshold is a noise sample: the
-//! thread was kept from running for that long. Nothing is allocated or logged inside the
-//! loop; samples go into a buffer sized up front.
+//! The OS-noise measurement loop that `virtprof noise` runs on the host and `virtprof agent
+//! --noise` runs in a guest: one thread per CPU, pinned, optionally SCHED_FIFO, each reading a
+//! clock in a tight loop. A step between two reads longer than the threshold is a noise
+//! sample: the thread was kept from running for that long. Nothing is allocated or logged
+//! inside the loop; samples go into a buffer sized up front, handed on after each period.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use virtprof_host::affinity;
 use virtprof_model::units::saturating_u64;
+
+use crate::affinity;
 
 /// The clock the loop reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,9 +18,23 @@ pub enum Clock {
     Tsc,
     /// CLOCK_MONOTONIC_RAW through the vDSO.
     MonoRaw,
+    /// CLOCK_MONOTONIC through the vDSO: the clock a guest agent's rows and clock exchanges
+    /// use, so its samples map onto the host with the same alignment.
+    Mono,
 }
 
-/// Ask every loop to stop at its next read.
+impl Clock {
+    /// The clock periods are scheduled on and results are given in: CLOCK_MONOTONIC for
+    /// [`Clock::Mono`], CLOCK_MONOTONIC_RAW otherwise (TSC ticks are mapped onto it).
+    pub fn base_ns(self) -> u64 {
+        match self {
+            Clock::Mono => crate::monotonic_ns(),
+            Clock::Tsc | Clock::MonoRaw => mono_raw_ns(),
+        }
+    }
+}
+
+/// Ask every loop of `virtprof noise` to stop at its next read.
 pub static STOP: AtomicBool = AtomicBool::new(false);
 /// The sample that triggered `--stop-single` / `--stop-total`: CPU, start (raw clock units),
 /// length (ns); 0 length: none.
@@ -33,7 +49,7 @@ pub struct LoopConfig {
     pub clock: Clock,
     /// Gap that makes a sample, ns.
     pub threshold_ns: u64,
-    /// Start of period 0 (CLOCK_MONOTONIC_RAW ns), the same for every thread.
+    /// Start of period 0 ([`Clock::base_ns`]), the same for every thread.
     pub t0_ns: u64,
     /// Period and the measuring part of it.
     pub period_ns: u64,
@@ -47,11 +63,26 @@ pub struct LoopConfig {
     pub stop_single_ns: Option<u64>,
     /// Stop everything when a period's noise exceeds this (ns).
     pub stop_total_ns: Option<u64>,
-    /// Sample buffer size.
+    /// Sample buffer size (per period when streaming, per run otherwise).
     pub capacity: usize,
 }
 
-/// What one thread saw, in CLOCK_MONOTONIC_RAW ns.
+/// One period as the loop hands it on (times in clock units until converted).
+#[derive(Debug)]
+pub struct Period<'a> {
+    /// First read of the measuring window.
+    pub start: u64,
+    /// Last read.
+    pub end: u64,
+    /// Reads made.
+    pub iterations: u64,
+    /// Samples `(start, length)`.
+    pub samples: &'a [(u64, u64)],
+    /// Samples that did not fit the buffer.
+    pub dropped: u64,
+}
+
+/// What one thread saw, in [`Clock::base_ns`] ns once converted.
 #[derive(Debug, Default)]
 pub struct LoopResult {
     /// Its CPU.
@@ -136,54 +167,85 @@ impl TscMap {
     }
 }
 
-/// Run one measurement thread (call on its own thread). `ns_per_tick` converts the clock's
-/// units for the threshold (1.0 for CLOCK_MONOTONIC_RAW). Times in the result are in clock
-/// units until [`convert`] is applied.
-pub fn run(config: LoopConfig, ticks_per_ns: f64) -> anyhow::Result<LoopResult> {
-    affinity::set(0, &[config.cpu])
-        .map_err(|e| anyhow::anyhow!("pinning the measurement thread to CPU {}: {e}", config.cpu))?;
-    if config.fifo > 0 {
-        set_fifo(config.fifo)?;
-    }
-    // One monomorphized loop per clock: the read is inlined, not an indirect call.
-    match config.clock {
-        Clock::Tsc => measure(config, ticks_per_ns, tsc),
-        Clock::MonoRaw => measure(config, ticks_per_ns, mono_raw_ns),
-    }
-}
-
-fn measure(config: LoopConfig, ticks_per_ns: f64, read: impl Fn() -> u64) -> anyhow::Result<LoopResult> {
-    let to_ticks = |ns: u64| saturating_u64(ns as f64 * ticks_per_ns);
-    let threshold = to_ticks(config.threshold_ns);
-    let stop_single = config.stop_single_ns.map(to_ticks);
-    let stop_total = config.stop_total_ns.map(to_ticks);
+/// Run one measurement thread to the end (call on its own thread), keeping every sample up to
+/// `config.capacity`. `ticks_per_ns` converts the clock's units for the threshold (1.0 for the
+/// clock_gettime clocks). Times in the result are in clock units until [`convert`] is applied.
+pub fn run(config: LoopConfig, ticks_per_ns: f64) -> std::io::Result<LoopResult> {
     let mut r = LoopResult {
         cpu: config.cpu,
-        // SAFETY: gettid has no preconditions.
-        tid: u32::try_from(unsafe { libc::gettid() }).unwrap_or(0),
         samples: Vec::with_capacity(config.capacity),
         min_step_ns: u64::MAX,
         ..Default::default()
     };
+    let (tid, min_step) = run_periods(config, ticks_per_ns, &STOP, &mut |p| {
+        r.periods.push((p.start, p.end, p.iterations));
+        let room = config.capacity - r.samples.len();
+        r.samples.extend_from_slice(&p.samples[..p.samples.len().min(room)]);
+        r.dropped += p.dropped + p.samples.len().saturating_sub(room) as u64;
+    })?;
+    (r.tid, r.min_step_ns) = (tid, min_step);
+    Ok(r)
+}
+
+/// Run one measurement thread until its periods are done or `stop` is set, handing each
+/// period to `on_period` between windows (never inside one). Returns the thread id and the
+/// smallest step seen (clock units; `u64::MAX` if none).
+pub fn run_periods(
+    config: LoopConfig,
+    ticks_per_ns: f64,
+    stop: &AtomicBool,
+    on_period: &mut dyn FnMut(Period),
+) -> std::io::Result<(u32, u64)> {
+    affinity::set(0, &[config.cpu]).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("pinning the measurement thread to CPU {}: {e}", config.cpu))
+    })?;
+    if config.fifo > 0 {
+        set_fifo(config.fifo)?;
+    }
+    // One monomorphized loop per clock: the read is inlined, not an indirect call.
+    let result = match config.clock {
+        Clock::Tsc => measure(config, ticks_per_ns, stop, on_period, tsc),
+        Clock::MonoRaw => measure(config, ticks_per_ns, stop, on_period, mono_raw_ns),
+        Clock::Mono => measure(config, ticks_per_ns, stop, on_period, crate::monotonic_ns),
+    };
+    // SAFETY: gettid has no preconditions.
+    let tid = u32::try_from(unsafe { libc::gettid() }).unwrap_or(0);
+    Ok((tid, result))
+}
+
+fn measure(
+    config: LoopConfig,
+    ticks_per_ns: f64,
+    stop: &AtomicBool,
+    on_period: &mut dyn FnMut(Period),
+    read: impl Fn() -> u64,
+) -> u64 {
+    let to_ticks = |ns: u64| saturating_u64(ns as f64 * ticks_per_ns);
+    let threshold = to_ticks(config.threshold_ns);
+    let stop_single = config.stop_single_ns.map(to_ticks);
+    let stop_total = config.stop_total_ns.map(to_ticks);
+    let mut samples: Vec<(u64, u64)> = Vec::with_capacity(config.capacity);
+    let mut min_step = u64::MAX;
     let mut period = 0;
-    while period < config.periods && !STOP.load(Ordering::Relaxed) {
+    while period < config.periods && !stop.load(Ordering::Relaxed) {
         let start_ns = config.t0_ns + period * config.period_ns;
-        sleep_until_raw(start_ns);
+        sleep_until(config.clock, start_ns, stop);
         let end_ns = start_ns + config.runtime_ns;
         // The loop's deadline in clock units, from a pair read now.
-        let (now_ns, now) = (mono_raw_ns(), read());
+        let (now_ns, now) = (config.clock.base_ns(), read());
         let deadline = now + to_ticks(end_ns.saturating_sub(now_ns));
         let first = read();
-        let (mut prev, mut total, mut iterations) = (first, 0u64, 0u64);
+        let (mut prev, mut total, mut iterations, mut dropped) = (first, 0u64, 0u64, 0u64);
+        samples.clear();
         loop {
             let t = read();
             let step = t.wrapping_sub(prev);
             iterations += 1;
             if step > threshold {
-                if r.samples.len() < config.capacity {
-                    r.samples.push((prev, step));
+                if samples.len() < config.capacity {
+                    samples.push((prev, step));
                 } else {
-                    r.dropped += 1;
+                    dropped += 1;
                 }
                 total += step;
                 let too_long = stop_single.is_some_and(|s| step > s) || stop_total.is_some_and(|s| total > s);
@@ -191,43 +253,48 @@ fn measure(config: LoopConfig, ticks_per_ns: f64, read: impl Fn() -> u64) -> any
                     STOPPED_BY[0].store(u64::from(config.cpu), Ordering::Relaxed);
                     STOPPED_BY[1].store(prev, Ordering::Relaxed);
                     STOPPED_BY[2].store(step, Ordering::Relaxed);
-                    STOP.store(true, Ordering::Relaxed);
+                    stop.store(true, Ordering::Relaxed);
                 }
-            } else if step > 0 && step < r.min_step_ns {
-                r.min_step_ns = step;
+            } else if step > 0 && step < min_step {
+                min_step = step;
             }
             prev = t;
-            if t >= deadline || (iterations & 0xfff == 0 && STOP.load(Ordering::Relaxed)) {
+            if t >= deadline || (iterations & 0xfff == 0 && stop.load(Ordering::Relaxed)) {
                 break;
             }
         }
-        r.periods.push((first, prev, iterations));
+        on_period(Period { start: first, end: prev, iterations, samples: &samples, dropped });
         period += 1;
     }
-    Ok(r)
+    min_step
 }
 
-/// Sleep until CLOCK_MONOTONIC_RAW reads `ns` (clock_nanosleep does not take that clock).
-fn sleep_until_raw(ns: u64) {
-    let now = mono_raw_ns();
-    if ns > now {
-        std::thread::sleep(std::time::Duration::from_nanos(ns - now));
+/// Sleep until `clock`'s base reads `ns` (clock_nanosleep does not take CLOCK_MONOTONIC_RAW),
+/// waking for `stop` at least every 100 ms.
+fn sleep_until(clock: Clock, ns: u64, stop: &AtomicBool) {
+    loop {
+        let now = clock.base_ns();
+        if ns <= now || stop.load(Ordering::Relaxed) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos((ns - now).min(100_000_000)));
     }
 }
 
-fn set_fifo(priority: u8) -> anyhow::Result<()> {
+fn set_fifo(priority: u8) -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: i32::from(priority) };
     // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
-        anyhow::bail!(
-            "SCHED_FIFO priority {priority} for the measurement thread: {} (run as root, or drop --fifo)",
-            std::io::Error::last_os_error()
-        );
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            e.kind(),
+            format!("SCHED_FIFO priority {priority} for the measurement thread: {e} (run as root, or drop --fifo)"),
+        ));
     }
     Ok(())
 }
 
-/// Put a result's times in CLOCK_MONOTONIC_RAW ns (a no-op for that clock).
+/// Put a result's times in CLOCK_MONOTONIC_RAW ns (a no-op for the clock_gettime clocks).
 pub fn convert(r: &mut LoopResult, map: Option<&TscMap>) {
     let Some(map) = map else { return };
     for s in &mut r.samples {
