@@ -12,9 +12,10 @@ use perf_event_names::{hardware_specs, software_specs};
 use virtprof_host::procfs::ProcFile;
 use virtprof_interval::counters::{Counters, Target};
 use virtprof_interval::procstat::{ProcStat, FIELDS};
-use virtprof_model::guest::{GuestSeries, SeriesKind};
+use virtprof_model::guest::{GuestSeries, SeriesKind, MARKER_AFTER, MARKER_BEFORE};
 
 use crate::appcounters::CounterFile;
+use crate::marker::Marker;
 
 /// /proc/vmstat counters sent (the ones that explain a stall): name and kind.
 const VMSTAT: [(&str, SeriesKind); 9] = [
@@ -82,6 +83,8 @@ pub struct CollectConfig {
     pub counters: Vec<PathBuf>,
     /// Open perf counters (needs perf_event_paranoid ≤ 0 or CAP_PERFMON for per-CPU ones).
     pub perf: bool,
+    /// Write a marker byte to this I/O port each row (see [`crate::marker`]).
+    pub marker_port: Option<u16>,
 }
 
 /// One row's sampler.
@@ -100,6 +103,7 @@ pub struct Collector {
     vmstat: Option<(ProcFile, usize)>,
     perf: Vec<(Counters, usize)>,
     apps: Vec<(CounterFile, usize)>,
+    marker: Option<(Marker, usize)>,
     /// Sources not offered here, with the reason.
     pub unavailable: Vec<(String, String)>,
 }
@@ -119,6 +123,7 @@ impl Collector {
             vmstat: None,
             perf: Vec::new(),
             apps: Vec::new(),
+            marker: None,
             unavailable: Vec::new(),
         };
         c.open_stat();
@@ -128,6 +133,10 @@ impl Collector {
         if c.config.perf {
             c.open_perf();
         }
+        if let Some(port) = c.config.marker_port {
+            c.open_marker(port);
+        }
+        // Application series go last (they come and go).
         c.rescan_apps();
         c.now = vec![0.0; c.series.len()];
         c.sample_into_now();
@@ -248,6 +257,22 @@ impl Collector {
                 self.perf.push((counters, at));
             }
         }
+    }
+
+    fn open_marker(&mut self, port: u16) {
+        match Marker::open(port) {
+            Ok(m) => {
+                let at = self.add(GuestSeries::gauge(MARKER_BEFORE, "ns"));
+                self.add(GuestSeries::gauge(MARKER_AFTER, "ns"));
+                self.marker = Some((m, at));
+            }
+            Err(e) => self.unavailable.push((format!("marker port {port:#x}"), e.to_string())),
+        }
+    }
+
+    /// The marker port, if markers are written.
+    pub fn marker_port(&self) -> Option<u16> {
+        self.marker.as_ref().map(|(m, _)| m.port())
     }
 
     /// Look for new counter files; true if the series changed (a new schema must be sent).
@@ -377,6 +402,11 @@ impl Collector {
             }
         }
         self.sample_apps();
+        if let Some((m, at)) = self.marker.as_mut() {
+            // Exact as f64 for 104 days of uptime; NaN: no marker this row.
+            let (before, after) = m.write().map_or((f64::NAN, f64::NAN), |(b, a)| (b as f64, a as f64));
+            (self.now[*at], self.now[*at + 1]) = (before, after);
+        }
     }
 
     /// One row: counters' increase since the last call, gauges' level, perf deltas.
@@ -430,7 +460,7 @@ mod tests {
     fn a_row_counts_this_hosts_cpu_time_and_a_counter_file() {
         let dir = std::env::temp_dir().join(format!("vp-collect-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut c = Collector::open(CollectConfig { counters: vec![dir.clone()], perf: false });
+        let mut c = Collector::open(CollectConfig { counters: vec![dir.clone()], perf: false, marker_port: None });
         assert!(c.series().iter().any(|s| s.name == "cpu0.steal_ns"));
         assert!(c.series().iter().any(|s| s.name == "vmstat.nr_free_pages" && s.kind == SeriesKind::Gauge));
         let slots = [crate::appcounters::Slot { name: "hits".into(), kind: SeriesKind::Counter }];

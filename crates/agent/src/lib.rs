@@ -5,6 +5,7 @@
 //! - [`appcounters`]: the counter file any program can publish.
 //! - [`collect`]: what the agent samples in the guest each interval.
 //! - [`noise`]: the OS-noise loop on chosen guest CPUs (`agent --noise`).
+//! - [`marker`]: I/O port writes the host traces, to check the clock alignment.
 //! - [`transport`]: vsock, virtio-serial and TCP addresses, listened on and connected to.
 //! - [`serve`]: the agent's loop in the guest.
 //! - [`link`]: the host's side of one agent: connect, align clocks, receive rows, report gaps.
@@ -13,6 +14,7 @@ pub mod appcounters;
 pub mod clock;
 pub mod collect;
 pub mod link;
+pub mod marker;
 pub mod noise;
 pub mod serve;
 pub mod transport;

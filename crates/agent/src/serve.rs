@@ -117,6 +117,7 @@ fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
         clocksource,
         ptp_kvm: ptp_kvm(),
         unavailable: collector.unavailable.clone(),
+        marker_port: collector.marker_port(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! (exits by reason, I/O, scheduling) into the same rows, so every layer lines up in time.
 
 use rustc_hash::FxHashMap as HashMap;
+use virtprof_model::guest::{GuestLayer, SeriesKind as GuestKind};
 use virtprof_model::interval::{Entity, Series, SeriesKind};
 use virtprof_model::{Event, EventKind};
 
@@ -119,6 +120,52 @@ impl IntervalTable {
 }
 
 impl IntervalTable {
+    /// Add a guest's rows (placed on the recording's clock) as `guestN` columns of these
+    /// intervals: a counter's increase is shared among the intervals its row overlaps, in
+    /// proportion to the overlap; a gauge gives each interval the level of the row its end
+    /// falls in. Intervals no guest row reaches stay NaN (unknown, not zero).
+    pub fn add_guest_layer(&mut self, layer: &GuestLayer) {
+        let columns: Vec<usize> = layer
+            .series
+            .iter()
+            .map(|s| {
+                let kind = match s.kind {
+                    GuestKind::Counter => SeriesKind::Delta,
+                    GuestKind::Gauge => SeriesKind::Gauge,
+                };
+                self.column_of(&Series {
+                    entity: Entity::Guest(layer.agent),
+                    metric: s.name.clone(),
+                    unit: s.unit.clone(),
+                    kind,
+                })
+            })
+            .collect();
+        for r in &layer.rows {
+            let (from, to) = (r.start_ns, r.end_ns.max(r.start_ns + 1));
+            let first = self.end_ns.partition_point(|&e| e <= from);
+            for row in first..self.rows() {
+                let (start, end) = (self.start_ns[row], self.end_ns[row]);
+                if start >= to {
+                    break;
+                }
+                let overlap = end.min(to).saturating_sub(start.max(from));
+                let share = overlap as f64 / (to - from) as f64;
+                let holds_end = from < end && end <= to;
+                for ((s, &col), &v) in layer.series.iter().zip(&columns).zip(&r.values) {
+                    let cell = &mut self.columns[col].values[row];
+                    match s.kind {
+                        GuestKind::Counter if overlap > 0 && v.is_finite() => {
+                            *cell = if cell.is_nan() { v * share } else { *cell + v * share };
+                        }
+                        GuestKind::Gauge if holds_end => *cell = v,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
     /// Every delta metric summed over all vCPUs and all CPUs: one host-level series per metric
     /// name, comparable between runs whose VMs have other pids (VrtProf's native vs VM view).
     pub fn host_metrics(&self) -> Vec<(String, Vec<f64>)> {
@@ -261,6 +308,42 @@ mod tests {
 
     fn series(entity: Entity, metric: &str) -> Series {
         Series { entity, metric: metric.into(), unit: "count".into(), kind: SeriesKind::Delta }
+    }
+
+    #[test]
+    fn guest_rows_are_shared_among_the_intervals_they_overlap() {
+        use virtprof_model::guest::{GuestSeries, LayerRow};
+        let mut t = IntervalTable::new(100);
+        for k in 0..4 {
+            t.push_row(k, k * 100, (k + 1) * 100, []);
+        }
+        let row = |start_ns, end_ns, values: Vec<f64>| LayerRow {
+            guest_start_ns: 0,
+            guest_end_ns: 0,
+            start_ns,
+            end_ns,
+            bound_ns: 0,
+            values,
+        };
+        let layer = GuestLayer {
+            agent: 2,
+            name: "g".into(),
+            series: vec![
+                GuestSeries::counter("irq.LOC", "events"),
+                GuestSeries::gauge("vmstat.nr_free_pages", "pages"),
+            ],
+            // 150..250 holds 10 ticks, half in row 1 and half in row 2; 250..400 holds 30.
+            rows: vec![row(150, 250, vec![10.0, 7.0]), row(250, 400, vec![30.0, 9.0])],
+        };
+        t.add_guest_layer(&layer);
+        let ticks = &t.find(Entity::Guest(2), "irq.LOC").unwrap().values;
+        assert!(ticks[0].is_nan(), "before the guest: unknown, not 0");
+        assert_eq!(&ticks[1..], &[5.0, 5.0 + 10.0, 20.0]);
+        assert_eq!(t.find(Entity::Guest(2), "irq.LOC").unwrap().total(), 40.0, "nothing lost or made up");
+        // Row 1 ends at 200 inside the first guest row; rows 2 and 3 end in the second.
+        let free = &t.find(Entity::Guest(2), "vmstat.nr_free_pages").unwrap().values;
+        assert!(free[0].is_nan());
+        assert_eq!(&free[1..], &[7.0, 9.0, 9.0]);
     }
 
     #[test]

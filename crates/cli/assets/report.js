@@ -152,6 +152,13 @@
           `guest − host ${fmt(c.offset_ns / 1e6, 3)} ms, drift ${fmt(c.drift_ppm, 2)} ppm, bound ±${fmt(c.median_bound_ns / 1e3, 1)} µs (median), ±${fmt(c.max_bound_ns / 1e3, 1)} µs (max), ${c.points} points`],
       ];
       if (g.link) rows.push(["exchanges", `${g.link.exchanges_checked} checked, ${g.link.exchanges_outside} outside their bound; ${g.link.garbage_bytes} garbage bytes, ${g.link.bad_frames} bad frames`]);
+      if (g.markers) {
+        const m = g.markers;
+        rows.push(["markers", `${m.written} written to port 0x${m.port.toString(16)}, ${m.matched} traced (kvm_pio), ${m.outside} outside their bound; largest error ${fmt(m.max_error_ns / 1e3, 1)} µs against ±${fmt(m.max_bound_ns / 1e3, 1)} µs`]);
+      }
+      for (const n of g.noise) {
+        rows.push([`noise CPU ${n.cpu}`, `${n.samples} samples in ${n.periods} periods (${fmt(n.measured_ns / 1e9, 3)} s), ${fmt(n.measured_ns ? 100 * n.noise_ns / n.measured_ns : 0, 3)} % of the time, largest ${fmt(n.max_single_ns / 1e3, 1)} µs`]);
+      }
       s.append(table("facts", null, rows));
       if (g.gaps.length) s.append(table("grid", ["from s", "to s", "gap"], g.gaps.map((x) => [fmt(x.from_s, 3), fmt(x.to_s, 3), x.cause])));
       const T = g.timeline;

@@ -96,6 +96,7 @@ EXAMPLES:
   virtprof agent --listen serial:virtprof --interval 100ms
   virtprof agent --listen tcp:0.0.0.0:9478 --token-file /etc/virtprof.token
   virtprof agent --noise 1 --noise-runtime 900ms                 guest CPU 1's noise, for the host to explain
+  virtprof agent --marker-port 0xe9                              markers the host's kvm_pio check the clock by
   virtprof report run.vprec                                      guest layers beside the host's")]
 pub struct AgentArgs {
     /// Where to wait for the host: vsock:PORT, serial:NAME|PATH or tcp:ADDR:PORT.
@@ -128,6 +129,19 @@ pub struct AgentArgs {
     /// With --noise: the measuring part of each period (default: all of it).
     #[arg(long, value_name = "TIME[ms|s]", value_parser = duration)]
     pub noise_runtime: Option<Duration>,
+    /// Each row, write a byte to this x86 I/O port (e.g. 0xe9, one nothing else in the VM
+    /// uses) so the host can check the clock alignment against its kvm_pio events (root).
+    #[arg(long, value_name = "PORT", value_parser = io_port)]
+    pub marker_port: Option<u16>,
+}
+
+/// An I/O port: decimal or 0x hex, 0–65535.
+fn io_port(s: &str) -> Result<u16, String> {
+    let parsed = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u16::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    parsed.map_err(|_| format!("'{s}' is not an I/O port (0-65535, or hex like 0xe9)"))
 }
 
 #[derive(Debug, Args)]

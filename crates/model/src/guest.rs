@@ -63,6 +63,9 @@ pub struct GuestInfo {
     /// Sources the agent could not read, each with the reason (never sent as zeros).
     #[cfg_attr(feature = "serde", serde(default))]
     pub unavailable: Vec<(String, String)>,
+    /// The I/O port the agent writes a marker to each row (`agent --marker-port`).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub marker_port: Option<u16>,
 }
 
 /// One measuring period of the agent's noise loop on one guest CPU (`agent --noise`): the
@@ -95,6 +98,34 @@ impl NoiseBatch {
     pub fn noise_ns(&self) -> u64 {
         self.samples.iter().map(|s| s.1).sum()
     }
+}
+
+/// The guest time just before a row's marker write (`agent --marker-port`), a gauge series.
+pub const MARKER_BEFORE: &str = "marker.before_ns";
+/// The guest time just after it.
+pub const MARKER_AFTER: &str = "marker.after_ns";
+
+/// The alignment checked against markers: guest port writes (guest times just before and
+/// after each) that the host traced (`kvm_pio`, host time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct MarkerCheck {
+    /// Markers the guest wrote (rows that carry one) while the host traced.
+    pub written: u64,
+    /// Markers written before the trace began or after it ended (not checked).
+    pub outside_trace: u64,
+    /// Of those, markers with a traced write near enough to be theirs.
+    pub matched: u64,
+    /// Matched markers whose host time fell outside the mapped guest times by more than the
+    /// alignment's bound there.
+    pub outside: u64,
+    /// The most any was outside its bound, ns.
+    pub worst_excess_ns: u64,
+    /// The largest distance of a host time from its mapped guest window (inside the bound
+    /// or not), ns: how far off the alignment really was, against the bound it claimed.
+    pub max_error_ns: u64,
+    /// The largest bound claimed for a matched marker, ns.
+    pub max_bound_ns: u64,
 }
 
 /// One measured point of the mapping: at host time `host_ns`, guest time was
@@ -160,6 +191,50 @@ impl Alignment {
         };
         let host = u64::try_from((g - offset).max(0)).unwrap_or(u64::MAX);
         Some((host, bound))
+    }
+
+    /// Check the alignment against `markers` (guest times just before and after each write)
+    /// and the host times of the traced writes (`host`, sorted), traced from `traced.0` to
+    /// `traced.1`. A marker matches the traced write nearest its mapped middle if that is
+    /// within `window_ns` (half the distance between markers: farther, it is another marker's
+    /// or lost).
+    pub fn check_markers(
+        &self,
+        markers: &[(u64, u64)],
+        host: &[u64],
+        traced: (u64, u64),
+        window_ns: u64,
+    ) -> MarkerCheck {
+        let mut check = MarkerCheck::default();
+        for &(before, after) in markers {
+            let (Some((from, b0)), Some((to, b1))) = (self.to_host(before), self.to_host(after)) else {
+                check.outside_trace += 1;
+                continue;
+            };
+            if to < traced.0 || from > traced.1 {
+                check.outside_trace += 1;
+                continue;
+            }
+            check.written += 1;
+            let (to, bound) = (to.max(from), b0.max(b1));
+            let mid = from + (to - from) / 2;
+            let i = host.partition_point(|&t| t < mid);
+            let nearest = [i.checked_sub(1), Some(i)]
+                .into_iter()
+                .flatten()
+                .filter_map(|k| host.get(k).copied())
+                .min_by_key(|t| t.abs_diff(mid));
+            let Some(t) = nearest.filter(|t| t.abs_diff(mid) <= window_ns) else { continue };
+            check.matched += 1;
+            let error = if t < from { from - t } else { t.saturating_sub(to) };
+            check.max_error_ns = check.max_error_ns.max(error);
+            check.max_bound_ns = check.max_bound_ns.max(bound);
+            if error > bound {
+                check.outside += 1;
+                check.worst_excess_ns = check.worst_excess_ns.max(error - bound);
+            }
+        }
+        check
     }
 
     /// The largest bound of any point.
@@ -245,6 +320,20 @@ mod tests {
         assert_eq!(a.to_host(4_999_900), Some((0, 20)));
         assert!((a.drift_ppm() - 0.1).abs() < 1e-9, "{}", a.drift_ppm());
         assert_eq!((a.max_bound_ns(), a.median_bound_ns()), (30, 30));
+    }
+
+    #[test]
+    fn markers_are_matched_to_the_nearest_traced_write_and_checked_against_the_bound() {
+        // Guest 1000 ns ahead of the host, bound 50 ns.
+        let a = Alignment::new(vec![point(0, 1_000, 50), point(1_000_000, 1_000, 50)]);
+        let markers = [(11_000, 11_100), (21_000, 21_100), (31_000, 31_100), (41_000, 41_100), (99_000, 99_100)];
+        // Inside its window; 30 ns early (within the bound); 80 ns late (30 over); none near;
+        // the last written after the trace ended.
+        let host = [10_050, 19_970, 30_180, 90_000];
+        let c = a.check_markers(&markers, &host, (0, 95_000), 5_000);
+        assert_eq!((c.written, c.matched, c.outside, c.worst_excess_ns, c.max_error_ns), (4, 3, 1, 30, 80));
+        assert_eq!((c.max_bound_ns, c.outside_trace), (50, 1));
+        assert_eq!(Alignment::default().check_markers(&markers, &host, (0, 95_000), 5_000).outside_trace, 5);
     }
 
     #[test]

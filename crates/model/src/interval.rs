@@ -20,6 +20,8 @@ pub enum Entity {
         /// vCPU index.
         index: u32,
     },
+    /// A guest seen from inside, by its agent's number in the recording (`record --agent`).
+    Guest(u32),
 }
 
 impl Entity {
@@ -27,7 +29,7 @@ impl Entity {
     pub fn vm(self) -> Option<u32> {
         match self {
             Entity::Vm(pid) | Entity::Vcpu { pid, .. } => Some(pid),
-            Entity::Host | Entity::Cpu(_) => None,
+            Entity::Host | Entity::Cpu(_) | Entity::Guest(_) => None,
         }
     }
 }
@@ -39,6 +41,7 @@ impl fmt::Display for Entity {
             Entity::Cpu(cpu) => write!(f, "cpu{cpu}"),
             Entity::Vm(pid) => write!(f, "vm{pid}"),
             Entity::Vcpu { pid, index } => write!(f, "vm{pid}/vcpu{index}"),
+            Entity::Guest(agent) => write!(f, "guest{agent}"),
         }
     }
 }
@@ -48,14 +51,18 @@ impl FromStr for Entity {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let number =
-            |t: &str| t.parse::<u32>().map_err(|_| format!("'{s}': expected host, cpuN, vmPID or vmPID/vcpuN"));
+            |t: &str| t.parse::<u32>().map_err(|_| format!("'{s}': expected host, cpuN, vmPID, vmPID/vcpuN or guestN"));
         if s == "host" {
             return Ok(Entity::Host);
         }
         if let Some(cpu) = s.strip_prefix("cpu") {
             return number(cpu).map(Entity::Cpu);
         }
-        let rest = s.strip_prefix("vm").ok_or_else(|| format!("'{s}': expected host, cpuN, vmPID or vmPID/vcpuN"))?;
+        if let Some(agent) = s.strip_prefix("guest") {
+            return number(agent).map(Entity::Guest);
+        }
+        let rest =
+            s.strip_prefix("vm").ok_or_else(|| format!("'{s}': expected host, cpuN, vmPID, vmPID/vcpuN or guestN"))?;
         match rest.split_once("/vcpu") {
             Some((pid, index)) => Ok(Entity::Vcpu { pid: number(pid)?, index: number(index)? }),
             None => number(rest).map(Entity::Vm),

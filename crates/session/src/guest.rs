@@ -189,6 +189,25 @@ impl GuestStream {
             .collect()
     }
 
+    /// The markers the guest wrote (`agent --marker-port`): guest times just before and after
+    /// each write, one per row that carries them.
+    pub fn markers(&self) -> Vec<(u64, u64)> {
+        use virtprof_model::guest::{MARKER_AFTER, MARKER_BEFORE};
+        use virtprof_model::units::saturating_u64;
+        let mut out = Vec::new();
+        for segment in &self.segments {
+            let at = |name| segment.series.iter().position(|s| s.name == name);
+            let (Some(b), Some(a)) = (at(MARKER_BEFORE), at(MARKER_AFTER)) else { continue };
+            for r in &segment.rows {
+                let (before, after) = (r.values[b], r.values[a]);
+                if before.is_finite() && after >= before && before > 0.0 {
+                    out.push((saturating_u64(before), saturating_u64(after)));
+                }
+            }
+        }
+        out
+    }
+
     /// Each series' total over all rows (counters: the sum; gauges: the last value), by name.
     pub fn totals(&self) -> Vec<(GuestSeries, f64)> {
         let mut out: Vec<(GuestSeries, f64)> = Vec::new();

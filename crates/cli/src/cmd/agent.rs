@@ -29,7 +29,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         address: args.listen.clone(),
         token,
         interval_ns,
-        collect: CollectConfig { counters: args.counters.clone(), perf: args.perf },
+        collect: CollectConfig { counters: args.counters.clone(), perf: args.perf, marker_port: args.marker_port },
         sessions: args.sessions,
         noise: noise_config(args)?,
     };

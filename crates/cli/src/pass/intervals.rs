@@ -3,6 +3,7 @@
 //! correlation look at.
 
 use virtprof_analysis::intervals::IntervalTable;
+use virtprof_model::interval::{Entity, SeriesKind};
 use virtprof_session::Session;
 
 use super::{analyse, Want};
@@ -53,14 +54,7 @@ fn guest_rates(g: &virtprof_session::guest::GuestStream) -> Vec<(String, f64)> {
         if series.kind != virtprof_model::guest::SeriesKind::Counter {
             continue;
         }
-        // cpu3.steal_ns -> cpu.steal_ns: one figure per guest, whatever its CPU count.
-        let name = match series.name.split_once('.') {
-            Some((cpu, rest)) if cpu.strip_prefix("cpu").is_some_and(|n| n.parse::<u32>().is_ok()) => {
-                format!("cpu.{rest}")
-            }
-            _ => series.name.clone(),
-        };
-        let name = format!("guest{}.{name}", g.agent);
+        let name = format!("guest{}.{}", g.agent, fold_cpus(&series.name));
         match rates.iter_mut().find(|(n, _)| *n == name) {
             Some((_, r)) => *r += total / seconds,
             None => rates.push((name, total / seconds)),
@@ -69,17 +63,38 @@ fn guest_rates(g: &virtprof_session::guest::GuestStream) -> Vec<(String, f64)> {
     rates
 }
 
+/// `cpu3.steal_ns` → `cpu.steal_ns`: one figure per guest, whatever its CPU count.
+fn fold_cpus(name: &str) -> String {
+    match name.split_once('.') {
+        Some((cpu, rest)) if cpu.strip_prefix("cpu").is_some_and(|n| n.parse::<u32>().is_ok()) => format!("cpu.{rest}"),
+        _ => name.to_string(),
+    }
+}
+
 /// The features phase detection and correlation look at: host-level delta metrics per second
-/// of their row (app counters and the phase gauge excluded: they are what the analysis should
-/// rediscover). Rates, not counts: a row that covers a missed one is twice as long, and a
-/// short last row counts little, yet neither is a change of phase.
+/// of their row, then each guest's (`guestN.METRIC`, its CPUs summed) in the same rows (app
+/// counters and the phase gauge excluded: they are what the analysis should rediscover).
+/// Rates, not counts: a row that covers a missed one is twice as long, and a short last row
+/// counts little, yet neither is a change of phase.
 pub fn features(table: &IntervalTable) -> Vec<(String, Vec<f64>)> {
     let seconds: Vec<f64> =
         table.start_ns.iter().zip(&table.end_ns).map(|(s, e)| e.saturating_sub(*s).max(1) as f64 / 1e9).collect();
-    table
-        .host_metrics()
+    let mut counts = table.host_metrics();
+    let mut guests: Vec<(String, Vec<f64>)> = Vec::new();
+    for c in table.columns.iter().filter(|c| c.series.kind == SeriesKind::Delta) {
+        let Entity::Guest(agent) = c.series.entity else { continue };
+        let name = format!("guest{agent}.{}", fold_cpus(&c.series.metric));
+        match guests.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, sum)) => sum.iter_mut().zip(&c.values).filter(|(_, v)| !v.is_nan()).for_each(|(s, v)| {
+                *s = if s.is_nan() { *v } else { *s + v };
+            }),
+            None => guests.push((name, c.values.clone())),
+        }
+    }
+    counts.extend(guests);
+    counts
         .into_iter()
-        .filter(|(m, _)| !m.starts_with("app."))
+        .filter(|(m, _)| !m.starts_with("app.") && !m.split_once('.').is_some_and(|(_, rest)| rest.starts_with("app.")))
         .map(|(m, counts)| (m, counts.iter().zip(&seconds).map(|(c, s)| c / s).collect()))
         .collect()
 }

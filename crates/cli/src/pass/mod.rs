@@ -141,6 +141,10 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
     let outside_rows = binner.map_or(0, |b| b.outside);
     if let Some(t) = table.as_mut() {
         t.add_vm_sums();
+        // Guests seen from inside, in the same intervals as the host (VrtProf's layers).
+        for layer in recording.guests.iter().flat_map(|g| g.layers()) {
+            t.add_guest_layer(&layer);
+        }
     }
     let names = DecoderNames(&decoder);
     let mut exits = exits.map(|x| x.finish(&names));

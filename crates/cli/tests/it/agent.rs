@@ -320,6 +320,19 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     assert!(clock["offset_ns"].as_i64().unwrap().unsigned_abs() <= clock["max_bound_ns"].as_u64().unwrap(), "{clock}");
     assert_eq!(g["link"]["exchanges_outside"], 0, "{}", g["link"]);
 
+    // The guest's rows are shared into the host's interval rows: all 1000 requests are there,
+    // in the rows of the 700 ms when they were made, beside the host's columns.
+    let csv = temp("agent-local.csv");
+    let out = virtprof().args(["export", "--format", "csv"]).arg(&rec).arg("-o").arg(&csv).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "guest0 app.web.requests").expect("a guest column in the host's rows");
+    let in_rows: f64 = lines.filter_map(|l| l.split(',').nth(col)?.parse::<f64>().ok()).filter(|v| v.is_finite()).sum();
+    assert!((in_rows - 1000.0).abs() < 1e-6, "{in_rows}");
+    let _ = std::fs::remove_file(&csv);
+
     // compare puts the guest's rates beside the host's.
     let out = virtprof().arg("compare").arg(&rec).arg(&rec).arg("--json").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

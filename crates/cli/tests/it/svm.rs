@@ -571,7 +571,7 @@ set -e
 qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 2 -nographic -no-reboot -nodefaults \
     -serial stdio -net none -name l2agent,debug-threads=on -device vhost-vsock-pci,guest-cid=3 \
     -kernel /bed/l2/vmlinuz -initrd /host{initrd} \
-    -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1 --noise 1 --noise-period 500ms --noise-runtime 400ms" \
+    -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1 --noise 1 --noise-period 500ms --noise-runtime 400ms --marker-port 0xe9" \
     > /out/l2console.txt 2>&1 &
 for i in $(seq 240); do grep -q 'listening on' /out/l2console.txt && break; sleep 1; done
 grep -q 'listening on' /out/l2console.txt || hang-guard --broken "L2's agent did not start in 240 s"
@@ -598,11 +598,21 @@ ls /sys/kernel/tracing/instances > /out/instances
     let link = &g["link"];
     assert!(link["exchanges_checked"].as_u64().unwrap() >= 16, "{link}");
     assert_eq!(link["exchanges_outside"], 0, "every exchange within the bound: {link}");
+    // Each row's marker (an OUT to port 0xe9 between two guest clock reads) is a kvm_pio L1
+    // traced: its L1 time must fall within the mapped guest reads, give or take the bound.
+    // (Rows keep coming for a moment after the trace stops: those markers are not checked.)
+    let m = &g["markers"];
+    let written = m["written"].as_u64().unwrap();
+    assert_eq!(m["port"].as_u64(), Some(0xe9), "{m}");
+    assert_eq!(written + m["outside_trace"].as_u64().unwrap(), rows, "a marker per row: {m}");
+    assert!(written >= rows / 2, "{m}");
+    assert_eq!(m["matched"].as_u64(), Some(written), "every marker written while traced is in the trace: {m}");
+    assert_eq!(m["outside"], 0, "every marker within the bound: {m}");
     note(
         test,
         format!(
-            "L2 clocksource {}, ptp_kvm {}, clock {}, {} exits of L2 recorded beside its rows",
-            g["clocksource"], g["ptp_kvm"], g["clock"], r["exits"]["totals"]["exits"]
+            "L2 clocksource {}, ptp_kvm {}, clock {}, markers {}, {} exits of L2 recorded beside its rows",
+            g["clocksource"], g["ptp_kvm"], g["clock"], g["markers"], r["exits"]["totals"]["exits"]
         ),
     );
     assert!(r["exits"]["totals"]["exits"].as_u64().unwrap() > 0, "L1 traced L2's exits meanwhile");

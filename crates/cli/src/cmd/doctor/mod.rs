@@ -318,6 +318,7 @@ fn features(
         f("energy", energy),
         f("balance", balance),
         f("noise", &noise_mode(kvm, tracefs)),
+        f("agent", &agent_mode()),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
 }
@@ -336,6 +337,22 @@ fn noise_mode(kvm: &KvmCaps, tracefs: bool) -> String {
         "no --testvm (needs /dev/kvm and tracefs)"
     };
     format!("{clock}; {attribution}; {rest}; {testvm}")
+}
+
+/// What `virtprof agent` can use on this machine, were it a guest.
+fn agent_mode() -> String {
+    let have = |path: &str| Path::new(path).exists();
+    let vsock = if have("/dev/vsock") { "vsock available" } else { "no /dev/vsock (serial or tcp)" };
+    let marker = if have("/dev/port") {
+        "--marker-port available (root)"
+    } else {
+        "no --marker-port (no /dev/port: CONFIG_DEVPORT)"
+    };
+    let ptp = virtprof_agent::collect::ptp_kvm()
+        .map_or_else(|| "no ptp_kvm clock".to_string(), |name| format!("ptp_kvm clock {name}"));
+    format!(
+        "clock alignment by NTP-style exchanges with a checked bound (kvmclock and ptp_kvm are reported, not used to align); {vsock}; {marker}; {ptp}"
+    )
 }
 
 /// Which `virtprof boot` sources work here.

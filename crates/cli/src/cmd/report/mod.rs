@@ -13,16 +13,29 @@ use std::process::ExitCode;
 use virtprof_analysis::correlate::Method;
 
 use crate::args::ReportArgs;
-use crate::pass::{analyse, Want};
+use crate::pass::{analyse_with, Want};
+use virtprof_analysis::Names;
+use virtprof_model::event::{Event, EventKind};
 use virtprof_session::Session;
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let mut recording = Session::open_warning(&args.file, None)?;
     let want = Want { exits: true, exit_rows: false, accounting: true, binning: true, state_slices: false };
-    let analysis = analyse(&mut recording, want)?;
+    // The guests' marker writes as the host traced them, to check their clocks by.
+    let ports: Vec<u16> = recording.guests.iter().filter_map(|g| g.guest.marker_port).collect();
+    let mut pio = Vec::new();
+    let mut markers = |e: &Event, _: &dyn Names| {
+        if let EventKind::KvmPio { write: true, port, .. } = e.kind {
+            if ports.contains(&port) {
+                pio.push((port, e.ts));
+            }
+        }
+    };
+    let analysis = analyse_with(&mut recording, want, &mut markers)?;
+    pio.sort_unstable_by_key(|p| p.1);
     let method = if args.spearman { Method::Spearman } else { Method::Pearson };
     let limits = model::Limits { top_exits: args.top_exits, top_pairs: args.top, method };
-    let report = model::build(&args.file, &recording, analysis, &limits);
+    let report = model::build(&args.file, &recording, analysis, &limits, &pio);
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
         virtprof_host::output::write_file(path, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;

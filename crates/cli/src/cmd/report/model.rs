@@ -88,6 +88,29 @@ pub struct GuestOut {
     pub unavailable: Vec<(String, String)>,
     /// The link's figures (None when the recording has no footer).
     pub link: Option<virtprof_store::recording::AgentFooter>,
+    /// The clock checked against the guest's port writes the host traced
+    /// (`agent --marker-port`).
+    pub markers: Option<MarkersOut>,
+    /// The guest's noise loop per CPU (`agent --noise`).
+    pub noise: Vec<GuestNoiseOut>,
+}
+
+#[derive(Serialize)]
+pub struct MarkersOut {
+    pub port: u16,
+    #[serde(flatten)]
+    pub check: virtprof_model::guest::MarkerCheck,
+}
+
+#[derive(Serialize, Default)]
+pub struct GuestNoiseOut {
+    pub cpu: u32,
+    pub periods: u64,
+    pub measured_ns: u64,
+    pub samples: u64,
+    pub noise_ns: u64,
+    pub max_single_ns: u64,
+    pub dropped_samples: u64,
 }
 
 #[derive(Serialize, Default)]
@@ -238,7 +261,8 @@ pub struct Limits {
 }
 
 /// Assemble the report from one analysis pass.
-pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &Limits) -> Report {
+/// `pio`: the traced port writes to the guests' marker ports, (port, host time) in time order.
+pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &Limits, pio: &[(u16, u64)]) -> Report {
     let md = &recording.metadata;
     let table = analysis.table.take();
     // One time origin for trace and interval rows (both on the recording's clock).
@@ -269,7 +293,8 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
         })
         .collect();
     let intervals = table.map(|t| intervals(&t, recording, analysis.outside_rows, origin_ns, limits));
-    let guests = recording.guests.iter().map(|g| guest(g, origin_ns)).collect();
+    let traced = analysis.span_ns.unwrap_or((0, 0));
+    let guests = recording.guests.iter().map(|g| guest(g, origin_ns, pio, traced)).collect();
     Report {
         guests,
         recording: path.display().to_string(),
@@ -414,7 +439,7 @@ fn series(table: &IntervalTable, phase_ids: &[usize], origin_ns: u64) -> SeriesO
 }
 
 /// One guest's layer: its clock, gaps, CPU split and counters, on the recording's time.
-fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
+fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, u64)], traced: (u64, u64)) -> GuestOut {
     let seconds = |ns: u64| ns.saturating_sub(origin_ns) as f64 / 1e9;
     let placed: Vec<_> = g.segments.iter().filter_map(|s| g.placed(s)).flatten().collect();
     let span_s = placed.first().zip(placed.last()).map(|(a, b)| (seconds(a.start_ns), seconds(b.end_ns)));
@@ -426,6 +451,8 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
     for (s, total) in &totals {
         match virtprof_agent::collect::cpu_field(&s.name) {
             Some(f) => cpu.iter_mut().filter(|(name, _)| name == f).for_each(|(_, v)| *v += total),
+            // Marker times are guest clock readings, checked below, not a metric.
+            None if s.name.starts_with("marker.") => {}
             None => metrics.push(MetricOut {
                 entity: g.name(),
                 metric: s.name.clone(),
@@ -472,7 +499,28 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestOut {
         timeline,
         unavailable: g.guest.unavailable.clone(),
         link: g.footer.clone(),
+        markers: g.guest.marker_port.map(|port| {
+            let host: Vec<u64> = pio.iter().filter(|(p, _)| *p == port).map(|(_, t)| *t).collect();
+            let window_ns = g.guest.interval_ns / 2;
+            MarkersOut { port, check: g.alignment.check_markers(&g.markers(), &host, traced, window_ns) }
+        }),
+        noise: guest_noise(g),
     }
+}
+
+/// The guest's noise periods summed per CPU.
+fn guest_noise(g: &virtprof_session::guest::GuestStream) -> Vec<GuestNoiseOut> {
+    let mut by_cpu: BTreeMap<u32, GuestNoiseOut> = BTreeMap::new();
+    for b in &g.noise {
+        let n = by_cpu.entry(b.cpu).or_insert_with(|| GuestNoiseOut { cpu: b.cpu, ..Default::default() });
+        n.periods += 1;
+        n.measured_ns += b.end_ns.saturating_sub(b.start_ns);
+        n.samples += b.samples.len() as u64;
+        n.noise_ns += b.noise_ns();
+        n.max_single_ns = n.max_single_ns.max(b.samples.iter().map(|s| s.1).max().unwrap_or(0));
+        n.dropped_samples += b.dropped;
+    }
+    by_cpu.into_values().collect()
 }
 
 /// Each row's CPU-time shares, on the recording's time.

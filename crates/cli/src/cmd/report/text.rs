@@ -76,11 +76,11 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
     match c.offset_ns {
         Some(offset) => writeln!(
             out,
-            "  clock: guest − host {:+.3} ms, drift {:+.2} ppm, bound ±{} (median) ±{} (max) over {} points{checked}",
+            "  clock: guest − host {:+.3} ms, drift {:+.2} ppm, bound ±{:.1} µs (median) ±{:.1} µs (max) over {} points{checked}",
             offset as f64 / 1e6,
             c.drift_ppm,
-            format_duration_ns(c.median_bound_ns),
-            format_duration_ns(c.max_bound_ns),
+            c.median_bound_ns as f64 / 1e3,
+            c.max_bound_ns as f64 / 1e3,
             c.points
         )?,
         None => writeln!(out, "  clock: never measured (its rows cannot be placed on the host's timeline)")?,
@@ -95,6 +95,34 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
                 l.refused.as_deref().map(|r| format!("; refused: {}", p(r))).unwrap_or_default()
             )?;
         }
+    }
+    if let Some(m) = &g.markers {
+        let c = &m.check;
+        writeln!(
+            out,
+            "  clock check: {} markers written to port {:#x} while traced, {} found in the trace (kvm_pio), {} outside their bound{}; largest error {:.1} µs against a bound of ±{:.1} µs{}",
+            c.written,
+            m.port,
+            c.matched,
+            c.outside,
+            if c.outside > 0 { format!(" (worst by {:.1} µs)", c.worst_excess_ns as f64 / 1e3) } else { String::new() },
+            c.max_error_ns as f64 / 1e3,
+            c.max_bound_ns as f64 / 1e3,
+            if c.outside_trace > 0 { format!(" ({} more outside the trace)", c.outside_trace) } else { String::new() }
+        )?;
+    }
+    for n in &g.noise {
+        let pct = if n.measured_ns == 0 { 0.0 } else { 100.0 * n.noise_ns as f64 / n.measured_ns as f64 };
+        writeln!(
+            out,
+            "  noise on CPU {}: {} samples in {} periods ({:.3} s measured), {pct:.3} % of the time, largest {:.1} µs{}; `virtprof noise --host-recording` explains them",
+            n.cpu,
+            n.samples,
+            n.periods,
+            n.measured_ns as f64 / 1e9,
+            n.max_single_ns as f64 / 1e3,
+            if n.dropped_samples > 0 { format!(", {} not sent", n.dropped_samples) } else { String::new() }
+        )?;
     }
     for gap in &g.gaps {
         writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, p(&gap.cause))?;
