@@ -43,6 +43,7 @@ impl Exchange {
             offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN } else { i64::MAX }),
             // +1: the halving rounds down.
             bound_ns: self.delay_ns() / 2 + 1,
+            ptp: false,
         }
     }
 }
@@ -141,7 +142,7 @@ mod tests {
         let fit = Alignment::new(exchanges.iter().step_by(10).map(Exchange::point).collect());
         let v = validate(&fit, &exchanges);
         assert_eq!((v.checked, v.outside), (50, 0), "{v:?}");
-        let wrong = Alignment::new(vec![ClockPoint { host_ns: 0, offset_ns: 900_000, bound_ns: 10_000 }]);
+        let wrong = Alignment::new(vec![ClockPoint { host_ns: 0, offset_ns: 900_000, bound_ns: 10_000, ptp: false }]);
         let v = validate(&wrong, &exchanges);
         assert_eq!(v.outside, 50);
         assert!(v.worst_excess_ns > 50_000, "{v:?}");

@@ -6,6 +6,7 @@
 //! - [`collect`]: what the agent samples in the guest each interval.
 //! - [`noise`]: the OS-noise loop on chosen guest CPUs (`agent --noise`).
 //! - [`marker`]: I/O port writes the host traces, to check the clock alignment.
+//! - [`ptp`]: the guest's ptp_kvm clock, which aligns it far tighter than exchanges.
 //! - [`transport`]: vsock, virtio-serial and TCP addresses, listened on and connected to.
 //! - [`serve`]: the agent's loop in the guest.
 //! - [`link`]: the host's side of one agent: connect, align clocks, receive rows, report gaps.
@@ -16,6 +17,7 @@ pub mod collect;
 pub mod link;
 pub mod marker;
 pub mod noise;
+pub mod ptp;
 pub mod serve;
 pub mod transport;
 pub mod wire;

@@ -11,7 +11,7 @@ use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries, Noise
 
 use crate::clock::{validate, Burst, Exchange, Validation};
 use crate::transport::{Address, Stream};
-use crate::wire::{FrameReader, Hello, Message, Row, VERSION};
+use crate::wire::{FrameReader, Hello, Message, PtpPair, Row, VERSION};
 
 /// Exchanges kept for the final check (about 5 hours at the default rate).
 const MAX_EXCHANGES: usize = 1 << 17;
@@ -297,6 +297,7 @@ impl Session<'_> {
                                 // could not be read back: a row that does not is dropped.
                                 Ok(Message::Row(r)) if welcomed && r.values.len() == series => on(Event::Row(r)),
                                 Ok(Message::Row(_)) => on(Event::BadRow),
+                                Ok(Message::Ptp(p)) if welcomed => on(Event::Point(ptp_point(p))),
                                 Ok(Message::Noise(b)) if welcomed && plausible(&b) => on(Event::Noise(b)),
                                 Ok(Message::Noise(_)) => on(Event::BadRow),
                                 Ok(Message::Pong(p)) => {
@@ -329,6 +330,21 @@ impl Session<'_> {
                 return Outcome::Lost("the agent stalled (silent for 10 s): hung up to reconnect".into());
             }
         }
+    }
+}
+
+/// A guest's ptp_kvm reading as a clock point: its host CLOCK_REALTIME put on the host's
+/// CLOCK_MONOTONIC with the offset between the two read now.
+fn ptp_point(p: PtpPair) -> ClockPoint {
+    let (realtime_minus_mono, uncertainty_ns) = virtprof_host::clock::realtime_minus_monotonic();
+    let host = i128::from(p.host_realtime_ns) - i128::from(realtime_minus_mono);
+    let host_ns = u64::try_from(host.max(0)).unwrap_or(0);
+    let offset = i128::from(p.guest_ns) - i128::from(host_ns);
+    ClockPoint {
+        host_ns,
+        offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN } else { i64::MAX }),
+        bound_ns: p.uncertainty_ns.saturating_add(uncertainty_ns),
+        ptp: true,
     }
 }
 

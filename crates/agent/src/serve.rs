@@ -10,6 +10,7 @@ use virtprof_model::guest::GuestInfo;
 
 use crate::collect::{guest_facts, ptp_kvm, CollectConfig, Collector};
 use crate::noise::{NoiseConfig, NoiseLoops};
+use crate::ptp::PtpKvm;
 use crate::transport::{Address, Stream};
 use crate::wire::{FrameReader, Hello, Message, Pong, Row, Welcome, VERSION};
 
@@ -65,6 +66,13 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
                 .into(),
         ));
     }
+    let ptp = ptp_kvm().and_then(|path| match PtpKvm::open(&path) {
+        Ok(clock) => Some(clock),
+        Err(e) => {
+            collector.unavailable.push((format!("ptp_kvm clock {path}"), e.to_string()));
+            None
+        }
+    });
     for (what, why) in &collector.unavailable {
         log(&format!("not sampled: {what}: {why}"));
     }
@@ -87,7 +95,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
             }
         };
         last_error.clear();
-        let end = session(stream, config, &mut collector, noise.as_ref(), stop);
+        let end = session(stream, config, &mut collector, Sources { noise: noise.as_ref(), ptp: ptp.as_ref() }, stop);
         if end.welcomed {
             served += 1;
             log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
@@ -121,12 +129,19 @@ fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
     }
 }
 
+/// What a session sends besides the collector's rows.
+#[derive(Clone, Copy)]
+struct Sources<'a> {
+    noise: Option<&'a NoiseLoops>,
+    ptp: Option<&'a PtpKvm>,
+}
+
 /// One host, from its hello to its going.
 fn session(
     mut stream: Stream,
     config: &ServeConfig,
     collector: &mut Collector,
-    noise: Option<&NoiseLoops>,
+    Sources { noise, ptp }: Sources,
     stop: &AtomicBool,
 ) -> SessionEnd {
     let mut end = SessionEnd { rows: 0, pongs: 0, cause: String::new(), welcomed: false };
@@ -234,6 +249,10 @@ fn session(
             Message::Row(Row { start_ns: last_row, end_ns: now, values: std::mem::take(&mut row) }).encode(&mut out);
             for batch in noise.map(NoiseLoops::take).unwrap_or_default() {
                 Message::Noise(Box::new(batch)).encode(&mut out);
+            }
+            // A failed reading is skipped: the host keeps the points it has.
+            if let Some(Ok(pair)) = ptp.map(PtpKvm::read) {
+                Message::Ptp(pair).encode(&mut out);
             }
             last_row = now;
             // Rows stay on the interval grid; a late wake-up makes one longer row.

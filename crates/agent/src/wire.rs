@@ -29,13 +29,24 @@ enum Kind {
     Schema = 6,
     Refused = 7,
     Noise = 8,
+    Ptp = 9,
 }
 
 impl Kind {
     fn of(byte: u8) -> Option<Kind> {
-        [Kind::Hello, Kind::Welcome, Kind::Ping, Kind::Pong, Kind::Row, Kind::Schema, Kind::Refused, Kind::Noise]
-            .into_iter()
-            .find(|k| *k as u8 == byte)
+        [
+            Kind::Hello,
+            Kind::Welcome,
+            Kind::Ping,
+            Kind::Pong,
+            Kind::Row,
+            Kind::Schema,
+            Kind::Refused,
+            Kind::Noise,
+            Kind::Ptp,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == byte)
     }
 }
 
@@ -74,6 +85,18 @@ pub struct Pong {
     pub t3: u64,
 }
 
+/// A ptp_kvm reading in the guest: the host's CLOCK_REALTIME (from KVM's clock pairing) at
+/// a guest CLOCK_MONOTONIC time, and how far off the guest's conversion can be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtpPair {
+    /// Guest CLOCK_MONOTONIC.
+    pub guest_ns: u64,
+    /// Host CLOCK_REALTIME at that moment.
+    pub host_realtime_ns: u64,
+    /// The guest's uncertainty (its realtime-to-monotonic conversion), ns.
+    pub uncertainty_ns: u64,
+}
+
 /// One interval of the guest: guest times and one value per series of the latest schema.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -109,6 +132,8 @@ pub enum Message {
     Refused(String),
     /// Agent → host: one period of the noise loop on one CPU (`agent --noise`).
     Noise(Box<NoiseBatch>),
+    /// Agent → host: a ptp_kvm clock reading.
+    Ptp(PtpPair),
 }
 
 /// A frame that cannot be what it claims.
@@ -156,6 +181,10 @@ impl Message {
             Message::Schema(s) => json(out, s, Kind::Schema),
             Message::Refused(why) => json(out, why, Kind::Refused),
             Message::Noise(batch) => json(out, batch, Kind::Noise),
+            Message::Ptp(p) => {
+                words(out, &[p.guest_ns, p.host_realtime_ns, p.uncertainty_ns]);
+                Kind::Ptp
+            }
         };
         let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
         out[start + 2] = kind as u8;
@@ -180,6 +209,10 @@ impl Message {
             Kind::Ping => {
                 let w = fixed("ping", 2)?;
                 Message::Ping { seq: w[0], t1: w[1] }
+            }
+            Kind::Ptp => {
+                let w = fixed("ptp", 3)?;
+                Message::Ptp(PtpPair { guest_ns: w[0], host_realtime_ns: w[1], uncertainty_ns: w[2] })
             }
             Kind::Pong => {
                 let w = fixed("pong", 4)?;
@@ -284,6 +317,7 @@ mod tests {
             })),
             Message::Ping { seq: 7, t1: 123 },
             Message::Pong(Pong { seq: 7, t1: 123, t2: 456, t3: 789 }),
+            Message::Ptp(PtpPair { guest_ns: 5, host_realtime_ns: 1_700_000_000_000_000_000, uncertainty_ns: 40 }),
             Message::Row(Row { start_ns: 1, end_ns: 2, values: vec![0.5, -1.0, f64::MAX] }),
             Message::Schema(vec![GuestSeries::gauge("vmstat.nr_free_pages", "pages")]),
             Message::Refused("wrong token".into()),

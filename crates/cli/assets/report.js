@@ -149,7 +149,7 @@
       const rows = [
         ["kernel", g.kernel], ["CPUs", g.cpus], ["clocksource", g.clocksource + (g.ptp_kvm ? `, ptp_kvm ${g.ptp_kvm}` : "")],
         ["clock", c.offset_ns === null ? "never measured" :
-          `guest − host ${fmt(c.offset_ns / 1e6, 3)} ms, drift ${fmt(c.drift_ppm, 2)} ppm, bound ±${fmt(c.median_bound_ns / 1e3, 1)} µs (median), ±${fmt(c.max_bound_ns / 1e3, 1)} µs (max), ${c.points} points`],
+          `guest − host ${fmt(c.offset_ns / 1e6, 3)} ms, drift ${fmt(c.drift_ppm, 2)} ppm, bound ±${fmt(c.median_bound_ns / 1e3, 1)} µs (median), ±${fmt(c.max_bound_ns / 1e3, 1)} µs (max), ${c.points} points from ${c.source}`],
       ];
       if (g.link) rows.push(["exchanges", `${g.link.exchanges_checked} checked, ${g.link.exchanges_outside} outside their bound; ${g.link.garbage_bytes} garbage bytes, ${g.link.bad_frames} bad frames`]);
       if (g.markers) {

@@ -9,6 +9,28 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC now, ns, and how far off that can be (half the
+/// tightest of a few monotonic reads around a realtime one): what turns a wall-clock time
+/// from ptp_kvm into the monotonic clock rows and traces use.
+pub fn realtime_minus_monotonic() -> (i64, u64) {
+    let realtime = || {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes into the timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+        i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+    };
+    (0..8)
+        .map(|_| {
+            let a = monotonic_ns();
+            let r = realtime();
+            let b = monotonic_ns();
+            let mid = i128::from(a) + i128::from(b.saturating_sub(a)) / 2;
+            (b.saturating_sub(a), i64::try_from(r - mid).unwrap_or(0))
+        })
+        .min()
+        .map_or((0, u64::MAX), |(gap, offset)| (offset, gap / 2 + 1))
+}
+
 /// Sleep until `deadline_ns` of CLOCK_MONOTONIC ([`monotonic_ns`]).
 pub fn sleep_until(deadline_ns: u64) {
     let ts = libc::timespec {

@@ -140,6 +140,10 @@ pub struct ClockPoint {
     /// Half the exchange's round trip less the guest's own turnaround: the true offset lies
     /// within this of `offset_ns`.
     pub bound_ns: u64,
+    /// Measured by the guest's ptp_kvm clock (a cross-timestamp the host's KVM made), not by
+    /// an exchange: where a guest has such points, only they are used.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub ptp: bool,
 }
 
 /// The measured mapping from a guest's clock to the host's: points in host-time order.
@@ -149,17 +153,39 @@ pub struct Alignment {
 }
 
 impl Alignment {
-    /// From points in any order.
+    /// From points in any order (only the ptp_kvm ones, if there are any).
     pub fn new(mut points: Vec<ClockPoint>) -> Alignment {
+        if points.iter().any(|p| p.ptp) {
+            points.retain(|p| p.ptp);
+        }
         points.sort_by_key(|p| p.host_ns);
         points.dedup_by_key(|p| p.host_ns);
         Alignment { points }
     }
 
-    /// Add a point measured later than every other.
+    /// Add a point measured later than every other. The first ptp_kvm point replaces the
+    /// exchanges' points; exchanges' points after it are not taken.
     pub fn push(&mut self, point: ClockPoint) {
+        match (self.source_is_ptp(), point.ptp) {
+            (false, true) => self.points.clear(),
+            (true, false) => return,
+            _ => {}
+        }
         if self.points.last().is_none_or(|last| last.host_ns < point.host_ns) {
             self.points.push(point);
+        }
+    }
+
+    fn source_is_ptp(&self) -> bool {
+        self.points.first().is_some_and(|p| p.ptp)
+    }
+
+    /// What measured the points: `ptp_kvm` or `exchanges`.
+    pub fn source(&self) -> &'static str {
+        if self.source_is_ptp() {
+            "ptp_kvm"
+        } else {
+            "exchanges"
         }
     }
 
@@ -304,7 +330,21 @@ mod tests {
     use super::*;
 
     fn point(host_ns: u64, offset_ns: i64, bound_ns: u64) -> ClockPoint {
-        ClockPoint { host_ns, offset_ns, bound_ns }
+        ClockPoint { host_ns, offset_ns, bound_ns, ptp: false }
+    }
+
+    #[test]
+    fn ptp_kvm_points_take_over_from_the_exchanges() {
+        let ptp = |host_ns, offset_ns| ClockPoint { host_ns, offset_ns, bound_ns: 1, ptp: true };
+        let mut a = Alignment::default();
+        a.push(point(10, 500, 40));
+        assert_eq!(a.source(), "exchanges");
+        a.push(ptp(20, 480));
+        a.push(point(30, 520, 40));
+        a.push(ptp(40, 481));
+        assert_eq!((a.source(), a.points().len(), a.max_bound_ns()), ("ptp_kvm", 2, 1));
+        let b = Alignment::new(vec![point(10, 500, 40), ptp(20, 480), point(30, 520, 40), ptp(40, 481)]);
+        assert_eq!(a, b, "the same from a recording's points");
     }
 
     #[test]

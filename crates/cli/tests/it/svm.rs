@@ -17,6 +17,11 @@ use super::util::{note, temp, vm_lock};
 /// stall the next test). An attempt whose L1 broke under emulation is repeated by the bed and
 /// noted here.
 fn in_l1(test: &str, job: &str, timeout_s: u32) -> Option<PathBuf> {
+    in_l1_booted(test, job, timeout_s, "")
+}
+
+/// [`in_l1`] with `append` added to L1's kernel command line.
+fn in_l1_booted(test: &str, job: &str, timeout_s: u32, append: &str) -> Option<PathBuf> {
     let _cpus = vm_lock();
     let _flush = Flush;
     let have = |program: &str| Command::new("sh").arg("-c").arg(format!("command -v {program}")).output();
@@ -37,6 +42,7 @@ fn in_l1(test: &str, job: &str, timeout_s: u32) -> Option<PathBuf> {
         .arg(&script)
         .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
         .env("BED_OUT", &out)
+        .env("BED_APPEND", append)
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&run.stdout);
@@ -544,10 +550,11 @@ fn check_l2_noise(test: &str, out: &Path) {
     );
 }
 
-/// A real Linux L2 guest (2 CPUs) under QEMU-KVM in L1 runs `virtprof agent --noise 1` over
-/// vsock (QEMU's vhost-vsock) while L1 records: the guest's rows arrive on L1's clock with a
-/// bound that every clock exchange respects, beside the exits of the same VM, and its noise
-/// samples are explained by L1's exits.
+/// A real Linux L2 guest (2 CPUs, ptp_kvm) under QEMU-KVM in L1 runs `virtprof agent --noise 1
+/// --marker-port 0xe9` over vsock (QEMU's vhost-vsock) while L1 records: the guest's rows
+/// arrive on L1's clock aligned by ptp_kvm with a bound that every clock exchange and every
+/// traced marker respects, beside the exits of the same VM, and its noise samples are
+/// explained by L1's exits.
 #[test]
 fn on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits() {
     let test = "on_kvm_amd_an_l2_guests_agent_over_vsock_is_recorded_beside_its_exits";
@@ -584,7 +591,8 @@ ls /sys/kernel/tracing/instances > /out/instances
 "#,
         initrd = initrd.display()
     );
-    let out = in_l1(test, &job, 600);
+    // L1 keeps the TSC as its clocksource: KVM pairs clocks for ptp_kvm only then.
+    let out = in_l1_booted(test, &job, 600, "clocksource=tsc tsc=reliable");
     let _ = std::fs::remove_file(&initrd);
     let Some(out) = out else { return };
     let console = std::fs::read_to_string(out.join("l2console.txt")).unwrap();
@@ -595,6 +603,11 @@ ls /sys/kernel/tracing/instances > /out/instances
     let rows = g["rows"].as_u64().unwrap();
     assert!((25..=55).contains(&rows), "5 s of 100 ms rows: {rows}");
     assert_eq!(g["gaps"].as_array().unwrap().len(), 0, "{}", g["gaps"]);
+    // L2 has ptp_kvm: its cross-timestamps align it, and everything else is checked against
+    // them (every exchange and every marker, within bounds of microseconds, not milliseconds).
+    assert_eq!(g["ptp_kvm"], "/dev/ptp0", "{g}");
+    assert_eq!(g["clock"]["source"], "ptp_kvm", "{}", g["clock"]);
+    assert!(g["clock"]["max_bound_ns"].as_u64().unwrap() < 100_000, "{}", g["clock"]);
     let link = &g["link"];
     assert!(link["exchanges_checked"].as_u64().unwrap() >= 16, "{link}");
     assert_eq!(link["exchanges_outside"], 0, "every exchange within the bound: {link}");

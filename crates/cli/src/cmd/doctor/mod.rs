@@ -351,7 +351,7 @@ fn agent_mode() -> String {
     let ptp = virtprof_agent::collect::ptp_kvm()
         .map_or_else(|| "no ptp_kvm clock".to_string(), |name| format!("ptp_kvm clock {name}"));
     format!(
-        "clock alignment by NTP-style exchanges with a checked bound (kvmclock and ptp_kvm are reported, not used to align); {vsock}; {marker}; {ptp}"
+        "clock alignment by ptp_kvm where the guest has it, else NTP-style exchanges, each checked against every exchange (kvmclock is reported, not used); {vsock}; {marker}; {ptp}"
     )
 }
 

@@ -122,6 +122,8 @@ pub struct GuestTimeline {
 
 #[derive(Serialize)]
 pub struct GuestClockOut {
+    /// What measured the points: `ptp_kvm` or `exchanges`.
+    pub source: &'static str,
     pub points: usize,
     /// Guest minus host at the first point, ns.
     pub offset_ns: Option<i64>,
@@ -483,6 +485,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
         rows: g.rows(),
         span_s,
         clock: GuestClockOut {
+            source: g.alignment.source(),
             points: g.alignment.points().len(),
             offset_ns: g.alignment.points().first().map(|p| p.offset_ns),
             drift_ppm: g.alignment.drift_ppm(),

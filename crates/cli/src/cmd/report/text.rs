@@ -76,12 +76,13 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
     match c.offset_ns {
         Some(offset) => writeln!(
             out,
-            "  clock: guest − host {:+.3} ms, drift {:+.2} ppm, bound ±{:.1} µs (median) ±{:.1} µs (max) over {} points{checked}",
+            "  clock: guest − host {:+.3} ms, drift {:+.2} ppm, bound ±{:.3} µs (median) ±{:.3} µs (max) over {} points from {}{checked}",
             offset as f64 / 1e6,
             c.drift_ppm,
             c.median_bound_ns as f64 / 1e3,
             c.max_bound_ns as f64 / 1e3,
-            c.points
+            c.points,
+            c.source
         )?,
         None => writeln!(out, "  clock: never measured (its rows cannot be placed on the host's timeline)")?,
     }
