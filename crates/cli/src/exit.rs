@@ -92,6 +92,7 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|c| {
         c.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == BrokenPipe)
             || c.downcast_ref::<serde_json::Error>().is_some_and(|e| e.io_error_kind() == Some(BrokenPipe))
+            || c.downcast_ref::<SinkError>().is_some_and(SinkError::is_broken_pipe)
     })
 }
 

@@ -308,6 +308,17 @@ pub struct GuestLayer {
     pub rows: Vec<LayerRow>,
 }
 
+/// One guest CPU's noise samples (`agent --noise`) placed on the recording's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PlacedNoise {
+    /// Agent number in the recording.
+    pub agent: u32,
+    /// Guest CPU.
+    pub cpu: u32,
+    /// Samples `(host start, length)`, ns.
+    pub samples: Vec<(u64, u64)>,
+}
+
 /// One guest row on the recording's clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerRow {

@@ -189,6 +189,20 @@ impl GuestStream {
             .collect()
     }
 
+    /// The noise samples placed on the recording's clock, per guest CPU (samples that cannot
+    /// be placed, without a clock point, are left out).
+    pub fn placed_noise(&self) -> Vec<virtprof_model::guest::PlacedNoise> {
+        let mut by_cpu: std::collections::BTreeMap<u32, Vec<(u64, u64)>> = std::collections::BTreeMap::new();
+        for b in &self.noise {
+            let placed = b.samples.iter().filter_map(|&(start, len)| Some((self.alignment.to_host(start)?.0, len)));
+            by_cpu.entry(b.cpu).or_default().extend(placed);
+        }
+        by_cpu
+            .into_iter()
+            .map(|(cpu, samples)| virtprof_model::guest::PlacedNoise { agent: self.agent, cpu, samples })
+            .collect()
+    }
+
     /// The markers the guest wrote (`agent --marker-port`): guest times just before and after
     /// each write, one per row that carries them.
     pub fn markers(&self) -> Vec<(u64, u64)> {

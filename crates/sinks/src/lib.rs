@@ -41,6 +41,17 @@ impl SinkError {
         // A path that cannot be created is the user's to fix; a disk that fills while writing is not.
         matches!(self, SinkError::Output(e) if e.is_bad_path())
     }
+
+    /// Whether writing met a closed pipe (a reader such as `head` that had enough). The
+    /// variants are transparent, so an error chain never shows the I/O error inside.
+    pub fn is_broken_pipe(&self) -> bool {
+        use std::io::ErrorKind::BrokenPipe;
+        match self {
+            SinkError::Io(e) => e.kind() == BrokenPipe,
+            SinkError::Json(e) => e.io_error_kind() == Some(BrokenPipe),
+            _ => false,
+        }
+    }
 }
 
 /// Results of this crate.

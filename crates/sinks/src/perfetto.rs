@@ -39,6 +39,8 @@ pub struct Tracks<'a> {
     /// Guests seen from inside (`record --agent`), placed on the recording's clock: a process
     /// each, beside the VMs.
     pub guests: &'a [virtprof_model::guest::GuestLayer],
+    /// Those guests' noise samples: a slice each, on a track per guest CPU in its process.
+    pub guest_noise: &'a [virtprof_model::guest::PlacedNoise],
     /// Timestamps are written relative to this.
     pub origin_ns: u64,
 }
@@ -142,6 +144,18 @@ pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
                     json!({"ph": "C", "name": name, "pid": pid, "tid": 0, "ts": rel(r.start_ns), "args": {"value": value}}),
                 )?;
             }
+        }
+    }
+    for noise in t.guest_noise {
+        let pid = GUEST_PROCESS + u64::from(noise.agent);
+        // Thread 0 holds the guest's counters.
+        let tid = u64::from(noise.cpu) + 1;
+        emit(
+            out,
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("noise CPU {}", noise.cpu)}}),
+        )?;
+        for &(start, len) in &noise.samples {
+            emit(out, json!({"ph": "X", "name": "noise", "pid": pid, "tid": tid, "ts": rel(start), "dur": us(len)}))?;
         }
     }
     out.write_all(b"\n]}\n")?;

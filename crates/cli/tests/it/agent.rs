@@ -180,6 +180,14 @@ fn check_guest_noise(rec: &Path, qemu_pid: u32, vcpu_tid: u32) {
     let by_cause: u64 = cpu["by_cause"].as_object().unwrap().values().map(|c| c["samples"].as_u64().unwrap()).sum();
     assert_eq!(by_cause + cpu["unplaced_samples"].as_u64().unwrap(), samples, "{cpu}");
     assert_eq!(cpu["dropped_samples"], 0, "{cpu}");
+    // Perfetto draws every placed sample as a slice on the guest's "noise CPU 1" track.
+    let trace = temp("agent-noise.perfetto.json");
+    let out = virtprof().args(["export", "--format", "perfetto"]).arg(rec).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let slices = t["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["name"] == "noise").count();
+    assert_eq!(slices as u64, samples - cpu["unplaced_samples"].as_u64().unwrap(), "noise slices");
+    let _ = std::fs::remove_file(&trace);
 }
 
 #[test]

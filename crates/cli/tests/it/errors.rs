@@ -108,7 +108,9 @@ fn no_permission_on_dev_kvm_is_a_usage_error() {
 fn a_closed_pipe_ends_quietly_and_a_full_disk_is_named() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../trace/tests/fixtures/pvm-6.18-lossy/tiny-buffer.vprec");
-    for args in [&["report", "--json"][..], &["sched", "--json"], &["exits"]] {
+    for args in
+        [&["report", "--json"][..], &["sched", "--json"], &["exits"], &["export", "--format", "perfetto", "-o", "-"]]
+    {
         // The reader goes away before the command writes: exit 0, nothing on stderr.
         let mut child = virtprof()
             .args(&args[..1])

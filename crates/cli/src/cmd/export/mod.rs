@@ -53,8 +53,10 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let table = analysis.table.as_ref();
             let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
             let guests: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
+            let guest_noise: Vec<_> = recording.guests.iter().flat_map(|g| g.placed_noise()).collect();
             let tracks = perfetto::Tracks {
                 guests: &guests,
+                guest_noise: &guest_noise,
                 vms: &analysis.vms,
                 states: &analysis.slices,
                 exits: analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]),
