@@ -12,7 +12,7 @@ use crate::collect::{guest_facts, ptp_kvm, CollectConfig, Collector};
 use crate::noise::{NoiseConfig, NoiseLoops};
 use crate::ptp::PtpKvm;
 use crate::transport::{Address, Stream};
-use crate::wire::{FrameReader, Hello, Message, Pong, Row, Welcome, VERSION};
+use crate::wire::{FrameReader, Hello, Message, Pong, Welcome, VERSION};
 
 /// A host that sends nothing (no ping) for this long is gone.
 pub const HOST_SILENCE: Duration = Duration::from_secs(5);
@@ -246,7 +246,7 @@ fn session(
                 }
             }
             collector.sample(now - last_row, &mut row);
-            Message::Row(Row { start_ns: last_row, end_ns: now, values: std::mem::take(&mut row) }).encode(&mut out);
+            Message::encode_row(&mut out, last_row, now, &row);
             for batch in noise.map(NoiseLoops::take).unwrap_or_default() {
                 Message::Noise(Box::new(batch)).encode(&mut out);
             }

@@ -158,9 +158,7 @@ pub enum WireError {
 impl Message {
     /// Append this message as one frame to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&[MAGIC[0], MAGIC[1], 0, 0, 0, 0, 0, 0]);
-        let kind = match self {
+        framed(out, |out| match self {
             Message::Hello(h) => json(out, h, Kind::Hello),
             Message::Welcome(w) => json(out, w, Kind::Welcome),
             Message::Ping { seq, t1 } => {
@@ -171,13 +169,7 @@ impl Message {
                 words(out, &[p.seq, p.t1, p.t2, p.t3]);
                 Kind::Pong
             }
-            Message::Row(r) => {
-                words(out, &[r.start_ns, r.end_ns]);
-                for v in &r.values {
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-                Kind::Row
-            }
+            Message::Row(r) => row_payload(out, r.start_ns, r.end_ns, &r.values),
             Message::Schema(s) => json(out, s, Kind::Schema),
             Message::Refused(why) => json(out, why, Kind::Refused),
             Message::Noise(batch) => json(out, batch, Kind::Noise),
@@ -185,10 +177,13 @@ impl Message {
                 words(out, &[p.guest_ns, p.host_realtime_ns, p.uncertainty_ns]);
                 Kind::Ptp
             }
-        };
-        let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
-        out[start + 2] = kind as u8;
-        out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+        });
+    }
+
+    /// Append a row frame from borrowed values: the same bytes as encoding a
+    /// [`Message::Row`], without building one (the agent reuses its row buffer).
+    pub fn encode_row(out: &mut Vec<u8>, start_ns: u64, end_ns: u64, values: &[f64]) {
+        framed(out, |out| row_payload(out, start_ns, end_ns, values));
     }
 
     fn decode(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
@@ -227,6 +222,24 @@ impl Message {
             }
         })
     }
+}
+
+/// Append one frame: the header, then what `payload` writes, then the header's kind and length.
+fn framed(out: &mut Vec<u8>, payload: impl FnOnce(&mut Vec<u8>) -> Kind) {
+    let start = out.len();
+    out.extend_from_slice(&[MAGIC[0], MAGIC[1], 0, 0, 0, 0, 0, 0]);
+    let kind = payload(out);
+    let len = u32::try_from(out.len() - start - HEADER).unwrap_or(u32::MAX);
+    out[start + 2] = kind as u8;
+    out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+}
+
+fn row_payload(out: &mut Vec<u8>, start_ns: u64, end_ns: u64, values: &[f64]) -> Kind {
+    words(out, &[start_ns, end_ns]);
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    Kind::Row
 }
 
 fn json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, kind: Kind) -> Kind {
@@ -304,6 +317,15 @@ mod tests {
 
     fn all(reader: &mut FrameReader) -> Vec<Result<Message, WireError>> {
         std::iter::from_fn(|| reader.next_message()).collect()
+    }
+
+    #[test]
+    fn a_row_from_borrowed_values_is_the_same_frame() {
+        let values = [1.5, f64::NAN, -2.0];
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        Message::encode_row(&mut a, 10, 20, &values);
+        Message::Row(Row { start_ns: 10, end_ns: 20, values: values.to_vec() }).encode(&mut b);
+        assert_eq!(a, b);
     }
 
     #[test]

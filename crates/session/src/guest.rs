@@ -146,7 +146,7 @@ pub struct PlacedRow {
 
 impl GuestStream {
     /// Where each row of `segment` lies on the recording's clock (None without any clock point).
-    pub fn placed(&self, segment: &GuestSegment) -> Option<Vec<PlacedRow>> {
+    fn placed(&self, segment: &GuestSegment) -> Option<Vec<PlacedRow>> {
         segment
             .rows
             .iter()

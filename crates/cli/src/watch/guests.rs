@@ -1,6 +1,7 @@
 //! `top --agent`: guests seen from inside, live. One link thread per agent keeps its recent
-//! rows; each refresh turns them into one line per guest: CPU split (steal included), the
-//! busiest application counters, the clock bound, or why it is not there.
+//! rows and noise periods; each refresh turns them into one line per guest: CPU split (steal
+//! included), the busiest application counters, its OS noise (`agent --noise`), the clock
+//! bound, or why it is not there.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
@@ -15,6 +16,8 @@ use virtprof_model::guest::{Alignment, GuestSeries, SeriesKind};
 
 /// Rows kept per guest: the longest window `top` shows (10 s) at 10 ms rows.
 const KEPT_ROWS: usize = 1000;
+/// Noise periods kept per guest: 10 s of 10 ms periods on 16 CPUs.
+const KEPT_PERIODS: usize = 16_000;
 
 /// What `top` shows for one guest over a window.
 #[derive(Debug, Clone, Serialize)]
@@ -28,10 +31,25 @@ pub struct GuestLive {
     pub cpu_pct: Vec<(String, f64)>,
     /// Application counters per second, busiest first.
     pub app_per_s: Vec<(String, f64)>,
+    /// The guest's OS noise over the window (`agent --noise`), all measured CPUs together.
+    pub noise: Option<NoiseLive>,
     /// The clock alignment's bound at the latest point, ns.
     pub bound_ns: Option<u64>,
     /// Why there are no rows now (a gap's cause), if there are none.
     pub status: Option<String>,
+}
+
+/// A guest's noise over a window.
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+pub struct NoiseLive {
+    /// Time the loops measured.
+    pub measured_ns: u64,
+    /// Samples.
+    pub samples: u64,
+    /// Share of measured time that was noise, %.
+    pub noise_pct: f64,
+    /// The longest sample, ns.
+    pub max_single_ns: u64,
 }
 
 #[derive(Default)]
@@ -40,6 +58,8 @@ struct Shared {
     series: Vec<GuestSeries>,
     /// (host end time, guest row length ns, values) of recent rows.
     rows: VecDeque<(u64, u64, Vec<f64>)>,
+    /// (host end time, measured ns, samples, noise ns, longest sample ns) of recent periods.
+    noise: VecDeque<(u64, u64, u64, u64, u64)>,
     alignment: Alignment,
     status: Option<String>,
 }
@@ -82,8 +102,17 @@ impl Guests {
                             s.rows.push_back((host_end, r.end_ns.saturating_sub(r.start_ns), r.values));
                             s.status = None;
                         }
-                        // Noise samples are explained from a recording (`noise --host-recording`).
-                        LinkEvent::Noise(_) => {}
+                        // Samples are explained from a recording (`noise --host-recording`);
+                        // live, each period is summed up.
+                        LinkEvent::Noise(b) => {
+                            let host_end = s.alignment.to_host(b.end_ns).map_or(monotonic_ns(), |(h, _)| h);
+                            if s.noise.len() == KEPT_PERIODS {
+                                s.noise.pop_front();
+                            }
+                            let longest = b.samples.iter().map(|x| x.1).max().unwrap_or(0);
+                            let measured = b.end_ns.saturating_sub(b.start_ns);
+                            s.noise.push_back((host_end, measured, b.samples.len() as u64, b.noise_ns(), longest));
+                        }
                     }
                 })
                 .refused
@@ -124,6 +153,17 @@ impl Guests {
                 cpu.iter_mut().for_each(|(_, v)| *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 });
                 apps.sort_by(|a, b| b.1.total_cmp(&a.1));
                 apps.truncate(3);
+                let periods: Vec<_> = s.noise.iter().filter(|p| p.0 >= since).collect();
+                let noise = (!periods.is_empty()).then(|| {
+                    let measured_ns: u64 = periods.iter().map(|p| p.1).sum();
+                    let noise_ns: u64 = periods.iter().map(|p| p.3).sum();
+                    NoiseLive {
+                        measured_ns,
+                        samples: periods.iter().map(|p| p.2).sum(),
+                        noise_pct: if measured_ns == 0 { 0.0 } else { 100.0 * noise_ns as f64 / measured_ns as f64 },
+                        max_single_ns: periods.iter().map(|p| p.4).max().unwrap_or(0),
+                    }
+                });
                 GuestLive {
                     agent,
                     address: address.to_string(),
@@ -131,6 +171,7 @@ impl Guests {
                     rows: recent.len(),
                     cpu_pct: cpu,
                     app_per_s: apps,
+                    noise,
                     bound_ns: s.alignment.points().last().map(|p| p.bound_ns),
                     status: if recent.is_empty() { s.status.clone().or(Some("no rows yet".into())) } else { None },
                 }
@@ -161,8 +202,14 @@ pub fn line(g: &GuestLive) -> String {
     let apps: Vec<String> = g.app_per_s.iter().map(|(n, r)| format!("{n} {r:.1}/s")).collect();
     let bound =
         g.bound_ns.map(|b| format!(" · clock ±{}", virtprof_model::units::format_duration_ns(b))).unwrap_or_default();
+    let noise = g
+        .noise
+        .map(|n| {
+            format!(" · noise {:.3}% ({} samples, max {:.1} µs)", n.noise_pct, n.samples, n.max_single_ns as f64 / 1e3)
+        })
+        .unwrap_or_default();
     format!(
-        "guest {name}: {}{}{bound}",
+        "guest {name}: {}{}{noise}{bound}",
         cpu.join(" "),
         if apps.is_empty() { String::new() } else { format!(" · {}", apps.join(" ")) }
     )

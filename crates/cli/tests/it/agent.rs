@@ -407,10 +407,11 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     assert!(gaps[0]["cause"].as_str().unwrap().contains("cannot connect"), "{gaps}");
     assert!(r["events"].as_u64().unwrap() > 0, "the host's own trace is all there");
 
-    // top shows a guest from inside, or why it cannot.
+    // top shows a guest from inside (its noise too), or why it cannot.
     let port = free_port();
     let mut agent = virtprof()
         .args(["agent", "--listen", &format!("tcp:127.0.0.1:{port}"), "--interval", "100ms", "--sessions", "1"])
+        .args(["--noise", "0", "--noise-period", "200ms", "--noise-runtime", "100ms"])
         .arg("--token-file")
         .arg(&token)
         .stderr(Stdio::null())
@@ -440,6 +441,10 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     assert!(g["rows"].as_u64().unwrap() >= 5, "{g}");
     let shares: f64 = g["cpu_pct"].as_array().unwrap().iter().map(|p| p[1].as_f64().unwrap()).sum();
     assert!((shares - 100.0).abs() < 1e-6, "{g}");
+    // 100 ms measured every 200 ms, over the 2 s window: at least 3 periods, whatever the load.
+    let noise = &g["noise"];
+    assert!(noise["measured_ns"].as_u64().unwrap() >= 300_000_000, "{noise}");
+    assert!((0.0..100.0).contains(&noise["noise_pct"].as_f64().unwrap()), "{noise}");
     assert!(agent.wait().unwrap().success());
     let gone = top(free_port());
     assert!(gone["guests"][0]["status"].as_str().unwrap().contains("cannot connect"), "{}", gone["guests"]);

@@ -443,8 +443,11 @@ fn series(table: &IntervalTable, phase_ids: &[usize], origin_ns: u64) -> SeriesO
 /// One guest's layer: its clock, gaps, CPU split and counters, on the recording's time.
 fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, u64)], traced: (u64, u64)) -> GuestOut {
     let seconds = |ns: u64| ns.saturating_sub(origin_ns) as f64 / 1e9;
-    let placed: Vec<_> = g.segments.iter().filter_map(|s| g.placed(s)).flatten().collect();
-    let span_s = placed.first().zip(placed.last()).map(|(a, b)| (seconds(a.start_ns), seconds(b.end_ns)));
+    // Placed once: the span and the timeline both come from these.
+    let layers = g.layers();
+    let first = layers.first().and_then(|l| l.rows.first());
+    let last = layers.last().and_then(|l| l.rows.last());
+    let span_s = first.zip(last).map(|(a, b)| (seconds(a.start_ns), seconds(b.end_ns)));
     let covered_s = span_s.map_or(0.0, |(a, b)| b - a).max(1e-9);
     let totals = g.totals();
     let mut cpu: Vec<(String, f64)> =
@@ -468,7 +471,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
             }),
         }
     }
-    let timeline = guest_timeline(g, origin_ns);
+    let timeline = guest_timeline(&layers, origin_ns);
     let all: f64 = cpu.iter().map(|(_, v)| v).sum();
     for (_, v) in &mut cpu {
         *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 };
@@ -527,9 +530,9 @@ fn guest_noise(g: &virtprof_session::guest::GuestStream) -> Vec<GuestNoiseOut> {
 }
 
 /// Each row's CPU-time shares, on the recording's time.
-fn guest_timeline(g: &virtprof_session::guest::GuestStream, origin_ns: u64) -> GuestTimeline {
+fn guest_timeline(layers: &[virtprof_model::guest::GuestLayer], origin_ns: u64) -> GuestTimeline {
     let mut t = GuestTimeline::default();
-    for layer in g.layers() {
+    for layer in layers {
         let fields: Vec<Option<&str>> =
             layer.series.iter().map(|s| virtprof_agent::collect::cpu_field(&s.name)).collect();
         for row in &layer.rows {
