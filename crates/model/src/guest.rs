@@ -100,6 +100,57 @@ impl NoiseBatch {
     }
 }
 
+/// Noise periods summed up: per guest CPU in `report` and `noise`, over a window in `top`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct NoiseSummary {
+    /// Periods.
+    pub periods: u64,
+    /// Time the loop measured.
+    pub measured_ns: u64,
+    /// Samples kept.
+    pub samples: u64,
+    /// Their lengths summed.
+    pub noise_ns: u64,
+    /// The longest.
+    pub max_single_ns: u64,
+    /// Samples seen but not sent.
+    pub dropped_samples: u64,
+}
+
+impl NoiseSummary {
+    /// One period's figures.
+    pub fn of(b: &NoiseBatch) -> NoiseSummary {
+        NoiseSummary {
+            periods: 1,
+            measured_ns: b.end_ns.saturating_sub(b.start_ns),
+            samples: b.samples.len() as u64,
+            noise_ns: b.noise_ns(),
+            max_single_ns: b.samples.iter().map(|s| s.1).max().unwrap_or(0),
+            dropped_samples: b.dropped,
+        }
+    }
+
+    /// Add another summary's figures.
+    pub fn add(&mut self, o: &NoiseSummary) {
+        self.periods += o.periods;
+        self.measured_ns += o.measured_ns;
+        self.samples += o.samples;
+        self.noise_ns += o.noise_ns;
+        self.max_single_ns = self.max_single_ns.max(o.max_single_ns);
+        self.dropped_samples += o.dropped_samples;
+    }
+
+    /// Share of measured time that was noise, %.
+    pub fn noise_pct(&self) -> f64 {
+        if self.measured_ns == 0 {
+            0.0
+        } else {
+            100.0 * self.noise_ns as f64 / self.measured_ns as f64
+        }
+    }
+}
+
 /// The guest time just before a row's marker write (`agent --marker-port`), a gauge series.
 pub const MARKER_BEFORE: &str = "marker.before_ns";
 /// The guest time just after it.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use virtprof_agent::link::{run, LinkConfig, LinkEvent};
 use virtprof_agent::transport::Address;
 use virtprof_host::monotonic_ns;
-use virtprof_model::guest::{Alignment, GuestSeries, SeriesKind};
+use virtprof_model::guest::{Alignment, GuestSeries, NoiseSummary, SeriesKind};
 
 /// Rows kept per guest: the longest window `top` shows (10 s) at 10 ms rows.
 const KEPT_ROWS: usize = 1000;
@@ -42,14 +42,11 @@ pub struct GuestLive {
 /// A guest's noise over a window.
 #[derive(Debug, Clone, Copy, Serialize, Default)]
 pub struct NoiseLive {
-    /// Time the loops measured.
-    pub measured_ns: u64,
-    /// Samples.
-    pub samples: u64,
+    /// The periods in the window, summed.
+    #[serde(flatten)]
+    pub summary: NoiseSummary,
     /// Share of measured time that was noise, %.
     pub noise_pct: f64,
-    /// The longest sample, ns.
-    pub max_single_ns: u64,
 }
 
 #[derive(Default)]
@@ -58,8 +55,8 @@ struct Shared {
     series: Vec<GuestSeries>,
     /// (host end time, guest row length ns, values) of recent rows.
     rows: VecDeque<(u64, u64, Vec<f64>)>,
-    /// (host end time, measured ns, samples, noise ns, longest sample ns) of recent periods.
-    noise: VecDeque<(u64, u64, u64, u64, u64)>,
+    /// (host end time, figures) of recent periods.
+    noise: VecDeque<(u64, NoiseSummary)>,
     alignment: Alignment,
     status: Option<String>,
 }
@@ -109,9 +106,7 @@ impl Guests {
                             if s.noise.len() == KEPT_PERIODS {
                                 s.noise.pop_front();
                             }
-                            let longest = b.samples.iter().map(|x| x.1).max().unwrap_or(0);
-                            let measured = b.end_ns.saturating_sub(b.start_ns);
-                            s.noise.push_back((host_end, measured, b.samples.len() as u64, b.noise_ns(), longest));
+                            s.noise.push_back((host_end, NoiseSummary::of(&b)));
                         }
                     }
                 })
@@ -153,17 +148,9 @@ impl Guests {
                 cpu.iter_mut().for_each(|(_, v)| *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 });
                 apps.sort_by(|a, b| b.1.total_cmp(&a.1));
                 apps.truncate(3);
-                let periods: Vec<_> = s.noise.iter().filter(|p| p.0 >= since).collect();
-                let noise = (!periods.is_empty()).then(|| {
-                    let measured_ns: u64 = periods.iter().map(|p| p.1).sum();
-                    let noise_ns: u64 = periods.iter().map(|p| p.3).sum();
-                    NoiseLive {
-                        measured_ns,
-                        samples: periods.iter().map(|p| p.2).sum(),
-                        noise_pct: if measured_ns == 0 { 0.0 } else { 100.0 * noise_ns as f64 / measured_ns as f64 },
-                        max_single_ns: periods.iter().map(|p| p.4).max().unwrap_or(0),
-                    }
-                });
+                let mut summary = NoiseSummary::default();
+                s.noise.iter().filter(|p| p.0 >= since).for_each(|p| summary.add(&p.1));
+                let noise = (summary.periods > 0).then(|| NoiseLive { summary, noise_pct: summary.noise_pct() });
                 GuestLive {
                     agent,
                     address: address.to_string(),
@@ -205,7 +192,12 @@ pub fn line(g: &GuestLive) -> String {
     let noise = g
         .noise
         .map(|n| {
-            format!(" · noise {:.3}% ({} samples, max {:.1} µs)", n.noise_pct, n.samples, n.max_single_ns as f64 / 1e3)
+            format!(
+                " · noise {:.3}% ({} samples, max {:.1} µs)",
+                n.noise_pct,
+                n.summary.samples,
+                n.summary.max_single_ns as f64 / 1e3
+            )
         })
         .unwrap_or_default();
     format!(

@@ -11,7 +11,7 @@ use virtprof_analysis::noise::{HostCause, HostView};
 use virtprof_analysis::Names;
 use virtprof_kvm::discover::{vcpu_index, vmm_kind};
 use virtprof_model::event::{Event, EventKind};
-use virtprof_model::guest::SeriesKind;
+use virtprof_model::guest::{NoiseSummary, SeriesKind};
 use virtprof_model::vmm::VmmKind;
 use virtprof_session::guest::GuestStream;
 use virtprof_session::Session;
@@ -51,17 +51,11 @@ pub struct CpuNoise {
     /// The host thread of that vCPU.
     pub vcpu_tid: u32,
     pub threshold_ns: u64,
-    /// Measuring periods received.
-    pub periods: u64,
-    /// Time the loop measured.
-    pub measured_ns: u64,
-    pub samples: u64,
-    pub noise_ns: u64,
-    pub max_single_ns: u64,
+    /// The periods received, summed.
+    #[serde(flatten)]
+    pub noise: NoiseSummary,
     /// Share of measured time the loop ran, %.
     pub available_pct: f64,
-    /// Samples the guest saw but did not send (its cap per period, a slow host).
-    pub dropped_samples: u64,
     /// Samples that could not be placed on the host's clock (no clock point).
     pub unplaced_samples: u64,
     /// The guest's own steal for that CPU over the whole recording (/proc/stat, 10 ms ticks).
@@ -251,34 +245,24 @@ fn explain_cpu(
         cpu,
         vcpu_tid,
         threshold_ns: 0,
-        periods: 0,
-        measured_ns: 0,
-        samples: 0,
-        noise_ns: 0,
-        max_single_ns: 0,
+        noise: NoiseSummary::default(),
         available_pct: 100.0,
-        dropped_samples: 0,
         unplaced_samples: 0,
         guest_steal_ns: guest_steal(g, cpu),
         host: Explanation::new(),
     };
     for b in g.noise.iter().filter(|b| b.cpu == cpu) {
         c.threshold_ns = b.threshold_ns;
-        c.periods += 1;
-        c.measured_ns += b.end_ns - b.start_ns;
-        c.dropped_samples += b.dropped;
+        c.noise.add(&NoiseSummary::of(b));
         for &(start, len) in &b.samples {
-            c.samples += 1;
-            c.noise_ns += len;
-            c.max_single_ns = c.max_single_ns.max(len);
             match g.alignment.to_host(start) {
                 Some((host_start, bound)) => c.host.add(len, &host.attribute(host_start, len, bound), decoder),
                 None => c.unplaced_samples += 1,
             }
         }
     }
-    if c.measured_ns > 0 {
-        c.available_pct = 100.0 * c.measured_ns.saturating_sub(c.noise_ns) as f64 / c.measured_ns as f64;
+    if c.noise.measured_ns > 0 {
+        c.available_pct = 100.0 - c.noise.noise_pct();
     }
     c
 }
@@ -314,11 +298,11 @@ pub fn table(r: &AgentNoiseReport) -> String {
                 "  CPU {} (vCPU thread {}): {} samples over {:.3} s measured, threshold {} us; noise {:.1} us, max {:.1} us, {:.4} % available",
                 c.cpu,
                 c.vcpu_tid,
-                c.samples,
-                c.measured_ns as f64 / 1e9,
+                c.noise.samples,
+                c.noise.measured_ns as f64 / 1e9,
                 us(c.threshold_ns),
-                us(c.noise_ns),
-                us(c.max_single_ns),
+                us(c.noise.noise_ns),
+                us(c.noise.max_single_ns),
                 c.available_pct
             );
             let guest_steal = c.guest_steal_ns.map_or_else(|| "not sent".into(), |ns| format!("{:.1} us", us(ns)));
@@ -350,11 +334,11 @@ pub fn table(r: &AgentNoiseReport) -> String {
                 "    explained by host events: {:.1} % of guest noise time (the rest is the guest's own interrupts, or hardware)",
                 c.host.explained_pct
             );
-            if c.dropped_samples > 0 {
+            if c.noise.dropped_samples > 0 {
                 let _ = writeln!(
                     s,
                     "    warning: the guest kept {} samples from us (its per-period cap)",
-                    c.dropped_samples
+                    c.noise.dropped_samples
                 );
             }
             if c.unplaced_samples > 0 {

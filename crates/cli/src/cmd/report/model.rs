@@ -102,15 +102,11 @@ pub struct MarkersOut {
     pub check: virtprof_model::guest::MarkerCheck,
 }
 
-#[derive(Serialize, Default)]
+#[derive(Serialize)]
 pub struct GuestNoiseOut {
     pub cpu: u32,
-    pub periods: u64,
-    pub measured_ns: u64,
-    pub samples: u64,
-    pub noise_ns: u64,
-    pub max_single_ns: u64,
-    pub dropped_samples: u64,
+    #[serde(flatten)]
+    pub noise: virtprof_model::guest::NoiseSummary,
 }
 
 #[derive(Serialize, Default)]
@@ -516,17 +512,11 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
 
 /// The guest's noise periods summed per CPU.
 fn guest_noise(g: &virtprof_session::guest::GuestStream) -> Vec<GuestNoiseOut> {
-    let mut by_cpu: BTreeMap<u32, GuestNoiseOut> = BTreeMap::new();
+    let mut by_cpu: BTreeMap<u32, virtprof_model::guest::NoiseSummary> = BTreeMap::new();
     for b in &g.noise {
-        let n = by_cpu.entry(b.cpu).or_insert_with(|| GuestNoiseOut { cpu: b.cpu, ..Default::default() });
-        n.periods += 1;
-        n.measured_ns += b.end_ns.saturating_sub(b.start_ns);
-        n.samples += b.samples.len() as u64;
-        n.noise_ns += b.noise_ns();
-        n.max_single_ns = n.max_single_ns.max(b.samples.iter().map(|s| s.1).max().unwrap_or(0));
-        n.dropped_samples += b.dropped;
+        by_cpu.entry(b.cpu).or_default().add(&virtprof_model::guest::NoiseSummary::of(b));
     }
-    by_cpu.into_values().collect()
+    by_cpu.into_iter().map(|(cpu, noise)| GuestNoiseOut { cpu, noise }).collect()
 }
 
 /// Each row's CPU-time shares, on the recording's time.

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use virtprof_model::units::format_duration_ns;
 
-use super::model::{IntervalsOut, Report};
+use super::model::{GuestNoiseOut, IntervalsOut, Report};
 use crate::exit_table::reason_table;
 
 pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
@@ -112,12 +112,12 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
             if c.outside_trace > 0 { format!(" ({} more outside the trace)", c.outside_trace) } else { String::new() }
         )?;
     }
-    for n in &g.noise {
-        let pct = if n.measured_ns == 0 { 0.0 } else { 100.0 * n.noise_ns as f64 / n.measured_ns as f64 };
+    for GuestNoiseOut { cpu, noise: n } in &g.noise {
+        let pct = n.noise_pct();
         writeln!(
             out,
             "  noise on CPU {}: {} samples in {} periods ({:.3} s measured), {pct:.3} % of the time, largest {:.1} µs{}; `virtprof noise --host-recording` explains them",
-            n.cpu,
+            cpu,
             n.samples,
             n.periods,
             n.measured_ns as f64 / 1e9,
