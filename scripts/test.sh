@@ -22,6 +22,11 @@ if [ "$(id -u)" = 0 ]; then
     command -v gcc >/dev/null || need+=(gcc)
     # busybox-static: the nested-SVM bed's L1 userland (scripts/nested-svm/bed.sh).
     dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+    # prometheus (with promtool), curl, openssl: a real Prometheus scrapes `virtprof serve`
+    # over HTTP and HTTPS (a self-signed certificate).
+    command -v prometheus >/dev/null || need+=(prometheus)
+    command -v curl >/dev/null || need+=(curl)
+    command -v openssl >/dev/null || need+=(openssl)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"
         apt-get update -qq

@@ -160,7 +160,7 @@ prepare() {
 # Boot L1 once with the job in $share; true if it reported a status.
 boot_l1() {
     local share=$1 out=$2 timeout=$3
-    rm -f "$share/rc" "$share/log" "$share/hung"
+    rm -f "$share/rc" "$share/log" "$share/hung" "$share/alive"
     # L1 arms its timers in the LAPIC's one-shot mode (lapic=notscdeadline): with the TSC
     # deadline timer, emulated SVM now and then lost a CPU's timer while L2 guests ran (an RCU
     # stall "timer wakeup didn't happen ... on cpu=0" in a third of the long jobs; none in 48
@@ -179,15 +179,45 @@ rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
         > "$share/console.log" 2>&1 < /dev/null &
     l1=$!
+    watch_l1 "$share"
     local status=0
     wait "$l1" || status=$?
     l1=
-    # A silent L1 that never reports (stuck in its emulated boot: nothing on a `quiet`
-    # console, no job log) is broken like one that panics: the attempt is repeated.
+    # The job still running at the time limit in an L1 that kept beating is the job's own
+    # hang (every step that waits on L2 is under hang-guard): it fails, it is not repeated.
     if [ "$status" = 124 ] && [ ! -s "$share/rc" ] && [ ! -s "$share/hung" ]; then
-        echo "L1 reported nothing within ${timeout}s" > "$share/hung"
+        echo "bed.sh: the job was still running after ${timeout}s (L1 itself was alive)" >&2
     fi
     [ -s "$share/rc" ]
+}
+
+# Until L1 ends: an L1 whose heartbeat (init writes a new count to $share/alive every 5 s)
+# stops for BED_STALL seconds (default 120), or that never starts beating, is stuck under
+# emulation: it is stopped and the reason written to $share/hung, so the attempt is repeated
+# within minutes instead of at the job's time limit. One that wrote its status but does not
+# power off is stopped too.
+watch_l1() {
+    local share=$1 stall=${BED_STALL:-120} beat= seen=$SECONDS start=$SECONDS now done_at=
+    while kill -0 "$l1" 2>/dev/null; do
+        sleep 1
+        now=$(cat "$share/alive" 2>/dev/null || true)
+        if [ "$now" != "$beat" ]; then
+            beat=$now
+            seen=$SECONDS
+        fi
+        if [ -s "$share/rc" ]; then
+            done_at=${done_at:-$SECONDS}
+            [ $((SECONDS - done_at)) -lt 30 ] && continue
+        elif [ $((SECONDS - seen)) -lt "$stall" ]; then
+            continue
+        elif [ -z "$beat" ]; then
+            echo "L1 did not boot (no heartbeat within ${stall}s)" > "$share/hung"
+        else
+            echo "L1 stuck $((seen - start))s into the run (no heartbeat for ${stall}s)" > "$share/hung"
+        fi
+        kill "$l1" 2>/dev/null  # timeout(1) passes the TERM on to QEMU
+        return
+    done
 }
 
 # The L1 QEMU running now (its `timeout` wrapper's pid), if any.
@@ -216,15 +246,17 @@ run() {
     mkdir -p "$share/l2" && cp "$cache/vmlinuz" "$cache/l2-initrd.gz" "$share/l2/"
     # Emulated SVM under TCG now and then locks an L1 CPU up, corrupts a kernel stack, or
     # leaves an L2 guest making no progress (a hang-guard'ed command that never ends; once a
-    # micro-VM triple-faulted): the emulator's, not the job's. L1 then panics or is powered
+    # micro-VM triple-faulted), or stops L1's clock (its heartbeat stops; see watch_l1): the
+    # emulator's, not the job's. L1 then panics or is powered
     # off, and the job runs again, up to BED_ATTEMPTS times in all (default 3), saying so.
     # Each broken attempt's console is kept as console.N.log.
-    local broke='soft lockup|Kernel panic|RCU Stall' attempt=1
+    local broke='soft lockup|Kernel panic|RCU Stall' attempt=1 began=$SECONDS
     while ! boot_l1 "$share" "$out" "$timeout" && { [ -s "$share/hung" ] || grep -Eq "$broke" "$share/console.log"; } &&
         [ "$attempt" -lt "${BED_ATTEMPTS:-3}" ]; do
         local why
         why=$(cat "$share/hung" 2>/dev/null || grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')
-        echo "bed.sh: L1 broke under emulation ($why); running the job again" >&2
+        echo "bed.sh: L1 broke under emulation ($why) after $((SECONDS - began))s; running the job again" >&2
+        began=$SECONDS
         mv "$share/hung" "$share/hung.$attempt" 2>/dev/null || true
         mv "$share/console.log" "$share/console.$attempt.log"
         mv "$share/log" "$share/log.$attempt" 2>/dev/null || true

@@ -279,7 +279,7 @@ fn check_hello(hello: &Hello, config: &ServeConfig) -> Result<(), String> {
 }
 
 /// Compare without returning early at the first difference (no timing oracle on the token).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

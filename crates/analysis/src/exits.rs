@@ -51,6 +51,19 @@ enum Key {
     Evidence(Evidence),
 }
 
+impl Key {
+    fn name(self, names: &dyn Names) -> String {
+        match self {
+            Key::Exit { reason, isa } => names.exit_reason(reason, isa),
+            Key::Userspace { reason } => names.userspace_reason(reason),
+            Key::Evidence(Evidence::Emulated) => "emulated insn (in kernel)".to_string(),
+            Key::Evidence(Evidence::Pio) => "pio (in kernel)".to_string(),
+            Key::Evidence(Evidence::Mmio) => "mmio (in kernel)".to_string(),
+            Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Evidence {
     /// KVM's instruction emulator ran; refined by the evidence that follows for the same exit.
@@ -324,6 +337,15 @@ impl ExitAnalyzer {
         self.seen[what as usize] += 1;
     }
 
+    /// Each timed reason's durations so far (exits in flight are not in them yet): what a
+    /// live exporter reads between events, without finishing.
+    pub fn durations(&self, names: &dyn Names) -> Vec<(String, &Histogram)> {
+        let mut timed: Vec<(String, &Histogram)> =
+            self.stats.iter().filter(|(_, s)| s.hist.count() > 0).map(|(&k, s)| (k.name(names), &s.hist)).collect();
+        timed.sort_by(|a, b| a.0.cmp(&b.0));
+        timed
+    }
+
     /// Feed one event (events must arrive in timestamp order).
     pub fn on_event(&mut self, e: &Event) {
         match e.kind {
@@ -549,14 +571,7 @@ impl ExitAnalyzer {
                 }
             }
         }
-        let name = |k: Key| match k {
-            Key::Exit { reason, isa } => names.exit_reason(reason, isa),
-            Key::Userspace { reason } => names.userspace_reason(reason),
-            Key::Evidence(Evidence::Emulated) => "emulated insn (in kernel)".to_string(),
-            Key::Evidence(Evidence::Pio) => "pio (in kernel)".to_string(),
-            Key::Evidence(Evidence::Mmio) => "mmio (in kernel)".to_string(),
-            Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
-        };
+        let name = |k: Key| k.name(names);
         // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
         let exit_path = self.exit_path;
         if exit_path {

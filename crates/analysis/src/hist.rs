@@ -103,6 +103,13 @@ impl Histogram {
         self.buckets.iter().enumerate().filter(|(_, &n)| n > 0).map(|(b, &n)| (bucket_range(b).0, u64::from(n)))
     }
 
+    /// Samples at most each of `bounds` (ascending), as a Prometheus histogram's cumulative
+    /// buckets: a bucket counts wholly below a bound its smallest value does not pass, so
+    /// each figure is exact to within one bucket's width (1/32 of the bound).
+    pub fn cumulative(&self, bounds: &[u64]) -> Vec<u64> {
+        bounds.iter().map(|&bound| self.buckets().take_while(|&(lo, _)| lo <= bound).map(|(_, n)| n).sum()).collect()
+    }
+
     /// Add another histogram's samples.
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
@@ -127,6 +134,20 @@ mod tests {
         assert_eq!(listed.iter().map(|b| b.1).sum::<u64>(), 4);
         assert_eq!(listed[0], (5, 2));
         assert!(listed.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn cumulative_counts_are_within_a_bucket_of_exact() {
+        let mut h = Histogram::default();
+        (1..=10_000u64).for_each(|v| h.record(v * 100));
+        let bounds = [50, 1_000, 25_000, 500_000, 1_000_000, 2_000_000];
+        let got = h.cumulative(&bounds);
+        for (&bound, &n) in bounds.iter().zip(&got) {
+            let exact = (bound / 100).min(10_000);
+            assert!(n.abs_diff(exact) <= exact / 32 + 1, "≤{bound}: {n} vs {exact}");
+        }
+        assert_eq!(got.last(), Some(&10_000));
+        assert!(got.windows(2).all(|w| w[0] <= w[1]));
     }
 
     #[test]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
 use crate::Names;
+use virtprof_model::vmm::VmOwner;
 use virtprof_model::{Pid, Tid, VcpuThread};
 
 /// A VM as discovery (or a recording's task list) knows it.
@@ -18,6 +19,8 @@ pub struct VmInfo {
     pub name: String,
     /// VMM kind (`qemu`, `firecracker`, ...).
     pub kind: String,
+    /// Its UUID, libvirt domain, pod and container, where known.
+    pub owner: VmOwner,
     /// Its vCPUs and their threads.
     pub vcpus: Vec<VcpuThread>,
 }
@@ -50,6 +53,9 @@ pub struct VmRow {
     pub name: String,
     /// VMM kind.
     pub kind: String,
+    /// Its UUID, libvirt domain, pod and container, where known.
+    #[serde(skip_serializing_if = "VmOwner::is_empty")]
+    pub owner: VmOwner,
     /// Running share, % of the vCPUs' observed time.
     pub running_pct: f64,
     /// Runnable but waiting (host-side steal).
@@ -155,6 +161,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                 pid: vm.pid.0,
                 name: vm.name.clone(),
                 kind: vm.kind.clone(),
+                owner: vm.owner.clone(),
                 running_pct: mean(|v| v.running_pct),
                 waiting_pct: mean(|v| v.waiting_pct),
                 blocked_pct: mean(|v| v.blocked_pct),

@@ -39,6 +39,9 @@ pub enum Command {
     Exits(ExitsArgs),
     /// Live per-VM and per-vCPU scheduling QoS (XenMon for KVM): running, waiting, blocked, exits.
     Top(TopArgs),
+    /// Serve top's figures to Prometheus (OpenMetrics endpoint), or write them for
+    /// node_exporter's textfile collector.
+    Serve(ServeArgs),
     /// The `top` table for a recording: whole run, or per --window.
     Sched(SchedArgs),
     /// Summarize a recording: host, VMs, loss, top exits, vCPU accounting, intervals; --html.
@@ -373,6 +376,56 @@ pub struct TopArgs {
     /// The agents' token file (tcp agents need one).
     #[arg(long, value_name = "FILE")]
     pub agent_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+WHAT IT SERVES: per VM and vCPU, run / wait (steal) / blocked seconds, executions, I/O accesses and exits
+(virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exits by reason, an exit-duration
+histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt domain, pod, container),
+per-core energy, power and temperature estimates, and its own lost events and collection time. Counters
+start when serve starts; figures come from the same sampler as `top`, refreshed every second and at each
+scrape. See docs/fleet.md for every metric, the scrape config and the Grafana dashboard.
+
+ACCESS: loopback only by default. Listening elsewhere needs --token-file (clients send
+`Authorization: Bearer TOKEN`); add --tls-cert/--tls-key to keep the token off the wire. Read-only:
+GET or HEAD /metrics; anything else gets 4xx.
+
+EXAMPLES:
+  virtprof serve                                   # http://127.0.0.1:9477/metrics
+  virtprof serve --listen 0.0.0.0:9477 --token-file /etc/virtprof/token \\
+      --tls-cert /etc/virtprof/cert.pem --tls-key /etc/virtprof/key.pem
+  virtprof serve --textfile /var/lib/prometheus/node-exporter --interval 15s
+  curl -s localhost:9477/metrics | grep virtprof_vcpu_wait")]
+pub struct ServeArgs {
+    /// Address to listen on (host:port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9477")]
+    pub listen: String,
+    /// File holding the bearer token clients must send (required off loopback).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate (chain).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Instead of listening, write DIR/virtprof.prom every --interval (node_exporter's
+    /// textfile collector), replaced whole each time.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["listen", "token_file", "tls_cert"])]
+    pub textfile: Option<PathBuf>,
+    /// With --textfile: how often the file is rewritten.
+    #[arg(long, value_name = "TIME[ms|s]", value_parser = duration, default_value = "15s", requires = "textfile")]
+    pub interval: std::time::Duration,
+    /// Stop after this long (default: until interrupted).
+    #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
+    pub duration: Option<std::time::Duration>,
+    /// Only the VM whose VMM has this pid (repeatable).
+    #[arg(long, value_name = "PID")]
+    pub vm: Vec<u32>,
+    /// Do not trace: poll schedstat and KVM stats (no reasons, durations or I/O from the trace).
+    #[arg(long)]
+    pub no_trace: bool,
 }
 
 /// How `top` and `demo` watch.

@@ -5,17 +5,18 @@ use std::collections::BTreeMap;
 
 use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
 use virtprof_kvm::discover::vcpu_index;
-use virtprof_model::vmm::VmmKind;
+use virtprof_model::vmm::{VmOwner, VmmKind};
 use virtprof_model::{Pid, VcpuThread};
 use virtprof_sinks::table::Table;
+use virtprof_store::recording::VmIdentity;
 
 /// What is known about the host's processes: threads (tid → pid, comm) and VM identities.
 #[derive(Debug, Default, Clone)]
 pub struct HostTasks {
     /// tid → (pid, comm).
     pub threads: BTreeMap<u32, (u32, String)>,
-    /// pid → (kind, name) from discovery.
-    pub identities: BTreeMap<u32, (String, String)>,
+    /// pid → what discovery (or a recording) knew of the VM.
+    pub identities: BTreeMap<u32, VmIdentity>,
 }
 
 impl HostTasks {
@@ -55,11 +56,11 @@ impl HostTasks {
                     return None;
                 }
                 let process_comm = self.threads.get(&pid).map_or("", |(_, c)| c.as_str());
-                let (kind, name) = self.identities.get(&pid).cloned().unwrap_or_else(|| {
+                let id = self.identities.get(&pid).cloned().unwrap_or_else(|| {
                     let kind = virtprof_kvm::discover::vmm_kind(process_comm, &[]);
-                    (kind.to_string(), format!("{kind}-{pid}"))
+                    VmIdentity { pid, kind: kind.to_string(), name: format!("{kind}-{pid}"), owner: VmOwner::default() }
                 });
-                Some(VmInfo { pid: Pid(pid), name, kind, vcpus })
+                Some(VmInfo { pid: Pid(pid), name: id.name, kind: id.kind, owner: id.owner, vcpus })
             })
             .collect()
     }

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use virtprof_model::vmm::VmmKind;
+use virtprof_model::vmm::{VmOwner, VmmKind};
 
 use crate::remote::{list_kvm_fds, KvmFdKind};
 
@@ -29,6 +29,8 @@ pub struct DiscoveredVm {
     pub vcpu_fds: u32,
     /// vCPU threads recognized by name, by index.
     pub vcpus: Vec<VcpuThread>,
+    /// Its UUID, libvirt domain, pod and container, where the host has them.
+    pub owner: VmOwner,
 }
 
 /// One vCPU thread.
@@ -133,6 +135,7 @@ pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredV
         pid,
         kind,
         name: vm_name(kind, &argv, pid),
+        owner: crate::owner::owner(proc_root, pid, kind, &argv),
         vcpu_fds: u32::try_from(vcpu_fds).unwrap_or(u32::MAX),
         vcpus,
     }))

@@ -20,6 +20,7 @@ pub mod gdbstub;
 pub mod guest;
 pub mod guest_counters;
 pub mod launcher;
+pub mod owner;
 pub mod remote;
 pub mod stats;
 pub mod vmm;

@@ -39,3 +39,33 @@ impl fmt::Display for VmmKind {
         f.write_str(self.as_str())
     }
 }
+
+/// Who owns a VM beyond its VMM process: what fleet tools key VMs by. Every field is optional:
+/// each comes from where the host has it (the VMM's command line, its cgroup path), and none
+/// is guessed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(default))]
+pub struct VmOwner {
+    /// The VM's UUID (QEMU `-uuid`, cloud-hypervisor `--platform uuid=`).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub uuid: Option<String>,
+    /// The libvirt domain that runs it (from libvirt's machine scope in the cgroup path).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub libvirt_domain: Option<String>,
+    /// The Kubernetes pod whose container runs the VMM (KubeVirt's virt-launcher), by UID.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub pod_uid: Option<String>,
+    /// The container (containerd, CRI-O, Docker) that runs the VMM.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub container_id: Option<String>,
+    /// The VMM's cgroup (v2 path, or v1's systemd hierarchy).
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
+    pub cgroup: Option<String>,
+}
+
+impl VmOwner {
+    /// True when nothing is known.
+    pub fn is_empty(&self) -> bool {
+        *self == VmOwner::default()
+    }
+}

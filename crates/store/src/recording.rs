@@ -10,6 +10,7 @@
 use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
+use virtprof_model::vmm::VmOwner;
 use virtprof_model::KernelLoss;
 
 /// File magic.
@@ -264,6 +265,10 @@ pub struct VmIdentity {
     pub kind: String,
     /// The VM's name from the VMM's command line.
     pub name: String,
+    /// Its UUID, libvirt domain, pod and container, where the host had them (absent in
+    /// recordings made before they were kept).
+    #[serde(default, skip_serializing_if = "VmOwner::is_empty")]
+    pub owner: VmOwner,
 }
 
 /// KVM binary stats of one VMM at one moment.

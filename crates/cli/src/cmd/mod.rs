@@ -13,6 +13,7 @@ pub mod noise;
 mod record;
 mod report;
 mod sched;
+mod serve;
 mod stats;
 mod testvm;
 mod top;
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Compare(args) => compare::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Top(args) => top::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Boot(args) => boot::run(&args),
         Command::Balance(args) => balance::run(&args),

@@ -109,7 +109,7 @@ pub fn recording_tasks(recording: &Session) -> HostTasks {
     }
     let late = recording.footer.iter().flat_map(|f| f.vm_identities.iter());
     for vm in md.vm_identities.iter().chain(late) {
-        host.identities.insert(vm.pid, (vm.kind.clone(), vm.name.clone()));
+        host.identities.insert(vm.pid, vm.clone());
     }
     host
 }

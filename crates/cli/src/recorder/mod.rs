@@ -351,8 +351,9 @@ fn stop_command(child: &mut std::process::Child) -> anyhow::Result<std::process:
     Ok(child.wait()?)
 }
 
-fn identity(vm: &DiscoveredVm) -> VmIdentity {
-    VmIdentity { pid: vm.pid, kind: vm.kind.to_string(), name: vm.name.clone() }
+/// What a recording (and `top`) keeps of a discovered VM.
+pub fn identity(vm: &DiscoveredVm) -> VmIdentity {
+    VmIdentity { pid: vm.pid, kind: vm.kind.to_string(), name: vm.name.clone(), owner: vm.owner.clone() }
 }
 
 /// The KVM binary stats of one VMM now (None if it holds no readable stats fds).

@@ -3,6 +3,7 @@
 
 mod energy;
 mod guests;
+pub mod metrics;
 pub mod sampler;
 pub mod view;
 

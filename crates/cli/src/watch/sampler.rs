@@ -8,6 +8,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 
 use serde::Serialize;
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
+use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{Counters, SchedAccounting, SchedOptions, Span};
 use virtprof_host::monotonic_ns;
@@ -29,14 +31,17 @@ const BUCKET_NS: u64 = 100_000_000;
 const HISTORY_NS: u64 = 12 * SECOND;
 /// Refreshes between listings of /proc for new VMs and re-reads of known VMs' thread lists.
 const RESCAN_EVERY: u64 = 5;
-/// The events `top` traces: scheduling, and the kvm events that carry exits and I/O.
-const EVENTS: [&str; 12] = [
+/// The events `top` traces: scheduling, and the kvm events that carry exits, their ends
+/// (entry, or the VMM's return through the FPU reload) and I/O.
+const EVENTS: [&str; 14] = [
     "sched:sched_switch",
     "sched:sched_wakeup",
     "sched:sched_wakeup_new",
     "sched:sched_migrate_task",
     "kvm:kvm_exit",
+    "kvm:kvm_entry",
     "kvm:kvm_userspace_exit",
+    "kvm:kvm_fpu",
     "kvm:kvm_pio",
     "kvm:kvm_mmio",
     "kvm:kvm_cpuid",
@@ -158,6 +163,8 @@ pub struct Sampler {
     stats_history: History<StatsSample>,
     source: Source,
     refreshes: u64,
+    /// Traced threads no VM owned when last looked for.
+    looked_for: std::collections::HashSet<u32>,
     energy: EnergyBook,
 }
 
@@ -169,6 +176,8 @@ enum Source {
 struct TraceSource {
     trace: LiveTrace,
     acc: SchedAccounting,
+    /// Exit durations by reason (`serve`'s histogram), over the whole run.
+    exits: ExitAnalyzer,
 }
 
 struct PollSource {
@@ -200,6 +209,7 @@ impl Sampler {
             energy: EnergyBook::new(&virtprof_trace::capture::online_cpus()),
             source,
             refreshes: 0,
+            looked_for: Default::default(),
         };
         sampler.refresh()?;
         Ok((sampler, why_polling))
@@ -224,10 +234,21 @@ impl Sampler {
         // Listing /proc costs a lookup per process: new VMs are looked for every few refreshes,
         // known ones (exits, late vCPU threads) on every one. Thread lists likewise: read for
         // new VMs and every few refreshes.
-        let periodic = self.refreshes % RESCAN_EVERY == 0;
+        // A thread the trace saw making kvm events that no known VM owns is a new VM: look
+        // now, once per such thread (one that ended stays unowned).
+        let unowned: Vec<u32> = match &self.source {
+            Source::Trace(t) => t
+                .acc
+                .tracked()
+                .filter(|tid| !self.host.threads.contains_key(tid) && !self.looked_for.contains(tid))
+                .collect(),
+            Source::Polling(_) => Vec::new(),
+        };
+        let periodic = self.refreshes % RESCAN_EVERY == 0 || !unowned.is_empty();
+        self.looked_for.extend(unowned);
         self.refreshes += 1;
         let found = if periodic { self.discovery.scan() } else { self.discovery.rescan_known() };
-        self.host.identities = found.iter().map(|v| (v.pid, (v.kind.to_string(), v.name.clone()))).collect();
+        self.host.identities = found.iter().map(|v| (v.pid, crate::recorder::identity(v))).collect();
         self.host.threads.retain(|_, (pid, _)| found.iter().any(|v| v.pid == *pid));
         for vm in &found {
             let known = self.host.threads.values().any(|(pid, _)| *pid == vm.pid);
@@ -354,6 +375,46 @@ impl Sampler {
         }
     }
 
+    /// Traced exits since the start, per vCPU thread and reason, named (`kvm_exit` reasons
+    /// where the host emits them, else userspace exits and in-kernel evidence). Empty when
+    /// polling.
+    pub fn traced_exit_reasons(&self) -> Vec<(u32, String, u64)> {
+        let Source::Trace(t) = &self.source else { return Vec::new() };
+        let names = DecoderNames(t.trace.decoder());
+        let span = t.acc.total();
+        let kvm_exit = span.has_kvm_exits();
+        let mut rows: Vec<(u32, String, u64)> = span
+            .reasons
+            .iter()
+            .filter(|((_, key), _)| kvm_exit == matches!(key, virtprof_analysis::sched::ReasonKey::Exit { .. }))
+            .map(|((tid, key), n)| (*tid, key.name(&names), *n))
+            .collect();
+        rows.sort();
+        rows
+    }
+
+    /// Exit durations since the start, by reason (empty when polling, or where the host
+    /// times no exits).
+    pub fn exit_durations(&self) -> Vec<(String, Histogram)> {
+        let Source::Trace(t) = &self.source else { return Vec::new() };
+        t.exits.durations(&DecoderNames(t.trace.decoder())).into_iter().map(|(r, h)| (r, h.clone())).collect()
+    }
+
+    /// Each vCPU's exits since it was created, from its KVM stats fd at the last refresh:
+    /// (VMM pid, vCPU index) → exits. vCPUs whose stats are not readable are absent.
+    pub fn kvm_exits_now(&self) -> BTreeMap<(u32, u32), u64> {
+        self.stats_history
+            .recent
+            .back()
+            .map(|(_, s)| s.iter().map(|(k, (exits, _))| (*k, *exits)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The VMs as last discovered, with their vCPU threads.
+    pub fn vms(&self) -> &[VmInfo] {
+        &self.vms
+    }
+
     /// Physical CPUs seen (for the per-CPU view).
     pub fn cpus(&self) -> Vec<u32> {
         match &self.source {
@@ -367,16 +428,21 @@ impl TraceSource {
     fn start() -> anyhow::Result<TraceSource> {
         let trace = LiveTrace::start(&EVENTS, "mono", 4096, &["sched", "kvm"])?;
         let evidence = evidence_event_ids(trace.decoder());
+        let exits = ExitAnalyzer::new(ExitOptions {
+            evidence_events: evidence.clone(),
+            host: virtprof_host::kind::detect(),
+            ..Default::default()
+        });
         let acc = SchedAccounting::new(
             SchedOptions { bucket_ns: BUCKET_NS, keep_buckets: (HISTORY_NS / BUCKET_NS) as usize },
             evidence,
         );
-        Ok(TraceSource { trace, acc })
+        Ok(TraceSource { trace, acc, exits })
     }
 
     /// Decode and account every page the kernel has, then close buckets up to `now`.
     fn drain(&mut self, now: u64) -> anyhow::Result<()> {
-        self.trace.drain_into(&mut [&mut self.acc])?;
+        self.trace.drain_into(&mut [&mut self.acc, &mut self.exits])?;
         self.acc.roll_to(now);
         Ok(())
     }

@@ -298,6 +298,7 @@ mod tests {
             pid,
             name: name.into(),
             kind: "virtprof-testvm".into(),
+            owner: Default::default(),
             running_pct: run,
             waiting_pct: 100.0 - run,
             blocked_pct: 0.0,

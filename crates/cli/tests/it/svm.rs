@@ -230,13 +230,16 @@ mkdir -p /out/live
 hist ""
 virtprof exits --duration 300s --json > /out/live/exits.json 2> /out/live/err &
 live=$!
-until grep -q "recording for" /out/live/err; do sleep 1; done
+for i in $(seq 120); do grep -q "recording for" /out/live/err && break; sleep 1; done
+grep -q "recording for" /out/live/err || {{ cat /out/live/err; echo "live exits did not start"; exit 1; }}
 for spec in {workloads}; do
     w=${{spec%@*}}; cpl=${{spec#*@}}
     n=200; [ $w = io-bound ] && n=50
     hang-guard 120 virtprof testvm -w $w --cpl $cpl -n $n > /dev/null
 done
 kill -INT $live
+for i in $(seq 60); do kill -0 $live 2>/dev/null || break; sleep 1; done
+kill -0 $live 2>/dev/null && {{ echo "live exits still running 60 s after SIGINT"; exit 1; }}
 wait $live
 cat $H/kvm_exit/hist > /out/live/hist
 cat $H/kvm_userspace_exit/hist > /out/live/uhist
@@ -580,12 +583,16 @@ qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 2 -nographic -no-reboot -n
     -kernel /bed/l2/vmlinuz -initrd /host{initrd} \
     -append "console=ttyS0 panic=-1 quiet -- /virtprof agent --listen vsock:9478 --interval 100ms --sessions 1 --noise 1 --noise-period 500ms --noise-runtime 400ms --marker-port 0xe9" \
     > /out/l2console.txt 2>&1 &
+l2=$!
 for i in $(seq 240); do grep -q 'listening on' /out/l2console.txt && break; sleep 1; done
 grep -q 'listening on' /out/l2console.txt || hang-guard --broken "L2's agent did not start in 240 s"
 # Ground truth: L1's thread for L2's CPU 1.
-grep -l '^CPU 1/KVM$' /proc/$!/task/*/comm | cut -d/ -f5 > /out/vcpu1.tid
+grep -l '^CPU 1/KVM$' /proc/$l2/task/*/comm | cut -d/ -f5 > /out/vcpu1.tid
 hang-guard 120 virtprof record -o /out/agent.vprec -d 5s --agent vsock:3:9478
-for i in $(seq 60); do grep -q VIRTPROF-RUN-END /out/l2console.txt && break; sleep 1; done
+for i in $(seq 60); do grep -q 'VIRTPROF-RUN-END status=[0-9]' /out/l2console.txt && break; sleep 1; done
+# L2 powers off after its agent ends; one that does not within 30 s is stopped.
+for i in $(seq 30); do kill -0 $l2 2>/dev/null || break; sleep 1; done
+kill $l2 2>/dev/null || true
 wait || true
 ls /sys/kernel/tracing/instances > /out/instances
 "#,

@@ -207,7 +207,7 @@ fn vms_of(session: &Session) -> Vec<GuestVm> {
                 .collect();
             let name = tasks.identities.get(&pid).map_or_else(
                 || tasks.threads.get(&pid).map_or_else(|| format!("pid-{pid}"), |(_, comm)| format!("{comm}-{pid}")),
-                |(_, name)| name.clone(),
+                |id| id.name.clone(),
             );
             GuestVm { pid, name, vcpus }
         })

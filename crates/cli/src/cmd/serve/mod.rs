@@ -1,0 +1,122 @@
+//! `virtprof serve`: `top`'s sampler behind a Prometheus endpoint (or a node_exporter
+//! textfile). The sampler is refreshed every second, so the kernel's trace buffers never fill
+//! between scrapes, and once more at each scrape, so what a scrape shows is current.
+
+mod http;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use virtprof_host::output::{write_file, Privacy};
+use virtprof_host::stop::STOP_REQUESTED;
+
+use crate::args::ServeArgs;
+use crate::exit::usage;
+use crate::watch::metrics::{exposition, Format, Scrape, VmmCpu};
+use crate::watch::sampler::Sampler;
+
+/// How often the sampler drains the trace between scrapes (what `top` refreshes at).
+const REFRESH: Duration = Duration::from_secs(1);
+/// The textfile node_exporter reads.
+const TEXTFILE: &str = "virtprof.prom";
+
+/// The sampler and what scrapes keep between them.
+pub struct Collector {
+    sampler: Sampler,
+    vmm_cpu: VmmCpu,
+    refreshed: Instant,
+}
+
+impl Collector {
+    fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<Collector> {
+        let (sampler, why_polling) = Sampler::start(only, no_trace)?;
+        if let Some(why) = why_polling {
+            eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
+        }
+        Ok(Collector { sampler, vmm_cpu: VmmCpu::default(), refreshed: Instant::now() })
+    }
+
+    /// Drain the trace if a refresh is due.
+    fn tick(&mut self) -> anyhow::Result<()> {
+        if self.refreshed.elapsed() >= REFRESH {
+            self.sampler.refresh()?;
+            self.refreshed = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// One scrape, as text in `format`.
+    pub fn scrape(&mut self, format: Format) -> anyhow::Result<String> {
+        let scrape = Scrape::collect(&mut self.sampler, &mut self.vmm_cpu)?;
+        self.refreshed = Instant::now();
+        Ok(exposition(scrape, format))
+    }
+}
+
+pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    virtprof_host::stop::install_handler();
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    if let Some(dir) = &args.textfile {
+        check_textfile_dir(dir)?;
+        let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
+        return textfile(&mut collector, dir, args.interval, deadline);
+    }
+    let config = http::Config::from_args(args)?;
+    let server = http::bind(&config)?;
+    let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
+    // The bound address: with port 0 the kernel picked one.
+    let bound = server.server_addr().to_ip().unwrap_or(config.listen);
+    eprintln!(
+        "virtprof: serving http{}://{bound}/metrics{}",
+        if config.tls.is_some() { "s" } else { "" },
+        if config.token.is_some() { " (bearer token required)" } else { "" }
+    );
+    while !STOP_REQUESTED.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+        collector.tick()?;
+        // Short waits: a stop request or a due refresh is noticed within 100 ms.
+        match server.recv_timeout(Duration::from_millis(100)) {
+            Ok(Some(request)) => http::answer(request, &config, &mut collector),
+            Ok(None) => {}
+            Err(e) => return Err(anyhow::anyhow!("serve: accepting a connection: {e}")),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_textfile_dir(dir: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(usage(format!("--textfile '{}': not a folder", dir.display()))),
+        Err(e) => Err(usage(format!(
+            "--textfile '{}': {e} (give node_exporter's --collector.textfile.directory)",
+            dir.display()
+        ))),
+    }
+}
+
+/// Rewrite `DIR/virtprof.prom` every `interval` until stopped; each version is whole (written
+/// aside and renamed), as the textfile collector may read at any moment.
+fn textfile(
+    collector: &mut Collector,
+    dir: &Path,
+    interval: Duration,
+    deadline: Option<Instant>,
+) -> anyhow::Result<ExitCode> {
+    let path = dir.join(TEXTFILE);
+    eprintln!("virtprof: writing {} every {:.1} s", path.display(), interval.as_secs_f64());
+    let mut next = Instant::now() + interval;
+    loop {
+        while Instant::now() < next {
+            if STOP_REQUESTED.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(ExitCode::SUCCESS);
+            }
+            collector.tick()?;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = collector.scrape(Format::Prometheus)?;
+        write_file(&path, text.as_bytes(), Privacy::Shared)?;
+        next += interval;
+    }
+}

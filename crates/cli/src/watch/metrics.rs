@@ -1,0 +1,391 @@
+//! `serve`'s metrics: one scrape of the [`Sampler`] that `top` draws from, as Prometheus or
+//! OpenMetrics text. Counters are cumulative since `serve` started (the sampler's `run`
+//! window), so `rate()` over any range gives what `top` shows for that range.
+//!
+//! Names follow Prometheus conventions: base units in the name (`_seconds`, `_joules`),
+//! `_total` on counters, and label values drawn from bounded sets (VMs on the host, their
+//! vCPUs, the kernel's exit reasons, host CPUs).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use virtprof_analysis::hist::Histogram;
+use virtprof_analysis::qos::{VcpuRow, VmInfo, WindowReport};
+
+use super::sampler::{Sampler, Snapshot};
+
+/// Upper bounds of the exit-duration histogram's buckets, ns: 1 µs to 100 ms.
+const DURATION_BOUNDS_NS: [u64; 16] = [
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    25_000_000,
+    50_000_000,
+    100_000_000,
+];
+
+/// The per-vCPU counters taken straight from `top`'s row: name, help, unit, value.
+type VcpuFamily = (&'static str, &'static str, Option<Unit>, fn(&VcpuRow) -> f64);
+const VCPU_FAMILIES: [VcpuFamily; 4] = [
+    ("virtprof_vcpu_run", "Time the vCPU thread ran on a host CPU.", Some(Unit::Seconds), |v| v.run_ns as f64 / 1e9),
+    (
+        "virtprof_vcpu_wait",
+        "Time the vCPU thread was runnable but waiting for a host CPU (the guest's steal).",
+        Some(Unit::Seconds),
+        |v| v.wait_ns as f64 / 1e9,
+    ),
+    (
+        "virtprof_vcpu_blocked",
+        "Time the vCPU thread slept (guest idle, or waiting on I/O).",
+        Some(Unit::Seconds),
+        |v| v.blocked_ns as f64 / 1e9,
+    ),
+    ("virtprof_vcpu_executions", "Times the vCPU thread was dispatched onto a host CPU.", None, |v| {
+        v.exec_count as f64
+    }),
+];
+
+/// Everything one scrape shows, gathered under the sampler's lock and encoded after it.
+#[derive(Debug, Clone)]
+pub struct Scrape {
+    /// The windows `top` shows; `run` (cumulative since start) is the one used.
+    pub snapshot: Snapshot,
+    /// The VMs as discovered (identity, owner).
+    pub vms: Vec<VmInfo>,
+    /// (VMM pid, vCPU index) → exits since the vCPU was created (KVM stats fd).
+    pub kvm_exits: BTreeMap<(u32, u32), u64>,
+    /// (vCPU thread, reason, traced exits since start).
+    pub reasons: Vec<(u32, String, u64)>,
+    /// Exit durations by reason since start.
+    pub durations: Vec<(String, Histogram)>,
+    /// VMM pid → CPU seconds of its threads other than the vCPUs.
+    pub vmm_cpu_s: BTreeMap<u32, f64>,
+    /// Seconds the collection took.
+    pub collect_seconds: f64,
+}
+
+/// The VMM-thread CPU time of each VM, kept monotonic across scrapes.
+#[derive(Debug, Default)]
+pub struct VmmCpu {
+    seen: BTreeMap<u32, f64>,
+}
+
+impl VmmCpu {
+    /// CPU seconds of each VM's VMM threads other than its vCPUs: the process's total (which
+    /// keeps the time of threads that exited) minus its vCPU threads'. Reads are not atomic
+    /// across threads, so a figure never goes below what an earlier scrape showed.
+    pub fn read(&mut self, vms: &[VmInfo]) -> BTreeMap<u32, f64> {
+        let tick = clock_tick();
+        self.seen.retain(|pid, _| vms.iter().any(|v| v.pid.0 == *pid));
+        for vm in vms {
+            let pid = vm.pid.0;
+            let vcpus: u64 = vm
+                .vcpus
+                .iter()
+                .filter_map(|v| cpu_ticks(&Path::new("/proc").join(format!("{pid}/task/{}/stat", v.tid.0))))
+                .sum();
+            let Some(total) = cpu_ticks(&Path::new("/proc").join(format!("{pid}/stat"))) else { continue };
+            let seconds = total.saturating_sub(vcpus) as f64 / tick;
+            let kept = self.seen.entry(pid).or_insert(0.0);
+            *kept = kept.max(seconds);
+        }
+        self.seen.clone()
+    }
+}
+
+/// Clock ticks per second (`utime` and `stime` units).
+fn clock_tick() -> f64 {
+    // SAFETY: sysconf only reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// `utime + stime` of a `stat` file, in clock ticks.
+fn cpu_ticks(stat: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    Some(fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?)
+}
+
+impl Scrape {
+    /// Refresh `sampler` and gather one scrape.
+    pub fn collect(sampler: &mut Sampler, vmm_cpu: &mut VmmCpu) -> anyhow::Result<Scrape> {
+        let started = std::time::Instant::now();
+        sampler.refresh()?;
+        let snapshot = sampler.snapshot(None);
+        let vms = sampler.vms().to_vec();
+        Ok(Scrape {
+            kvm_exits: sampler.kvm_exits_now(),
+            reasons: sampler.traced_exit_reasons(),
+            durations: sampler.exit_durations(),
+            vmm_cpu_s: vmm_cpu.read(&vms),
+            vms,
+            snapshot,
+            collect_seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The cumulative window.
+    fn run(&self) -> &WindowReport {
+        self.snapshot.windows.iter().find(|w| w.label == "run").unwrap_or(&self.snapshot.windows[0])
+    }
+}
+
+/// Which text format a scraper asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0 (`Accept: application/openmetrics-text`).
+    OpenMetrics,
+    /// Prometheus text 0.0.4 (everything else, and node_exporter's textfile collector).
+    Prometheus,
+}
+
+impl Format {
+    /// The format an `Accept` header asks for.
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+
+    /// Its `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+}
+
+/// The scrape as text in `format`.
+pub fn exposition(scrape: Scrape, format: Format) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
+    let mut text = String::new();
+    let encoded = match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry),
+        Format::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut text, &registry),
+    };
+    // Writing into a String cannot fail; an encoder error would be a bug in a metric name.
+    encoded.expect("metric names are valid");
+    text
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn vm_labels(name: &str, kind: &str, pid: u32) -> Labels {
+    vec![("vm", name.to_string()), ("vmm", kind.to_string()), ("pid", pid.to_string())]
+}
+
+/// One counter family.
+fn counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: impl IntoIterator<Item = (Labels, f64)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    for (labels, value) in rows {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// One gauge family.
+fn gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: impl IntoIterator<Item = (Labels, f64)>,
+) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
+    for (labels, value) in rows {
+        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let run = self.run();
+        let vcpus = || {
+            run.vms.iter().flat_map(|vm| {
+                vm.vcpus.iter().map(move |v| {
+                    let mut labels = vm_labels(&vm.name, &vm.kind, vm.pid);
+                    labels.push(("vcpu", v.index.to_string()));
+                    (labels, (vm.pid, v))
+                })
+            })
+        };
+        let e = &mut encoder;
+        for (name, help, unit, field) in VCPU_FAMILIES {
+            counters(e, name, help, unit, vcpus().map(|(l, (_, v))| (l, field(v))))?;
+        }
+        counters(
+            e,
+            "virtprof_vcpu_io",
+            "Port and MMIO accesses of the vCPU (kvm_pio, kvm_mmio; KVM stats io_exits + mmio_exits when polling).",
+            None,
+            vcpus().filter_map(|(l, (_, v))| Some((l, v.io_count? as f64))),
+        )?;
+        counters(
+            e,
+            "virtprof_vcpu_exits",
+            "VM exits of the vCPU since it was created (KVM's stats fd); where that is not readable, exits traced since serve started.",
+            None,
+            vcpus().map(|(l, (pid, v))| (l, self.kvm_exits.get(&(pid, v.index)).copied().unwrap_or(v.exits) as f64)),
+        )?;
+        let by_tid: BTreeMap<u32, Labels> = vcpus().map(|(l, (_, v))| (v.tid, l)).collect();
+        counters(
+            e,
+            "virtprof_vcpu_traced_exits",
+            "Exits the trace saw, by reason: kvm_exit reasons where the host emits them, else userspace exits and in-kernel evidence.",
+            None,
+            self.reasons.iter().filter_map(|(tid, reason, n)| {
+                let mut labels = by_tid.get(tid)?.clone();
+                labels.push(("reason", reason.clone()));
+                Some((labels, *n as f64))
+            }),
+        )?;
+        self.encode_durations(e)?;
+        counters(
+            e,
+            "virtprof_vmm_cpu",
+            "CPU time of the VMM's threads other than its vCPUs (device emulation, I/O threads).",
+            Some(Unit::Seconds),
+            run.vms
+                .iter()
+                .filter_map(|vm| Some((vm_labels(&vm.name, &vm.kind, vm.pid), *self.vmm_cpu_s.get(&vm.pid)?))),
+        )?;
+        self.encode_info(e)?;
+        self.encode_energy(e)?;
+        counters(
+            e,
+            "virtprof_trace_lost_events",
+            "Trace events the kernel dropped since serve started (figures above miss them).",
+            None,
+            [(Labels::new(), self.snapshot.lost_events as f64)],
+        )?;
+        gauges(
+            e,
+            "virtprof_scrape_collect",
+            "Time this scrape spent collecting (draining the trace, reading KVM stats and /proc).",
+            Some(Unit::Seconds),
+            [(Labels::new(), self.collect_seconds)],
+        )?;
+        Ok(())
+    }
+}
+
+impl Scrape {
+    fn encode_durations(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let mut family = e.encode_descriptor(
+            "virtprof_exit_duration",
+            "Durations of the host's VM exits by reason, all VMs (exit to entry, or the userspace round trip); buckets exact to 1/32 of their bound.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        let bounds: Vec<f64> = DURATION_BOUNDS_NS.iter().map(|&ns| ns as f64 / 1e9).collect();
+        for (reason, hist) in &self.durations {
+            let cumulative = hist.cumulative(&DURATION_BOUNDS_NS);
+            let mut buckets: Vec<(f64, u64)> = bounds.iter().copied().zip(cumulative).collect();
+            buckets.push((f64::INFINITY, hist.count()));
+            // The encoder takes per-bucket counts and accumulates them itself.
+            let mut previous = 0;
+            for bucket in &mut buckets {
+                (bucket.1, previous) = (bucket.1 - previous, bucket.1);
+            }
+            let labels: Labels = vec![("reason", reason.clone())];
+            family.encode_family(&labels)?.encode_histogram::<Labels>(
+                hist.sum() as f64 / 1e9,
+                hist.count(),
+                &buckets,
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn encode_info(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let mut family = e.encode_descriptor(
+            "virtprof_vm",
+            "A VM on this host: its name, VMM and pid, with its UUID, libvirt domain, pod and container where the host has them.",
+            None,
+            MetricType::Info,
+        )?;
+        for vm in &self.vms {
+            let mut labels = vm_labels(&vm.name, &vm.kind, vm.pid.0);
+            labels.push(("vcpus", vm.vcpus.len().to_string()));
+            let owner = &vm.owner;
+            let optional = [
+                ("uuid", &owner.uuid),
+                ("libvirt_domain", &owner.libvirt_domain),
+                ("pod_uid", &owner.pod_uid),
+                ("container_id", &owner.container_id),
+                ("cgroup", &owner.cgroup),
+            ];
+            labels.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))));
+            family.encode_family(&Labels::new())?.encode_info(&labels)?;
+        }
+        Ok(())
+    }
+
+    fn encode_energy(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let cpu = |c: u32| vec![("cpu", c.to_string())];
+        let cores = &self.snapshot.cores;
+        let source = if self.snapshot.balancer.is_some() { "virtprof balance's accounts" } else { "the energy model" };
+        counters(
+            e,
+            "virtprof_core_energy",
+            &format!("Energy of each host core's vCPU work since serve started, estimated by {source} (no RAPL on every host)."),
+            Some(Unit::Joules),
+            cores.iter().map(|c| (cpu(c.cpu), c.total_j)),
+        )?;
+        gauges(
+            e,
+            "virtprof_core_power",
+            "Power of each host core's vCPU work over the last refresh, estimated.",
+            Some(Unit::Other("watts".into())),
+            cores.iter().map(|c| (cpu(c.cpu), c.power_w)),
+        )?;
+        gauges(
+            e,
+            "virtprof_core_temperature",
+            "Temperature of each host core from the thermal RC model.",
+            Some(Unit::Celsius),
+            cores.iter().map(|c| (cpu(c.cpu), c.temp_c)),
+        )?;
+        gauges(
+            e,
+            "virtprof_balance_swap_rate",
+            "vCPU swaps per second of running `virtprof balance` processes (absent when none runs).",
+            None,
+            self.snapshot.swaps_per_s.map(|s| (Labels::new(), s)),
+        )
+    }
+}

@@ -1,0 +1,286 @@
+//! `virtprof serve`: the Prometheus endpoint checked against the test VM's own counts, its
+//! access rules, the textfile mode, and (in `prometheus.rs`) a real Prometheus scraping it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use super::util::{have_kvm, have_tracefs, note, temp, virtprof};
+
+/// A running `virtprof serve` and the address it bound.
+pub struct Served {
+    pub child: Child,
+    pub address: String,
+    pub https: bool,
+}
+
+impl Served {
+    /// `virtprof serve ARGS --listen 127.0.0.1:0`, once it says where it listens.
+    // The child is waited for by `stop`, or ends by its own `-d` if a test fails first.
+    #[allow(clippy::zombie_processes)]
+    pub fn start(args: &[&str]) -> Served {
+        let mut child = virtprof()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                let status = child.wait();
+                panic!("serve ended before listening: {status:?}");
+            }
+            if let Some(rest) = line.trim().strip_prefix("virtprof: serving ") {
+                let https = rest.starts_with("https");
+                let address = rest.split("://").nth(1).unwrap().split('/').next().unwrap().to_string();
+                // Keep draining stderr so serve never blocks on a full pipe.
+                std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+                return Served { child, address, https };
+            }
+        }
+    }
+
+    /// Stop it as a user would (SIGINT) and check it ended cleanly.
+    pub fn stop(mut self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "serve ended with {status}");
+        let instance = format!("/sys/kernel/tracing/instances/virtprof-{}", self.child.id());
+        assert!(!std::path::Path::new(&instance).exists(), "{instance} left behind");
+    }
+}
+
+/// One HTTP/1.1 request: (status, headers and body as text).
+pub fn http(address: &str, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, response)
+}
+
+/// GET /metrics (with `extra` header lines).
+pub fn scrape(address: &str, extra: &str) -> String {
+    let (status, response) =
+        http(address, &format!("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n"));
+    assert_eq!(status, 200, "{response}");
+    response.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// A sample: (name, labels, value).
+pub type Sample = (String, BTreeMap<String, String>, f64);
+
+/// The samples of an exposition (comments skipped; label values without escapes).
+pub fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').unwrap();
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split("\",")
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap();
+                    (k.to_string(), v.trim_matches('"').to_string())
+                })
+                .collect();
+            (name.to_string(), labels, value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// The value of `name` for the VM named `vm`, summed over its series matching `filter`.
+fn value(samples: &[Sample], name: &str, vm: &str, filter: &dyn Fn(&BTreeMap<String, String>) -> bool) -> Option<f64> {
+    let found: Vec<f64> = samples
+        .iter()
+        .filter(|(n, l, _)| n == name && l.get("vm").map(String::as_str) == Some(vm) && filter(l))
+        .map(|s| s.2)
+        .collect();
+    (!found.is_empty()).then(|| found.iter().sum())
+}
+
+/// Ground truth from the VM itself: a VM does 20 000 port writes, then computes. Scraped
+/// while it computes, serve counts every write and its phase markers (traced), and its exits
+/// as KVM's stats fd does: at least the exits KVM counted over the write phase, at most all
+/// the VM ever made.
+#[test]
+fn serve_counts_a_vms_port_writes_exactly_and_its_exits_as_kvm_does() {
+    let test = "serve_counts_a_vms_port_writes_exactly_and_its_exits_as_kvm_does";
+    let Some(_kvm) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let served = Served::start(&["-d", "120s"]);
+    let vm = virtprof()
+        .args(["testvm", "-w", "phases", "--phases", "pio-user:20000,compute:6s", "--json", "--name", "serve-gt"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The write phase takes about a second here; scrape during the compute phase.
+    std::thread::sleep(Duration::from_secs(4));
+    let text = scrape(&served.address, "");
+    let out = vm.wait_with_output().unwrap();
+    assert!(out.status.success());
+    served.stop();
+    let truth: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vcpu = &truth["vms"][0]["vcpus"][0];
+    let phases = vcpu["phases"].as_array().unwrap();
+    let s = samples(&text);
+    let all = |_: &BTreeMap<String, String>| true;
+    // Port writes: the phase's iterations and the two phase-start markers seen so far (the
+    // "done" marker comes after the compute phase).
+    let writes = phases[0]["iterations"].as_u64().unwrap() + 2;
+    assert_eq!(value(&s, "virtprof_vcpu_io_total", "serve-gt", &all), Some(writes as f64), "{text}");
+    let traced = value(&s, "virtprof_vcpu_traced_exits_total", "serve-gt", &|l| l["reason"] == "KVM_EXIT_IO");
+    assert_eq!(traced, Some(writes as f64));
+    let exits = value(&s, "virtprof_vcpu_exits_total", "serve-gt", &all).unwrap();
+    let (during_writes, ever) =
+        (phases[0]["kvm_exits"].as_f64().unwrap(), vcpu["kvm_stats"]["exits"].as_f64().unwrap());
+    assert!(during_writes <= exits && exits <= ever, "exits {exits} outside [{during_writes}, {ever}]");
+    // Identity, time and the histogram.
+    let pid = truth["vms"][0]["pid"].as_u64().unwrap().to_string();
+    let info = s.iter().find(|(n, l, _)| n == "virtprof_vm_info" && l["vm"] == "serve-gt").expect("info metric");
+    assert_eq!((info.1["vmm"].as_str(), info.1["pid"].as_str(), info.2), ("virtprof-testvm", pid.as_str(), 1.0));
+    let run = value(&s, "virtprof_vcpu_run_seconds_total", "serve-gt", &all).unwrap();
+    assert!(run > 0.5, "ran {run} s in 4 s of compute");
+    let io_exits =
+        s.iter().find(|(n, l, _)| n == "virtprof_exit_duration_seconds_count" && l["reason"] == "KVM_EXIT_IO");
+    assert!(io_exits.is_some_and(|(_, _, n)| *n >= writes as f64), "every port write timed");
+    check_conventions(&text);
+}
+
+/// Every family has HELP and TYPE; counters end in `_total`; names are virtprof's.
+fn check_conventions(text: &str) {
+    let mut typed = BTreeMap::new();
+    let mut helped = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            typed.insert(name.to_string(), kind.to_string());
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            helped.insert(rest.split(' ').next().unwrap().to_string());
+        }
+    }
+    assert!(typed.len() >= 15, "{typed:?}");
+    for (name, kind) in &typed {
+        assert!(name.starts_with("virtprof_"), "{name}");
+        assert!(helped.contains(name), "{name} has no HELP");
+        assert_eq!(kind == "counter", name.ends_with("_total"), "{name} is a {kind}");
+    }
+}
+
+/// Read-only, loopback unless a token guards it, 4xx for anything odd, TLS when asked.
+#[test]
+fn serve_answers_only_what_it_should() {
+    let test = "serve_answers_only_what_it_should";
+    if !have_tracefs(test) {
+        return;
+    }
+    let token = temp("serve-token");
+    std::fs::write(&token, "a-long-enough-token\n").unwrap();
+    let served = Served::start(&["--token-file", token.to_str().unwrap(), "-d", "60s"]);
+    let ask = |request: &str| http(&served.address, request).0;
+    assert_eq!(ask("GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"), 401);
+    assert_eq!(ask("GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong-token\r\nConnection: close\r\n\r\n"), 401);
+    let auth = "Authorization: Bearer a-long-enough-token\r\n";
+    assert_eq!(ask(&format!("POST /metrics HTTP/1.1\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")), 405);
+    assert_eq!(ask(&format!("GET /secret HTTP/1.1\r\n{auth}Connection: close\r\n\r\n")), 404);
+    assert!(ask("NONSENSE\r\n\r\n") >= 400);
+    // OpenMetrics when asked for, Prometheus text otherwise.
+    let om = scrape(&served.address, &format!("{auth}Accept: application/openmetrics-text; version=1.0.0\r\n"));
+    assert!(om.trim_end().ends_with("# EOF"), "OpenMetrics ends with # EOF");
+    assert!(om.contains("# UNIT virtprof_vcpu_run_seconds seconds"));
+    let text = scrape(&served.address, auth);
+    assert!(!text.contains("# EOF") && text.contains("virtprof_trace_lost_events_total 0"), "{text}");
+    // A client that connects and says nothing does not stop the others.
+    let idle = TcpStream::connect(&served.address).unwrap();
+    assert!(scrape(&served.address, auth).contains("virtprof_scrape_collect_seconds"));
+    drop(idle);
+    served.stop();
+
+    // Off loopback without a token, or a bad address: usage errors.
+    for args in [vec!["--listen", "0.0.0.0:0"], vec!["--listen", "nowhere"]] {
+        let out = virtprof().arg("serve").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // TLS with a self-signed certificate.
+    let (cert, key) = (temp("serve-cert.pem"), temp("serve-key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output();
+    if !made.is_ok_and(|o| o.status.success()) {
+        note(test, "SKIP (TLS part): no openssl to make a certificate");
+        return;
+    }
+    let served = Served::start(&[
+        "--token-file",
+        token.to_str().unwrap(),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "-d",
+        "60s",
+    ]);
+    assert!(served.https);
+    let curl = std::process::Command::new("curl")
+        .args(["-sk", "-H", "Authorization: Bearer a-long-enough-token"])
+        .arg(format!("https://{}/metrics", served.address))
+        .output();
+    match curl {
+        Ok(out) => {
+            assert!(String::from_utf8_lossy(&out.stdout).contains("virtprof_vcpu_run_seconds_total"), "HTTPS scrape")
+        }
+        Err(e) => note(test, format!("SKIP (HTTPS scrape): curl: {e}")),
+    }
+    // Plain HTTP to the TLS port is refused, not served.
+    assert_ne!(http(&served.address, "GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n").0, 200);
+    served.stop();
+    for f in [token, cert, key] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
+/// `--textfile DIR`: node_exporter's format, rewritten whole at each interval.
+#[test]
+fn serve_textfile_writes_whole_files_for_node_exporter() {
+    let test = "serve_textfile_writes_whole_files_for_node_exporter";
+    if !have_tracefs(test) {
+        return;
+    }
+    let dir = temp("serve-textfile");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let started = Instant::now();
+    let out =
+        virtprof().args(["serve", "--textfile"]).arg(&dir).args(["--interval", "300ms", "-d", "2s"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names, ["virtprof.prom"], "one file, no temporaries left");
+    let text = std::fs::read_to_string(dir.join("virtprof.prom")).unwrap();
+    assert!(!text.contains("# EOF"), "the textfile collector reads Prometheus text, not OpenMetrics");
+    assert!(samples(&text).iter().any(|(n, _, _)| n == "virtprof_scrape_collect_seconds"));
+    check_conventions(&text);
+    let bad = virtprof().args(["serve", "--textfile", "/nonexistent-folder"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
