@@ -56,6 +56,14 @@ if ! python3 -c 'import pyarrow.parquet' 2>/dev/null; then
     echo "test.sh: pip install pyarrow"
     python3 -m pip install -q pyarrow || echo "test.sh: could not install pyarrow; the Parquet test will skip"
 fi
+# duckdb and pyspark (local mode, on the machine's Java): read a fleet dataset of Parquet
+# exports as their users would (export --dataset).
+for module in duckdb pyspark; do
+    if ! python3 -c "import $module" 2>/dev/null; then
+        echo "test.sh: pip install $module"
+        python3 -m pip install -q "$module" || echo "test.sh: could not install $module; the dataset test will skip it"
+    fi
+done
 
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 echo "test.sh: cargo fmt --check"

@@ -505,6 +505,17 @@ pub struct ExportArgs {
     /// Output file (csv, perfetto; default: standard output) or directory (parquet).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// With --format parquet: add the recording's tables to the Hive-partitioned dataset in DIR
+    /// (TABLE/host=H/date=D/recording=R/TABLE.parquet) that DuckDB, Spark or Trino read as
+    /// one table per TABLE over every host. See docs/fleet.md.
+    #[arg(long, value_name = "DIR", conflicts_with = "output")]
+    pub dataset: Option<PathBuf>,
+    /// With --dataset: the host partition (default: the host name the recording kept).
+    #[arg(long, value_name = "NAME", requires = "dataset")]
+    pub host: Option<String>,
+    /// With --dataset: the date partition (default: the UTC day the recording started).
+    #[arg(long, value_name = "YYYY-MM-DD", requires = "dataset")]
+    pub date: Option<String>,
 }
 
 /// `export --format`.

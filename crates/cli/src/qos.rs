@@ -66,6 +66,30 @@ impl HostTasks {
     }
 }
 
+/// `owner: web (pid 812): libvirt domain web-1 · uuid … · pod … · container …`, for each VM
+/// the host says more about than its cgroup.
+pub fn owner_lines(window: &WindowReport) -> Vec<String> {
+    window
+        .vms
+        .iter()
+        .filter(|vm| vm.owner != VmOwner { cgroup: vm.owner.cgroup.clone(), ..VmOwner::default() })
+        .map(|vm| {
+            let o = &vm.owner;
+            let parts: Vec<String> = [
+                ("libvirt domain", &o.libvirt_domain),
+                ("uuid", &o.uuid),
+                ("pod", &o.pod_uid),
+                ("container", &o.container_id),
+                ("cgroup", &o.cgroup),
+            ]
+            .into_iter()
+            .filter_map(|(what, v)| Some(format!("{what} {}", v.as_deref()?)))
+            .collect();
+            format!("owner: {} (pid {}): {}", vm.name, vm.pid, parts.join(" · "))
+        })
+        .collect()
+}
+
 fn is_vmm(comm: &str) -> bool {
     virtprof_kvm::discover::vmm_kind(comm, &[]) != VmmKind::Unknown
 }

@@ -132,3 +132,35 @@ mod tests {
         assert!(parse_cpu_list("1,,2").is_err());
     }
 }
+
+/// The UTC calendar day (`YYYY-MM-DD`) of a Unix time in seconds (the proleptic Gregorian
+/// calendar, by the days-from-civil inversion).
+pub fn utc_date(unix_s: u64) -> String {
+    let days = unix_s / 86_400;
+    // Shift the epoch to 0000-03-01 so that leap days end each 400-year era's years.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod date_tests {
+    use super::utc_date;
+
+    #[test]
+    fn utc_dates_across_leap_years_and_centuries() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
+        assert_eq!(utc_date(1_709_164_800), "2024-02-29");
+        assert_eq!(utc_date(1_795_564_799), "2026-11-24");
+        assert_eq!(utc_date(1_795_564_800), "2026-11-25");
+        assert_eq!(utc_date(4_107_542_400), "2100-03-01");
+    }
+}

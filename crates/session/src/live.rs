@@ -23,6 +23,9 @@ pub struct LiveTrace {
     page_loss: Loss,
     /// Requested events this kernel lacks.
     pub missing: Vec<String>,
+    /// The kernel's page size, and how many pages each CPU's buffer holds.
+    page_size: usize,
+    capacity_pages: usize,
 }
 
 impl LiveTrace {
@@ -43,19 +46,27 @@ impl LiveTrace {
         };
         let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;
         let decoder = Decoder::new(load_layout(tracefs.root(), systems)?);
-        Ok(LiveTrace { capture, decoder, page_loss: Loss::default(), missing })
+        let page_size = page_size.max(1);
+        let capacity_pages = (buffer_size_kb as usize * 1024 / page_size).max(1);
+        Ok(LiveTrace { capture, decoder, page_loss: Loss::default(), missing, page_size, capacity_pages })
     }
 
     /// Decode what the kernel has buffered, per drain in time order across CPUs (call often
     /// enough that the buffers never fill).
     pub fn drain(&mut self, mut sink: impl FnMut(&Event)) -> Result<()> {
-        self.drain_into(&mut [&mut |e: &Event, _: &dyn Names| sink(e)])
+        self.drain_into(&mut [&mut |e: &Event, _: &dyn Names| sink(e)]).map(|_| ())
     }
 
     /// [`LiveTrace::drain`] into analyzers, as [`crate::Session::analyse`] does for a file.
-    pub fn drain_into(&mut self, analyzers: &mut [&mut dyn Analyzer]) -> Result<()> {
+    /// Returns how full the fullest CPU's buffer was (0 to 1): how soon the next drain is due.
+    pub fn drain_into(&mut self, analyzers: &mut [&mut dyn Analyzer]) -> Result<f64> {
         let mut batches: Vec<(u32, Vec<u8>)> = Vec::new();
         while self.capture.poll(256, |cpu, pages| batches.push((cpu, pages)))? > 0 {}
+        let mut per_cpu: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
+        for (cpu, raw) in &batches {
+            *per_cpu.entry(*cpu).or_default() += raw.len();
+        }
+        let fullest = per_cpu.values().max().copied().unwrap_or(0);
         let streams: Vec<CpuStream<'_>> = batches.iter().map(|(cpu, raw)| CpuStream::contiguous(*cpu, raw)).collect();
         let stats = merge_cpus(&mut self.decoder, &streams, |e, d| {
             let names = DecoderNames(d);
@@ -65,7 +76,7 @@ impl LiveTrace {
         })
         .map_err(|e| SessionError::Live(e.to_string()))?;
         self.page_loss.merge(&stats.page_loss);
-        Ok(())
+        Ok((fullest / self.page_size) as f64 / self.capacity_pages as f64)
     }
 
     /// Events lost so far: the kernel's per-CPU counts and where the pages said.

@@ -3,7 +3,9 @@
 //! - `events.parquet`: every trace event, one row each, streamed in row groups of 64 Ki rows;
 //! - `exits.parquet`: one row per timed exit (reason, duration and its split);
 //! - `intervals.parquet` (recordings with interval rows): the interval table in long form,
-//!   one row per interval, entity and metric.
+//!   one row per interval, entity and metric;
+//! - `exit_reasons.parquet`, `sched.parquet`: `exits --json`'s reasons and `sched --json`'s
+//!   vCPUs over the whole recording (the dataset's per-recording summaries).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,8 +17,9 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
-use virtprof_analysis::exits::ExitRow;
+use virtprof_analysis::exits::{ExitRow, ReasonRow};
 use virtprof_analysis::intervals::IntervalTable;
+use virtprof_analysis::qos::{VcpuRow, VmRow, WindowReport};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::{Event, EventKind};
 
@@ -376,4 +379,75 @@ impl Analyzer for EventTable {
     fn on_event(&mut self, event: &Event, names: &dyn Names) {
         self.append(event, names);
     }
+}
+
+/// Build one column from rows.
+fn column<R, B: ArrayBuilder + Default>(rows: &[R], mut push: impl FnMut(&mut B, &R)) -> ArrayRef {
+    let mut b = B::default();
+    rows.iter().for_each(|r| push(&mut b, r));
+    ArrayBuilder::finish(&mut b)
+}
+
+/// Write `exit_reasons.parquet`: one row per exit reason, as `exits --json` lists them (so a
+/// dataset sums to the same counts); returns the rows written.
+pub fn write_exit_reasons(path: &Path, rows: &[ReasonRow]) -> Result<u64> {
+    let u64s = ["count", "lightweight", "heavyweight", "descheduled"];
+    let timed = ["total_ns", "min_ns", "p50_ns", "p99_ns", "max_ns", "vmm_ns"];
+    let schema = Arc::new(Schema::new(
+        std::iter::once(field("reason", DataType::Utf8, false))
+            .chain(u64s.iter().map(|n| field(n, DataType::UInt64, false)))
+            .chain(timed.iter().map(|n| field(n, DataType::UInt64, true)))
+            .collect::<Vec<_>>(),
+    ));
+    let counts: [fn(&ReasonRow) -> u64; 4] = [|r| r.count, |r| r.lightweight, |r| r.heavyweight, |r| r.descheduled];
+    let times: [fn(&ReasonRow) -> Option<u64>; 6] =
+        [|r| r.total_ns, |r| r.min_ns, |r| r.p50_ns, |r| r.p99_ns, |r| r.max_ns, |r| r.vmm_ns];
+    let mut columns = vec![column(rows, |b: &mut StringBuilder, r: &ReasonRow| b.append_value(&r.reason))];
+    columns.extend(counts.iter().map(|f| column(rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
+    columns.extend(times.iter().map(|f| column(rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
+    let mut w = writer(path, &schema)?;
+    w.write(&RecordBatch::try_new(schema, columns)?)?;
+    w.into_inner()?.commit()?;
+    Ok(rows.len() as u64)
+}
+
+/// Write `sched.parquet`: one row per vCPU over the whole recording (what `sched --json`
+/// shows), with its VM's identity; returns the rows written.
+pub fn write_sched(path: &Path, window: &WindowReport) -> Result<u64> {
+    let rows: Vec<(&VmRow, &VcpuRow)> =
+        window.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |v| (vm, v))).collect();
+    let names = ["vm", "vmm", "uuid", "libvirt_domain", "pod_uid", "container_id"];
+    let ids = ["pid", "vcpu", "tid"];
+    let times = ["run_ns", "wait_ns", "blocked_ns", "exec_count", "exits"];
+    let schema = Arc::new(Schema::new(
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| field(n, DataType::Utf8, i >= 2))
+            .chain(ids.iter().map(|n| field(n, DataType::UInt32, false)))
+            .chain(times.iter().map(|n| field(n, DataType::UInt64, false)))
+            .chain([field("io_count", DataType::UInt64, true)])
+            .collect::<Vec<_>>(),
+    ));
+    type Row<'a> = (&'a VmRow, &'a VcpuRow);
+    let texts: [fn(&Row) -> Option<String>; 6] = [
+        |r| Some(r.0.name.clone()),
+        |r| Some(r.0.kind.clone()),
+        |r| r.0.owner.uuid.clone(),
+        |r| r.0.owner.libvirt_domain.clone(),
+        |r| r.0.owner.pod_uid.clone(),
+        |r| r.0.owner.container_id.clone(),
+    ];
+    let id_of: [fn(&Row) -> u32; 3] = [|r| r.0.pid, |r| r.1.index, |r| r.1.tid];
+    let time_of: [fn(&Row) -> u64; 5] =
+        [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count, |r| r.1.exits];
+    let mut columns: Vec<ArrayRef> =
+        texts.iter().map(|f| column(&rows, |b: &mut StringBuilder, r| b.append_option(f(r)))).collect();
+    columns.extend(id_of.iter().map(|f| column(&rows, |b: &mut UInt32Builder, r| b.append_value(f(r)))));
+    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
+    columns.push(column(&rows, |b: &mut UInt64Builder, r: &Row| b.append_option(r.1.io_count)));
+    let mut w = writer(path, &schema)?;
+    w.write(&RecordBatch::try_new(schema, columns)?)?;
+    w.into_inner()?.commit()?;
+    Ok(rows.len() as u64)
 }

@@ -380,6 +380,11 @@ fn host_facts() -> BTreeMap<String, String> {
     let kind = virtprof_host::kind::detect();
     host.insert("host_kind".into(), kind.map_or("none", |k| k.as_str()).to_string());
     host.insert("cpus".into(), virtprof_trace::capture::online_cpus().len().to_string());
+    // Which host and when: the partition a fleet dataset files the recording under.
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    host.insert("hostname".into(), hostname.trim().to_string());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    host.insert("started_unix_ns".into(), now.as_nanos().to_string());
     host
 }
 

@@ -76,7 +76,7 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         Some(path) => Some(open_log(path)?),
         None => None,
     };
-    let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace)?;
+    let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace, false)?;
     let guests = guests::Guests::start(&w.agents)?;
     if let Some(why) = &why_polling {
         eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
@@ -188,6 +188,9 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
     writeln!(out, "{}", energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer))?;
     for g in &snapshot.guests {
         writeln!(out, "{}", guests::line(g))?;
+    }
+    for line in crate::qos::owner_lines(window) {
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

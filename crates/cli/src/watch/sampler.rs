@@ -31,17 +31,14 @@ const BUCKET_NS: u64 = 100_000_000;
 const HISTORY_NS: u64 = 12 * SECOND;
 /// Refreshes between listings of /proc for new VMs and re-reads of known VMs' thread lists.
 const RESCAN_EVERY: u64 = 5;
-/// The events `top` traces: scheduling, and the kvm events that carry exits, their ends
-/// (entry, or the VMM's return through the FPU reload) and I/O.
-const EVENTS: [&str; 14] = [
+/// The events `top` traces: scheduling, and the kvm events that carry exits and I/O.
+const EVENTS: [&str; 12] = [
     "sched:sched_switch",
     "sched:sched_wakeup",
     "sched:sched_wakeup_new",
     "sched:sched_migrate_task",
     "kvm:kvm_exit",
-    "kvm:kvm_entry",
     "kvm:kvm_userspace_exit",
-    "kvm:kvm_fpu",
     "kvm:kvm_pio",
     "kvm:kvm_mmio",
     "kvm:kvm_cpuid",
@@ -49,6 +46,9 @@ const EVENTS: [&str; 14] = [
     "kvm:kvm_hypercall",
     "kvm:kvm_cr",
 ];
+/// What timing exits adds (`serve`'s histogram): their ends, an entry or the VMM's return
+/// through the FPU reload. `top` does without: on VMX/SVM `kvm_entry` doubles the events.
+const DURATION_EVENTS: [&str; 2] = ["kvm:kvm_entry", "kvm:kvm_fpu"];
 
 /// One refresh's view: the windows `top` shows.
 #[derive(Debug, Clone, Serialize)]
@@ -176,8 +176,10 @@ enum Source {
 struct TraceSource {
     trace: LiveTrace,
     acc: SchedAccounting,
-    /// Exit durations by reason (`serve`'s histogram), over the whole run.
-    exits: ExitAnalyzer,
+    /// Exit durations by reason (`serve`'s histogram), over the whole run, when asked for.
+    exits: Option<ExitAnalyzer>,
+    /// How full the fullest CPU's buffer was at the last drain (0 to 1).
+    fill: f64,
 }
 
 struct PollSource {
@@ -186,12 +188,12 @@ struct PollSource {
 
 impl Sampler {
     /// Start sampling: tracing unless `no_trace` or tracefs is unusable (then polling, and the
-    /// reason is returned for the user).
-    pub fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<(Sampler, Option<String>)> {
+    /// reason is returned for the user); with `durations`, exits are timed too.
+    pub fn start(only: Vec<u32>, no_trace: bool, durations: bool) -> anyhow::Result<(Sampler, Option<String>)> {
         let (source, why_polling) = if no_trace {
             (Source::Polling(PollSource { history: History::new() }), Some("--no-trace".to_string()))
         } else {
-            match TraceSource::start() {
+            match TraceSource::start(durations) {
                 Ok(t) => (Source::Trace(Box::new(t)), None),
                 Err(e) => (
                     Source::Polling(PollSource { history: History::new() }),
@@ -397,7 +399,8 @@ impl Sampler {
     /// times no exits).
     pub fn exit_durations(&self) -> Vec<(String, Histogram)> {
         let Source::Trace(t) = &self.source else { return Vec::new() };
-        t.exits.durations(&DecoderNames(t.trace.decoder())).into_iter().map(|(r, h)| (r, h.clone())).collect()
+        let Some(exits) = &t.exits else { return Vec::new() };
+        exits.durations(&DecoderNames(t.trace.decoder())).into_iter().map(|(r, h)| (r, h.clone())).collect()
     }
 
     /// Each vCPU's exits since it was created, from its KVM stats fd at the last refresh:
@@ -408,6 +411,20 @@ impl Sampler {
             .back()
             .map(|(_, s)| s.iter().map(|(k, (exits, _))| (*k, *exits)).collect())
             .unwrap_or_default()
+    }
+
+    /// True when polling schedstat and KVM stats instead of tracing.
+    pub fn is_polling(&self) -> bool {
+        matches!(self.source, Source::Polling(_))
+    }
+
+    /// How full the fullest CPU's trace buffer was at the last refresh (0 to 1; 0 when
+    /// polling): what says when the next refresh is due.
+    pub fn buffer_fill(&self) -> f64 {
+        match &self.source {
+            Source::Trace(t) => t.fill,
+            Source::Polling(_) => 0.0,
+        }
     }
 
     /// The VMs as last discovered, with their vCPU threads.
@@ -425,24 +442,31 @@ impl Sampler {
 }
 
 impl TraceSource {
-    fn start() -> anyhow::Result<TraceSource> {
-        let trace = LiveTrace::start(&EVENTS, "mono", 4096, &["sched", "kvm"])?;
+    fn start(durations: bool) -> anyhow::Result<TraceSource> {
+        let extra: &[&str] = if durations { &DURATION_EVENTS } else { &[] };
+        let events: Vec<&str> = EVENTS.iter().chain(extra).copied().collect();
+        let trace = LiveTrace::start(&events, "mono", 4096, &["sched", "kvm"])?;
         let evidence = evidence_event_ids(trace.decoder());
-        let exits = ExitAnalyzer::new(ExitOptions {
-            evidence_events: evidence.clone(),
-            host: virtprof_host::kind::detect(),
-            ..Default::default()
+        let exits = durations.then(|| {
+            ExitAnalyzer::new(ExitOptions {
+                evidence_events: evidence.clone(),
+                host: virtprof_host::kind::detect(),
+                ..Default::default()
+            })
         });
         let acc = SchedAccounting::new(
             SchedOptions { bucket_ns: BUCKET_NS, keep_buckets: (HISTORY_NS / BUCKET_NS) as usize },
             evidence,
         );
-        Ok(TraceSource { trace, acc, exits })
+        Ok(TraceSource { trace, acc, exits, fill: 0.0 })
     }
 
     /// Decode and account every page the kernel has, then close buckets up to `now`.
     fn drain(&mut self, now: u64) -> anyhow::Result<()> {
-        self.trace.drain_into(&mut [&mut self.acc, &mut self.exits])?;
+        self.fill = match &mut self.exits {
+            Some(exits) => self.trace.drain_into(&mut [&mut self.acc, exits])?,
+            None => self.trace.drain_into(&mut [&mut self.acc])?,
+        };
         self.acc.roll_to(now);
         Ok(())
     }

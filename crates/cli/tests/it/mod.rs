@@ -1,6 +1,7 @@
 mod agent;
 mod balance;
 mod boot;
+mod dataset;
 mod doctor;
 mod errors;
 mod exits;

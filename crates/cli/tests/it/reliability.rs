@@ -362,10 +362,11 @@ fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
     }
     let Some(_vms) = super::util::have_kvm(test) else { return };
     let recording = temp("signals").with_extension("vprec");
-    let commands: [(&str, Vec<std::ffi::OsString>); 3] = [
+    let commands: [(&str, Vec<std::ffi::OsString>); 4] = [
         ("record", vec!["record".into(), "--duration".into(), "60s".into(), "-o".into(), recording.clone().into()]),
         ("testvm", vec!["testvm".into(), "-w".into(), "compute".into(), "--duration".into(), "60s".into()]),
         ("exits", vec!["exits".into(), "--duration".into(), "60s".into()]),
+        ("serve", vec!["serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--duration".into(), "60s".into()]),
     ];
     for (name, args) in &commands {
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {

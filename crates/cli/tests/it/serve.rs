@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use super::util::{have_kvm, have_tracefs, note, temp, virtprof};
 
 /// A running `virtprof serve` and the address it bound.
@@ -79,7 +81,7 @@ pub fn scrape(address: &str, extra: &str) -> String {
 /// A sample: (name, labels, value).
 pub type Sample = (String, BTreeMap<String, String>, f64);
 
-/// The samples of an exposition (comments skipped; label values without escapes).
+/// The samples of an exposition (comments skipped; label values must not hold `",`).
 pub fn samples(text: &str) -> Vec<Sample> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -94,7 +96,9 @@ pub fn samples(text: &str) -> Vec<Sample> {
                 .filter(|kv| !kv.is_empty())
                 .map(|kv| {
                     let (k, v) = kv.split_once('=').unwrap();
-                    (k.to_string(), v.trim_matches('"').to_string())
+                    // Values are escaped as the exposition format says: \\ \" \n.
+                    let v = v.trim_matches('"').replace("\\\\", "\\").replace("\\\"", "\"").replace("\\n", "\n");
+                    (k.to_string(), v)
                 })
                 .collect();
             (name.to_string(), labels, value.parse().unwrap())
@@ -283,4 +287,121 @@ fn serve_textfile_writes_whole_files_for_node_exporter() {
     let bad = virtprof().args(["serve", "--textfile", "/nonexistent-folder"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The unified (v2) cgroup hierarchy's mount point, if any.
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&"cgroup2")).then(|| std::path::PathBuf::from(f[1]))
+    })
+}
+
+/// The pid of the VMM process named `name` (testvm's `virtprof-vm --name NAME`).
+fn vmm_pid(name: &str) -> Option<u32> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            if args.windows(2).any(|w| w[0] == b"--name" && w[1] == name.as_bytes())
+                && args.iter().any(|a| *a == b"__vmm")
+            {
+                return Some(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// A VMM moved into cgroups named the way libvirt and Kubernetes name theirs is labelled with
+/// its libvirt domain, pod and container, by `serve` and in `top --json`.
+#[test]
+fn a_vmm_in_libvirt_and_kubernetes_cgroups_is_labelled_with_its_domain_and_pod() {
+    let test = "a_vmm_in_libvirt_and_kubernetes_cgroups_is_labelled_with_its_domain_and_pod";
+    let Some(_kvm) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(root) = cgroup2_root() else {
+        note(test, "SKIP: no cgroup2 hierarchy mounted");
+        return;
+    };
+    let name = format!("cg-vm-{}", std::process::id());
+    let mut vm = virtprof()
+        .args(["testvm", "-w", "io-bound", "--duration", "30s", "--name", &name])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = vmm_pid(&name).expect("the testvm's VMM process");
+    let pod = "0d5b7c1e-2f3a-4b5c-8d9e-0f1a2b3c4d5e";
+    let container = "c0ffee".repeat(10) + "abcd";
+    let groups = [
+        format!("machine.slice/machine-qemu\\x2d7\\x2dweb\\x2d{pid}.scope"),
+        format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container}.scope",
+            pod.replace('-', "_")
+        ),
+    ];
+    let move_to = |group: &std::path::Path| std::fs::write(group.join("cgroup.procs"), pid.to_string());
+    let mut cleanup = Cgroups { root: root.clone(), pid, created: Vec::new() };
+    let mut seen = Vec::new();
+    for group in &groups {
+        let path = root.join(group);
+        if let Err(e) = std::fs::create_dir_all(&path).and_then(|()| move_to(&path)) {
+            note(test, format!("SKIP: cannot move a process into {}: {e}", path.display()));
+            break;
+        }
+        cleanup.created.push(path);
+        // A fresh sampler reads the owner when it discovers the VM.
+        let top = virtprof().args(["top", "--once", "--json", "-d", "0.5", "--vm", &pid.to_string()]).output().unwrap();
+        let top: Value = serde_json::from_slice(&top.stdout).unwrap();
+        seen.push(top["windows"][0]["vms"][0]["owner"].clone());
+        if group.starts_with("machine.slice") {
+            let served = Served::start(&["-d", "60s", "--vm", &pid.to_string()]);
+            let text = scrape(&served.address, "");
+            served.stop();
+            let info = samples(&text).into_iter().find(|(n, l, _)| n == "virtprof_vm_info" && l["vm"] == name);
+            let labels = info.expect("info metric").1;
+            assert_eq!(
+                labels.get("libvirt_domain").map(String::as_str),
+                Some(format!("web-{pid}").as_str()),
+                "{labels:?}"
+            );
+            assert_eq!(labels.get("cgroup").map(String::as_str), Some(format!("/{}", groups[0]).as_str()));
+        }
+    }
+    drop(cleanup);
+    let _ = vm.kill();
+    let _ = vm.wait();
+    if seen.len() == groups.len() {
+        assert_eq!(seen[0]["libvirt_domain"], format!("web-{pid}"), "{}", seen[0]);
+        assert_eq!(seen[1]["pod_uid"], pod, "{}", seen[1]);
+        assert_eq!(seen[1]["container_id"], container.as_str(), "{}", seen[1]);
+        assert!(seen[1]["libvirt_domain"].is_null());
+    }
+}
+
+/// Cgroups a test made: on drop (a failed assertion too), the process goes back to the root
+/// and the folders are removed, deepest first.
+struct Cgroups {
+    root: std::path::PathBuf,
+    pid: u32,
+    created: Vec<std::path::PathBuf>,
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.root.join("cgroup.procs"), self.pid.to_string());
+        for path in self.created.iter().rev() {
+            let mut dir = path.as_path();
+            while dir != self.root {
+                let _ = std::fs::remove_dir(dir);
+                dir = dir.parent().unwrap_or(&self.root);
+            }
+        }
+    }
 }

@@ -319,6 +319,7 @@ fn features(
         f("balance", balance),
         f("noise", &noise_mode(kvm, tracefs)),
         f("agent", &agent_mode()),
+        f("serve", &serve_mode(tracefs, exits_live)),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
     ]
 }
@@ -353,6 +354,21 @@ fn agent_mode() -> String {
     format!(
         "clock alignment by ptp_kvm where the guest has it, else NTP-style exchanges, each checked against every exchange (kvmclock is reported, not used); {vsock}; {marker}; {ptp}"
     )
+}
+
+/// What `virtprof serve` exports here.
+fn serve_mode(tracefs: bool, exits_live: Option<bool>) -> String {
+    let figures = if tracefs {
+        "run/wait/blocked seconds, executions, I/O and exit reasons from the trace"
+    } else {
+        "run/wait from schedstat polling (blocked as the remainder; no exit reasons or traced I/O: needs tracefs)"
+    };
+    let durations = match (tracefs, exits_live) {
+        (true, Some(true)) => "exit-duration histogram from kvm_exit/kvm_entry",
+        (true, _) => "exit-duration histogram of userspace round trips only (no kvm_exit here)",
+        (false, _) => "no exit-duration histogram",
+    };
+    format!("Prometheus/OpenMetrics endpoint (or node_exporter textfile): {figures}; exits from the KVM stats fd; {durations}; energy from the model")
 }
 
 /// Which `virtprof boot` sources work here.

@@ -1,16 +1,24 @@
-//! `virtprof export FILE --format csv|parquet|perfetto`: a recording for other tools.
+//! `virtprof export FILE --format csv|parquet|perfetto`: a recording for other tools; with
+//! `--dataset DIR`, its Parquet tables filed into a fleet-wide dataset (`dataset`).
 
+mod dataset;
+
+use std::path::Path;
 use std::process::ExitCode;
 
 use crate::args::{ExportArgs, ExportFormat};
 use crate::exit::usage;
 use crate::output::Output;
 use crate::pass::{analyse, analyse_with, interval_table, Want};
+use virtprof_analysis::qos::window_report;
 use virtprof_host::output::Privacy;
 use virtprof_session::Session;
 use virtprof_sinks::{csv, parquet, perfetto};
 
 pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    if args.dataset.is_some() && args.format != ExportFormat::Parquet {
+        return Err(usage("--dataset files Parquet tables: add --format parquet"));
+    }
     match args.format {
         ExportFormat::Csv => {
             let rows = interval_table(&args.file)?;
@@ -19,30 +27,16 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             out.finish()?;
             eprintln!("virtprof: lost events: {}", rows.lost_events_text);
         }
+        ExportFormat::Parquet if args.dataset.is_some() => dataset::add(args)?,
         ExportFormat::Parquet => {
             let Some(dir) = args.output.as_ref().filter(|d| d.as_os_str() != "-") else {
-                return Err(usage("--format parquet writes a directory of tables: give it with -o DIR"));
+                return Err(usage(
+                    "--format parquet writes a directory of tables: give it with -o DIR (or --dataset DIR)",
+                ));
             };
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
             let mut recording = Session::open_warning(&args.file, None)?;
-            let mut events = parquet::EventTable::create(&dir.join("events.parquet"))?;
-            let want = Want { exits: true, exit_rows: true, binning: true, ..Want::default() };
-            let analysis = analyse_with(&mut recording, want, &mut events)?;
-            let event_rows = events.finish()?;
-            let exits = analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]);
-            let exit_rows = parquet::write_exits(&dir.join("exits.parquet"), exits)?;
-            let mut summary = format!("{event_rows} events, {exit_rows} exits");
-            if let Some(table) = &analysis.table {
-                let rows = parquet::write_intervals(&dir.join("intervals.parquet"), table)?;
-                summary += &format!(", {rows} interval values");
-            }
-            let layers: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
-            if !layers.is_empty() {
-                let rows = parquet::write_guests(&dir.join("guests.parquet"), &layers)?;
-                summary += &format!(", {rows} guest values");
-            }
-            eprintln!("virtprof: wrote {summary} into {}", dir.display());
-            eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
+            write_tables(&mut recording, dir)?;
         }
         ExportFormat::Perfetto => {
             let mut recording = Session::open_warning(&args.file, None)?;
@@ -70,4 +64,34 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every Parquet table of `recording` into `dir` (one pass), saying what was written.
+fn write_tables(recording: &mut Session, dir: &Path) -> anyhow::Result<()> {
+    let mut events = parquet::EventTable::create(&dir.join("events.parquet"))?;
+    let want = Want { exits: true, exit_rows: true, accounting: true, binning: true, ..Want::default() };
+    let analysis = analyse_with(recording, want, &mut events)?;
+    let event_rows = events.finish()?;
+    let exits = analysis.exits.as_ref();
+    let exit_rows = parquet::write_exits(&dir.join("exits.parquet"), exits.map_or(&[][..], |x| &x.rows[..]))?;
+    let reasons = exits.map_or(&[][..], |x| &x.by_reason[..]);
+    parquet::write_exit_reasons(&dir.join("exit_reasons.parquet"), reasons)?;
+    let mut summary = format!("{event_rows} events, {exit_rows} exits ({} reasons)", reasons.len());
+    if let Some(total) = &analysis.total {
+        let window = window_report(total, "run", &analysis.vms, &analysis.names(), None);
+        let rows = parquet::write_sched(&dir.join("sched.parquet"), &window)?;
+        summary += &format!(", {rows} vCPUs");
+    }
+    if let Some(table) = &analysis.table {
+        let rows = parquet::write_intervals(&dir.join("intervals.parquet"), table)?;
+        summary += &format!(", {rows} interval values");
+    }
+    let layers: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
+    if !layers.is_empty() {
+        let rows = parquet::write_guests(&dir.join("guests.parquet"), &layers)?;
+        summary += &format!(", {rows} guest values");
+    }
+    eprintln!("virtprof: wrote {summary} into {}", dir.display());
+    eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! `virtprof serve`: `top`'s sampler behind a Prometheus endpoint (or a node_exporter
-//! textfile). The sampler is refreshed every second, so the kernel's trace buffers never fill
-//! between scrapes, and once more at each scrape, so what a scrape shows is current.
+//! textfile). The sampler is refreshed often enough that the kernel's trace buffers never fill
+//! between scrapes (every 1 to 10 s, by how fast they filled), and once more at each scrape,
+//! so what a scrape shows is current.
 
 mod http;
 
@@ -17,8 +18,11 @@ use crate::exit::usage;
 use crate::watch::metrics::{exposition, Format, Scrape, VmmCpu};
 use crate::watch::sampler::Sampler;
 
-/// How often the sampler drains the trace between scrapes (what `top` refreshes at).
-const REFRESH: Duration = Duration::from_secs(1);
+/// How often the sampler refreshes between scrapes: at least every second while the trace
+/// fills its buffers fast, at most every 10 s while it is quiet (refreshes are most of serve's
+/// cost: /proc, every vCPU's KVM stats).
+const REFRESH_MIN: Duration = Duration::from_secs(1);
+const REFRESH_MAX: Duration = Duration::from_secs(10);
 /// The textfile node_exporter reads.
 const TEXTFILE: &str = "virtprof.prom";
 
@@ -27,22 +31,24 @@ pub struct Collector {
     sampler: Sampler,
     vmm_cpu: VmmCpu,
     refreshed: Instant,
+    /// When the next refresh is due after `refreshed`.
+    next: Duration,
 }
 
 impl Collector {
     fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<Collector> {
-        let (sampler, why_polling) = Sampler::start(only, no_trace)?;
+        let (sampler, why_polling) = Sampler::start(only, no_trace, true)?;
         if let Some(why) = why_polling {
             eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
         }
-        Ok(Collector { sampler, vmm_cpu: VmmCpu::default(), refreshed: Instant::now() })
+        Ok(Collector { sampler, vmm_cpu: VmmCpu::default(), refreshed: Instant::now(), next: REFRESH_MIN })
     }
 
     /// Drain the trace if a refresh is due.
     fn tick(&mut self) -> anyhow::Result<()> {
-        if self.refreshed.elapsed() >= REFRESH {
+        if self.refreshed.elapsed() >= self.next {
             self.sampler.refresh()?;
-            self.refreshed = Instant::now();
+            self.refreshed();
         }
         Ok(())
     }
@@ -50,9 +56,29 @@ impl Collector {
     /// One scrape, as text in `format`.
     pub fn scrape(&mut self, format: Format) -> anyhow::Result<String> {
         let scrape = Scrape::collect(&mut self.sampler, &mut self.vmm_cpu)?;
-        self.refreshed = Instant::now();
+        self.refreshed();
         Ok(exposition(scrape, format))
     }
+
+    /// A refresh just happened: the next is due in a quarter of the time the fullest trace
+    /// buffer would take to fill at the rate just seen. Polled counters are cumulative: only
+    /// scrapes read them.
+    fn refreshed(&mut self) {
+        let elapsed = self.refreshed.elapsed();
+        self.refreshed = Instant::now();
+        self.next =
+            if self.sampler.is_polling() { Duration::MAX } else { next_refresh(self.sampler.buffer_fill(), elapsed) };
+    }
+}
+
+/// A quarter of the time a buffer filled to `fill` over `elapsed` takes to fill, within
+/// [`REFRESH_MIN`, `REFRESH_MAX`].
+fn next_refresh(fill: f64, elapsed: Duration) -> Duration {
+    if fill <= 0.0 {
+        return REFRESH_MAX;
+    }
+    let to_full = elapsed.as_secs_f64() / fill;
+    Duration::from_secs_f64((to_full / 4.0).clamp(REFRESH_MIN.as_secs_f64(), REFRESH_MAX.as_secs_f64()))
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
@@ -118,5 +144,21 @@ fn textfile(
         let text = collector.scrape(Format::Prometheus)?;
         write_file(&path, text.as_bytes(), Privacy::Shared)?;
         next += interval;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refreshes_come_sooner_the_faster_the_buffers_fill() {
+        let second = Duration::from_secs(1);
+        assert_eq!(next_refresh(0.0, second), REFRESH_MAX);
+        assert_eq!(next_refresh(0.01, second), REFRESH_MAX);
+        // A quarter full in 2 s: full in 8 s, drained again in 2 s.
+        assert_eq!(next_refresh(0.25, 2 * second), 2 * second);
+        assert_eq!(next_refresh(0.9, second), REFRESH_MIN);
+        assert_eq!(next_refresh(1.0, second), REFRESH_MIN);
     }
 }
