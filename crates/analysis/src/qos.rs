@@ -199,12 +199,8 @@ fn vcpu_row(
     let per = |ns: u64, n: u64| if n > 0 { ns as f64 / n as f64 / 1e3 } else { 0.0 };
     let rate = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
     let exits = if kvm_exit { c.exits } else { c.evidence };
-    let mut reasons: Vec<(ReasonKey, u64)> = span
-        .reasons
-        .iter()
-        .filter(|((t, key), _)| *t == tid && kvm_exit == matches!(key, ReasonKey::Exit { .. }))
-        .map(|((_, key), n)| (*key, *n))
-        .collect();
+    let mut reasons: Vec<(ReasonKey, u64)> =
+        span.counted_reasons().filter(|(t, _, _)| *t == tid).map(|(_, key, n)| (key, n)).collect();
     reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let alloc = c.preemptions > 0;
     VcpuRow {

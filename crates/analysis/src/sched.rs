@@ -228,6 +228,16 @@ impl Span {
     pub fn has_kvm_exits(&self) -> bool {
         self.reasons.keys().any(|(_, r)| r.is_kvm_exit())
     }
+
+    /// (thread, reason, count) of the exits as counted: `kvm_exit` reasons where the trace has
+    /// them, else userspace exits and in-kernel evidence (never both, so they add up).
+    pub fn counted_reasons(&self) -> impl Iterator<Item = (u32, ReasonKey, u64)> + '_ {
+        let kvm_exit = self.has_kvm_exits();
+        self.reasons
+            .iter()
+            .filter(move |((_, key), _)| kvm_exit == key.is_kvm_exit())
+            .map(|((t, key), n)| (*t, *key, *n))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,6 +31,45 @@ pub fn all_threads(proc_root: &Path) -> Vec<(u32, u32, String)> {
         .collect()
 }
 
+/// Clock ticks per second: the unit of /proc's CPU times (`utime`, `stime`, /proc/stat).
+pub fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// What a `/proc/PID/stat` or `/proc/PID/task/TID/stat` file says of its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskStat {
+    /// State `R`: running or runnable.
+    pub runnable: bool,
+    /// The CPU it last ran on.
+    pub cpu: u32,
+    /// `utime + stime` in clock ticks (a process's file counts its exited threads too).
+    pub cpu_ticks: u64,
+}
+
+/// Read a task's `stat` file (None if it is gone or not as the kernel writes it).
+pub fn task_stat(path: &Path) -> Option<TaskStat> {
+    parse_task_stat(&fs::read_to_string(path).ok()?)
+}
+
+fn parse_task_stat(text: &str) -> Option<TaskStat> {
+    // The comm may hold spaces and parentheses: the fields start after the last ')'. Counted
+    // from there, state is field 0, utime 11, stime 12 and processor 36.
+    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some(TaskStat {
+        runnable: *fields.first()? == "R",
+        cpu: fields.get(36)?.parse().ok()?,
+        cpu_ticks: ticks(11)? + ticks(12)?,
+    })
+}
+
 /// A one-line /proc file without its newline (empty if unreadable).
 pub fn read_trimmed(path: &Path) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
@@ -41,6 +80,24 @@ pub fn read_trimmed(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_stat_reads_past_a_comm_with_spaces_and_parentheses() {
+        // Fields after ')': state, then 1, 2, ... with utime (11) 100, stime (12) 20, CPU (36) 7.
+        let fields: Vec<String> = (1..=44)
+            .map(|i| match i {
+                11 => "100".to_string(),
+                12 => "20".to_string(),
+                36 => "7".to_string(),
+                _ => i.to_string(),
+            })
+            .collect();
+        let text = format!("4242 (CPU 0/KVM) (x)) R {}\n", fields.join(" "));
+        let s = parse_task_stat(&text).unwrap();
+        assert_eq!(s, TaskStat { runnable: true, cpu: 7, cpu_ticks: 120 });
+        assert!(parse_task_stat("garbage").is_none());
+        assert!(task_stat(Path::new("/proc/self/stat")).is_some());
+    }
 
     #[test]
     fn finds_this_process_and_its_threads() {

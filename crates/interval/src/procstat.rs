@@ -16,9 +16,7 @@ pub struct ProcStat {
 impl ProcStat {
     /// Open `/proc/stat`.
     pub fn open() -> std::io::Result<Self> {
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let hz = if hz > 0 { hz as f64 } else { 100.0 };
+        let hz = virtprof_host::procfs::clock_ticks_per_second();
         Ok(ProcStat { file: ProcFile::open("/proc/stat")?, ns_per_tick: 1e9 / hz })
     }
 

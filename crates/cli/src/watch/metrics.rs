@@ -18,6 +18,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{VcpuRow, VmInfo, WindowReport};
+use virtprof_host::procfs::{clock_ticks_per_second, task_stat};
 
 use super::sampler::{Sampler, Snapshot};
 
@@ -65,7 +66,7 @@ const VCPU_FAMILIES: [VcpuFamily; 4] = [
 /// Everything one scrape shows, gathered under the sampler's lock and encoded after it.
 #[derive(Debug, Clone)]
 pub struct Scrape {
-    /// The windows `top` shows; `run` (cumulative since start) is the one used.
+    /// The sampler's `run` window (cumulative since start), with energy and loss.
     pub snapshot: Snapshot,
     /// The VMs as discovered (identity, owner).
     pub vms: Vec<VmInfo>,
@@ -92,16 +93,18 @@ impl VmmCpu {
     /// keeps the time of threads that exited) minus its vCPU threads'. Reads are not atomic
     /// across threads, so a figure never goes below what an earlier scrape showed.
     pub fn read(&mut self, vms: &[VmInfo]) -> BTreeMap<u32, f64> {
-        let tick = clock_tick();
+        let tick = clock_ticks_per_second();
         self.seen.retain(|pid, _| vms.iter().any(|v| v.pid.0 == *pid));
         for vm in vms {
             let pid = vm.pid.0;
             let vcpus: u64 = vm
                 .vcpus
                 .iter()
-                .filter_map(|v| cpu_ticks(&Path::new("/proc").join(format!("{pid}/task/{}/stat", v.tid.0))))
+                .filter_map(|v| task_stat(&Path::new("/proc").join(format!("{pid}/task/{}/stat", v.tid.0))))
+                .map(|s| s.cpu_ticks)
                 .sum();
-            let Some(total) = cpu_ticks(&Path::new("/proc").join(format!("{pid}/stat"))) else { continue };
+            let Some(total) = task_stat(&Path::new("/proc").join(format!("{pid}/stat"))) else { continue };
+            let total = total.cpu_ticks;
             let seconds = total.saturating_sub(vcpus) as f64 / tick;
             let kept = self.seen.entry(pid).or_insert(0.0);
             *kept = kept.max(seconds);
@@ -110,31 +113,12 @@ impl VmmCpu {
     }
 }
 
-/// Clock ticks per second (`utime` and `stime` units).
-fn clock_tick() -> f64 {
-    // SAFETY: sysconf only reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as f64
-    } else {
-        100.0
-    }
-}
-
-/// `utime + stime` of a `stat` file, in clock ticks.
-fn cpu_ticks(stat: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(stat).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    Some(fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?)
-}
-
 impl Scrape {
     /// Refresh `sampler` and gather one scrape.
     pub fn collect(sampler: &mut Sampler, vmm_cpu: &mut VmmCpu) -> anyhow::Result<Scrape> {
         let started = std::time::Instant::now();
         sampler.refresh()?;
-        let snapshot = sampler.snapshot(None);
+        let snapshot = sampler.run_snapshot();
         let vms = sampler.vms().to_vec();
         Ok(Scrape {
             kvm_exits: sampler.kvm_exits_now(),
@@ -149,7 +133,7 @@ impl Scrape {
 
     /// The cumulative window.
     fn run(&self) -> &WindowReport {
-        self.snapshot.windows.iter().find(|w| w.label == "run").unwrap_or(&self.snapshot.windows[0])
+        &self.snapshot.windows[0]
     }
 }
 
@@ -200,34 +184,44 @@ fn vm_labels(name: &str, kind: &str, pid: u32) -> Labels {
     vec![("vm", name.to_string()), ("vmm", kind.to_string()), ("pid", pid.to_string())]
 }
 
-/// One counter family.
-fn counters(
+/// One counter or gauge family: a value per label set.
+fn family(
     encoder: &mut DescriptorEncoder,
+    kind: MetricType,
     name: &str,
     help: &str,
     unit: Option<Unit>,
     rows: impl IntoIterator<Item = (Labels, f64)>,
 ) -> fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
+    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), kind)?;
     for (labels, value) in rows {
-        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        let metric = family.encode_family(&labels)?;
+        match kind {
+            MetricType::Counter => ConstCounter::new(value).encode(metric)?,
+            _ => ConstGauge::new(value).encode(metric)?,
+        }
     }
     Ok(())
 }
 
-/// One gauge family.
-fn gauges(
-    encoder: &mut DescriptorEncoder,
+fn counters(
+    e: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     unit: Option<Unit>,
     rows: impl IntoIterator<Item = (Labels, f64)>,
 ) -> fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
-    for (labels, value) in rows {
-        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
+    family(e, MetricType::Counter, name, help, unit, rows)
+}
+
+fn gauges(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    rows: impl IntoIterator<Item = (Labels, f64)>,
+) -> fmt::Result {
+    family(e, MetricType::Gauge, name, help, unit, rows)
 }
 
 impl Collector for Scrape {

@@ -301,12 +301,20 @@ impl Sampler {
 
     /// The windows, for all CPUs or only `cpu`.
     pub fn snapshot(&self, cpu: Option<u32>) -> Snapshot {
-        const WINDOWS: [(&str, u64); 3] = [("1s", SECOND), ("10s", 10 * SECOND), ("run", u64::MAX)];
+        self.snapshot_of(&[("1s", SECOND), ("10s", 10 * SECOND), ("run", u64::MAX)], cpu)
+    }
+
+    /// Only the whole run's window (what `serve`'s counters are), for all CPUs.
+    pub fn run_snapshot(&self) -> Snapshot {
+        self.snapshot_of(&[("run", u64::MAX)], None)
+    }
+
+    fn snapshot_of(&self, windows: &[(&str, u64)], cpu: Option<u32>) -> Snapshot {
         let (mode, loss) = match &self.source {
             Source::Trace(t) => ("trace", Some(t.trace.loss())),
             Source::Polling(_) => ("polling", None),
         };
-        let windows = WINDOWS.iter().map(|&(label, ns)| self.window(label, ns, cpu)).collect();
+        let windows = windows.iter().map(|&(label, ns)| self.window(label, ns, cpu)).collect();
         Snapshot {
             mode,
             approximate: mode == "polling",
@@ -383,14 +391,8 @@ impl Sampler {
     pub fn traced_exit_reasons(&self) -> Vec<(u32, String, u64)> {
         let Source::Trace(t) = &self.source else { return Vec::new() };
         let names = DecoderNames(t.trace.decoder());
-        let span = t.acc.total();
-        let kvm_exit = span.has_kvm_exits();
-        let mut rows: Vec<(u32, String, u64)> = span
-            .reasons
-            .iter()
-            .filter(|((_, key), _)| kvm_exit == matches!(key, virtprof_analysis::sched::ReasonKey::Exit { .. }))
-            .map(|((tid, key), n)| (*tid, key.name(&names), *n))
-            .collect();
+        let mut rows: Vec<(u32, String, u64)> =
+            t.acc.total().counted_reasons().map(|(tid, key, n)| (tid, key.name(&names), n)).collect();
         rows.sort();
         rows
     }
@@ -516,13 +518,8 @@ impl PollSource {
 
 /// `/proc` state of a thread: (the CPU it last ran on, whether it is runnable).
 fn proc_state(pid: u32, tid: u32) -> Option<(u32, bool)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the comm: state is field 3 (index 0 here), processor is field 39 (index 36).
-    let running = fields.first()? == &"R";
-    let cpu = fields.get(36)?.parse().ok()?;
-    Some((cpu, running))
+    let stat = virtprof_host::procfs::task_stat(Path::new(&format!("/proc/{pid}/task/{tid}/stat")))?;
+    Some((stat.cpu, stat.runnable))
 }
 
 /// Names in polling mode, where no reasons are counted.

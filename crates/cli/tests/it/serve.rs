@@ -193,6 +193,8 @@ fn serve_answers_only_what_it_should() {
     if !have_tracefs(test) {
         return;
     }
+    // A tracer and its scrapes load the host: not beside tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let token = temp("serve-token");
     std::fs::write(&token, "a-long-enough-token\n").unwrap();
     let served = Served::start(&["--token-file", token.to_str().unwrap(), "-d", "60s"]);
@@ -269,6 +271,8 @@ fn serve_textfile_writes_whole_files_for_node_exporter() {
     if !have_tracefs(test) {
         return;
     }
+    // A tracer and its scrapes load the host: not beside tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let dir = temp("serve-textfile");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
