@@ -264,6 +264,130 @@ fn serve_answers_only_what_it_should() {
     }
 }
 
+/// Clients that attack serve (issue 32): one that pipelines scrapes and never reads its
+/// answers, with no token, and one that sends a header line without end, while a real
+/// scraper keeps being answered and a stop still ends serve at once. Loopback, bounded.
+#[test]
+fn a_client_that_never_reads_cannot_hang_serve_or_its_stop() {
+    let token = temp("serve-hostile-token");
+    std::fs::write(&token, "a-long-enough-token\n").unwrap();
+    let served = Served::start(&["--no-trace", "--token-file", token.to_str().unwrap(), "-d", "60s"]);
+    let mut hog = TcpStream::connect(&served.address).unwrap();
+    hog.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = hog.write_all(&b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(20_000));
+    let mut endless = TcpStream::connect(&served.address).unwrap();
+    endless.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = endless.write_all(b"GET /metrics HTTP/1.1\r\nX: ");
+    let mut fed = 0usize;
+    while fed < (32 << 20) && endless.write_all(&[b'a'; 1 << 16]).is_ok() {
+        fed += 1 << 16;
+    }
+    assert!(fed < (32 << 20), "serve kept reading a header line without end");
+    let auth = "Authorization: Bearer a-long-enough-token\r\n";
+    for _ in 0..3 {
+        assert!(scrape(&served.address, auth).contains("virtprof_scrape_collect_seconds"));
+    }
+    let started = Instant::now();
+    let pid = served.child.id();
+    served.stop();
+    assert!(started.elapsed() < Duration::from_secs(2), "serve {pid} took {:?} to stop", started.elapsed());
+    drop((hog, endless));
+    let _ = std::fs::remove_file(token);
+}
+
+/// TLS material is checked before anything is served: junk, a certificate without its key,
+/// a key of another certificate are exit-2 errors naming the file; a SEC1 EC key works. A
+/// textfile interval under a second is refused; a token file every user can read is warned of.
+#[test]
+fn serve_checks_tls_material_intervals_and_token_files_before_serving() {
+    let test = "serve_checks_tls_material_intervals_and_token_files_before_serving";
+    let openssl =
+        |args: &[&str]| std::process::Command::new("openssl").args(args).output().is_ok_and(|o| o.status.success());
+    let dir = temp("serve-tls");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let ec = openssl(&["ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", &p("ec.pem")])
+        && openssl(&[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &p("ec.pem"),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-out",
+            &p("ec-cert.pem"),
+        ]);
+    let other = openssl(&["ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out", &p("other.pem")]);
+    if !(ec && other) {
+        note(test, "SKIP (TLS part): no openssl to make keys");
+    } else {
+        assert!(std::fs::read_to_string(p("ec.pem")).unwrap().contains("BEGIN EC PRIVATE KEY"), "a SEC1 key");
+        std::fs::write(p("junk.pem"), "-----BEGIN PRIVATE KEY-----\nnot base64 at all\n-----END PRIVATE KEY-----\n")
+            .unwrap();
+        std::fs::write(p("text.pem"), "hello\n").unwrap();
+        for (cert, key, says) in [
+            ("ec-cert.pem", "junk.pem", "junk.pem"),
+            ("ec-cert.pem", "text.pem", "text.pem"),
+            ("text.pem", "ec.pem", "text.pem"),
+            ("ec-cert.pem", "other.pem", "is not the private key of"),
+        ] {
+            let out = virtprof()
+                .args([
+                    "serve",
+                    "--no-trace",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "-d",
+                    "5s",
+                    "--tls-cert",
+                    &p(cert),
+                    "--tls-key",
+                    &p(key),
+                ])
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cert} {key}: {stderr}");
+            assert!(stderr.contains(says) && !stderr.contains("serving"), "{cert} {key}: {stderr}");
+        }
+        let served =
+            Served::start(&["--no-trace", "-d", "30s", "--tls-cert", &p("ec-cert.pem"), "--tls-key", &p("ec.pem")]);
+        assert!(served.https);
+        match std::process::Command::new("curl").arg("-sk").arg(format!("https://{}/metrics", served.address)).output()
+        {
+            Ok(out) => assert!(String::from_utf8_lossy(&out.stdout).contains("virtprof_scrape_collect_seconds")),
+            Err(e) => note(test, format!("SKIP (HTTPS scrape): curl: {e}")),
+        }
+        served.stop();
+    }
+    for interval in ["0s", "1ms", "999ms"] {
+        let out = virtprof()
+            .args(["serve", "--no-trace", "--textfile"])
+            .arg(&dir)
+            .args(["--interval", interval])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--interval {interval}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::write(p("token"), "a-long-enough-token\n").unwrap();
+    std::fs::set_permissions(p("token"), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = virtprof()
+        .args(["serve", "--no-trace", "--listen", "127.0.0.1:0", "-d", "300ms", "--token-file", &p("token")])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("readable by every user"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--textfile DIR`: node_exporter's format, rewritten whole at each interval.
 #[test]
 fn serve_textfile_writes_whole_files_for_node_exporter() {
@@ -278,7 +402,7 @@ fn serve_textfile_writes_whole_files_for_node_exporter() {
     std::fs::create_dir_all(&dir).unwrap();
     let started = Instant::now();
     let out =
-        virtprof().args(["serve", "--textfile"]).arg(&dir).args(["--interval", "300ms", "-d", "2s"]).output().unwrap();
+        virtprof().args(["serve", "--textfile"]).arg(&dir).args(["--interval", "1s", "-d", "2500ms"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(started.elapsed() < Duration::from_secs(30));
     let names: Vec<String> =

@@ -25,6 +25,9 @@ const REFRESH_MIN: Duration = Duration::from_secs(1);
 const REFRESH_MAX: Duration = Duration::from_secs(10);
 /// The textfile node_exporter reads.
 const TEXTFILE: &str = "virtprof.prom";
+/// The shortest `--interval` between textfile rewrites: node_exporter reads the file at its
+/// own scrapes (every 15 s or so), and each rewrite costs a scrape's work.
+const TEXTFILE_MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The sampler and what scrapes keep between them.
 pub struct Collector {
@@ -86,6 +89,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let deadline = args.duration.map(|d| Instant::now() + d);
     if let Some(dir) = &args.textfile {
         check_textfile_dir(dir)?;
+        if args.interval < TEXTFILE_MIN_INTERVAL {
+            return Err(usage(format!(
+                "--interval {:?}: rewriting the textfile more often than every {} s only costs CPU \
+                 (node_exporter reads it at its own scrapes); give --interval 1s or more",
+                args.interval,
+                TEXTFILE_MIN_INTERVAL.as_secs()
+            )));
+        }
         let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
         return textfile(&mut collector, dir, args.interval, deadline);
     }
@@ -93,7 +104,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let server = http::bind(&config)?;
     let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
     // The bound address: with port 0 the kernel picked one.
-    let bound = server.server_addr().to_ip().unwrap_or(config.listen);
+    let bound = server.address;
     eprintln!(
         "virtprof: serving http{}://{bound}/metrics{}",
         if config.tls.is_some() { "s" } else { "" },
@@ -101,11 +112,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     );
     while !STOP_REQUESTED.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
         collector.tick()?;
-        // Short waits: a stop request or a due refresh is noticed within 100 ms.
-        match server.recv_timeout(Duration::from_millis(100)) {
-            Ok(Some(request)) => http::answer(request, &config, &mut collector),
-            Ok(None) => {}
-            Err(e) => return Err(anyhow::anyhow!("serve: accepting a connection: {e}")),
+        // Short waits: a stop request or a due refresh is noticed within 100 ms. Clients are
+        // read and written on their own threads; this one only scrapes.
+        if let Some(job) = server.next_scrape(Duration::from_millis(100)) {
+            let result = collector.scrape(job.format).map_err(|e| {
+                eprintln!("virtprof: scrape failed: {e:#}");
+                format!("{e:#}")
+            });
+            job.answer(result);
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -133,18 +147,19 @@ fn textfile(
     let path = dir.join(TEXTFILE);
     eprintln!("virtprof: writing {} every {:.1} s", path.display(), interval.as_secs_f64());
     let mut next = Instant::now() + interval;
-    loop {
-        while Instant::now() < next {
-            if STOP_REQUESTED.load(Ordering::Relaxed) || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(ExitCode::SUCCESS);
-            }
+    // The stop flag and the deadline are looked at every turn, whatever the interval.
+    while !STOP_REQUESTED.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+        if Instant::now() < next {
             collector.tick()?;
             std::thread::sleep(Duration::from_millis(50));
+            continue;
         }
         let text = collector.scrape(Format::Prometheus)?;
         write_file(&path, text.as_bytes(), Privacy::Shared)?;
-        next += interval;
+        // A rewrite that took longer than the interval is not made up for in a burst.
+        next = (next + interval).max(Instant::now());
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
