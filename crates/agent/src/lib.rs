@@ -9,11 +9,13 @@
 //! - [`ptp`]: the guest's ptp_kvm clock, which aligns it far tighter than exchanges.
 //! - [`transport`]: vsock, virtio-serial and TCP addresses, listened on and connected to.
 //! - [`serve`]: the agent's loop in the guest.
+//! - [`limits`]: what a guest may send the host (rates, a byte cap, series), whatever it claims.
 //! - [`link`]: the host's side of one agent: connect, align clocks, receive rows, report gaps.
 
 pub mod appcounters;
 pub mod clock;
 pub mod collect;
+pub mod limits;
 pub mod link;
 pub mod marker;
 pub mod noise;

@@ -1,7 +1,9 @@
 //! The host's side of one agent: connect, say hello, measure the clock with ping bursts all
 //! run long, and hand on rows as they come. An agent that cannot be reached, hangs up, stalls
 //! or sends garbage costs the host a gap in that guest's rows (reported with its host times
-//! and cause) and nothing else; the link reconnects until it is stopped.
+//! and cause) and nothing else; the link reconnects until it is stopped. What the guest sends
+//! is taken within the host's [`GuestLimits`]: the excess is counted, dropped and, for rows,
+//! recorded as a gap.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -10,6 +12,7 @@ use virtprof_host::monotonic_ns;
 use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries, NoiseBatch};
 
 use crate::clock::{validate, Burst, Exchange, Validation};
+use crate::limits::{GuestLimits, Names, Rate};
 use crate::transport::{Address, Stream};
 use crate::wire::{FrameReader, Hello, Message, PtpPair, Row, VERSION};
 
@@ -27,12 +30,14 @@ pub struct LinkConfig {
     pub ping_every: Duration,
     /// Pings per burst (the least round trip of them makes the point).
     pub burst: u32,
+    /// What the guest may send.
+    pub limits: GuestLimits,
 }
 
 impl LinkConfig {
-    /// The defaults for `address`: a burst of 8 pings every second.
+    /// The defaults for `address`: a burst of 8 pings every second, the default limits.
     pub fn new(address: Address, token: Option<String>) -> LinkConfig {
-        LinkConfig { address, token, ping_every: Duration::from_secs(1), burst: 8 }
+        LinkConfig { address, token, ping_every: Duration::from_secs(1), burst: 8, limits: GuestLimits::default() }
     }
 }
 
@@ -59,13 +64,28 @@ pub enum LinkEvent {
     Unreachable(String),
     /// No rows between these host times, and why.
     Gap {
-        /// Host time the guest was last heard.
+        /// Host time of the last row taken.
         from_ns: u64,
-        /// Host time it was heard again (or the end).
+        /// Host time rows were taken again (or the end).
         to_ns: u64,
         /// Why.
         cause: String,
     },
+}
+
+/// What the host dropped of what a guest sent, over its limits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Rows over the guest's row rate or the byte cap.
+    pub rows: u64,
+    /// Noise periods over their rate or the byte cap.
+    pub noise: u64,
+    /// Clock points over their rate or count.
+    pub points: u64,
+    /// Schemas over the limits on series, their rate or the byte cap.
+    pub schemas: u64,
+    /// The byte cap was reached: nothing more was taken from then on.
+    pub capped: bool,
 }
 
 /// The link's figures at the end.
@@ -85,20 +105,123 @@ pub struct LinkSummary {
     pub bad_frames: u64,
     /// Clock points measured.
     pub clock_points: u64,
+    /// Bytes of rows, noise and schemas taken.
+    pub bytes: u64,
+    /// What was over the limits.
+    pub dropped: Dropped,
     /// Every exchange checked against the final alignment.
     pub validation: Validation,
     /// The agent refused us (wrong token, other version): the link gave up.
     pub refused: Option<String>,
 }
 
-/// A guest is stalled when nothing came for this long, once rows were flowing.
+/// A guest is stalled when no row came for this long, once rows were flowing.
 fn stall_after(interval_ns: u64) -> u64 {
     (3 * interval_ns).max(2_000_000_000)
 }
-/// A stalled guest is hung up on and reconnected after this long.
+/// A guest that sent no whole frame for this long is hung up on and reconnected.
 const GIVE_UP_NS: u64 = 10_000_000_000;
 /// How long one ping of a burst waits for its pong.
 const PONG_WITHIN_NS: u64 = 200_000_000;
+/// Rows dropped over the rate close their gap once none was dropped for this long.
+const FLOOD_QUIET_NS: u64 = 1_000_000_000;
+
+/// Rows dropped since `from_ns` (the last row taken before them), and why.
+struct Flood {
+    from_ns: u64,
+    last_drop_ns: u64,
+    rows: u64,
+    why: &'static str,
+}
+
+/// The host's side of the limits, over the whole run (all sessions).
+struct Gate {
+    limits: GuestLimits,
+    rows: Rate,
+    noise: Rate,
+    schemas: Rate,
+    last_ptp_ns: Option<u64>,
+    points: u64,
+    bytes: u64,
+    capped_at: Option<u64>,
+    flood: Option<Flood>,
+    names: Names,
+    /// The current schema was taken: rows after a refused one are dropped.
+    schema_ok: bool,
+}
+
+impl Gate {
+    fn new(limits: GuestLimits, now: u64) -> Gate {
+        Gate {
+            limits,
+            rows: Rate::new(limits.rows_per_second(1_000_000_000), 10.0, now),
+            noise: Rate::new(limits.rows_per_second(1_000_000_000), 8.0, now),
+            schemas: Rate::new(1.0, 5.0, now),
+            last_ptp_ns: None,
+            points: 0,
+            bytes: 0,
+            capped_at: None,
+            flood: None,
+            names: Names::default(),
+            schema_ok: false,
+        }
+    }
+
+    /// A new session's guest, cut to size, sets the rates it is held to; whether its series
+    /// are taken (within the names and bytes left).
+    fn welcome(&mut self, guest: &mut GuestInfo, series: &[GuestSeries], now: u64) -> bool {
+        self.limits.trim_info(guest);
+        let rows = self.limits.rows_per_second(guest.interval_ns);
+        let cpus = f64::from(guest.cpus.clamp(1, 1024));
+        self.rows = Rate::new(rows, 10.0, now);
+        self.noise = Rate::new(rows * cpus, 2.0 * cpus + 8.0, now);
+        self.schema_ok = self.names.admit(series, self.limits.max_names) && self.fits(schema_bytes(series) + 1024, now);
+        self.schema_ok
+    }
+
+    /// Whether `bytes` more fit under the cap (false from the first that does not, on).
+    fn fits(&mut self, bytes: u64, now: u64) -> bool {
+        if self.capped_at.is_some() || self.bytes.saturating_add(bytes) > self.limits.max_bytes {
+            self.capped_at.get_or_insert(now);
+            return false;
+        }
+        self.bytes += bytes;
+        true
+    }
+
+    fn row(&mut self, row: &Row, now: u64) -> bool {
+        self.schema_ok && self.rows.take(now) && self.fits(16 + 8 * row.values.len() as u64, now)
+    }
+
+    fn noise(&mut self, batch: &NoiseBatch, now: u64) -> bool {
+        self.noise.take(now) && self.fits(64 + 16 * batch.samples.len() as u64, now)
+    }
+
+    fn schema(&mut self, series: &[GuestSeries], now: u64) -> bool {
+        self.schema_ok = self.schemas.take(now)
+            && self.names.admit(series, self.limits.max_names)
+            && self.fits(schema_bytes(series), now);
+        self.schema_ok
+    }
+
+    fn point(&mut self, ptp: bool, now: u64) -> bool {
+        if self.points >= self.limits.max_points {
+            return false;
+        }
+        if ptp {
+            if self.last_ptp_ns.is_some_and(|last| now.saturating_sub(last) < self.limits.ptp_every_ns) {
+                return false;
+            }
+            self.last_ptp_ns = Some(now);
+        }
+        self.points += 1;
+        true
+    }
+}
+
+fn schema_bytes(series: &[GuestSeries]) -> u64 {
+    series.iter().map(|s| 16 + s.name.len() as u64 + s.unit.len() as u64).sum()
+}
 
 /// Run the link until `stop` is set, handing every event to `sink`.
 pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEvent)) -> LinkSummary {
@@ -106,7 +229,8 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
     let mut alignment = Alignment::default();
     let mut exchanges = Vec::new();
     let started = monotonic_ns();
-    // Host time the guest was last heard, or the start: a gap runs from here.
+    let mut gate = Gate::new(config.limits, started);
+    // Host time of the last row taken, or the start: a gap runs from here.
     let mut heard = started;
     let mut gap_cause: Option<String> = None;
     while !stop.load(Ordering::Relaxed) {
@@ -123,41 +247,74 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
             }
         };
         let mut s = Session { stream, reader: FrameReader::default(), config, interval_ns: 1_000_000_000 };
-        let outcome = s.run(stop, &mut |event| match event {
-            Event::Welcome(guest, series) => {
-                summary.sessions += 1;
-                if let Some(cause) = gap_cause.take() {
-                    if summary.sessions > 1 || monotonic_ns() - started > 2_000_000_000 {
+        let outcome = s.run(stop, &mut |event| {
+            let now = monotonic_ns();
+            match event {
+                Event::Welcome(mut guest, series) => {
+                    summary.sessions += 1;
+                    // Series over the names or bytes left are not taken, nor the rows after.
+                    let series = if gate.welcome(&mut guest, &series, now) {
+                        series
+                    } else {
+                        summary.dropped.schemas += 1;
+                        Vec::new()
+                    };
+                    if let Some(cause) = gap_cause.take() {
+                        if summary.sessions > 1 || now - started > 2_000_000_000 {
+                            summary.gaps += 1;
+                            sink(LinkEvent::Gap { from_ns: heard, to_ns: now, cause });
+                        }
+                    }
+                    heard = now;
+                    sink(LinkEvent::Connected { guest, series });
+                }
+                Event::Stalled(from, to) => {
+                    summary.gaps += 1;
+                    sink(LinkEvent::Gap { from_ns: from, to_ns: to, cause: "the agent stalled".into() });
+                }
+                Event::Schema(series) if gate.schema(&series, now) => sink(LinkEvent::Schema(series)),
+                Event::Schema(_) => summary.dropped.schemas += 1,
+                Event::Row(row) if gate.row(&row, now) => {
+                    summary.rows += 1;
+                    if let Some(f) = gate.flood.take_if(|f| now - f.last_drop_ns > FLOOD_QUIET_NS) {
                         summary.gaps += 1;
-                        sink(LinkEvent::Gap { from_ns: heard, to_ns: monotonic_ns(), cause });
+                        sink(flood_gap(&f));
+                    }
+                    heard = now;
+                    sink(LinkEvent::Row(row));
+                }
+                Event::Row(_) => {
+                    summary.dropped.rows += 1;
+                    // Past the byte cap, the cap's own gap covers the rest of the run.
+                    if gate.capped_at.is_none() {
+                        let why = if gate.schema_ok {
+                            "the guest sent rows faster than its interval allows"
+                        } else {
+                            "the guest's series were over the host's limits"
+                        };
+                        let f = gate.flood.get_or_insert(Flood { from_ns: heard, last_drop_ns: now, rows: 0, why });
+                        f.last_drop_ns = now;
+                        f.rows += 1;
                     }
                 }
-                sink(LinkEvent::Connected { guest, series });
-            }
-            Event::Heard(at) => heard = at,
-            Event::Stalled(from, to) => {
-                summary.gaps += 1;
-                sink(LinkEvent::Gap { from_ns: from, to_ns: to, cause: "the agent stalled".into() });
-            }
-            Event::Schema(series) => sink(LinkEvent::Schema(series)),
-            Event::Row(row) => {
-                summary.rows += 1;
-                sink(LinkEvent::Row(row));
-            }
-            Event::Noise(batch) => {
-                summary.noise_batches += 1;
-                sink(LinkEvent::Noise(batch));
-            }
-            Event::BadRow => summary.bad_frames += 1,
-            Event::Exchange(e) => {
-                if exchanges.len() < MAX_EXCHANGES {
-                    exchanges.push(e);
+                Event::Noise(batch) if gate.noise(&batch, now) => {
+                    summary.noise_batches += 1;
+                    sink(LinkEvent::Noise(batch));
                 }
-            }
-            Event::Point(p) => {
-                summary.clock_points += 1;
-                alignment.push(p);
-                sink(LinkEvent::Clock(p));
+                Event::Noise(_) => summary.dropped.noise += 1,
+                Event::BadRow => summary.bad_frames += 1,
+                Event::BadSchema => summary.dropped.schemas += 1,
+                Event::Exchange(e) => {
+                    if exchanges.len() < MAX_EXCHANGES {
+                        exchanges.push(e);
+                    }
+                }
+                Event::Point(p) if gate.point(p.ptp, now) => {
+                    summary.clock_points += 1;
+                    alignment.push(p);
+                    sink(LinkEvent::Clock(p));
+                }
+                Event::Point(_) => summary.dropped.points += 1,
             }
         });
         summary.garbage_bytes += s.reader.skipped;
@@ -176,21 +333,40 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
             }
         }
     }
-    if let Some(cause) = gap_cause {
-        summary.gaps += 1;
-        sink(LinkEvent::Gap { from_ns: heard, to_ns: monotonic_ns(), cause });
+    let end = monotonic_ns();
+    let mut gaps = Vec::new();
+    if let Some(f) = gate.flood.take() {
+        gaps.push(flood_gap(&f));
     }
+    if let Some(at) = gate.capped_at {
+        summary.dropped.capped = true;
+        let cause = format!(
+            "the guest's data reached the host's cap of {:.1} MiB for this run: the rest was dropped",
+            gate.limits.max_bytes as f64 / f64::from(1u32 << 20)
+        );
+        gaps.push(LinkEvent::Gap { from_ns: at, to_ns: end, cause });
+    }
+    if let Some(cause) = gap_cause {
+        gaps.push(LinkEvent::Gap { from_ns: heard, to_ns: end, cause });
+    }
+    for g in gaps {
+        summary.gaps += 1;
+        sink(g);
+    }
+    summary.bytes = gate.bytes;
     summary.validation = validate(&alignment, &exchanges);
     summary
+}
+
+fn flood_gap(f: &Flood) -> LinkEvent {
+    LinkEvent::Gap { from_ns: f.from_ns, to_ns: f.last_drop_ns, cause: format!("{}: {} rows dropped", f.why, f.rows) }
 }
 
 fn sleep_or_stop(d: Duration, stop: &AtomicBool) {
     virtprof_host::clock::sleep_until_or_stop(monotonic_ns() + u64::try_from(d.as_nanos()).unwrap_or(0), stop);
 }
-
 enum Event {
     Welcome(GuestInfo, Vec<GuestSeries>),
-    Heard(u64),
     Stalled(u64, u64),
     Schema(Vec<GuestSeries>),
     Row(Row),
@@ -198,6 +374,8 @@ enum Event {
     /// A row whose values do not match the series, or a noise period that cannot be what it
     /// claims: dropped, counted.
     BadRow,
+    /// A schema over the limits on series: dropped, and rows until the next good one too.
+    BadSchema,
     Exchange(Exchange),
     Point(ClockPoint),
 }
@@ -215,6 +393,9 @@ struct Session<'a> {
     interval_ns: u64,
 }
 
+/// Rows match no schema (until a good one comes).
+const NO_SCHEMA: usize = usize::MAX;
+
 impl Session<'_> {
     fn send(&mut self, m: &Message) -> Result<(), Outcome> {
         let mut out = Vec::new();
@@ -229,8 +410,10 @@ impl Session<'_> {
         }
         let opened = monotonic_ns();
         let mut welcomed = false;
-        let mut series = 0;
-        let mut last_heard = opened;
+        let mut series = NO_SCHEMA;
+        // Host times of the last whole frame and of the last row (or the welcome): a guest
+        // trickling bytes inside a frame is heard from by neither.
+        let (mut last_frame, mut last_row) = (opened, opened);
         let mut stalled_since: Option<u64> = None;
         let ping_every = u64::try_from(self.config.ping_every.as_nanos()).unwrap_or(u64::MAX);
         let mut burst = Burst::default();
@@ -239,6 +422,9 @@ impl Session<'_> {
         let mut buf = vec![0u8; 64 << 10];
         loop {
             if stop.load(Ordering::Relaxed) {
+                if let Some(from) = stalled_since {
+                    on(Event::Stalled(from, monotonic_ns()));
+                }
                 return Outcome::Stopped;
             }
             let now = monotonic_ns();
@@ -275,34 +461,50 @@ impl Session<'_> {
                     Ok(Some(n)) => {
                         let t4 = monotonic_ns();
                         self.reader.feed(&buf[..n]);
-                        last_heard = t4;
-                        on(Event::Heard(t4));
-                        if let Some(from) = stalled_since.take() {
-                            on(Event::Stalled(from, t4));
-                        }
                         while let Some(m) = self.reader.next_message() {
+                            if m.is_ok() {
+                                last_frame = t4;
+                            }
                             match m {
                                 Ok(Message::Welcome(w)) => {
+                                    if let Err(why) = self.config.limits.check_series(&w.series) {
+                                        return Outcome::Lost(format!(
+                                            "the agent's series are over the host's limits: {why}"
+                                        ));
+                                    }
                                     welcomed = true;
-                                    self.interval_ns = w.guest.interval_ns.max(1_000_000);
+                                    last_row = t4;
+                                    self.interval_ns = w.guest.interval_ns.max(self.config.limits.min_interval_ns);
                                     series = w.series.len();
                                     on(Event::Welcome(w.guest, w.series));
                                 }
                                 Ok(Message::Refused(why)) => return Outcome::Refused(why),
-                                Ok(Message::Schema(s)) => {
+                                Ok(Message::Schema(s)) if welcomed && self.config.limits.check_series(&s).is_ok() => {
                                     series = s.len();
                                     on(Event::Schema(s));
                                 }
+                                Ok(Message::Schema(_)) => {
+                                    series = NO_SCHEMA;
+                                    on(Event::BadSchema);
+                                }
                                 // A guest's rows must match its series, or the recording
                                 // could not be read back: a row that does not is dropped.
-                                Ok(Message::Row(r)) if welcomed && r.values.len() == series => on(Event::Row(r)),
+                                Ok(Message::Row(r)) if welcomed && r.values.len() == series => {
+                                    last_row = t4;
+                                    if let Some(from) = stalled_since.take() {
+                                        on(Event::Stalled(from, t4));
+                                    }
+                                    on(Event::Row(r));
+                                }
                                 Ok(Message::Row(_)) => on(Event::BadRow),
                                 Ok(Message::Ptp(p)) if welcomed => on(Event::Point(ptp_point(p))),
                                 Ok(Message::Noise(b)) if welcomed && plausible(&b) => on(Event::Noise(b)),
                                 Ok(Message::Noise(_)) => on(Event::BadRow),
                                 Ok(Message::Pong(p)) => {
-                                    if waiting.is_some_and(|(s, _)| s == p.seq) {
-                                        let e = Exchange { t1: p.t1, t2: p.t2, t3: p.t3, t4 };
+                                    // The send time is the host's own record, never the
+                                    // guest's echo of it: a guest cannot shrink the bound.
+                                    if let Some((_, t1)) = waiting.filter(|(s, _)| *s == p.seq) {
+                                        let e = Exchange { t1, t2: p.t2, t3: p.t3, t4 };
                                         burst.offer(e);
                                         on(Event::Exchange(e));
                                         waiting = None;
@@ -321,13 +523,12 @@ impl Session<'_> {
             if !welcomed && now - opened > 5_000_000_000 {
                 return Outcome::Lost("no welcome within 5 s".into());
             }
-            let quiet = now - last_heard;
-            if welcomed && quiet > stall_after(self.interval_ns) && stalled_since.is_none() {
-                stalled_since = Some(last_heard);
+            if welcomed && now - last_row > stall_after(self.interval_ns) && stalled_since.is_none() {
+                stalled_since = Some(last_row);
             }
-            if quiet > GIVE_UP_NS {
-                // The gap until the reconnection covers the stall.
-                return Outcome::Lost("the agent stalled (silent for 10 s): hung up to reconnect".into());
+            if now - last_frame > GIVE_UP_NS {
+                // The gap until the reconnection covers the stall, from the last row.
+                return Outcome::Lost("the agent stalled (no whole frame for 10 s): hung up to reconnect".into());
             }
         }
     }
@@ -488,5 +689,195 @@ mod tests {
         // the first cause seen (the reset, or the stall had the link hung up first).
         let Some(LinkEvent::Gap { from_ns, to_ns, cause }) = gaps.last() else { unreachable!() };
         assert!(to_ns - from_ns > 3_000_000_000 && !cause.is_empty(), "{gaps:?}");
+    }
+
+    /// A fake agent on 127.0.0.1 playing `script` on each of the first `sessions` hosts
+    /// that connect.
+    fn fake_agent(sessions: usize, script: impl Fn(usize, std::net::TcpStream) + Send + 'static) -> Address {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = Address::Tcp(listener.local_addr().unwrap().to_string());
+        std::thread::spawn(move || {
+            for n in 0..sessions {
+                let Ok((s, _)) = listener.accept() else { return };
+                script(n, s);
+            }
+        });
+        address
+    }
+
+    fn welcome(interval_ns: u64, series: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let welcome = crate::wire::Welcome {
+            version: VERSION,
+            guest: GuestInfo { interval_ns, cpus: 1, ..Default::default() },
+            series: (0..series).map(|i| GuestSeries::counter(format!("s{i}"), "events")).collect(),
+        };
+        Message::Welcome(Box::new(welcome)).encode(&mut out);
+        out
+    }
+
+    fn gaps(events: &[LinkEvent]) -> Vec<(u64, u64, String)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                LinkEvent::Gap { from_ns, to_ns, cause } => Some((*from_ns, *to_ns, cause.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A guest claiming 100 ms rows sends them (and ptp points) as fast as it can: the host
+    /// takes twice its claim at most, a ptp point a second, and records the excess as a gap.
+    #[test]
+    fn a_flooding_guest_is_held_to_its_rate_and_the_excess_is_a_gap() {
+        let address = fake_agent(1, |_, mut s| {
+            s.write_all(&welcome(100_000_000, 1)).unwrap();
+            let mut burst = Vec::new();
+            for i in 0..1000 {
+                Message::Row(Row { start_ns: i, end_ns: i + 1, values: vec![1.0] }).encode(&mut burst);
+                Message::Ptp(PtpPair { guest_ns: i, host_realtime_ns: 1, uncertainty_ns: 0 }).encode(&mut burst);
+            }
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while std::time::Instant::now() < until && s.write_all(&burst).is_ok() {}
+        });
+        let (summary, events) = link_for(&LinkConfig::new(address, None), Duration::from_millis(3500));
+        // 3.5 s at 20 rows/s, plus the burst of 10.
+        assert!(summary.rows <= 3 * 20 + 20 + 10, "{summary:?}");
+        assert!(summary.dropped.rows > 10 * summary.rows, "{summary:?}");
+        assert!(summary.clock_points <= 5 && summary.dropped.points > 1000, "{summary:?}");
+        let flood: Vec<_> = gaps(&events).into_iter().filter(|g| g.2.contains("faster than its interval")).collect();
+        assert_eq!(flood.len(), 1, "{events:?}");
+        assert!(flood[0].2.contains(&format!("{} rows dropped", summary.dropped.rows)), "{flood:?}");
+    }
+
+    /// Past the byte cap nothing more is taken, and the rest of the run is a gap saying why.
+    #[test]
+    fn a_guest_over_the_byte_cap_is_cut_off_with_a_gap() {
+        let address = fake_agent(1, |_, mut s| {
+            s.write_all(&welcome(10_000_000, 1000)).unwrap();
+            for i in 0..200 {
+                let mut out = Vec::new();
+                Message::Row(Row { start_ns: i, end_ns: i + 1, values: vec![1.0; 1000] }).encode(&mut out);
+                if s.write_all(&out).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let mut config = LinkConfig::new(address, None);
+        config.limits.max_bytes = 64 << 10;
+        let (summary, events) = link_for(&config, Duration::from_millis(2500));
+        assert!(summary.dropped.capped, "{summary:?}");
+        // The schema of 1000 series takes about 23 KiB, then 8 016 bytes a row: 5 rows fit.
+        assert!((4..=5).contains(&summary.rows) && summary.bytes <= 64 << 10, "{summary:?}");
+        assert!(summary.dropped.rows > 100, "{summary:?}");
+        assert!(gaps(&events).iter().any(|g| g.2.contains("cap of 0.1 MiB")), "{events:?}");
+    }
+
+    /// A guest that goes silent (trickling a byte at a time inside a frame) and comes back:
+    /// the gap runs from its last row to its first row again, not a zero-length gap at the
+    /// reconnection.
+    #[test]
+    fn a_trickling_guest_leaves_a_gap_with_its_true_span() {
+        let address = fake_agent(2, |n, mut s| {
+            s.write_all(&welcome(100_000_000, 1)).unwrap();
+            let row = |i| {
+                let mut out = Vec::new();
+                Message::Row(Row { start_ns: i, end_ns: i + 1, values: vec![1.0] }).encode(&mut out);
+                out
+            };
+            for i in 0..5 {
+                s.write_all(&row(i)).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if n == 0 {
+                // Half a frame, a byte every 300 ms: never whole.
+                let r = row(9);
+                for b in &r[..r.len() - 1] {
+                    if s.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            } else {
+                std::thread::sleep(Duration::from_secs(20));
+            }
+        });
+        let mut config = LinkConfig::new(address, None);
+        config.ping_every = Duration::from_secs(3600);
+        let (summary, events) = link_for(&config, Duration::from_millis(14_000));
+        let gaps = gaps(&events);
+        assert!(summary.sessions == 2, "{summary:?} {events:?}");
+        // The stall from the last row (about 0.5 s in) to the second welcome (about 10.5 s).
+        let long: Vec<_> = gaps.iter().filter(|g| g.1 - g.0 > 9_000_000_000).collect();
+        assert_eq!(long.len(), 1, "{gaps:?}");
+        assert!(gaps.iter().all(|g| g.1 > g.0), "no zero-length gaps: {gaps:?}");
+    }
+
+    /// A guest that answers pings with a later send time than the host's (to make the round
+    /// trip look short) changes nothing: the host's own send time is used.
+    #[test]
+    fn the_clock_bound_comes_from_host_times_only() {
+        let address = fake_agent(1, |_, s| {
+            let mut s = s;
+            s.write_all(&welcome(100_000_000, 1)).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut reader = FrameReader::default();
+            let mut buf = [0u8; 4096];
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            while std::time::Instant::now() < until {
+                let Ok(n) = std::io::Read::read(&mut s, &mut buf) else { continue };
+                if n == 0 {
+                    return;
+                }
+                reader.feed(&buf[..n]);
+                while let Some(m) = reader.next_message() {
+                    if let Ok(Message::Ping { seq, t1 }) = m {
+                        // Hold the pong 5 ms, then claim the ping left 5 ms later than it did.
+                        std::thread::sleep(Duration::from_millis(5));
+                        let t = monotonic_ns();
+                        let mut out = Vec::new();
+                        Message::Pong(crate::wire::Pong { seq, t1: t1 + 5_000_000, t2: t, t3: t }).encode(&mut out);
+                        let _ = s.write_all(&out);
+                    }
+                }
+            }
+        });
+        let (summary, events) = link_for(&LinkConfig::new(address, None), Duration::from_millis(2500));
+        assert!(summary.clock_points >= 1, "{summary:?}");
+        for e in &events {
+            if let LinkEvent::Clock(p) = e {
+                // Host and fake guest share one clock: the true offset is 0, and the round trip
+                // is at least the 5 ms held, so the bound is at least 2.5 ms.
+                assert!(p.bound_ns >= 2_500_000 && p.offset_ns.unsigned_abs() <= p.bound_ns, "{p:?}");
+            }
+        }
+    }
+
+    /// Silent sockets and peers sending garbage, with no token, do not keep the real host
+    /// out: it is served within a few seconds.
+    #[test]
+    fn silent_and_unauthenticated_peers_cannot_keep_the_host_out() {
+        let (address, agent_stop, agent) = start_agent("the-token");
+        let Address::Tcp(at) = &address else { unreachable!() };
+        let mut peers = Vec::new();
+        for i in 0..60 {
+            let mut s = std::net::TcpStream::connect(at.as_str()).unwrap();
+            if i % 3 == 0 {
+                let _ = s.write_all(&[b'V', b'A', 1, 0, 0, 0, 0, 0].repeat(100));
+            }
+            if i % 3 == 1 {
+                let mut hello = Vec::new();
+                Message::Hello(Hello { version: VERSION, token: Some("wrong".into()) }).encode(&mut hello);
+                let _ = s.write_all(&hello);
+            }
+            peers.push(s);
+        }
+        let (summary, _) = link_for(&LinkConfig::new(address, Some("the-token".into())), Duration::from_millis(3000));
+        agent_stop.store(true, Ordering::Relaxed);
+        agent.join().unwrap().unwrap();
+        assert_eq!(summary.sessions, 1, "{summary:?}");
+        assert!(summary.rows >= 10, "{summary:?}");
+        drop(peers);
     }
 }

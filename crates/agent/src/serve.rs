@@ -18,8 +18,11 @@ use crate::wire::{FrameReader, Hello, Message, Pong, Welcome, VERSION};
 pub const HOST_SILENCE: Duration = Duration::from_secs(5);
 /// A host that reads nothing for this long is stalled: the agent hangs up.
 pub const HOST_STALL: Duration = Duration::from_secs(2);
-/// How long a connection has to say hello.
-const HELLO_WITHIN: Duration = Duration::from_secs(10);
+/// How long a connection has to say hello: a silent one is closed then.
+const HELLO_WITHIN: Duration = Duration::from_secs(2);
+/// Connections waiting to say hello at once; a new one closes the oldest beyond this, so
+/// silent or unauthenticated peers cannot keep the real host out.
+const MAX_PENDING: usize = 16;
 /// How often counter folders are looked at for new files.
 const RESCAN_EVERY_NS: u64 = 1_000_000_000;
 
@@ -49,8 +52,6 @@ pub struct SessionEnd {
     pub pongs: u64,
     /// Why it ended.
     pub cause: String,
-    /// Whether a host said hello (a serial port reads end-of-file while no host is there).
-    pub welcomed: bool,
 }
 
 /// Serve hosts until `stop` is set (or the sessions asked for are done), telling `log` about
@@ -79,32 +80,48 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
     log(&format!("listening on {} ({} series)", config.address, collector.series().len()));
     let mut served = 0;
     let mut last_error = String::new();
+    let mut pending: Vec<Pending> = Vec::new();
+    let serial = matches!(listener, crate::transport::Listener::Port(_));
     while !stop.load(Ordering::Relaxed) && config.sessions.is_none_or(|n| served < n) {
-        let stream = match listener.accept(Duration::from_millis(200)) {
-            Ok(Some(s)) => s,
-            Ok(None) => continue,
-            Err(e) => {
-                // Said once, not every retry (a port that has not appeared yet).
-                let error = format!("accepting: {e} (retrying)");
-                if error != last_error {
-                    log(&error);
-                    last_error = error;
+        // A serial port "accepts" by opening the device: only while nobody is on it.
+        if !(serial && !pending.is_empty()) {
+            let wait = Duration::from_millis(if pending.is_empty() { 200 } else { 20 });
+            match listener.accept(wait) {
+                Ok(Some(stream)) => {
+                    last_error.clear();
+                    if pending.len() >= MAX_PENDING {
+                        pending.remove(0);
+                    }
+                    pending.push(Pending { stream, reader: FrameReader::default(), opened: monotonic_ns() });
                 }
-                std::thread::sleep(Duration::from_millis(200));
-                continue;
+                Ok(None) => {}
+                Err(e) => {
+                    // Said once, not every retry (a port that has not appeared yet).
+                    let error = format!("accepting: {e} (retrying)");
+                    if error != last_error {
+                        log(&error);
+                        last_error = error;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
             }
-        };
-        last_error.clear();
-        let end = session(stream, config, &mut collector, Sources { noise: noise.as_ref(), ptp: ptp.as_ref() }, stop);
-        if end.welcomed {
-            served += 1;
-            log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
-        } else if end.cause.starts_with("refused") {
-            log(&end.cause);
-        } else if matches!(listener, crate::transport::Listener::Port(_)) {
-            // A serial port with no host on it reads end-of-file at once: wait, quietly.
-            std::thread::sleep(Duration::from_millis(200));
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let Some((stream, reader)) = hello_from(&mut pending, config, log) else {
+            if serial && pending.is_empty() {
+                // A serial port with no host on it reads end-of-file at once: wait, quietly.
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            continue;
+        };
+        // The one host served: the others waiting are closed (they may come back).
+        pending.clear();
+        let sources = Sources { noise: noise.as_ref(), ptp: ptp.as_ref() };
+        let end = session(stream, reader, config, &mut collector, sources, stop);
+        served += 1;
+        log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
         // Periods measured while no host was there have no one to go to.
         noise.iter().for_each(|n| drop(n.take()));
     }
@@ -112,6 +129,67 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
         Some(Err(e)) => Err(std::io::Error::new(e.kind(), format!("the noise loop: {e}"))),
         _ => Ok(()),
     }
+}
+
+/// A connection that has not said hello yet.
+struct Pending {
+    stream: Stream,
+    reader: FrameReader,
+    opened: u64,
+}
+
+/// Read what the waiting connections sent: the first with a good hello is the host (with
+/// what it sent after the hello); a bad hello is refused, a silent or closed connection
+/// dropped at its deadline.
+fn hello_from(
+    pending: &mut Vec<Pending>,
+    config: &ServeConfig,
+    log: &mut dyn FnMut(&str),
+) -> Option<(Stream, FrameReader)> {
+    let hello_within = u64::try_from(HELLO_WITHIN.as_nanos()).unwrap_or(u64::MAX);
+    let mut buf = [0u8; 4096];
+    let mut at = 0;
+    while at < pending.len() {
+        let p = &mut pending[at];
+        let mut keep = monotonic_ns() - p.opened <= hello_within;
+        let mut hello = None;
+        // At most a few reads per turn: one peer cannot hold the others up.
+        for _ in 0..4 {
+            match p.stream.read_some(&mut buf) {
+                Ok(Some(0)) | Err(_) => keep = false,
+                Ok(Some(n)) => p.reader.feed(&buf[..n]),
+                Ok(None) => {}
+            }
+            while let Some(m) = p.reader.next_message() {
+                if let Ok(Message::Hello(h)) = m {
+                    hello = Some(h);
+                    break;
+                }
+            }
+            // A peer that sends kilobytes of anything but a hello is not a host.
+            if hello.is_some() || !keep || p.reader.buffered() > 64 << 10 {
+                keep &= p.reader.buffered() <= 64 << 10;
+                break;
+            }
+        }
+        match hello {
+            Some(h) => {
+                let mut p = pending.swap_remove(at);
+                match check_hello(&h, config) {
+                    Ok(()) => return Some((p.stream, p.reader)),
+                    Err(why) => {
+                        let mut out = Vec::new();
+                        Message::Refused(why.clone()).encode(&mut out);
+                        let _ = p.stream.write_all_within(&out, Duration::from_millis(200));
+                        log(&format!("refused: {why}"));
+                    }
+                }
+            }
+            None if keep => at += 1,
+            None => drop(pending.swap_remove(at)),
+        }
+    }
+    None
 }
 
 fn guest_info(config: &ServeConfig, collector: &Collector) -> GuestInfo {
@@ -136,27 +214,40 @@ struct Sources<'a> {
     ptp: Option<&'a PtpKvm>,
 }
 
-/// One host, from its hello to its going.
+/// One host, from its (checked) hello to its going; `reader` holds what it sent after the hello.
 fn session(
     mut stream: Stream,
+    mut reader: FrameReader,
     config: &ServeConfig,
     collector: &mut Collector,
     Sources { noise, ptp }: Sources,
     stop: &AtomicBool,
 ) -> SessionEnd {
-    let mut end = SessionEnd { rows: 0, pongs: 0, cause: String::new(), welcomed: false };
-    let mut reader = FrameReader::default();
+    let mut end = SessionEnd { rows: 0, pongs: 0, cause: String::new() };
     let mut buf = vec![0u8; 64 << 10];
     let mut out = Vec::new();
-    let mut welcomed = false;
-    let opened = monotonic_ns();
-    let mut last_heard = opened;
     let mut row = Vec::new();
-    let mut last_row = opened;
-    let mut next_row = u64::MAX;
-    let mut next_rescan = opened + RESCAN_EVERY_NS;
+    // A new baseline: the first row covers from here, and noise periods from before the host
+    // came are not its.
+    collector.sample(config.interval_ns, &mut row);
+    noise.iter().for_each(|n| drop(n.take()));
+    let mut last_row = monotonic_ns();
+    let mut next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
+    let welcome =
+        Welcome { version: VERSION, guest: guest_info(config, collector), series: collector.series().to_vec() };
+    Message::Welcome(Box::new(welcome)).encode(&mut out);
+    if let Err(e) = stream.write_all_within(&out, HOST_STALL) {
+        end.cause = format!("writing: {e}");
+        return end;
+    }
+    let mut last_heard = monotonic_ns();
+    let mut next_rescan = last_heard + RESCAN_EVERY_NS;
     let silence = u64::try_from(HOST_SILENCE.as_nanos()).unwrap_or(u64::MAX);
-    let hello_within = u64::try_from(HELLO_WITHIN.as_nanos()).unwrap_or(u64::MAX);
+    // Pings that came with the hello are answered first.
+    if let Err(cause) = answer_pings(&mut reader, last_heard, &mut stream, &mut end) {
+        end.cause = cause;
+        return end;
+    }
     loop {
         if stop.load(Ordering::Relaxed) {
             end.cause = "the agent was stopped".into();
@@ -172,48 +263,11 @@ fn session(
                     return end;
                 }
                 Ok(Some(n)) => {
-                    let t2 = monotonic_ns();
-                    last_heard = t2;
+                    last_heard = monotonic_ns();
                     reader.feed(&buf[..n]);
-                    out.clear();
-                    while let Some(message) = reader.next_message() {
-                        match message {
-                            Ok(Message::Hello(hello)) => {
-                                if let Err(why) = check_hello(&hello, config) {
-                                    Message::Refused(why.clone()).encode(&mut out);
-                                    let _ = stream.write_all_within(&out, HOST_STALL);
-                                    end.cause = format!("refused: {why}");
-                                    return end;
-                                }
-                                // A new baseline: the first row covers from here, and noise
-                                // periods from before the host came are not its.
-                                collector.sample(config.interval_ns, &mut row);
-                                noise.iter().for_each(|n| drop(n.take()));
-                                last_row = monotonic_ns();
-                                next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
-                                let welcome = Welcome {
-                                    version: VERSION,
-                                    guest: guest_info(config, collector),
-                                    series: collector.series().to_vec(),
-                                };
-                                Message::Welcome(Box::new(welcome)).encode(&mut out);
-                                welcomed = true;
-                                end.welcomed = true;
-                            }
-                            Ok(Message::Ping { seq, t1 }) if welcomed => {
-                                Message::Pong(Pong { seq, t1, t2, t3: monotonic_ns() }).encode(&mut out);
-                                end.pongs += 1;
-                            }
-                            // Anything else from a host is ignored; garbage is skipped.
-                            Ok(_) | Err(_) => {}
-                        }
-                    }
-                    if !out.is_empty() {
-                        // Pongs go out with their guest send time as late as possible.
-                        if let Err(e) = stream.write_all_within(&out, HOST_STALL) {
-                            end.cause = format!("writing: {e}");
-                            return end;
-                        }
+                    if let Err(cause) = answer_pings(&mut reader, last_heard, &mut stream, &mut end) {
+                        end.cause = cause;
+                        return end;
                     }
                 }
                 Ok(None) => {}
@@ -229,15 +283,11 @@ fn session(
             }
         }
         let now = monotonic_ns();
-        if !welcomed && now - opened > hello_within {
-            end.cause = "no hello".into();
-            return end;
-        }
-        if welcomed && now - last_heard > silence {
+        if now - last_heard > silence {
             end.cause = format!("silent for {} s", HOST_SILENCE.as_secs());
             return end;
         }
-        if welcomed && now >= next_row {
+        if now >= next_row {
             out.clear();
             if now >= next_rescan {
                 next_rescan = now + RESCAN_EVERY_NS;
@@ -264,6 +314,23 @@ fn session(
             end.rows += 1;
         }
     }
+}
+
+/// Answer the pings buffered in `reader` (read at guest time `t2`); anything else from a
+/// host is ignored, garbage skipped.
+fn answer_pings(reader: &mut FrameReader, t2: u64, stream: &mut Stream, end: &mut SessionEnd) -> Result<(), String> {
+    let mut out = Vec::new();
+    while let Some(message) = reader.next_message() {
+        if let Ok(Message::Ping { seq, t1 }) = message {
+            Message::Pong(Pong { seq, t1, t2, t3: monotonic_ns() }).encode(&mut out);
+            end.pongs += 1;
+        }
+    }
+    // Pongs go out with their guest send time as late as possible.
+    if out.is_empty() {
+        return Ok(());
+    }
+    stream.write_all_within(&out, HOST_STALL).map_err(|e| format!("writing: {e}"))
 }
 
 /// Whether a hello may go on: same protocol, and the token when one is set.

@@ -646,6 +646,11 @@ pub struct RecordArgs {
     /// The token the agents were started with (`agent --token-file`); tcp agents need one.
     #[arg(long, value_name = "FILE")]
     pub agent_token_file: Option<PathBuf>,
+    /// The most each agent's guest may add to the recording, in MiB (rows, noise, schemas);
+    /// past it the rest is dropped and recorded as a gap. A guest is untrusted: this keeps a
+    /// compromised one from filling the host's disk.
+    #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub agent_max_mib: u64,
     /// Run this command and record until it exits. A signal that stops the recording (or
     /// --duration running out) is passed on to it; it is killed 2 s later if still running.
     #[arg(last = true, value_name = "COMMAND")]

@@ -2,6 +2,7 @@
 //! as text, CSV and JSON.
 
 use std::collections::BTreeMap;
+use virtprof_model::units::printable;
 
 use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
 use virtprof_kvm::discover::vcpu_index;
@@ -85,7 +86,8 @@ pub fn owner_lines(window: &WindowReport) -> Vec<String> {
             .into_iter()
             .filter_map(|(what, v)| Some(format!("{what} {}", v.as_deref()?)))
             .collect();
-            format!("owner: {} (pid {}): {}", vm.name, vm.pid, parts.join(" · "))
+            // Names come from other processes' command lines and cgroups: escaped for a terminal.
+            printable(&format!("owner: {} (pid {}): {}", vm.name, vm.pid, parts.join(" · "))).into_owned()
         })
         .collect()
 }
@@ -115,7 +117,7 @@ pub const COLUMNS: [&str; 14] = [
 /// A VM's row under [`COLUMNS`].
 pub fn vm_cells(vm: &VmRow) -> [String; 14] {
     [
-        format!("{} ({})", vm.name, vm.kind),
+        printable(&format!("{} ({})", vm.name, vm.kind)).into_owned(),
         vm.pid.to_string(),
         String::new(),
         pct(vm.running_pct),
@@ -189,7 +191,7 @@ pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
     let mut lines = Vec::new();
     let opt = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
     for vm in &report.vms {
-        let name = vm.name.replace([',', '"', '\n'], "_");
+        let name = vm.name.replace(|c: char| c == ',' || c == '"' || c.is_control(), "_");
         lines.push(format!(
             "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{}",
             report.label,

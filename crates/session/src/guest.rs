@@ -224,19 +224,25 @@ impl GuestStream {
 
     /// Each series' total over all rows (counters: the sum; gauges: the last value), by name.
     pub fn totals(&self) -> Vec<(GuestSeries, f64)> {
+        use virtprof_model::guest::SeriesKind;
+        // Names looked up through an index: a guest may send many, and this must stay linear.
         let mut out: Vec<(GuestSeries, f64)> = Vec::new();
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for segment in &self.segments {
             for (i, s) in segment.series.iter().enumerate() {
                 let mut column =
                     segment.rows.iter().map(|r| r.values.get(i).copied().unwrap_or(0.0)).filter(|v| v.is_finite());
                 let value = match s.kind {
-                    virtprof_model::guest::SeriesKind::Counter => column.sum(),
-                    virtprof_model::guest::SeriesKind::Gauge => column.next_back().unwrap_or(0.0),
+                    SeriesKind::Counter => column.sum(),
+                    SeriesKind::Gauge => column.next_back().unwrap_or(0.0),
                 };
-                match out.iter_mut().find(|(o, _)| o.name == s.name) {
-                    Some((o, v)) if o.kind == virtprof_model::guest::SeriesKind::Counter => *v += value,
-                    Some((_, v)) => *v = value,
-                    None => out.push((s.clone(), value)),
+                match at.get(s.name.as_str()) {
+                    Some(&j) if out[j].0.kind == SeriesKind::Counter => out[j].1 += value,
+                    Some(&j) => out[j].1 = value,
+                    None => {
+                        at.insert(&s.name, out.len());
+                        out.push((s.clone(), value));
+                    }
                 }
             }
         }

@@ -122,6 +122,24 @@ pub struct AgentFooter {
     /// The agent refused the link (a wrong token), if it did.
     #[serde(default)]
     pub refused: Option<String>,
+    /// Bytes of rows, noise and schemas taken from the guest.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Rows dropped over the guest's rate or the byte cap (recorded as gaps).
+    #[serde(default)]
+    pub dropped_rows: u64,
+    /// Noise periods dropped over their rate or the byte cap.
+    #[serde(default)]
+    pub dropped_noise: u64,
+    /// Clock points dropped over their rate or count.
+    #[serde(default)]
+    pub dropped_points: u64,
+    /// Schemas dropped (over the limits on series, their rate or the byte cap).
+    #[serde(default)]
+    pub dropped_schemas: u64,
+    /// The guest's data reached the host's byte cap: nothing more was taken.
+    #[serde(default)]
+    pub capped: bool,
 }
 
 /// The series that the interval rows after it carry, in column order. A new schema chunk is

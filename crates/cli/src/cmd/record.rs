@@ -83,6 +83,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
     }
     Ok(RecordOptions {
         agents: args.agent.iter().map(|a| (a.clone(), token.clone())).collect(),
+        agent_limits: virtprof_agent::limits::GuestLimits { max_bytes: args.agent_max_mib << 20, ..Default::default() },
         events,
         duration: args.duration,
         buffer_size_kb: args.buffer_size_kb,

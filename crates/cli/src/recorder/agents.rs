@@ -8,6 +8,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use virtprof_agent::limits::GuestLimits;
 use virtprof_agent::link::{run, LinkConfig, LinkEvent, LinkSummary};
 use virtprof_agent::transport::Address;
 use virtprof_store::recording::{AgentFooter, AgentRecord};
@@ -26,10 +27,11 @@ pub fn start(
     agent: u32,
     address: &Address,
     token: &Option<String>,
+    limits: GuestLimits,
     tx: &SyncSender<WriterMsg>,
     stop: &Arc<AtomicBool>,
 ) -> std::io::Result<Running> {
-    let config = LinkConfig::new(address.clone(), token.clone());
+    let config = LinkConfig { limits, ..LinkConfig::new(address.clone(), token.clone()) };
     let (tx, stop) = (tx.clone(), Arc::clone(stop));
     let name = address.to_string();
     let handle = std::thread::Builder::new().name(format!("virtprof-agent-{agent}")).spawn(move || {
@@ -58,6 +60,19 @@ impl Running {
     /// Wait for the link (its stop flag set) and give its figures for the footer.
     pub fn finish(self) -> anyhow::Result<AgentFooter> {
         let s = self.handle.join().map_err(|_| anyhow::anyhow!("agent link thread panicked"))?;
+        let d = s.dropped;
+        if d.capped || d.rows + d.noise + d.points + d.schemas > 0 {
+            eprintln!(
+                "virtprof: agent {} ({}): over the host's limits, dropped {} rows, {} noise periods, {} clock points, {} schemas{}",
+                self.agent,
+                self.address,
+                d.rows,
+                d.noise,
+                d.points,
+                d.schemas,
+                if d.capped { "; its data reached --agent-max-mib, the rest of the run is a gap" } else { "" }
+            );
+        }
         Ok(AgentFooter {
             agent: self.agent,
             address: self.address.to_string(),
@@ -71,6 +86,12 @@ impl Running {
             exchanges_outside: s.validation.outside,
             worst_excess_ns: s.validation.worst_excess_ns,
             refused: s.refused,
+            bytes: s.bytes,
+            dropped_rows: s.dropped.rows,
+            dropped_noise: s.dropped.noise,
+            dropped_points: s.dropped.points,
+            dropped_schemas: s.dropped.schemas,
+            capped: s.dropped.capped,
         })
     }
 }

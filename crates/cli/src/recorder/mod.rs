@@ -93,6 +93,8 @@ pub struct RecordOptions {
     pub command: Vec<String>,
     /// Guest agents to connect to, each with its token.
     pub agents: Vec<(virtprof_agent::transport::Address, Option<String>)>,
+    /// What each agent's guest may send (its byte cap is per recording).
+    pub agent_limits: virtprof_agent::limits::GuestLimits,
 }
 
 impl Default for RecordOptions {
@@ -107,6 +109,7 @@ impl Default for RecordOptions {
             hw_counters: DEFAULT_HW_COUNTERS,
             command: Vec::new(),
             agents: Vec::new(),
+            agent_limits: virtprof_agent::limits::GuestLimits::default(),
         }
     }
 }
@@ -233,7 +236,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         .iter()
         .enumerate()
         .map(|(i, (address, token))| {
-            agents::start(u32::try_from(i).unwrap_or(u32::MAX), address, token, &tx, &agents_stop)
+            agents::start(u32::try_from(i).unwrap_or(u32::MAX), address, token, options.agent_limits, &tx, &agents_stop)
         })
         .collect::<std::io::Result<_>>()?;
 

@@ -74,7 +74,7 @@ impl Guests {
         let mut links = Vec::new();
         for (i, (address, token)) in agents.iter().enumerate() {
             let shared = Arc::new(Mutex::new(Shared { status: Some("connecting".into()), ..Default::default() }));
-            let (config, state, stop) = (LinkConfig::new(address.clone(), token.clone()), shared.clone(), stop.clone());
+            let (config, state, stop) = (live_link(address, token), shared.clone(), stop.clone());
             let handle = std::thread::Builder::new().name(format!("virtprof-agent-{i}")).spawn(move || {
                 run(&config, &stop, &mut |event| {
                     let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,6 +176,14 @@ impl Drop for Guests {
     }
 }
 
+/// A live link: rates and series held to the limits; no byte cap, as nothing is stored
+/// past the window kept (the cap protects a recording's disk).
+fn live_link(address: &Address, token: &Option<String>) -> LinkConfig {
+    let mut config = LinkConfig::new(address.clone(), token.clone());
+    config.limits.max_bytes = u64::MAX;
+    config
+}
+
 /// One text line per guest, for `--once` and the live view.
 pub fn line(g: &GuestLive) -> String {
     let name = if g.name.is_empty() { g.address.clone() } else { format!("{} ({})", g.name, g.address) };
@@ -200,9 +208,11 @@ pub fn line(g: &GuestLive) -> String {
             )
         })
         .unwrap_or_default();
-    format!(
+    // Series names are the guest's own words: escaped for a terminal, like its name.
+    let line = format!(
         "guest {name}: {}{}{noise}{bound}",
         cpu.join(" "),
         if apps.is_empty() { String::new() } else { format!(" · {}", apps.join(" ")) }
-    )
+    );
+    virtprof_model::units::printable(&line).into_owned()
 }

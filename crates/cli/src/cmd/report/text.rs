@@ -96,6 +96,22 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
                 l.refused.as_deref().map(|r| format!("; refused: {}", p(r))).unwrap_or_default()
             )?;
         }
+        let dropped = l.dropped_rows + l.dropped_noise + l.dropped_points + l.dropped_schemas;
+        if dropped > 0 || l.capped {
+            writeln!(
+                out,
+                "  over the host's limits, dropped: {} rows, {} noise periods, {} clock points, {} schemas{}",
+                l.dropped_rows,
+                l.dropped_noise,
+                l.dropped_points,
+                l.dropped_schemas,
+                if l.capped {
+                    format!("; the guest's data reached the cap ({} MiB taken)", l.bytes >> 20)
+                } else {
+                    String::new()
+                }
+            )?;
+        }
     }
     if let Some(m) = &g.markers {
         let c = &m.check;
