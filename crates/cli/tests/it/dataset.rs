@@ -145,3 +145,106 @@ fn a_dataset_of_three_hosts_reads_in_duckdb_and_spark_with_the_exit_counts_of_ex
         std::fs::remove_file(f).unwrap();
     }
 }
+
+/// The committed recording of a testvm run: exportable on any host.
+fn fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec")
+}
+
+/// `export --dataset DIR --host HOST --date DATE FIXTURE`, killed if it runs 60 s.
+fn export_fixture(dataset: &Path, host: &str, date: &str) -> std::process::Output {
+    let child = virtprof()
+        .args(["export", "--format", "parquet", "--dataset"])
+        .arg(dataset)
+        .args(["--host", host, "--date", date])
+        .arg(fixture())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        // SAFETY: kill on a pid we started (a no-op once it is reaped and not reused so soon).
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(killer);
+    out
+}
+
+/// Issue 32: several exporters at once into one new folder all land, the same partition
+/// exported at once by several ends as one partition, dates are real dates, and a manifest
+/// or table folder that is not what it should be is refused before anything is read or
+/// written through it.
+#[test]
+fn concurrent_exporters_all_land_and_a_tampered_dataset_is_refused() {
+    let dataset = temp("dataset-concurrent");
+    let _ = std::fs::remove_dir_all(&dataset);
+    let run = |hosts: Vec<String>| {
+        let handles: Vec<_> = hosts
+            .into_iter()
+            .map(|h| {
+                let dataset = dataset.clone();
+                std::thread::spawn(move || (h.clone(), export_fixture(&dataset, &h, "2026-11-26")))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    for (host, out) in run((0..6).map(|i| format!("host-{i}")).collect()) {
+        assert!(out.status.success(), "{host}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for (host, out) in run(vec!["same".to_string(); 6]) {
+        assert!(out.status.success(), "{host}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let hosts: Vec<String> = std::fs::read_dir(dataset.join("exits"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(hosts.len(), 7, "{hosts:?}");
+    let same = dataset.join("exits/host=same/date=2026-11-26");
+    assert_eq!(std::fs::read_dir(&same).unwrap().count(), 1, "one partition for the same recording");
+    let leftovers: Vec<_> = std::fs::read_dir(&dataset)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".staging"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    for bad in ["2026-02-31", "2026-1-011", "+2026-1-01", "0000-01-01"] {
+        let out = export_fixture(&dataset, "host-x", bad);
+        assert_eq!(out.status.code(), Some(2), "--date {bad}");
+    }
+
+    // A manifest that is a FIFO, or a link to /dev/zero: refused at once, not read.
+    let manifest = dataset.join("_virtprof_dataset.json");
+    let kept = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
+    let fifo = std::ffi::CString::new(manifest.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let out = export_fixture(&dataset, "host-x", "2026-11-26");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FIFO"));
+    std::fs::remove_file(&manifest).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &manifest).unwrap();
+    let out = export_fixture(&dataset, "host-x", "2026-11-26");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(&manifest).unwrap();
+    std::fs::write(&manifest, kept).unwrap();
+
+    // A table folder that is a symlink elsewhere: refused, and nothing there touched.
+    let outside = temp("dataset-outside");
+    let _ = std::fs::remove_dir_all(&outside);
+    std::fs::create_dir_all(outside.join("host=host-y/date=2026-11-26/recording=keep")).unwrap();
+    std::fs::rename(dataset.join("sched"), temp("dataset-sched-aside")).unwrap();
+    std::os::unix::fs::symlink(&outside, dataset.join("sched")).unwrap();
+    let out = export_fixture(&dataset, "host-y", "2026-11-26");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symbolic link"));
+    assert!(outside.join("host=host-y/date=2026-11-26/recording=keep").is_dir());
+    assert_eq!(std::fs::read_dir(outside.join("host=host-y/date=2026-11-26")).unwrap().count(), 1);
+    std::fs::remove_dir_all(&dataset).unwrap();
+    std::fs::remove_dir_all(&outside).unwrap();
+    std::fs::remove_dir_all(temp("dataset-sched-aside")).unwrap();
+}
