@@ -84,7 +84,7 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
     let serial = matches!(listener, crate::transport::Listener::Port(_));
     while !stop.load(Ordering::Relaxed) && config.sessions.is_none_or(|n| served < n) {
         // A serial port "accepts" by opening the device: only while nobody is on it.
-        if !(serial && !pending.is_empty()) {
+        if !serial || pending.is_empty() {
             let wait = Duration::from_millis(if pending.is_empty() { 200 } else { 20 });
             match listener.accept(wait) {
                 Ok(Some(stream)) => {

@@ -14,7 +14,7 @@ mod tls;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -115,10 +115,7 @@ pub struct Server {
 impl Server {
     /// The next scrape asked for, waiting at most `timeout`.
     pub fn next_scrape(&self, timeout: Duration) -> Option<ScrapeJob> {
-        match self.jobs.recv_timeout(timeout) {
-            Ok(job) => Some(job),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
-        }
+        self.jobs.recv_timeout(timeout).ok()
     }
 }
 
