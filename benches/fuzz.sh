@@ -3,7 +3,9 @@
 #   crates/trace/tests/fuzz.rs    pages, event formats, header_page (decoder level)
 #   crates/session/tests/fuzz.rs  recording (CRC-valid damage), trace.dat, ftrace text
 #                                  (whole sources through Session and two analyzers)
-# TARGETS picks some of them (default: all four). Each whole-source target runs as SHARDS
+#   crates/agent/tests/fuzz.rs    agent: the guest link's frame decoder (untrusted guests)
+#   cli serve::http::request      http: serve's request-head parser (untrusted clients)
+# TARGETS picks some of them (default: all six). Each whole-source target runs as SHARDS
 # processes with their own seeds (default: one per CPU). Any panic, abort (a runaway
 # allocation meets the 8 GiB address-space limit) or hang (an input over 20 s) fails the run
 # and names the seed and iteration to replay; a hang also saves its input to
@@ -13,12 +15,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=${ITERS:-1000000}
 SHARDS=${SHARDS:-$(nproc)}
-TARGETS=${TARGETS:-decoders recording tracedat text}
+TARGETS=${TARGETS:-decoders recording tracedat text agent http}
 out=benches/results/$(date +%F)-fuzz-$(echo "$TARGETS" | tr ' ' '-').txt
 # Kept after the run: a failure's seed, iteration and backtrace are in the target's logs.
 work=target/fuzz-logs
 rm -rf "$work" && mkdir -p "$work"
-cargo test --release -q -p virtprof-trace -p virtprof-session --test fuzz --no-run 2>/dev/null
+cargo test --release -q -p virtprof-trace -p virtprof-session -p virtprof-agent --test fuzz --no-run 2>/dev/null
+cargo test --release -q -p virtprof-cli --bin virtprof --no-run 2>/dev/null
 
 failed=0
 summary() { # target inputs status log
@@ -40,6 +43,17 @@ summary() { # target inputs status log
 {
     echo "# virtprof fuzzing, $(date -u +%FT%TZ), $(git rev-parse --short HEAD), $ITERS inputs per target, $SHARDS shards"
     for target in $TARGETS; do
+        if [ "$target" = agent ] || [ "$target" = http ]; then
+            log=$work/$target.log
+            status=0
+            if [ "$target" = agent ]; then
+                VIRTPROF_FUZZ_ITERS=$ITERS cargo test --release -q -p virtprof-agent --test fuzz -- --nocapture >"$log" 2>&1 || status=$?
+            else
+                VIRTPROF_FUZZ_ITERS=$ITERS cargo test --release -q -p virtprof-cli --bin virtprof fuzz_request_heads -- --nocapture >"$log" 2>&1 || status=$?
+            fi
+            summary "$target" "$ITERS" "$status" "$log"
+            continue
+        fi
         if [ "$target" = decoders ]; then
             log=$work/trace.log
             status=0

@@ -469,3 +469,72 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     }
     let _ = std::fs::remove_dir_all(counters);
 }
+
+/// Issue 32: a compromised guest floods the host's `record --agent` with rows and clock
+/// frames as fast as TCP carries them, with series names holding escape sequences. The
+/// recording takes at most `--agent-max-mib` of it and says what it dropped; `report` reads
+/// it, shows the drop and the gap, and escapes the names.
+#[test]
+fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
+    use std::io::Write;
+    use virtprof_agent::wire::{Message, PtpPair, Row, Welcome, VERSION};
+    use virtprof_model::guest::{GuestInfo, GuestSeries};
+    let test = "a_flooding_guest_costs_a_recording_at_most_its_cap";
+    if !have_tracefs(test) {
+        return;
+    }
+    let _lock = vm_lock();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let guest = std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return 0u64 };
+        let mut out = Vec::new();
+        let series = (0..64).map(|i| GuestSeries::counter(format!("app.\u{1b}]0;pwned\u{7}.c{i}"), "events")).collect();
+        let guest =
+            GuestInfo { hostname: "evil\u{1b}[2J".into(), interval_ns: 100_000_000, cpus: 1, ..Default::default() };
+        Message::Welcome(Box::new(Welcome { version: VERSION, guest, series })).encode(&mut out);
+        s.write_all(&out).unwrap();
+        let mut flood = Vec::new();
+        for i in 0..200u64 {
+            Message::Row(Row { start_ns: i, end_ns: i + 1, values: vec![1.0; 64] }).encode(&mut flood);
+            Message::Ptp(PtpPair { guest_ns: i, host_realtime_ns: i, uncertainty_ns: 1 }).encode(&mut flood);
+        }
+        let (mut sent, until) = (0u64, Instant::now() + Duration::from_secs(4));
+        while Instant::now() < until && s.write_all(&flood).is_ok() {
+            sent += 200;
+        }
+        sent
+    });
+    let token = token_file("agent-flood-token");
+    let rec = temp("agent-flood.vprec");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["-d", "5s", "--events", "sched:sched_switch", "--agent", &format!("tcp:127.0.0.1:{port}")])
+        .arg("--agent-token-file")
+        .arg(&token)
+        .args(["--agent-max-mib", "1"])
+        .output()
+        .unwrap();
+    let sent = guest.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("over the host's limits, dropped"), "{stderr}");
+    let size = std::fs::metadata(&rec).unwrap().len();
+    eprintln!("the guest sent {sent} rows; the recording is {size} bytes");
+    assert!(sent > 10_000, "the flood was a flood: {sent}");
+    // The guest's part is at most 1 MiB; the trace of 5 s of sched_switch is the rest.
+    let r = report_json(&rec);
+    let link = &r["guests"][0]["link"];
+    assert!(link["bytes"].as_u64().unwrap() <= 1 << 20, "{link}");
+    let (rows, dropped) = (r["guests"][0]["rows"].as_u64().unwrap(), link["dropped_rows"].as_u64().unwrap());
+    assert!(rows <= 5 * 20 + 10 && rows > 0, "{rows} rows taken");
+    assert!(dropped > 10 * rows, "{dropped} dropped");
+    assert!(link["dropped_points"].as_u64().unwrap() > 1000, "{link}");
+    let text = virtprof().arg("report").arg(&rec).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("over the host's limits, dropped"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}'), "escape bytes reached the terminal");
+    let _ = std::fs::remove_file(&rec);
+    let _ = std::fs::remove_file(&token);
+}

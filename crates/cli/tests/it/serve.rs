@@ -295,6 +295,41 @@ fn a_client_that_never_reads_cannot_hang_serve_or_its_stop() {
     let _ = std::fs::remove_file(token);
 }
 
+/// Under `ulimit -n 64`, 300 idle sockets cannot end serve (it ended with "Too many open
+/// files" at about 510 under 1024) nor keep a scraper out: the oldest idle ones are closed.
+#[test]
+fn idle_sockets_past_the_fd_limit_cannot_end_serve_or_keep_scrapes_out() {
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64; exec {} serve --no-trace --listen 127.0.0.1:0 -d 60s",
+            env!("CARGO_BIN_EXE_virtprof")
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let address = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended before listening");
+        if let Some(rest) = line.trim().strip_prefix("virtprof: serving http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let idle: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..5 {
+        assert!(scrape(&address, "").contains("virtprof_scrape_collect_seconds"));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "serve ended");
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    assert!(child.wait().unwrap().success());
+    drop(idle);
+}
+
 /// TLS material is checked before anything is served: junk, a certificate without its key,
 /// a key of another certificate are exit-2 errors naming the file; a SEC1 EC key works. A
 /// textfile interval under a second is refused; a token file every user can read is warned of.
