@@ -12,20 +12,7 @@
 use virtprof_agent::wire::{FrameReader, Hello, Message, PtpPair, Row, HEADER, MAX_PAYLOAD, VERSION};
 use virtprof_model::guest::{GuestSeries, NoiseBatch};
 
-/// xorshift64*: small, deterministic, good enough to drive mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use virtprof_host::fuzz::Rng;
 
 fn seed_stream() -> Vec<u8> {
     let mut out = Vec::new();
@@ -47,14 +34,14 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
     for _ in 0..=rng.below(6) {
         let at = rng.below(input.len() + 1);
         match rng.below(6) {
-            0 if at < input.len() => input[at] = rng.next() as u8,
-            1 => input.insert(at, rng.next() as u8),
+            0 if at < input.len() => input[at] = rng.byte(),
+            1 => input.insert(at, rng.byte()),
             2 if at < input.len() => {
                 input.remove(at);
             }
             // Repeated magic: a run of headers that are no frames.
             3 => {
-                let run = [b'V', b'A', rng.next() as u8, rng.below(2) as u8, 0, 0, 0, 0].repeat(rng.below(5000));
+                let run = [b'V', b'A', rng.byte(), rng.below(2) as u8, 0, 0, 0, 0].repeat(rng.below(5000));
                 input.splice(at..at, run);
             }
             // A forged length.
@@ -62,7 +49,7 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
                 input[at] = b'V';
                 input[at + 1] = b'A';
                 input[at + 3] = 0;
-                input[at + 4..at + 8].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+                input[at + 4..at + 8].copy_from_slice(&(rng.word() as u32).to_le_bytes());
             }
             _ => input.truncate(at),
         }
@@ -71,7 +58,7 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
 
 #[test]
 fn fuzz_frame_reader() {
-    let iters: usize = std::env::var("VIRTPROF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(3_000);
+    let iters = virtprof_host::fuzz::iterations(3_000);
     let seed = seed_stream();
     let mut rng = Rng(
         0x5eed_0000_0000_0001 ^ std::env::var("VIRTPROF_FUZZ_SHARD").ok().and_then(|v| v.parse().ok()).unwrap_or(0)

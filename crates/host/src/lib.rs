@@ -5,6 +5,7 @@
 
 pub mod affinity;
 pub mod clock;
+pub mod fuzz;
 pub mod input;
 pub mod kind;
 pub mod osnoise;

@@ -35,23 +35,10 @@ const INPUT_TIME_LIMIT: Duration = Duration::from_secs(20);
 /// this is a runaway allocation.
 const ADDRESS_SPACE_LIMIT: u64 = 8 << 30;
 
-/// xorshift64*: small, deterministic, good enough to drive mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use virtprof_host::fuzz::Rng;
 
 fn iterations() -> usize {
-    std::env::var("VIRTPROF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_500)
+    virtprof_host::fuzz::iterations(1_500)
 }
 
 fn here(rel: &str) -> PathBuf {
@@ -74,10 +61,10 @@ fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>, from: usize) {
         let i = from + rng.below(span);
         match rng.below(8) {
             0..=2 => data[i] ^= 1 << rng.below(8),
-            3 => data[i] = rng.next() as u8,
+            3 => data[i] = rng.word() as u8,
             4 | 5 if span >= 8 => {
                 let at = from + rng.below(span - 7);
-                let value = if rng.below(2) == 0 { INTERESTING[rng.below(8)] } else { rng.next() };
+                let value = if rng.below(2) == 0 { INTERESTING[rng.below(8)] } else { rng.word() };
                 data[at..at + 8].copy_from_slice(&value.to_le_bytes());
             }
             6 if span >= 64 => {

@@ -17,23 +17,10 @@ use virtprof_trace::dump::Dump;
 use virtprof_trace::format::{parse_event_format, parse_header_page, parse_symbol_tables};
 use virtprof_trace::page::Page;
 
-/// xorshift64*: small, deterministic, good enough to drive mutations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use virtprof_host::fuzz::Rng;
 
 fn iterations() -> usize {
-    std::env::var("VIRTPROF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(50_000)
+    virtprof_host::fuzz::iterations(50_000)
 }
 
 fn fixture_dump() -> Dump {
@@ -56,11 +43,11 @@ fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>) {
             // The commit word and event headers are the most sensitive places.
             3 if data.len() > 24 => {
                 let i = 8 + rng.below(16);
-                data[i] = rng.next() as u8;
+                data[i] = rng.word() as u8;
             }
             4 if data.len() >= 4 => {
                 let i = rng.below(data.len() / 4) * 4;
-                data[i..i + 4].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+                data[i..i + 4].copy_from_slice(&(rng.word() as u32).to_le_bytes());
             }
             3 | 4 => {}
             _ => data.truncate(rng.below(data.len() + 1)),

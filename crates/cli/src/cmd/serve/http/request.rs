@@ -146,28 +146,22 @@ mod tests {
     /// inputs (default 20 000; `benches/fuzz.sh` runs a million).
     #[test]
     fn fuzz_request_heads() {
-        let iters = std::env::var("VIRTPROF_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000usize);
+        let iters = virtprof_host::fuzz::iterations(20_000);
         let seeds: [&[u8]; 3] = [
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer abcdefgh\r\nAccept: application/openmetrics-text\r\n\r\n",
             b"HEAD / HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\nGET / HTTP/1.1\r\n\r\n",
             b"POST /x?y HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         ];
-        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = || {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        };
+        let mut rng = virtprof_host::fuzz::Rng(0x9e37_79b9_7f4a_7c15);
         for i in 0..iters {
             let mut input = seeds[i % seeds.len()].to_vec();
-            for _ in 0..=(next() % 8) {
-                let at = usize::try_from(next() % (input.len() as u64 + 1)).unwrap_or(0);
-                match next() % 4 {
-                    0 if at < input.len() => input[at] = next().to_le_bytes()[0],
-                    1 => input.insert(at.min(input.len()), next().to_le_bytes()[0]),
+            for _ in 0..=rng.below(8) {
+                let at = rng.below(input.len() + 1);
+                match rng.below(4) {
+                    0 if at < input.len() => input[at] = rng.byte(),
+                    1 => input.insert(at, rng.byte()),
                     2 if at < input.len() => drop(input.remove(at)),
-                    _ => input.extend(std::iter::repeat_n(b'a', usize::try_from(next() % 4096).unwrap_or(0))),
+                    _ => input.extend(std::iter::repeat_n(b'a', rng.below(4096))),
                 }
             }
             if let Parsed::Complete { len, .. } = parse(&input) {
