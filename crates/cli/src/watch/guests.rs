@@ -216,3 +216,30 @@ pub fn line(g: &GuestLive) -> String {
     );
     virtprof_model::units::printable(&line).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest's own words (its name, its counters' names, a gap's cause) reach the terminal
+    /// escaped: a compromised guest cannot set the pane title or clear the screen.
+    #[test]
+    fn a_guests_escape_sequences_never_reach_the_terminal() {
+        let mut g = GuestLive {
+            agent: 0,
+            address: "vsock:3:9478".into(),
+            name: "evil\u{1b}[2J".into(),
+            rows: 5,
+            cpu_pct: vec![("user".into(), 1.0)],
+            app_per_s: vec![("app.\u{1b}]0;pwned\u{7}.x".into(), 3.0)],
+            noise: None,
+            bound_ns: None,
+            status: None,
+        };
+        let shown = line(&g);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.contains("app.\\u{1b}]0;pwned\\u{7}.x 3.0/s"), "{shown}");
+        g.status = Some("stalled\r\u{1b}[1A".into());
+        assert!(!line(&g).chars().any(char::is_control));
+    }
+}
