@@ -3,8 +3,10 @@
 //! The host sends a ping at host time t1; the agent reads it at guest time t2 and answers at
 //! t3; the answer arrives at host time t4. Whatever the one-way delays, the guest's clock read
 //! t2 somewhere between t1 and t4 on the host's, so `offset = ((t2 − t1) + (t3 − t4)) / 2` is
-//! off by at most half the round trip less the guest's turnaround. Of each burst the exchange
-//! with the least round trip becomes a [`ClockPoint`]; the others are kept to check the
+//! off by at most half the round trip. The bound is half the round trip as the host measured
+//! it, t4 − t1, and nothing the guest says: a guest claiming a long turnaround (t3 − t2) would
+//! otherwise make its own bound as tight as it liked. Of each burst the exchange with the
+//! least round trip becomes a [`ClockPoint`]; the others are kept to check the
 //! alignment afterwards ([`Validation`]): every exchange is an event both sides saw, and its
 //! guest times mapped onto the host must fall between its host send and receive times.
 
@@ -24,9 +26,9 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Round trip less the guest's turnaround, ns.
-    pub fn delay_ns(&self) -> u64 {
-        self.t4.saturating_sub(self.t1).saturating_sub(self.t3.saturating_sub(self.t2))
+    /// The round trip as the host measured it, ns.
+    pub fn round_trip_ns(&self) -> u64 {
+        self.t4.saturating_sub(self.t1)
     }
 
     /// Whether its times can be real: each side's clock moved forward.
@@ -42,7 +44,7 @@ impl Exchange {
             host_ns: self.t1 + (self.t4 - self.t1) / 2,
             offset_ns: i64::try_from(offset).unwrap_or(if offset < 0 { i64::MIN } else { i64::MAX }),
             // +1: the halving rounds down.
-            bound_ns: self.delay_ns() / 2 + 1,
+            bound_ns: self.round_trip_ns() / 2 + 1,
             ptp: false,
         }
     }
@@ -57,7 +59,7 @@ pub struct Burst {
 impl Burst {
     /// Offer an exchange; insane ones are ignored.
     pub fn offer(&mut self, e: Exchange) {
-        if e.is_sane() && self.best.is_none_or(|b| e.delay_ns() < b.delay_ns()) {
+        if e.is_sane() && self.best.is_none_or(|b| e.round_trip_ns() < b.round_trip_ns()) {
             self.best = Some(e);
         }
     }
@@ -116,11 +118,20 @@ mod tests {
     fn the_offset_is_exact_for_symmetric_delays_and_within_the_bound_otherwise() {
         let e = exchange(1000, 50_000, 30, 5, 30);
         assert_eq!(e.point().offset_ns, 50_000);
-        assert_eq!(e.delay_ns(), 60);
+        assert_eq!(e.round_trip_ns(), 65);
         // All the delay on one side: the estimate is off by half the delay, the bound.
         let e = exchange(1000, 50_000, 60, 5, 0);
         let p = e.point();
         assert!((p.offset_ns - 50_000).unsigned_abs() <= p.bound_ns, "{p:?}");
+    }
+
+    /// A guest that claims it held the ping for most of the round trip gets no tighter bound.
+    #[test]
+    fn the_bound_is_half_the_hosts_round_trip_whatever_the_guest_claims() {
+        let honest = exchange(1000, 0, 50, 1, 50);
+        let claims_long_turnaround = Exchange { t3: honest.t2 + 99, ..honest };
+        assert_eq!(honest.point().bound_ns, 51);
+        assert_eq!(claims_long_turnaround.point().bound_ns, 51);
     }
 
     #[test]
