@@ -392,12 +392,40 @@ fn serve_checks_tls_material_intervals_and_token_files_before_serving() {
         let served =
             Served::start(&["--no-trace", "-d", "30s", "--tls-cert", &p("ec-cert.pem"), "--tls-key", &p("ec.pem")]);
         assert!(served.https);
-        match std::process::Command::new("curl").arg("-sk").arg(format!("https://{}/metrics", served.address)).output()
-        {
-            Ok(out) => assert!(String::from_utf8_lossy(&out.stdout).contains("virtprof_scrape_collect_seconds")),
-            Err(e) => note(test, format!("SKIP (HTTPS scrape): curl: {e}")),
+        // Over TLS too, a client that pipelines scrapes and never reads stalls only itself:
+        // openssl s_client sends them, and its own output is never read.
+        let mut hog = std::process::Command::new("openssl")
+            .args(["s_client", "-quiet", "-connect", &served.address])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        if let Some(h) = &mut hog {
+            let mut stdin = h.stdin.take().unwrap();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(5000));
+                std::thread::sleep(Duration::from_secs(30));
+            });
+            std::thread::sleep(Duration::from_secs(2));
         }
+        for _ in 0..3 {
+            let curl = std::process::Command::new("curl")
+                .args(["-sk", "--max-time", "10"])
+                .arg(format!("https://{}/metrics", served.address))
+                .output();
+            match curl {
+                Ok(out) => assert!(String::from_utf8_lossy(&out.stdout).contains("virtprof_scrape_collect_seconds")),
+                Err(e) => note(test, format!("SKIP (HTTPS scrape): curl: {e}")),
+            }
+        }
+        let started = Instant::now();
         served.stop();
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        if let Some(mut h) = hog {
+            let _ = h.kill();
+            let _ = h.wait();
+        }
     }
     for interval in ["0s", "1ms", "999ms"] {
         let out = virtprof()

@@ -157,6 +157,9 @@ type Closed = io::Error;
 
 fn serve_connection(stream: &Arc<TcpStream>, id: u64, shared: &Shared) -> Result<(), Closed> {
     let _ = stream.set_nodelay(true);
+    // Reads and writes made outside `write_within` (a TLS handshake writes while it reads)
+    // are bounded too.
+    stream.set_write_timeout(Some(shared.limits.write))?;
     let mut channel = match &shared.tls {
         Some(config) => {
             let tls = rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
