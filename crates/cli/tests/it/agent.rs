@@ -521,7 +521,7 @@ fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("over the host's limits, dropped"), "{stderr}");
     let size = std::fs::metadata(&rec).unwrap().len();
-    eprintln!("the guest sent {sent} rows; the recording is {size} bytes");
+    eprintln!("the guest sent {sent} rows and as many ptp frames in 4 s; the recording is {size} bytes");
     assert!(sent > 10_000, "the flood was a flood: {sent}");
     // The guest's part is at most 1 MiB; the trace of 5 s of sched_switch is the rest.
     let r = report_json(&rec);
@@ -530,6 +530,7 @@ fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
     let (rows, dropped) = (r["guests"][0]["rows"].as_u64().unwrap(), link["dropped_rows"].as_u64().unwrap());
     assert!(rows <= 5 * 20 + 10 && rows > 0, "{rows} rows taken");
     assert!(dropped > 10 * rows, "{dropped} dropped");
+    eprintln!("taken: {rows} rows, {} bytes; dropped: {dropped} rows, {} clock points", link["bytes"], link["dropped_points"]);
     assert!(link["dropped_points"].as_u64().unwrap() > 1000, "{link}");
     let text = virtprof().arg("report").arg(&rec).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
