@@ -530,7 +530,10 @@ fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
     let (rows, dropped) = (r["guests"][0]["rows"].as_u64().unwrap(), link["dropped_rows"].as_u64().unwrap());
     assert!(rows <= 5 * 20 + 10 && rows > 0, "{rows} rows taken");
     assert!(dropped > 10 * rows, "{dropped} dropped");
-    eprintln!("taken: {rows} rows, {} bytes; dropped: {dropped} rows, {} clock points", link["bytes"], link["dropped_points"]);
+    eprintln!(
+        "taken: {rows} rows, {} bytes; dropped: {dropped} rows, {} clock points",
+        link["bytes"], link["dropped_points"]
+    );
     assert!(link["dropped_points"].as_u64().unwrap() > 1000, "{link}");
     let text = virtprof().arg("report").arg(&rec).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);

@@ -309,7 +309,11 @@ fn a_replayed_recording_shows_the_gap_with_and_without_the_policy() {
     assert!(points.len() >= 15, "{} periods", points.len());
     let last = points.last().unwrap();
     let bound = r["bound_j"].as_f64().unwrap();
-    assert!(last["gap_without_j"].as_f64().unwrap() > 5.0 * bound, "{last} vs bound {bound}");
+    // Without the policy the hot core runs away from the cold one; with it the gap stays
+    // within the bound. How far it runs away depends on how much CPU the hot VM got (less on
+    // a busy host), so it is compared with the bound and with the policy's gap, not a figure.
+    let (without, with) = (last["gap_without_j"].as_f64().unwrap(), last["gap_with_j"].as_f64().unwrap());
+    assert!(without > 2.0 * bound && without > 10.0 * with, "{last} vs bound {bound}");
     assert!(points.iter().all(|p| p["gap_with_j"].as_f64().unwrap() <= bound), "bound {bound}");
     let text = virtprof().args(["balance", "--replay"]).arg(&rec).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("with the policy"));

@@ -39,7 +39,10 @@ fn testvm_shares_are_measured_within_two_points_and_ballooning_moves_rank() {
         control_file.to_str().unwrap(),
     ]);
     let samples = control["samples"].as_u64().unwrap();
-    assert!(samples > 1800, "about 2000 samples at 1 kHz over 2 s, got {samples}");
+    // At most 2000 at 1 kHz over 2 s; a busy host takes fewer (the sampler's kicks wait for a
+    // CPU). The functions run one after another, so a missed tick costs a share nothing but
+    // at its ends: a few hundred samples measure each within 2 points.
+    assert!((300..=2100).contains(&samples), "up to 2000 samples at 1 kHz over 2 s, got {samples}");
     for (name, share) in [("init_mm", 0.61), ("probe_devices", 0.27), ("start_user", 0.12)] {
         let got = fraction(&control, name);
         assert!((got - share).abs() <= 0.02, "{name}: measured {got:.4}, given {share}");
