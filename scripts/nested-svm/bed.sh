@@ -187,6 +187,11 @@ rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED
     # hang (every step that waits on L2 is under hang-guard): it fails, it is not repeated.
     if [ "$status" = 124 ] && [ ! -s "$share/rc" ] && [ ! -s "$share/hung" ]; then
         echo "bed.sh: the job was still running after ${timeout}s (L1 itself was alive)" >&2
+    elif [ ! -s "$share/rc" ] && [ ! -s "$share/hung" ]; then
+        # L1 went away before its time limit without the job's status and without a panic
+        # on its console (seen in CI: QEMU ended 51 s into the boot, the console stopping at
+        # an unhandled WRMSR): the emulator's, so the attempt is repeated like a stuck one.
+        echo "L1 ended without the job's status (QEMU exit $status), before its time limit" > "$share/hung"
     fi
     [ -s "$share/rc" ]
 }

@@ -179,6 +179,8 @@ fn export_fixture(dataset: &Path, host: &str, date: &str) -> std::process::Outpu
 /// written through it.
 #[test]
 fn concurrent_exporters_all_land_and_a_tampered_dataset_is_refused() {
+    // Six exporters at once load every CPU: not beside tests that time VMs or find phases.
+    let _cpus = super::util::vm_lock();
     let dataset = temp("dataset-concurrent");
     let _ = std::fs::remove_dir_all(&dataset);
     let run = |hosts: Vec<String>| {

@@ -269,6 +269,8 @@ fn serve_answers_only_what_it_should() {
 /// scraper keeps being answered and a stop still ends serve at once. Loopback, bounded.
 #[test]
 fn a_client_that_never_reads_cannot_hang_serve_or_its_stop() {
+    // Floods of requests load the host: not beside tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let token = temp("serve-hostile-token");
     std::fs::write(&token, "a-long-enough-token\n").unwrap();
     let served = Served::start(&["--no-trace", "--token-file", token.to_str().unwrap(), "-d", "60s"]);
@@ -299,6 +301,8 @@ fn a_client_that_never_reads_cannot_hang_serve_or_its_stop() {
 /// files" at about 510 under 1024) nor keep a scraper out: the oldest idle ones are closed.
 #[test]
 fn idle_sockets_past_the_fd_limit_cannot_end_serve_or_keep_scrapes_out() {
+    // Floods of requests load the host: not beside tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let mut child = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
@@ -335,6 +339,8 @@ fn idle_sockets_past_the_fd_limit_cannot_end_serve_or_keep_scrapes_out() {
 /// textfile interval under a second is refused; a token file every user can read is warned of.
 #[test]
 fn serve_checks_tls_material_intervals_and_token_files_before_serving() {
+    // Floods of requests load the host: not beside tests that time VMs.
+    let _cpus = super::util::vm_lock();
     let test = "serve_checks_tls_material_intervals_and_token_files_before_serving";
     let openssl =
         |args: &[&str]| std::process::Command::new("openssl").args(args).output().is_ok_and(|o| o.status.success());
