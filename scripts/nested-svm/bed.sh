@@ -23,7 +23,7 @@
 # is printed). Runs may go on at once: each has its own folders and initramfs, and the
 # kernel is unpacked once under a lock. Everything inside L1 is emulated: exits cost tens of
 # microseconds and commands take 3-10x longer than on the host. An attempt whose L1 breaks
-# under emulation (a panic, a stall) is run again, up to BED_ATTEMPTS (3) in all; BED_APPEND
+# under emulation (a panic, a stall) is run again, up to BED_ATTEMPTS (5) in all; BED_APPEND
 # adds to L1's kernel command line.
 # Cache: target/nested-svm (the kernel package, about 70 MB, fetched once with apt).
 set -euo pipefail
@@ -253,11 +253,11 @@ run() {
     # leaves an L2 guest making no progress (a hang-guard'ed command that never ends; once a
     # micro-VM triple-faulted), or stops L1's clock (its heartbeat stops; see watch_l1): the
     # emulator's, not the job's. L1 then panics or is powered
-    # off, and the job runs again, up to BED_ATTEMPTS times in all (default 3), saying so.
+    # off, and the job runs again, up to BED_ATTEMPTS times in all (default 5), saying so.
     # Each broken attempt's console is kept as console.N.log.
     local broke='soft lockup|Kernel panic|RCU Stall' attempt=1 began=$SECONDS
     while ! boot_l1 "$share" "$out" "$timeout" && { [ -s "$share/hung" ] || grep -Eq "$broke" "$share/console.log"; } &&
-        [ "$attempt" -lt "${BED_ATTEMPTS:-3}" ]; do
+        [ "$attempt" -lt "${BED_ATTEMPTS:-5}" ]; do
         local why
         why=$(cat "$share/hung" 2>/dev/null || grep -Em1 "$broke" "$share/console.log" | sed 's/^\[[^]]*\] //')
         echo "bed.sh: L1 broke under emulation ($why) after $((SECONDS - began))s; running the job again" >&2
