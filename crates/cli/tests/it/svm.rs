@@ -511,7 +511,11 @@ fn steady_windows_agree(steady: &Value) -> Result<(), String> {
         let vcpu = &vm["vcpus"][0];
         let traced = vcpu["exits_per_s"].as_f64().unwrap();
         let Some(stats) = vcpu["kvm_stats_exits_per_s"].as_f64() else { continue };
-        if (traced - stats).abs() > 0.02 * stats {
+        // Emulated SVM delivers the guest's exits in bursts: a 1 s window's ends fall inside
+        // one, and its interpolated stats figure can miss by a few percent (up to 5.8 % seen
+        // with this machine's own host busy); longer windows must agree within 2 %.
+        let within = if window["label"] == "1s" { 0.08 } else { 0.02 };
+        if (traced - stats).abs() > within * stats {
             return Err(format!("{}: traced {traced}/s vs KVM stats {stats}/s", window["label"]));
         }
         compared.push(window["label"].as_str().unwrap().to_string());
