@@ -38,6 +38,20 @@ pub struct ExitOptions {
     /// as QEMU's first `KVM_RUN` returning before the guest ran, is no exit); on PVM exits
     /// are timed by their userspace round trips. Unknown: whichever the trace shows.
     pub host: Option<HostKind>,
+    /// Events the source did not record (a file made elsewhere with only some enabled): the
+    /// figures that need them are unknown, not zero.
+    pub unrecorded: Unrecorded,
+}
+
+/// Events a source did not record.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unrecorded {
+    /// `kvm_userspace_exit`: which exits the VMM handled (light/heavy, VMM time) is unknown.
+    pub userspace_exits: bool,
+    /// `sched_switch`: preempted and blocked time (and so overhead) is unknown.
+    pub sched_switch: bool,
+    /// `kvm_vcpu_wakeup`: how much of halted time was halt-polling is unknown.
+    pub vcpu_wakeup: bool,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -156,16 +170,17 @@ pub struct ExitRow {
     pub entry_cpu: u32,
     /// Exit to entry.
     pub duration_ns: u64,
-    /// The VMM handled it.
-    pub heavyweight: bool,
-    /// Hypervisor overhead: duration minus VMM, preempted and blocked time.
-    pub overhead_ns: u64,
+    /// The VMM handled it (None: the source did not record userspace exits).
+    pub heavyweight: Option<bool>,
+    /// Hypervisor overhead: duration minus VMM, preempted and blocked time (None where one
+    /// of those is unknown).
+    pub overhead_ns: Option<u64>,
     /// In the VMM (userspace).
-    pub vmm_ns: u64,
+    pub vmm_ns: Option<u64>,
     /// Switched out, runnable.
-    pub preempted_ns: u64,
+    pub preempted_ns: Option<u64>,
     /// Switched out, sleeping.
-    pub blocked_ns: u64,
+    pub blocked_ns: Option<u64>,
     /// IRQs on the exit CPU meanwhile.
     pub irqs: u64,
     /// Softirqs on the exit CPU meanwhile.
@@ -179,10 +194,19 @@ pub struct ExitRow {
 pub struct Totals {
     /// Exits with a duration plus lightweight evidence events.
     pub exits: u64,
-    /// Exits handled in the kernel.
-    pub lightweight: u64,
+    /// Exits handled in the kernel (None: the source did not record userspace exits).
+    pub lightweight: Option<u64>,
     /// Exits handled by the VMM.
-    pub heavyweight: u64,
+    pub heavyweight: Option<u64>,
+    /// Time in timed exits other than halts: the cost of handling exits.
+    pub handling_ns: u64,
+    /// Time in halt exits (HLT, WFx): the guest idling, not a cost of virtualization.
+    pub guest_idle_ns: u64,
+    /// Of the halted time the kernel measured (`kvm_vcpu_wakeup`), the part spent
+    /// halt-polling (None: not recorded).
+    pub halt_poll_ns: Option<u64>,
+    /// Halted time the kernel measured, polling and blocked (None: not recorded).
+    pub halted_ns: Option<u64>,
     /// Events the kernel dropped (a recording's loss).
     pub lost_events: u64,
     /// Exits whose end or start was never seen (trace edges, losses).
@@ -196,15 +220,18 @@ pub struct ReasonRow {
     pub reason: String,
     /// Number of exits.
     pub count: u64,
-    /// Handled in the kernel.
-    pub lightweight: u64,
+    /// Handled in the kernel (None: the source did not record userspace exits).
+    pub lightweight: Option<u64>,
     /// Handled by the VMM.
-    pub heavyweight: u64,
-    /// Exits that were switched out at least once.
-    pub descheduled: u64,
+    pub heavyweight: Option<u64>,
+    /// Exits that were switched out at least once (None: no sched_switch recorded).
+    pub descheduled: Option<u64>,
+    /// A halt (HLT, WFx): the guest idling; its time is not exit-handling time.
+    pub guest_idle: bool,
     /// Share of all exits, percent.
     pub count_pct: f64,
-    /// Share of all exit time, percent.
+    /// Share of exit-handling time (halts excluded), percent; None for halts and untimed
+    /// reasons.
     pub time_pct: Option<f64>,
     /// Sum of durations.
     pub total_ns: Option<u64>,
@@ -235,12 +262,14 @@ pub struct ReasonRow {
 pub struct VcpuRow {
     /// vCPU thread.
     pub tid: u32,
+    /// The vCPU index its kvm_exit/kvm_entry events carry.
+    pub vcpu_id: Option<u32>,
     /// Exits.
     pub exits: u64,
-    /// Handled in the kernel.
-    pub lightweight: u64,
+    /// Handled in the kernel (None: the source did not record userspace exits).
+    pub lightweight: Option<u64>,
     /// Handled by the VMM.
-    pub heavyweight: u64,
+    pub heavyweight: Option<u64>,
     /// Time in timed exits.
     pub total_ns: u64,
 }
@@ -279,6 +308,10 @@ pub struct ExitAnalyzer {
     cpus: Vec<CpuCounters>,
     stats: HashMap<Key, Stats>,
     per_vcpu: HashMap<u32, (u64, u64, u64)>,
+    /// The vCPU index each thread's kvm_exit/kvm_entry carried.
+    vcpu_ids: HashMap<u32, u32>,
+    /// Halted time the kernel measured (`kvm_vcpu_wakeup`): (all, halt-polling only).
+    halted_ns: (u64, u64),
     rows: Vec<(Key, RowDraft)>,
     seen: [u64; SEEN_NAMES.len()],
     seen_ids: HashMap<u16, u64>,
@@ -365,9 +398,10 @@ impl ExitAnalyzer {
                 }
             }
             _ if !self.wanted(e.tid) => {}
-            EventKind::KvmExit { reason, isa, .. } => {
+            EventKind::KvmExit { reason, isa, vcpu_id, .. } => {
                 self.count(Seen::Exit);
                 self.exit_path = true;
+                self.vcpu_ids.insert(e.tid, vcpu_id);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid).or_default();
                 if thread.exit.is_some() {
@@ -412,7 +446,14 @@ impl ExitAnalyzer {
                     }
                 }
             }
-            EventKind::KvmEntry { .. } => {
+            EventKind::KvmVcpuWakeup { ns, waited } => {
+                self.halted_ns.0 = self.halted_ns.0.saturating_add(ns);
+                if !waited {
+                    self.halted_ns.1 = self.halted_ns.1.saturating_add(ns);
+                }
+            }
+            EventKind::KvmEntry { vcpu_id, .. } => {
+                self.vcpu_ids.insert(e.tid, vcpu_id);
                 self.count(Seen::Entry);
                 self.vmm_done(e);
                 self.settle_pending(e.tid);
@@ -577,8 +618,15 @@ impl ExitAnalyzer {
         if exit_path {
             self.stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }
+        let unrecorded = self.options.unrecorded;
+        // On the kvm_exit path light/heavy needs the userspace exits; round trips are them.
+        let split_known = !(exit_path && unrecorded.userspace_exits);
+        let sched_known = !unrecorded.sched_switch;
+        let known = |v: u64| split_known.then_some(v);
+        let idle: HashMap<Key, bool> = self.stats.keys().map(|&k| (k, is_halt(&name(k)))).collect();
         let total_count: u64 = self.stats.values().map(|s| s.light + s.heavy).sum();
-        let total_time: u64 = self.stats.values().map(|s| s.hist.sum()).sum();
+        let handling_ns: u64 = self.stats.iter().filter(|(k, _)| !idle[k]).map(|(_, s)| s.hist.sum()).sum();
+        let guest_idle_ns: u64 = self.stats.iter().filter(|(k, _)| idle[k]).map(|(_, s)| s.hist.sum()).sum();
         let mut by_reason: Vec<ReasonRow> = self
             .stats
             .iter()
@@ -589,29 +637,35 @@ impl ExitAnalyzer {
                 ReasonRow {
                     reason: name(k),
                     count,
-                    lightweight: s.light,
-                    heavyweight: s.heavy,
-                    descheduled: s.descheduled,
+                    lightweight: known(s.light),
+                    heavyweight: known(s.heavy),
+                    descheduled: sched_known.then_some(s.descheduled),
+                    guest_idle: idle[&k],
                     count_pct: pct(count, total_count),
-                    time_pct: timed.then(|| pct(s.hist.sum(), total_time)),
+                    time_pct: (timed && !idle[&k]).then(|| pct(s.hist.sum(), handling_ns)),
                     total_ns: t(Some(s.hist.sum())),
                     min_ns: t(s.hist.min()),
                     avg_ns: t(s.hist.mean()),
                     p50_ns: t(s.hist.quantile(0.5)),
                     p99_ns: t(s.hist.quantile(0.99)),
                     max_ns: t(s.hist.max()),
-                    vmm_ns: t(Some(s.vmm_ns)),
-                    preempted_ns: t(Some(s.preempted_ns)),
-                    blocked_ns: t(Some(s.blocked_ns)),
+                    vmm_ns: t(Some(s.vmm_ns)).filter(|_| split_known),
+                    preempted_ns: t(Some(s.preempted_ns)).filter(|_| sched_known),
+                    blocked_ns: t(Some(s.blocked_ns)).filter(|_| sched_known),
                     histogram: s.hist.clone(),
                 }
             })
             .collect();
         by_reason.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
+        let wakeups = !unrecorded.vcpu_wakeup;
         let totals = Totals {
             exits: total_count,
-            lightweight: self.stats.values().map(|s| s.light).sum(),
-            heavyweight: self.stats.values().map(|s| s.heavy).sum(),
+            lightweight: known(self.stats.values().map(|s| s.light).sum()),
+            heavyweight: known(self.stats.values().map(|s| s.heavy).sum()),
+            handling_ns,
+            guest_idle_ns,
+            halt_poll_ns: wakeups.then_some(self.halted_ns.1),
+            halted_ns: wakeups.then_some(self.halted_ns.0),
             lost_events: self.lost,
             incomplete: self.incomplete,
         };
@@ -621,9 +675,10 @@ impl ExitAnalyzer {
             .into_iter()
             .map(|(&tid, &(light, heavy, total_ns))| VcpuRow {
                 tid,
+                vcpu_id: self.vcpu_ids.get(&tid).copied(),
                 exits: light + heavy,
-                lightweight: light,
-                heavyweight: heavy,
+                lightweight: known(light),
+                heavyweight: known(heavy),
                 total_ns,
             })
             .collect();
@@ -632,6 +687,7 @@ impl ExitAnalyzer {
             .into_iter()
             .map(|(k, r)| {
                 let x = &r.exit;
+                let (vmm, sched) = (split_known.then_some(x.vmm_ns), sched_known.then_some(()));
                 ExitRow {
                     tid: r.tid,
                     reason: name(k),
@@ -639,11 +695,13 @@ impl ExitAnalyzer {
                     exit_ts: x.start,
                     entry_cpu: r.entry_cpu,
                     duration_ns: r.duration,
-                    heavyweight: x.heavy,
-                    overhead_ns: r.duration.saturating_sub(x.vmm_ns + x.preempted_ns + x.blocked_ns),
-                    vmm_ns: x.vmm_ns,
-                    preempted_ns: x.preempted_ns,
-                    blocked_ns: x.blocked_ns,
+                    heavyweight: split_known.then_some(x.heavy),
+                    overhead_ns: vmm
+                        .zip(sched)
+                        .map(|(vmm, ())| r.duration.saturating_sub(vmm + x.preempted_ns + x.blocked_ns)),
+                    vmm_ns: vmm,
+                    preempted_ns: sched.map(|()| x.preempted_ns),
+                    blocked_ns: sched.map(|()| x.blocked_ns),
                     irqs: r.irqs,
                     softirqs: r.softirqs,
                     threads: x.threads.iter().map(|&s| names.task(s)).collect(),
@@ -658,7 +716,17 @@ impl ExitAnalyzer {
             .chain(self.seen_ids.iter().map(|(id, n)| (names.event(*id), *n)))
             .collect();
         let (path, unavailable) = if exit_path {
-            ("kvm_exit".to_string(), Vec::new())
+            let mut missing = Vec::new();
+            if !split_known {
+                missing.push("lightweight/heavyweight split and VMM time: kvm_userspace_exit was not recorded, so which exits went to the VMM is unknown".to_string());
+            }
+            if !sched_known {
+                missing.push("preempted and blocked time (and so hypervisor overhead): sched_switch was not recorded".to_string());
+            }
+            if !wakeups {
+                missing.push("halt-polling time: kvm_vcpu_wakeup was not recorded".to_string());
+            }
+            ("kvm_exit".to_string(), missing)
         } else {
             let why = match self.options.host {
                 Some(HostKind::Pvm) => "this host emits no kvm_exit/kvm_entry".to_string(),
@@ -674,6 +742,13 @@ impl ExitAnalyzer {
         };
         ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
     }
+}
+
+/// True for a reason that is the guest halting (x86 HLT; arm64 WFI/WFE, WFx): time the
+/// guest chose to idle, which is no cost of handling the exit.
+pub fn is_halt(reason: &str) -> bool {
+    let r = reason.to_ascii_lowercase();
+    r == "hlt" || r.starts_with("wfx") || r.starts_with("wfi") || r.starts_with("wfe") || r == "kvm_exit_hlt"
 }
 
 fn pct(part: u64, whole: u64) -> f64 {
@@ -763,21 +838,24 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "kvm_exit");
-        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete), (3, 2, 1, 0));
+        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete), (3, Some(2), Some(1), 0));
         let r1 = r.by_reason.iter().find(|x| x.reason == "r1").unwrap();
         assert_eq!(
             (r1.count, r1.min_ns, r1.max_ns, r1.total_ns, r1.descheduled),
-            (2, Some(50), Some(70), Some(120), 1)
+            (2, Some(50), Some(70), Some(120), Some(1))
         );
         assert_eq!(r1.preempted_ns, Some(40));
         let r2 = r.by_reason.iter().find(|x| x.reason == "r2").unwrap();
-        assert_eq!((r2.heavyweight, r2.vmm_ns, r2.total_ns), (1, Some(50), Some(100)));
+        assert_eq!((r2.heavyweight, r2.vmm_ns, r2.total_ns), (Some(1), Some(50), Some(100)));
         let preempted = r.rows.iter().find(|x| x.exit_ts == 400).unwrap();
         assert_eq!(
             (preempted.overhead_ns, preempted.irqs, preempted.threads.clone()),
-            (30, 1, vec!["task5".to_string()])
+            (Some(30), 1, vec!["task5".to_string()])
         );
-        assert_eq!(r.by_vcpu, vec![VcpuRow { tid: 7, exits: 3, lightweight: 2, heavyweight: 1, total_ns: 220 }]);
+        assert_eq!(
+            r.by_vcpu,
+            vec![VcpuRow { tid: 7, vcpu_id: Some(0), exits: 3, lightweight: Some(2), heavyweight: Some(1), total_ns: 220 }]
+        );
     }
 
     #[test]
@@ -799,7 +877,7 @@ mod tests {
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "userspace_round_trips");
         assert!(!r.source.unavailable.is_empty());
-        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (1, 2, 4));
+        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (Some(1), Some(2), 4));
         let heavy = r.by_reason.iter().find(|x| x.reason == "KVM_EXIT_2").unwrap();
         assert_eq!((heavy.count, heavy.total_ns, heavy.vmm_ns), (1, Some(68), Some(68)));
         let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
@@ -833,7 +911,7 @@ mod tests {
             a.finish(&TestNames)
         };
         let svm = run(Some(HostKind::Svm));
-        assert_eq!((svm.totals.exits, svm.totals.heavyweight), (1, 0), "{:?}", svm.by_reason);
+        assert_eq!((svm.totals.exits, svm.totals.heavyweight), (1, Some(0)), "{:?}", svm.by_reason);
         assert_eq!(svm.source.path, "kvm_exit");
         // Without the host kind the trace decides, as before (the first event is all it has).
         assert_eq!(run(None).totals.exits, 2);
@@ -855,8 +933,9 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&TestNames);
         let row = &r.rows[0];
-        assert_eq!((row.duration_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns), (1000, 200, 600, 0));
-        assert_eq!(row.overhead_ns + row.vmm_ns + row.blocked_ns + row.preempted_ns, row.duration_ns);
+        assert_eq!((row.duration_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns), (1000, Some(200), Some(600), Some(0)));
+        let parts = [row.overhead_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns];
+        assert_eq!(parts.iter().map(|p| p.unwrap()).sum::<u64>(), row.duration_ns);
         let reason = &r.by_reason[0];
         assert_eq!((reason.vmm_ns, reason.blocked_ns), (Some(200), Some(600)));
     }
@@ -880,5 +959,53 @@ mod tests {
         assert_eq!(quiet(Some(HostKind::Svm)), ("kvm_exit".to_string(), String::new()));
         assert!(quiet(Some(HostKind::Pvm)).1.contains("this host emits no kvm_exit"));
         assert!(quiet(None).1.contains("no kvm_exit/kvm_entry in this trace"));
+    }
+
+    /// A VMX capture made elsewhere with only kvm_exit/kvm_entry: which exits went to the VMM,
+    /// and what was preempted or blocked, is unknown, never zero; the halt's time is the
+    /// guest idling, apart from the handling time.
+    #[test]
+    fn what_a_source_did_not_record_is_unknown_and_halts_are_idle() {
+        struct Vmx;
+        impl Names for Vmx {
+            fn exit_reason(&self, reason: u32, _isa: u32) -> String {
+                if reason == 12 { "HLT" } else { "CPUID" }.to_string()
+            }
+            fn userspace_reason(&self, r: u32) -> String {
+                format!("u{r}")
+            }
+            fn event(&self, id: u16) -> String {
+                format!("e{id}")
+            }
+            fn task(&self, _: StrId) -> String {
+                String::new()
+            }
+        }
+        let unrecorded = Unrecorded { userspace_exits: true, sched_switch: true, vcpu_wakeup: false };
+        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, unrecorded, ..Default::default() });
+        let events = [
+            exit(100, 7, 10),
+            entry(110, 7),
+            exit(200, 7, 12),
+            ev(5_150, 0, 7, EventKind::KvmVcpuWakeup { ns: 4_900, waited: true }),
+            entry(5_200, 7),
+            exit(6_000, 7, 12),
+            ev(6_040, 0, 7, EventKind::KvmVcpuWakeup { ns: 30, waited: false }),
+            entry(6_050, 7),
+        ];
+        events.iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&Vmx);
+        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight), (3, None, None));
+        assert_eq!((r.totals.handling_ns, r.totals.guest_idle_ns), (10, 5_050));
+        assert_eq!((r.totals.halted_ns, r.totals.halt_poll_ns), (Some(4_930), Some(30)));
+        let hlt = r.by_reason.iter().find(|x| x.reason == "HLT").unwrap();
+        assert!(hlt.guest_idle && hlt.time_pct.is_none() && hlt.lightweight.is_none() && hlt.descheduled.is_none());
+        let cpuid = r.by_reason.iter().find(|x| x.reason == "CPUID").unwrap();
+        assert_eq!((cpuid.time_pct, cpuid.preempted_ns, cpuid.vmm_ns), (Some(100.0), None, None));
+        assert!(r.rows.iter().all(|x| x.heavyweight.is_none() && x.overhead_ns.is_none()));
+        let missing = r.source.unavailable.join("; ");
+        assert!(missing.contains("kvm_userspace_exit was not recorded") && missing.contains("sched_switch"), "{missing}");
+        let json = serde_json::to_value(&r.totals).unwrap();
+        assert!(json["lightweight"].is_null() && json["heavyweight"].is_null(), "{json}");
     }
 }

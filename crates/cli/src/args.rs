@@ -280,10 +280,29 @@ pub struct ImportArgs {
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+/// How to read a capture made elsewhere (shared by the commands that open one).
+#[derive(Debug, Args)]
+pub struct SourceArgs {
     /// For ftrace text: the tracefs root (or a dump) whose events/*/format and
     /// events/header_page describe the traced kernel.
     #[arg(long, value_name = "DIR")]
     pub formats: Option<PathBuf>,
+    /// For a trace.dat recorded with the x86-tsc clock and no TSC2NSEC option (its timestamps
+    /// are CPU cycles): the traced host's TSC frequency in kHz, e.g. 2893202 for the dmesg line
+    /// 'tsc: Refined TSC clocksource calibration: 2893.202 MHz'.
+    #[arg(long, value_name = "KHZ", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub tsc_khz: Option<u64>,
+}
+
+impl SourceArgs {
+    /// As the session library takes them.
+    pub fn options(&self) -> virtprof_session::SourceOptions {
+        virtprof_session::SourceOptions { formats: self.formats.clone(), tsc_khz: self.tsc_khz }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -315,9 +334,8 @@ pub struct ExitsArgs {
     /// A recording (`virtprof record`/`import`), or a capture `import` reads: trace.dat,
     /// tracefs dump, ftrace text (with --formats). Without it, record live.
     pub file: Option<PathBuf>,
-    /// For ftrace text: the tracefs root whose events/ describe the traced kernel.
-    #[arg(long, value_name = "DIR")]
-    pub formats: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Live mode: how long to record before analysing.
     #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file", value_parser = duration)]
     pub duration: Duration,
@@ -560,9 +578,8 @@ EXAMPLES:
 pub struct SchedArgs {
     /// A recording (`virtprof record`/`import`) or a capture `import` reads.
     pub file: PathBuf,
-    /// For ftrace text: the tracefs root whose events/ describe the traced kernel.
-    #[arg(long, value_name = "DIR")]
-    pub formats: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Also a table per consecutive window of this length.
     #[arg(long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub window: Option<Duration>,

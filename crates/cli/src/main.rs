@@ -10,6 +10,7 @@ mod pass;
 mod qos;
 mod recorder;
 mod testvms;
+mod vcpu_vms;
 mod watch;
 
 use std::process::ExitCode;

@@ -160,6 +160,14 @@ pub enum EventKind {
         /// How long the handler ran (`delta_ns`): the NMI spans `[ts - handler_ns, ts]`.
         handler_ns: u64,
     },
+    /// `kvm:kvm_vcpu_wakeup`: a halted vCPU resumes; it spent `ns` halted, polling only
+    /// (`waited` false: halt-polling found work) or polling then blocked.
+    KvmVcpuWakeup {
+        /// Time halted.
+        ns: u64,
+        /// It blocked after polling.
+        waited: bool,
+    },
     /// Any other event, by its tracefs id.
     Other {
         /// The event's tracefs id.
@@ -184,6 +192,7 @@ impl EventKind {
             EventKind::KvmMmio { .. } => "kvm_mmio",
             EventKind::KvmEmulateInsn { .. } => "kvm_emulate_insn",
             EventKind::KvmFpu { .. } => "kvm_fpu",
+            EventKind::KvmVcpuWakeup { .. } => "kvm_vcpu_wakeup",
             EventKind::SchedSwitch { .. } => "sched_switch",
             EventKind::SchedWakeup { .. } => "sched_wakeup",
             EventKind::SchedMigrate { .. } => "sched_migrate_task",

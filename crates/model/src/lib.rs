@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 pub mod appcounters;
+pub mod clock;
 pub mod entity;
 pub mod event;
 pub mod guest;

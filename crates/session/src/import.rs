@@ -17,7 +17,8 @@ use crate::error::{Result, SessionError};
 
 /// A capture made elsewhere, in memory: a tracefs dump directory, a trace.dat, or ftrace text
 /// (which needs the traced kernel's formats).
-pub fn read_source(src: &Path, formats: Option<&Path>) -> Result<(Metadata, CpuPages, Footer)> {
+pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPages, Footer)> {
+    let formats = options.formats.as_deref();
     if !src.exists() {
         return Err(SessionError::in_file(src, "does not exist"));
     }
@@ -26,7 +27,7 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> Result<(Metadata, CpuP
     if src.is_dir() && src.join("events/header_page").exists() {
         read_tracefs_dump(src)
     } else if is_trace_dat_file(src) {
-        read_trace_dat(src)
+        read_trace_dat(src, options.tsc_khz)
     } else if src.is_file() {
         let Some(formats) = formats else {
             return Err(SessionError::in_file(
@@ -41,6 +42,15 @@ pub fn read_source(src: &Path, formats: Option<&Path>) -> Result<(Metadata, CpuP
             "is neither a tracefs dump (a directory with events/header_page and per_cpu/cpuN/trace_pipe_raw) nor a trace-cmd trace.dat",
         ))
     }
+}
+
+/// How to read a capture made elsewhere.
+#[derive(Debug, Clone, Default)]
+pub struct SourceOptions {
+    /// For ftrace text: the tracefs root (or dump) whose formats describe the traced kernel.
+    pub formats: Option<std::path::PathBuf>,
+    /// For a trace in TSC cycles without its own conversion: the TSC's frequency in kHz.
+    pub tsc_khz: Option<u64>,
 }
 
 /// The most a file imported into memory (a trace.dat being converted, ftrace text) can be.
@@ -61,9 +71,9 @@ pub fn file_head(path: &Path) -> Vec<u8> {
 }
 
 /// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
-fn read_trace_dat(path: &Path) -> Result<(Metadata, CpuPages, Footer)> {
+fn read_trace_dat(path: &Path, tsc_khz: Option<u64>) -> Result<(Metadata, CpuPages, Footer)> {
     let bytes = virtprof_host::input::read_bytes(path, "trace.dat", MAX_IMPORT)?;
-    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?);
+    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?, tsc_khz)?;
     let mut pages = Vec::with_capacity(cpus.len());
     let mut buffer = Vec::new();
     for (cpu, segments) in cpus {
@@ -85,31 +95,66 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> Result<TraceDat<'a>>
 pub type CpuSegments<'a> = Vec<(u32, Vec<Segment<'a>>)>;
 
 /// A trace.dat as recording metadata, loss figures, and its pages (still where they were).
-pub fn trace_dat_parts<'a>(path: &Path, dat: TraceDat<'a>) -> (Metadata, Footer, CpuSegments<'a>) {
+/// Timestamps that are not nanoseconds get the scale that makes them so (`tsc_khz` where the
+/// file holds TSC cycles and no conversion of its own); without one that is bad input.
+pub fn trace_dat_parts<'a>(
+    path: &Path,
+    dat: TraceDat<'a>,
+    tsc_khz: Option<u64>,
+) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
+    let time_scale = dat.time_scale(tsc_khz).map_err(|e| SessionError::in_file(path, e))?;
     let tasks = saved_tasks(&dat.cmdlines, "");
-    let cpu_loss = dat
-        .cpu_stats
+    let mut cpu_loss: Vec<KernelLoss> = Vec::new();
+    for stats in &dat.cpu_stats {
+        let Some(cpu) = stats.lines().next().and_then(|l| l.strip_prefix("CPU:")).and_then(|c| c.trim().parse().ok())
+        else {
+            continue;
+        };
+        let (overrun, dropped) = (stat_value(stats, "overrun"), stat_value(stats, "dropped events"));
+        // Each buffer reports its own CPUs: a CPU's loss is the sum over buffers.
+        match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(cpu)) {
+            Some(l) => {
+                l.overrun = l.overrun.saturating_add(overrun);
+                l.dropped = l.dropped.saturating_add(dropped);
+            }
+            None => cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun, dropped }),
+        }
+    }
+    let cpus = dat.cpus();
+    let mut host = std::collections::BTreeMap::new();
+    host.insert("trace_dat_version".to_string(), dat.version.to_string());
+    let compression = dat.compression.map_or("none", |c| c.name());
+    host.insert("trace_dat_compression".to_string(), compression.to_string());
+    let facts = [("uname", &dat.uname), ("trace_cmd_version", &dat.tracer_version)];
+    for (key, value) in facts.into_iter().filter(|(_, v)| !v.trim().is_empty()) {
+        host.insert(key.to_string(), value.trim().to_string());
+    }
+    if let Some(n) = dat.cpu_count {
+        host.insert("cpu_count".to_string(), n.to_string());
+    }
+    if let Some(id) = dat.trace_id {
+        host.insert("trace_id".to_string(), format!("{id:#x}"));
+    }
+    let names: Vec<&str> = dat.buffers.iter().map(|b| if b.name.is_empty() { "(top)" } else { b.name.as_str() }).collect();
+    host.insert("buffers".to_string(), names.join(","));
+    let guests = dat
+        .guests
         .iter()
-        .filter_map(|stats| {
-            let cpu = stats.lines().next()?.strip_prefix("CPU:")?.trim().parse().ok()?;
-            Some(KernelLoss {
-                cpu: Cpu(cpu),
-                overrun: stat_value(stats, "overrun"),
-                dropped: stat_value(stats, "dropped events"),
-            })
-        })
+        .map(|g| virtprof_store::recording::GuestVcpuThreads { name: g.name.clone(), vcpus: g.vcpus.clone() })
         .collect();
     let metadata = Metadata {
         origin: format!("import trace.dat {}", path.display()),
-        trace_clock: dat.clock,
+        trace_clock: dat.clock.clone(),
         header_page: dat.header_page,
         formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
-        cpus: dat.cpus.iter().map(|(c, _)| *c).collect(),
-        host: Default::default(),
+        cpus: cpus.iter().map(|(c, _)| *c).collect(),
+        host,
         tasks,
+        time_scale,
+        guests,
         ..Default::default()
     };
-    (metadata, Footer { cpu_loss, ..Default::default() }, dat.cpus)
+    Ok((metadata, Footer { cpu_loss, ..Default::default() }, cpus))
 }
 
 /// Re-encode ftrace text into pages through the traced kernel's format files.

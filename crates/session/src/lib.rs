@@ -14,5 +14,6 @@ pub mod session;
 
 pub use error::{Result, SessionError};
 pub use live::LiveTrace;
-pub use names::{evidence_event_ids, DecoderNames};
+pub use names::{evidence_event_ids, unrecorded_events, DecoderNames};
+pub use import::SourceOptions;
 pub use session::Session;

@@ -13,7 +13,7 @@ use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
 use virtprof_trace::page::Page;
-use virtprof_trace::segment::Segment;
+use virtprof_trace::segment::{Codec, Segment};
 
 /// How far past its recorded duration a recording's events may lie from its middle page:
 /// `record` times its duration after tracing starts and drains the buffers after it ends.
@@ -23,6 +23,7 @@ pub const SPAN_SLACK_NS: u64 = 1_000_000_000;
 pub const MAX_CPUS: u32 = 8192;
 
 use crate::error::{Result, SessionError};
+use crate::import::SourceOptions;
 use crate::names::DecoderNames;
 
 /// A recording, memory-mapped (page data is read in place, never copied), or a capture from
@@ -76,8 +77,9 @@ enum Pages {
 #[derive(Debug, Clone)]
 struct Span {
     range: Range<usize>,
-    /// For a zstd frame (trace-cmd's compressed trace.dat): the bytes of pages it expands to.
-    expands_to: Option<usize>,
+    /// For a compressed frame (trace-cmd's compressed trace.dat): how, and the bytes of pages
+    /// it expands to.
+    expands_to: Option<(Codec, usize)>,
 }
 
 impl Span {
@@ -89,7 +91,7 @@ impl Span {
         let frame = &map[self.range.clone()];
         match self.expands_to {
             None => Segment::Pages(frame),
-            Some(size) => Segment::Zstd { frame, size, offset: self.range.start },
+            Some((codec, size)) => Segment::Frame { codec, frame, size, offset: self.range.start },
         }
     }
 }
@@ -185,19 +187,19 @@ impl Session {
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
     /// at a time as the walk reaches them.
-    fn open_trace_dat(path: &Path) -> Result<Session> {
-        Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?))
+    fn open_trace_dat(path: &Path, tsc_khz: Option<u64>) -> Result<Session> {
+        Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?), tsc_khz)
     }
 
     /// A trace.dat already in memory (`name` names it in messages).
     pub fn trace_dat_from_bytes(bytes: Vec<u8>, name: &str) -> Result<Session> {
-        Session::index_trace_dat(Path::new(name), Backing::Memory(bytes))
+        Session::index_trace_dat(Path::new(name), Backing::Memory(bytes), None)
     }
 
-    fn index_trace_dat(path: &Path, map: Backing) -> Result<Session> {
+    fn index_trace_dat(path: &Path, map: Backing, tsc_khz: Option<u64>) -> Result<Session> {
         let base = map.as_ptr() as usize;
         let (metadata, footer, cpus) =
-            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?);
+            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?, tsc_khz)?;
         let at = |bytes: &[u8]| {
             let start = bytes.as_ptr() as usize - base;
             start..start + bytes.len()
@@ -209,7 +211,9 @@ impl Session {
                     .iter()
                     .map(|segment| match *segment {
                         Segment::Pages(pages) => Span::pages(at(pages)),
-                        Segment::Zstd { frame, size, .. } => Span { range: at(frame), expands_to: Some(size) },
+                        Segment::Frame { codec, frame, size, .. } => {
+                            Span { range: at(frame), expands_to: Some((codec, size)) }
+                        }
                     })
                     .collect();
                 (cpu, spans)
@@ -251,7 +255,7 @@ impl Session {
 
     /// A recording, or any capture `import` reads (trace.dat, tracefs dump, ftrace text with
     /// `formats`), imported in memory.
-    pub fn open_any(path: &Path, formats: Option<&Path>) -> Result<Session> {
+    pub fn open_any(path: &Path, options: &SourceOptions) -> Result<Session> {
         if path.exists() && !path.is_dir() {
             // A FIFO or a device must be refused, not opened and read (or waited on).
             virtprof_host::input::open_regular(path, "input")?;
@@ -261,15 +265,15 @@ impl Session {
             return Session::open(path);
         }
         if virtprof_trace::tracedat::is_trace_dat(&head) {
-            return Session::open_trace_dat(path);
+            return Session::open_trace_dat(path, options.tsc_khz);
         }
-        let (metadata, pages, footer) = crate::import::read_source(path, formats)?;
+        let (metadata, pages, footer) = crate::import::read_source(path, options)?;
         Session::imported(path, metadata, footer, Pages::Owned(pages)).with_cpus_checked()
     }
 
     /// [`Session::open_any`], warning on stderr when the file was cut short.
-    pub fn open_warning(path: &Path, formats: Option<&Path>) -> Result<Session> {
-        let recording = Session::open_any(path, formats)?;
+    pub fn open_warning(path: &Path, options: &SourceOptions) -> Result<Session> {
+        let recording = Session::open_any(path, options)?;
         if let Some(at) = recording.truncated_at {
             eprintln!(
                 "virtprof: warning: '{}' was cut short at byte {at}; using what precedes it (lost events past byte {at} are unknown)",
@@ -315,8 +319,9 @@ impl Session {
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
     /// the others only their name and id (a trace.dat can carry thousands of formats).
     pub fn decoder(&self, systems: &[&str]) -> Result<Decoder> {
-        let header = parse_header_page(&self.metadata.header_page)
+        let mut header = parse_header_page(&self.metadata.header_page)
             .map_err(|e| SessionError::in_file(&self.path, format!("its header_page: {e}")))?;
+        header.scale = self.metadata.time_scale;
         let formats = self
             .metadata
             .formats

@@ -173,6 +173,7 @@ impl EventTable {
             }
             EventKind::Lost { count } => (None, None, count),
             EventKind::KvmFpu { load } => (None, None, Some(u64::from(load))),
+            EventKind::KvmVcpuWakeup { ns, .. } => (None, None, Some(ns)),
             EventKind::Nmi { handler_ns } => (None, None, Some(handler_ns)),
             EventKind::Other { .. } => (None, None, None),
         };
@@ -237,11 +238,13 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
         field("exit_cpu", DataType::UInt32, false),
         field("entry_cpu", DataType::UInt32, false),
         field("duration_ns", DataType::UInt64, false),
-        field("heavyweight", DataType::Boolean, false),
-        field("vmm_ns", DataType::UInt64, false),
-        field("preempted_ns", DataType::UInt64, false),
-        field("blocked_ns", DataType::UInt64, false),
-        field("overhead_ns", DataType::UInt64, false),
+        // Null where the source did not record what the figure needs (kvm_userspace_exit,
+        // sched_switch): unknown, not zero.
+        field("heavyweight", DataType::Boolean, true),
+        field("vmm_ns", DataType::UInt64, true),
+        field("preempted_ns", DataType::UInt64, true),
+        field("blocked_ns", DataType::UInt64, true),
+        field("overhead_ns", DataType::UInt64, true),
         field("irqs", DataType::UInt64, false),
         field("softirqs", DataType::UInt64, false),
     ]));
@@ -257,10 +260,15 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
             chunk.iter().for_each(|r| b.append_value(f(r)));
             Arc::new(b.finish())
         };
+        let known = |f: fn(&ExitRow) -> Option<u64>| -> ArrayRef {
+            let mut b = UInt64Builder::with_capacity(chunk.len());
+            chunk.iter().for_each(|r| b.append_option(f(r)));
+            Arc::new(b.finish())
+        };
         let mut reason = StringBuilder::new();
         chunk.iter().for_each(|r| reason.append_value(&r.reason));
         let mut heavy = BooleanBuilder::with_capacity(chunk.len());
-        chunk.iter().for_each(|r| heavy.append_value(r.heavyweight));
+        chunk.iter().for_each(|r| heavy.append_option(r.heavyweight));
         let columns: Vec<ArrayRef> = vec![
             u64s(|r| r.exit_ts),
             u32s(|r| r.tid),
@@ -269,10 +277,10 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
             u32s(|r| r.entry_cpu),
             u64s(|r| r.duration_ns),
             Arc::new(heavy.finish()),
-            u64s(|r| r.vmm_ns),
-            u64s(|r| r.preempted_ns),
-            u64s(|r| r.blocked_ns),
-            u64s(|r| r.overhead_ns),
+            known(|r| r.vmm_ns),
+            known(|r| r.preempted_ns),
+            known(|r| r.blocked_ns),
+            known(|r| r.overhead_ns),
             u64s(|r| r.irqs),
             u64s(|r| r.softirqs),
         ];
@@ -391,20 +399,24 @@ fn column<R, B: ArrayBuilder + Default>(rows: &[R], mut push: impl FnMut(&mut B,
 /// Write `exit_reasons.parquet`: one row per exit reason, as `exits --json` lists them (so a
 /// dataset sums to the same counts); returns the rows written.
 pub fn write_exit_reasons(path: &Path, rows: &[ReasonRow]) -> Result<u64> {
+    // Null where unknown: a split the source did not record, a reason without durations.
     let u64s = ["count", "lightweight", "heavyweight", "descheduled"];
     let timed = ["total_ns", "min_ns", "p50_ns", "p99_ns", "max_ns", "vmm_ns"];
     let schema = Arc::new(Schema::new(
         std::iter::once(field("reason", DataType::Utf8, false))
-            .chain(u64s.iter().map(|n| field(n, DataType::UInt64, false)))
+            .chain(u64s.iter().map(|n| field(n, DataType::UInt64, *n != "count")))
             .chain(timed.iter().map(|n| field(n, DataType::UInt64, true)))
+            .chain(std::iter::once(field("guest_idle", DataType::Boolean, false)))
             .collect::<Vec<_>>(),
     ));
-    let counts: [fn(&ReasonRow) -> u64; 4] = [|r| r.count, |r| r.lightweight, |r| r.heavyweight, |r| r.descheduled];
+    let counts: [fn(&ReasonRow) -> Option<u64>; 4] =
+        [|r| Some(r.count), |r| r.lightweight, |r| r.heavyweight, |r| r.descheduled];
     let times: [fn(&ReasonRow) -> Option<u64>; 6] =
         [|r| r.total_ns, |r| r.min_ns, |r| r.p50_ns, |r| r.p99_ns, |r| r.max_ns, |r| r.vmm_ns];
     let mut columns = vec![column(rows, |b: &mut StringBuilder, r: &ReasonRow| b.append_value(&r.reason))];
-    columns.extend(counts.iter().map(|f| column(rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
+    columns.extend(counts.iter().map(|f| column(rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
     columns.extend(times.iter().map(|f| column(rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
+    columns.push(column(rows, |b: &mut BooleanBuilder, r: &ReasonRow| b.append_value(r.guest_idle)));
     let mut w = writer(path, &schema)?;
     w.write(&RecordBatch::try_new(schema, columns)?)?;
     w.into_inner()?.commit()?;

@@ -328,6 +328,22 @@ pub struct Metadata {
     /// Kind and name of those VMMs' VMs.
     #[serde(default)]
     pub vm_identities: Vec<VmIdentity>,
+    /// How the pages' timestamps become nanoseconds, where they are not (an import of a
+    /// trace in TSC cycles, or with a time offset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_scale: Option<virtprof_model::clock::TimeScale>,
+    /// Guests a host trace.dat names (its GUEST options): each vCPU's host thread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guests: Vec<GuestVcpuThreads>,
+}
+
+/// A guest whose vCPU threads a capture names (trace-cmd's GUEST option).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVcpuThreads {
+    /// The guest's name.
+    pub name: String,
+    /// (guest CPU, host thread).
+    pub vcpus: Vec<(u32, u32)>,
 }
 
 /// Per-CPU loss figures and totals, written last.

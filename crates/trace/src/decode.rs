@@ -79,6 +79,7 @@ enum Typed {
     KvmMmio { kind: Slot, len: Slot, gpa: Slot },
     KvmEmulateInsn { rip: Slot, failed: Slot },
     KvmFpu { load: Slot },
+    KvmVcpuWakeup { ns: Slot, waited: Slot },
     SchedSwitch { prev_pid: Slot, prev_state: Slot, prev_comm: Slot, next_pid: Slot, next_comm: Slot },
     SchedWakeup { pid: Slot, target_cpu: Slot },
     SchedMigrate { pid: Slot, orig: Slot, dest: Slot },
@@ -115,6 +116,7 @@ impl Typed {
             ("kvm", "kvm_mmio") => Typed::KvmMmio { kind: s("type"), len: s("len"), gpa: s("gpa") },
             ("kvm", "kvm_emulate_insn") => Typed::KvmEmulateInsn { rip: s("rip"), failed: s("failed") },
             ("kvm", "kvm_fpu") => Typed::KvmFpu { load: s("load") },
+            ("kvm", "kvm_vcpu_wakeup") => Typed::KvmVcpuWakeup { ns: s("ns"), waited: s("waited") },
             ("sched", "sched_switch") => Typed::SchedSwitch {
                 prev_pid: s("prev_pid"),
                 prev_state: s("prev_state"),
@@ -265,6 +267,7 @@ impl Decoder {
                 EventKind::KvmEmulateInsn { rip: rip.read(d), failed: failed.read(d) != 0 }
             }
             Typed::KvmFpu { load } => EventKind::KvmFpu { load: load.read(d) != 0 },
+            Typed::KvmVcpuWakeup { ns, waited } => EventKind::KvmVcpuWakeup { ns: ns.read(d), waited: waited.read(d) != 0 },
             Typed::SchedSwitch { prev_pid, prev_state, prev_comm, next_pid, next_comm } => EventKind::SchedSwitch {
                 prev_tid: prev_pid.read(d) as u32,
                 prev_state: prev_state.read(d),
@@ -383,7 +386,7 @@ mod tests {
     #[test]
     fn common_pid_comes_from_a_format_with_fields_even_if_name_only_ones_come_first() {
         let header =
-            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 };
+            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None };
         let name_only = parse_event_identity("alarmtimer", "name: alarmtimer_fired\nID: 1\nformat:\n").unwrap();
         let fpu = parse_event_format("kvm", SWITCHLESS).unwrap();
         let mut d = Decoder::new(Layout::new(header, vec![name_only, fpu]));

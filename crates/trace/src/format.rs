@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use virtprof_model::clock::TimeScale;
+
 /// Where a format-file problem is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{what}: line {line}: {message}")]
@@ -367,6 +369,9 @@ pub struct PageHeader {
     pub data_offset: usize,
     /// Whole page size (data offset + data size).
     pub page_size: usize,
+    /// How the pages' timestamps become nanoseconds, where they are not (a trace in TSC
+    /// cycles, a file with a time offset); None: they already are.
+    pub scale: Option<TimeScale>,
 }
 
 /// Parse `events/header_page`.
@@ -407,6 +412,7 @@ pub fn parse_header_page(text: &str) -> Result<PageHeader, FormatError> {
         commit_size: commit.size,
         data_offset: data.offset,
         page_size: data.offset + data.size,
+        scale: None,
     })
 }
 
@@ -466,7 +472,7 @@ mod tests {
         let h = parse_header_page(text).unwrap();
         assert_eq!(
             h,
-            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 }
+            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None }
         );
     }
 }

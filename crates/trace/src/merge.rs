@@ -260,7 +260,7 @@ pub fn merge_cpus_serial(
                 .iter()
                 .map(|segment| match segment {
                     Segment::Pages(pages) => *pages,
-                    Segment::Zstd { .. } => frames.next().map_or(&[][..], Vec::as_slice),
+                    Segment::Frame { .. } => frames.next().map_or(&[][..], Vec::as_slice),
                 })
                 .collect()
         })

@@ -3,6 +3,8 @@
 //! padding, time extends and absolute timestamps. Sans-IO: a `&[u8]` in, borrowed records out,
 //! nothing allocated.
 
+use virtprof_model::clock::TimeScale;
+
 use crate::format::PageHeader;
 
 /// Type codes of the compressed event header (`events/header_event`).
@@ -62,7 +64,9 @@ impl RawRecord<'_> {
 pub struct Page<'a> {
     data: &'a [u8],
     data_offset: usize,
+    /// As stored (the records' deltas add to it in the same unit).
     base_ts: u64,
+    scale: Option<TimeScale>,
     /// Events lost before this page.
     pub missed: Missed,
 }
@@ -111,12 +115,18 @@ impl<'a> Page<'a> {
         } else {
             Missed::Lost(None)
         };
-        Ok(Page { data: &page[header.data_offset..end], data_offset: header.data_offset, base_ts, missed })
+        Ok(Page {
+            data: &page[header.data_offset..end],
+            data_offset: header.data_offset,
+            base_ts,
+            scale: header.scale,
+            missed,
+        })
     }
 
-    /// The page's base timestamp.
+    /// The page's base timestamp, in nanoseconds.
     pub fn base_ts(&self) -> u64 {
-        self.base_ts
+        scaled(self.scale, self.base_ts)
     }
 
     /// The data records, in order.
@@ -127,6 +137,7 @@ impl<'a> Page<'a> {
             pos: 0,
             ts: self.base_ts,
             base_ts: self.base_ts,
+            scale: self.scale,
             failed: false,
         }
     }
@@ -138,15 +149,18 @@ pub struct Records<'a> {
     data: &'a [u8],
     data_offset: usize,
     pos: usize,
+    /// Raw (unscaled), as the deltas add up.
     ts: u64,
     base_ts: u64,
+    scale: Option<TimeScale>,
     failed: bool,
 }
 
 impl<'a> Records<'a> {
-    /// The timestamp reached so far: after the last record, the page's last event time.
+    /// The timestamp reached so far, in nanoseconds: after the last record, the page's last
+    /// event time.
     pub fn ts(&self) -> u64 {
-        self.ts
+        scaled(self.scale, self.ts)
     }
 
     fn fail(&mut self, message: String) -> Option<Result<RawRecord<'a>, PageError>> {
@@ -200,7 +214,7 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + align4(len);
-                    return Some(Ok(RawRecord { ts: self.ts, data: &self.data[start..start + len] }));
+                    return Some(Ok(RawRecord { ts: scaled(self.scale, self.ts), data: &self.data[start..start + len] }));
                 }
                 n => {
                     let (start, len) = (self.pos + 4, n as usize * 4);
@@ -209,10 +223,19 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + len;
-                    return Some(Ok(RawRecord { ts: self.ts, data: &self.data[start..start + len] }));
+                    return Some(Ok(RawRecord { ts: scaled(self.scale, self.ts), data: &self.data[start..start + len] }));
                 }
             }
         }
+    }
+}
+
+/// A stored timestamp in nanoseconds.
+#[inline]
+fn scaled(scale: Option<TimeScale>, ts: u64) -> u64 {
+    match scale {
+        None => ts,
+        Some(scale) => scale.apply(ts),
     }
 }
 
@@ -233,7 +256,7 @@ mod tests {
     use super::*;
 
     const HEADER: PageHeader =
-        PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096 };
+        PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None };
 
     /// The kernel's flag values as it applies them: `int` constants added to a `long`.
     const KERNEL_MISSED_EVENTS: i64 = (1i32 << 31) as i64;

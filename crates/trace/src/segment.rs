@@ -1,16 +1,37 @@
 //! A run of whole ring-buffer pages as a source holds it: in place (a recording's chunk, an
-//! uncompressed trace.dat, a live batch), or as one zstd frame (trace-cmd's compressed
-//! trace.dat) that is expanded only when a walk reaches it, so memory stays at one frame per
-//! CPU whatever the file's size.
+//! uncompressed trace.dat, a live batch), or as one compressed frame (trace-cmd's zstd or
+//! zlib trace.dat) that is expanded only when a walk reaches it, so memory stays at one frame
+//! per CPU whatever the file's size.
+
+/// How a frame is compressed (trace-cmd writes zstd, or zlib where it was built without zstd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// A zstd frame.
+    Zstd,
+    /// A zlib stream (RFC 1950: deflate with its header and checksum), as `compress2` writes.
+    Zlib,
+}
+
+impl Codec {
+    /// Its name in a trace.dat header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Zstd => "zstd",
+            Codec::Zlib => "zlib",
+        }
+    }
+}
 
 /// Pages, or a compressed frame of them.
 #[derive(Debug, Clone, Copy)]
 pub enum Segment<'a> {
     /// Whole pages, read in place.
     Pages(&'a [u8]),
-    /// One zstd frame holding `size` bytes of whole pages; `offset` is where the frame sits
-    /// in its file (for error messages).
-    Zstd {
+    /// One compressed frame holding `size` bytes of whole pages; `offset` is where the frame
+    /// sits in its file (for error messages).
+    Frame {
+        /// How it is compressed.
+        codec: Codec,
         /// The compressed frame.
         frame: &'a [u8],
         /// Its size once expanded, as the file declares it.
@@ -22,37 +43,40 @@ pub enum Segment<'a> {
 
 /// A frame that would not expand.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("zstd frame at byte {offset}: {message}")]
+#[error("{} frame at byte {offset}: {message}", codec.name())]
 pub struct SegmentError {
+    /// How the frame is compressed.
+    pub codec: Codec,
     /// The frame's byte offset in its file.
     pub offset: usize,
     /// What went wrong.
     pub message: String,
 }
 
-/// zstd rarely beats 50:1 on ring-buffer pages; a frame declaring far more is corrupt.
+/// zstd and zlib rarely beat 50:1 on ring-buffer pages; a frame declaring far more is corrupt.
 const MAX_RATIO: usize = 1000;
 /// Whatever the ratio, no frame expands to more than this (trace-cmd's are a few pages).
 const MAX_FRAME: usize = 256 << 20;
 
 impl<'a> Segment<'a> {
     /// A compressed frame, refused up front if its declared size is implausible for it.
-    pub fn zstd(frame: &'a [u8], size: usize, offset: usize) -> Result<Segment<'a>, SegmentError> {
+    pub fn frame(codec: Codec, frame: &'a [u8], size: usize, offset: usize) -> Result<Segment<'a>, SegmentError> {
         let plausible = frame.len().saturating_mul(MAX_RATIO).clamp(1 << 20, MAX_FRAME);
         if size > plausible {
             return Err(SegmentError {
+                codec,
                 offset,
                 message: format!("claims {size} bytes once expanded, implausible for its {} bytes", frame.len()),
             });
         }
-        Ok(Segment::Zstd { frame, size, offset })
+        Ok(Segment::Frame { codec, frame, size, offset })
     }
 
     /// Bytes of pages it holds (once expanded).
     pub fn len(&self) -> usize {
         match self {
             Segment::Pages(pages) => pages.len(),
-            Segment::Zstd { size, .. } => *size,
+            Segment::Frame { size, .. } => *size,
         }
     }
 
@@ -63,20 +87,23 @@ impl<'a> Segment<'a> {
 
     /// True if reading it takes decompression.
     pub fn is_compressed(&self) -> bool {
-        matches!(self, Segment::Zstd { .. })
+        matches!(self, Segment::Frame { .. })
     }
 
     /// Its pages: borrowed, or expanded into `buffer` (reused from frame to frame).
     pub fn pages<'b>(&'b self, buffer: &'b mut Vec<u8>) -> Result<&'b [u8], SegmentError> {
         match *self {
             Segment::Pages(pages) => Ok(pages),
-            Segment::Zstd { frame, size, offset } => {
-                let fail = |message: String| SegmentError { offset, message };
+            Segment::Frame { codec, frame, size, offset } => {
+                let fail = |message: String| SegmentError { codec, offset, message };
                 buffer.clear();
                 buffer.resize(size, 0);
-                let n = zstd::bulk::Decompressor::new()
-                    .and_then(|mut d| d.decompress_to_buffer(frame, buffer.as_mut_slice()))
-                    .map_err(|e| fail(e.to_string()))?;
+                let n = match codec {
+                    Codec::Zstd => zstd::bulk::Decompressor::new()
+                        .and_then(|mut d| d.decompress_to_buffer(frame, buffer.as_mut_slice()))
+                        .map_err(|e| fail(e.to_string()))?,
+                    Codec::Zlib => inflate(frame, buffer).map_err(fail)?,
+                };
                 if n != size {
                     return Err(fail(format!("expanded to {n} bytes, the file says {size}")));
                 }
@@ -86,21 +113,40 @@ impl<'a> Segment<'a> {
     }
 }
 
+/// Expand one zlib stream into `out` (its declared size); the bytes written.
+fn inflate(frame: &[u8], out: &mut [u8]) -> Result<usize, String> {
+    let mut inflater = flate2::Decompress::new(true);
+    match inflater.decompress(frame, out, flate2::FlushDecompress::Finish) {
+        Ok(flate2::Status::StreamEnd) => usize::try_from(inflater.total_out()).map_err(|e| e.to_string()),
+        Ok(_) => Err(format!("expands past the {} bytes the file says", out.len())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_frame_expands_to_its_declared_size_and_no_other() {
-        let pages = vec![7u8; 3 * 4096];
-        let frame = zstd::bulk::compress(&pages, 3).unwrap();
-        let mut buffer = Vec::new();
-        let segment = Segment::zstd(&frame, pages.len(), 100).unwrap();
-        assert_eq!(segment.pages(&mut buffer).unwrap(), &pages[..]);
-        let wrong = Segment::zstd(&frame, pages.len() - 1, 100).unwrap();
-        assert!(wrong.pages(&mut buffer).unwrap_err().offset == 100);
-        let short = Segment::zstd(&frame, pages.len() + 1, 100).unwrap();
-        assert!(short.pages(&mut buffer).unwrap_err().message.contains("expanded to"));
-        assert!(Segment::zstd(&frame[..10], 64 << 30, 5).unwrap_err().message.contains("implausible"));
+        use std::io::Write;
+        let pages: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+        let zstd_frame = zstd::bulk::compress(&pages, 3).unwrap();
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        zlib.write_all(&pages).unwrap();
+        let zlib_frame = zlib.finish().unwrap();
+        for (codec, frame) in [(Codec::Zstd, &zstd_frame), (Codec::Zlib, &zlib_frame)] {
+            let mut buffer = Vec::new();
+            let segment = Segment::frame(codec, frame, pages.len(), 100).unwrap();
+            assert_eq!(segment.pages(&mut buffer).unwrap(), &pages[..]);
+            let wrong = Segment::frame(codec, frame, pages.len() - 1, 100).unwrap();
+            assert!(wrong.pages(&mut buffer).unwrap_err().offset == 100);
+            let short = Segment::frame(codec, frame, pages.len() + 1, 100).unwrap();
+            assert!(short.pages(&mut buffer).is_err(), "{codec:?}");
+            let cut = Segment::frame(codec, &frame[..frame.len() / 2], pages.len(), 100).unwrap();
+            assert!(cut.pages(&mut buffer).is_err(), "{codec:?}");
+            let err = Segment::frame(codec, &frame[..10], 64 << 30, 5).unwrap_err();
+            assert!(err.message.contains("implausible") && err.to_string().starts_with(codec.name()));
+        }
     }
 }

@@ -452,6 +452,7 @@ mod tests {
             commit_size: 8,
             data_offset: 16,
             page_size: 64,
+            scale: None,
         };
         let layout = Layout::new(header, Vec::new());
         let mut w = PageWriter::new(&layout);

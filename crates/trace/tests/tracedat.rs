@@ -19,12 +19,12 @@ fn run5() -> std::path::PathBuf {
 fn trace_dat_equals_trace_cmd_report() {
     let bytes = std::fs::read(run5().join("trace.dat")).unwrap();
     let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
-    assert_eq!((dat.page_size, dat.cpus.len()), (4096, 2));
+    assert_eq!((dat.page_size, dat.cpus().len()), (4096, 2));
     let header = parse_header_page(&dat.header_page).unwrap();
     let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
     let mut decoder = Decoder::new(Layout::new(header, formats));
     let slices: Vec<CpuStream<'_>> =
-        dat.cpus.iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
+        dat.cpus().iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
     let mut ours: Vec<(u32, u64, u32, String)> = Vec::new();
     let mut exits: BTreeMap<(u32, String), u64> = BTreeMap::new();
     merge_cpus(&mut decoder, &slices, |e, d| {
@@ -90,9 +90,9 @@ fn compressed_frames_stream_through_both_walks_alike() {
     let bytes = std::fs::read(run5().join("trace.dat")).unwrap();
     let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
     // The pages stay compressed until a walk reaches them.
-    assert!(dat.cpus.iter().all(|(_, s)| s.len() > 1 && s.iter().all(Segment::is_compressed)), "{:?}", dat.cpus.len());
+    assert!(dat.cpus().iter().all(|(_, s)| s.len() > 1 && s.iter().all(Segment::is_compressed)), "{:?}", dat.cpus().len());
     let streams: Vec<CpuStream<'_>> =
-        dat.cpus.iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
+        dat.cpus().iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
     let walk = |parallel: bool| {
         let mut decoder = decoder_of(&dat);
         let mut events = Vec::new();
@@ -110,12 +110,13 @@ fn compressed_frames_stream_through_both_walks_alike() {
     assert_eq!(serial, parallel);
 
     // A damaged frame is a walk error naming its CPU and where in the file the frame is.
-    let (cpu, segments) = &dat.cpus[1];
-    let Segment::Zstd { frame, size, offset } = segments[2] else { unreachable!() };
+    let all = dat.cpus();
+    let (cpu, segments) = &all[1];
+    let Segment::Frame { codec, frame, size, offset } = segments[2] else { unreachable!() };
     let mut damaged = frame.to_vec();
     damaged[frame.len() / 2] ^= 0xff;
     let mut broken = segments.clone();
-    broken[2] = Segment::Zstd { frame: &damaged, size, offset };
+    broken[2] = Segment::Frame { codec, frame: &damaged, size, offset };
     let streams = [CpuStream { cpu: *cpu, segments: broken }];
     for parallel in [false, true] {
         let mut decoder = decoder_of(&dat);

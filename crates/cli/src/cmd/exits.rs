@@ -15,7 +15,8 @@ use virtprof_store::recording::Task;
 
 use crate::args::{ExitsArgs, GroupBy};
 use crate::exit::usage;
-use crate::exit_table::{reason_table, us};
+use crate::exit_table::{count, exits_line, reason_table, time_line, us};
+use crate::vcpu_vms::VmOf;
 use crate::recorder::{record_into, RecordOptions};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
@@ -41,17 +42,22 @@ struct StatsDelta {
 
 #[derive(Serialize)]
 struct VmRow {
-    pid: u32,
+    /// "pid N", "guest NAME" or "VM N (inferred)".
+    vm: String,
+    /// The VMM process, where the source says.
+    pid: Option<u32>,
+    /// What put the vCPU threads together: "process", "guest option" or "vcpu ids".
+    grouped_by: &'static str,
     vcpus: usize,
     exits: u64,
-    lightweight: u64,
-    heavyweight: u64,
+    lightweight: Option<u64>,
+    heavyweight: Option<u64>,
     total_ns: u64,
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let recording = match &args.file {
-        Some(path) => Session::open_warning(path, args.formats.as_deref())?,
+        Some(path) => Session::open_warning(path, &args.source.options())?,
         None => record_live(args)?,
     };
     let tids = selected_tids(&recording.metadata.tasks, &args.vm, args.vcpu)?;
@@ -67,14 +73,15 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
     let evidence_events = evidence_event_ids(&decoder);
     let rows = args.noise || args.threshold_us.is_some();
-    let options = ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind() };
+    let unrecorded = virtprof_session::unrecorded_events(&decoder);
+    let options = ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), unrecorded };
     let mut analyzer = ExitAnalyzer::new(options);
     let stats = recording.analyse(&mut decoder, &mut [&mut analyzer])?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
 
-    let by_vm = vm_rows(&report, &recording.metadata.tasks);
+    let by_vm = vm_rows(&report, &vms_of(&report, &recording));
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
     if args.json {
@@ -90,7 +97,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     } else {
         match args.by {
             GroupBy::Reason => reason_table(&report.by_reason),
-            GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks),
+            GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks, &vms_of(&report, &recording)),
             GroupBy::Vm => vm_table(&by_vm),
         }
     };
@@ -100,11 +107,10 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     }
     table.write_text(&mut out)?;
     let t = &report.totals;
-    writeln!(
-        out,
-        "\n{} exits ({} lightweight, {} heavyweight) | source: {} | incomplete: {}",
-        t.exits, t.lightweight, t.heavyweight, report.source.path, t.incomplete
-    )?;
+    writeln!(out, "\n{} | source: {} | incomplete: {}", exits_line(t), report.source.path, t.incomplete)?;
+    if let Some(line) = time_line(t) {
+        writeln!(out, "{line}")?;
+    }
     let across = "exits in flight across one are counted as incomplete, and counts near them are short";
     writeln!(out, "{}", recording.loss_report(&loss, &decoder, across))?;
     for d in &kvm_stats {
@@ -181,45 +187,72 @@ fn comm_of(tasks: &[Task], tid: u32) -> String {
     tasks.iter().find(|t| t.tid == tid).map(|t| t.comm.clone()).unwrap_or_default()
 }
 
-fn vcpu_table(r: &ExitReport, tasks: &[Task]) -> Table {
-    let mut t = Table::new(["TID", "THREAD", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+/// Each vCPU thread's VM (see [`crate::vcpu_vms`]).
+fn vms_of(r: &ExitReport, recording: &Session) -> BTreeMap<u32, VmOf> {
+    let mut tasks = recording.metadata.tasks.clone();
+    if let Some(footer) = &recording.footer {
+        tasks.extend(footer.tasks.iter().cloned());
+    }
+    // The index the kvm events carry, else the one in the thread's name ("CPU 1/KVM"): the
+    // userspace round-trip path has no kvm_exit to carry it.
+    let threads: Vec<(u32, Option<u32>)> = r
+        .by_vcpu
+        .iter()
+        .map(|v| (v.tid, v.vcpu_id.or_else(|| virtprof_kvm::discover::vcpu_index(&comm_of(&tasks, v.tid)))))
+        .collect();
+    crate::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests)
+}
+
+fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Table {
+    let mut t = Table::new(["TID", "THREAD", "VM", "VCPU", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
     for v in &r.by_vcpu {
         t.row([
             v.tid.to_string(),
             comm_of(tasks, v.tid),
+            vms.get(&v.tid).map(|vm| vm.label.clone()).unwrap_or_default(),
+            v.vcpu_id.map(|i| i.to_string()).unwrap_or_default(),
             v.exits.to_string(),
-            v.lightweight.to_string(),
-            v.heavyweight.to_string(),
+            count(v.lightweight),
+            count(v.heavyweight),
             us(Some(v.total_ns)),
         ]);
     }
     t
 }
 
-fn vm_rows(r: &ExitReport, tasks: &[Task]) -> Vec<VmRow> {
-    let mut by_pid: BTreeMap<u32, VmRow> = BTreeMap::new();
+fn vm_rows(r: &ExitReport, vms: &BTreeMap<u32, VmOf>) -> Vec<VmRow> {
+    let mut by_vm: BTreeMap<VmOf, VmRow> = BTreeMap::new();
     for v in &r.by_vcpu {
-        let pid = tasks.iter().find(|t| t.tid == v.tid).map_or(v.tid, |t| t.pid);
-        let row =
-            by_pid.entry(pid).or_insert(VmRow { pid, vcpus: 0, exits: 0, lightweight: 0, heavyweight: 0, total_ns: 0 });
+        let Some(vm) = vms.get(&v.tid) else { continue };
+        let row = by_vm.entry(vm.clone()).or_insert(VmRow {
+            vm: vm.label.clone(),
+            pid: vm.pid,
+            grouped_by: vm.evidence,
+            vcpus: 0,
+            exits: 0,
+            lightweight: Some(0),
+            heavyweight: Some(0),
+            total_ns: 0,
+        });
         row.vcpus += 1;
         row.exits += v.exits;
-        row.lightweight += v.lightweight;
-        row.heavyweight += v.heavyweight;
+        row.lightweight = row.lightweight.zip(v.lightweight).map(|(a, b)| a + b);
+        row.heavyweight = row.heavyweight.zip(v.heavyweight).map(|(a, b)| a + b);
         row.total_ns += v.total_ns;
     }
-    by_pid.into_values().collect()
+    by_vm.into_values().collect()
 }
 
 fn vm_table(rows: &[VmRow]) -> Table {
-    let mut t = Table::new(["PID", "VCPUS", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+    let mut t = Table::new(["VM", "GROUPED_BY", "VCPUS", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
     for v in rows {
         t.row([
-            v.pid.to_string(),
+            v.vm.clone(),
+            v.grouped_by.to_string(),
             v.vcpus.to_string(),
             v.exits.to_string(),
-            v.lightweight.to_string(),
-            v.heavyweight.to_string(),
+            count(v.lightweight),
+            count(v.heavyweight),
             us(Some(v.total_ns)),
         ]);
     }
@@ -251,11 +284,16 @@ fn rows_table(r: &ExitReport) -> Table {
             x.entry_cpu.to_string(),
             x.reason.clone(),
             us(Some(x.duration_ns)),
-            if x.heavyweight { "yes" } else { "no" }.to_string(),
-            us(Some(x.overhead_ns)),
-            us(Some(x.vmm_ns)),
-            us(Some(x.preempted_ns)),
-            us(Some(x.blocked_ns)),
+            match x.heavyweight {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "unknown",
+            }
+            .to_string(),
+            us(x.overhead_ns),
+            us(x.vmm_ns),
+            us(x.preempted_ns),
+            us(x.blocked_ns),
             x.irqs.to_string(),
             x.softirqs.to_string(),
             x.threads.join(","),

@@ -15,7 +15,7 @@ const PAGES_PER_CHUNK: usize = 256;
 
 pub fn run(args: &ImportArgs) -> anyhow::Result<ExitCode> {
     let src = &args.src;
-    let (metadata, cpus, footer) = read_source(src, args.formats.as_deref())?;
+    let (metadata, cpus, footer) = read_source(src, &args.source.options())?;
     let out = OutputFile::create(&args.output, Privacy::Private)?;
     let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, out), &metadata)?;
     let page_size = virtprof_trace::format::parse_header_page(&metadata.header_page)?.page_size;

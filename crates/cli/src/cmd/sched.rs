@@ -44,7 +44,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
-    let recording = Session::open_warning(&args.file, args.formats.as_deref())?;
+    let recording = Session::open_warning(&args.file, &args.source.options())?;
     let mut decoder = recording.decoder(&["kvm", "sched"])?;
     if let (Some(window), Some((first, last))) = (window_ns, recording.time_range(&decoder)) {
         let windows = (last - first) / window + 1;

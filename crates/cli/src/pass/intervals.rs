@@ -12,7 +12,7 @@ use crate::exit::usage;
 /// The interval table of a recording with the trace-derived columns and per-VM sums added;
 /// a usage error for a recording without interval rows.
 pub fn interval_table(path: &std::path::Path) -> anyhow::Result<Intervals> {
-    let mut recording = Session::open_warning(path, None)?;
+    let mut recording = Session::open_warning(path, &Default::default())?;
     if recording.intervals.is_none() {
         return Err(usage(format!(
             "'{}' has no interval rows; record with `virtprof record --interval 10ms ...`",

@@ -98,6 +98,7 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
             rows: want.exit_rows,
             evidence_events: evidence.clone(),
             host: recording.host_kind(),
+            unrecorded: virtprof_session::unrecorded_events(&decoder),
             ..Default::default()
         };
         ExitAnalyzer::new(options)

@@ -190,6 +190,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         vms: vms.clone(),
         kvm_stats,
         vm_identities: identities.values().cloned().collect(),
+        ..Default::default()
     };
     let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 

@@ -90,7 +90,7 @@ pub fn testvm(script: Script, vcpus: u32, rate: u32) -> anyhow::Result<Collected
 /// `--recording`: the kvm_exit/kvm_entry timeline of every vCPU, sampled `rate` times a second
 /// (time in exits is the hypervisor realm; guest time takes the rip of the exit ending it).
 pub fn recording(path: &Path, rate: u32) -> anyhow::Result<Collected> {
-    let mut recording = Session::open_warning(path, None)?;
+    let mut recording = Session::open_warning(path, &Default::default())?;
     let mut timeline = ExitTimeline::new(rate);
     let analysis = crate::pass::analyse_with(&mut recording, Default::default(), &mut timeline)?;
     eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));

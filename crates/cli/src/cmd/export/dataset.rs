@@ -79,7 +79,7 @@ pub fn add(args: &ExportArgs) -> anyhow::Result<()> {
         let _lock = DatasetLock::take(dir)?;
         check_manifest(dir)?;
     }
-    let mut recording = Session::open_warning(&args.file, None)?;
+    let mut recording = Session::open_warning(&args.file, &Default::default())?;
     let facts = &recording.metadata.host;
     let host = match args.host.as_deref().or(facts.get("hostname").map(String::as_str).filter(|h| !h.is_empty())) {
         Some(h) => partition_value(h, "--host")?,

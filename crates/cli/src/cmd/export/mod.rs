@@ -35,11 +35,11 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 ));
             };
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
-            let mut recording = Session::open_warning(&args.file, None)?;
+            let mut recording = Session::open_warning(&args.file, &Default::default())?;
             write_tables(&mut recording, dir)?;
         }
         ExportFormat::Perfetto => {
-            let mut recording = Session::open_warning(&args.file, None)?;
+            let mut recording = Session::open_warning(&args.file, &Default::default())?;
             // The state tracks are the accounting's own slices, so they add up to `sched`.
             let want = Want { exits: true, exit_rows: true, accounting: true, binning: true, state_slices: true };
             let analysis = analyse(&mut recording, want)?;

@@ -67,7 +67,7 @@ pub struct CpuNoise {
 
 /// Explain every agent's noise samples in `recording`, on `vm` if given.
 pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseReport> {
-    let session = Session::open_warning(recording, None)?;
+    let session = Session::open_warning(recording, &Default::default())?;
     if session.metadata.trace_clock != "mono" {
         return Err(usage(format!(
             "--host-recording: traced on the '{}' clock; agents are aligned to CLOCK_MONOTONIC (record with --clock mono, the default)",

@@ -144,7 +144,7 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
     let cpu = vcpu.pinned_cpu.ok_or_else(|| {
         usage(format!("--guest '{}': the vCPU was not pinned; run testvm with --pin CPU", guest.display()))
     })?;
-    let recording = Session::open_warning(recording, None)?;
+    let recording = Session::open_warning(recording, &Default::default())?;
     if recording.metadata.trace_clock != "mono" {
         return Err(usage(format!(
             "--host-recording: traced on the '{}' clock; the guest's sync points are CLOCK_MONOTONIC (record with --clock mono, the default)",

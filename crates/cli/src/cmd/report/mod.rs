@@ -19,7 +19,7 @@ use virtprof_model::event::{Event, EventKind};
 use virtprof_session::Session;
 
 pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
-    let mut recording = Session::open_warning(&args.file, None)?;
+    let mut recording = Session::open_warning(&args.file, &Default::default())?;
     let want = Want { exits: true, exit_rows: false, accounting: true, binning: true, state_slices: false };
     // The guests' marker writes as the host traced them, to check their clocks by.
     let ports: Vec<u16> = recording.guests.iter().filter_map(|g| g.guest.marker_port).collect();

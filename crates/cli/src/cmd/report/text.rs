@@ -26,11 +26,10 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     }
 
     let t = &r.exits.totals;
-    writeln!(
-        out,
-        "\nexits: {} ({} lightweight, {} heavyweight), source: {}",
-        t.exits, t.lightweight, t.heavyweight, r.exits.source.path
-    )?;
+    writeln!(out, "\nexits: {}, source: {}", crate::exit_table::exits_line(t), r.exits.source.path)?;
+    if let Some(line) = crate::exit_table::time_line(t) {
+        writeln!(out, "  {line}")?;
+    }
     if !r.exits.by_reason.is_empty() {
         reason_table(&r.exits.by_reason).write_text(&mut *out)?;
     }

@@ -1,0 +1,301 @@
+//! Reading trace-cmd's `trace.dat`, versions 6 (trace-cmd 2.x, `--file-version 6`) and 7
+//! (trace-cmd 3.x: sections located through options, optionally zstd- or zlib-compressed).
+//! Each buffer's per-CPU pages stay where they are in the file: uncompressed ones read in
+//! place, compressed chunks as frames a walk expands when it reaches them ([`Segment`]).
+//!
+//! Every option trace-cmd writes is read where it carries meaning (trace-cmd.dat.v6(5),
+//! trace-cmd.dat.v7(5)): CPUSTAT (loss), CPUCOUNT, TRACECLOCK, TSC2NSEC, OFFSET and DATE (time
+//! conversion), TRACEID, TIME_SHIFT and GUEST (host and guest traces of one session), several
+//! buffers (`record -B`), BUFFER_TEXT and v6 latency data (text), saved cmdlines. Layout facts
+//! checked against files trace-cmd 3.1 and 3.3 wrote: a v7 section header is `id: u16, flags:
+//! u16, description: u32, size: u64` (the man page says the size is 4 bytes; the files carry 8),
+//! and a v7 BUFFER option carries the buffer's page size before its CPU count (3.1 and later).
+
+mod cursor;
+mod options;
+mod v6;
+mod v7;
+
+use virtprof_model::clock::TimeScale;
+
+use crate::segment::{Codec, Segment};
+use cursor::Cursor;
+pub use options::{GuestVcpus, TimeShift, TimeShiftSample, Tsc2Nsec};
+
+/// A problem in a trace.dat file, with its byte offset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("trace.dat at byte {offset}: {message}")]
+pub struct TraceDatError {
+    /// Where.
+    pub offset: usize,
+    /// What.
+    pub message: String,
+}
+
+/// One ring buffer's data: the top one (name "") or an instance (`trace-cmd record -B NAME`).
+#[derive(Debug, Clone, Default)]
+pub struct Buffer<'a> {
+    /// Instance name; empty for the top buffer.
+    pub name: String,
+    /// Its trace clock.
+    pub clock: String,
+    /// Each CPU's pages, in order, borrowed from the file (compressed chunks stay compressed).
+    pub cpus: Vec<(u32, Vec<Segment<'a>>)>,
+}
+
+/// A buffer saved as text (a latency tracer's output: BUFFER_TEXT, or a v6 file's latency
+/// data).
+#[derive(Debug, Clone, Default)]
+pub struct BufferText {
+    /// Instance name; empty for the top buffer.
+    pub name: String,
+    /// Its trace clock, where the file says.
+    pub clock: String,
+    /// The `trace` file's text.
+    pub text: String,
+}
+
+/// What a trace.dat holds.
+#[derive(Debug, Clone, Default)]
+pub struct TraceDat<'a> {
+    /// File version: 6 or 7.
+    pub version: u32,
+    /// How its sections and data are compressed (None: not at all).
+    pub compression: Option<Codec>,
+    /// Target page size.
+    pub page_size: usize,
+    /// `events/header_page` text.
+    pub header_page: String,
+    /// (system, format text) of every event.
+    pub formats: Vec<(String, String)>,
+    /// `saved_cmdlines` text (`pid comm` lines).
+    pub cmdlines: String,
+    /// The trace clock of the top buffer (the first buffer's, where there is no top one).
+    pub clock: String,
+    /// `per_cpu/cpuN/stats` texts (CPUSTAT), in file order.
+    pub cpu_stats: Vec<String>,
+    /// CPUs of the traced machine (CPUCOUNT).
+    pub cpu_count: Option<u32>,
+    /// This trace session's identifier (TRACEID): a guest's TIME_SHIFT and a host's GUEST
+    /// option name the peer by it.
+    pub trace_id: Option<u64>,
+    /// TSC to nanoseconds (TSC2NSEC), where the clock is the TSC.
+    pub tsc2nsec: Option<Tsc2Nsec>,
+    /// Nanoseconds added to every timestamp (OFFSET and DATE options).
+    pub offset_ns: i64,
+    /// A guest trace's offsets to its host's clock (TIME_SHIFT).
+    pub time_shift: Option<TimeShift>,
+    /// A host trace's guests: each vCPU's host thread (GUEST).
+    pub guests: Vec<GuestVcpus>,
+    /// The traced machine (UNAME).
+    pub uname: String,
+    /// The trace-cmd that wrote the file (VERSION).
+    pub tracer_version: String,
+    /// Binary buffers, the top one first.
+    pub buffers: Vec<Buffer<'a>>,
+    /// Text buffers.
+    pub texts: Vec<BufferText>,
+}
+
+pub(crate) const MAGIC: &[u8] = b"\x17\x08\x44tracing";
+
+/// True if `bytes` start like a trace.dat file.
+pub fn is_trace_dat(bytes: &[u8]) -> bool {
+    bytes.starts_with(MAGIC)
+}
+
+/// Linux's largest CONFIG_NR_CPUS: no file names more CPUs.
+const MAX_CPUS: usize = 8192;
+
+/// The clock trace-cmd names for the TSC: its timestamps are CPU cycles.
+pub const TSC_CLOCK: &str = "x86-tsc";
+
+impl<'a> TraceDat<'a> {
+    /// Every buffer's CPU streams, by CPU (the top buffer's first for a CPU): what a merge
+    /// walks. Buffers of one file share its clock (checked when read), so their events
+    /// interleave on one timeline.
+    pub fn cpus(&self) -> Vec<(u32, Vec<Segment<'a>>)> {
+        let mut all: Vec<(u32, Vec<Segment<'a>>)> =
+            self.buffers.iter().flat_map(|b| b.cpus.iter().cloned()).filter(|(_, s)| !s.is_empty()).collect();
+        all.sort_by_key(|(cpu, _)| *cpu);
+        all
+    }
+
+    /// True if its timestamps are TSC cycles with nothing in the file to convert them.
+    pub fn in_cycles(&self) -> bool {
+        self.clock == TSC_CLOCK && self.tsc2nsec.is_none()
+    }
+
+    /// How its timestamps become nanoseconds: the file's TSC2NSEC, else `tsc_khz` for a TSC
+    /// clock, plus the file's offset. None: they already are. `Err`: they are cycles and no
+    /// frequency was given.
+    pub fn time_scale(&self, tsc_khz: Option<u64>) -> Result<Option<TimeScale>, String> {
+        let tsc = if self.clock == TSC_CLOCK {
+            match (self.tsc2nsec, tsc_khz) {
+                (Some(t), _) => Some(TimeScale { mult: u64::from(t.mult), shift: t.shift.min(63), offset_ns: 0 }),
+                (None, Some(khz)) => TimeScale::from_khz(khz),
+                (None, None) => return Err(format!(
+                    "its timestamps are CPU cycles (clock {TSC_CLOCK}, no TSC2NSEC option); give the traced host's TSC frequency with --tsc-khz KHZ (its dmesg says e.g. 'tsc: Refined TSC clocksource calibration: 2893.202 MHz', that is --tsc-khz 2893202)"
+                )),
+            }
+        } else {
+            None
+        };
+        Ok(match (tsc, self.offset_ns) {
+            (None, 0) => None,
+            (None, offset) => Some(TimeScale::offset(offset)),
+            (Some(scale), offset) => Some(scale.with_offset(offset)),
+        })
+    }
+}
+
+/// Parse a version 6 or 7 trace.dat held in memory.
+pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
+    let mut c = Cursor::at(data, 0);
+    if !is_trace_dat(data) {
+        return c.fail("not a trace.dat file (bad magic)");
+    }
+    c.pos = MAGIC.len();
+    let version = c.cstr()?;
+    let version = match version.as_str() {
+        "6" => 6,
+        "7" => 7,
+        other => {
+            return c.fail(format!(
+                "trace.dat version {} is not supported (versions 6 and 7 are: trace-cmd 2.x and 3.x)",
+                other.escape_debug()
+            ))
+        }
+    };
+    if c.u8()? != 0 {
+        return c.fail("big-endian trace.dat files are not supported");
+    }
+    let _long_size = c.u8()?;
+    let page_size = c.size32()?;
+    if !(64..=(1 << 24)).contains(&page_size) || !page_size.is_power_of_two() {
+        return c.fail(format!("page size {page_size} is not a power of two between 64 and 16 MiB"));
+    }
+    let mut out = TraceDat { version, page_size, ..Default::default() };
+    match version {
+        6 => v6::read(&mut c, &mut out)?,
+        _ => v7::read(&mut c, &mut out)?,
+    }
+    finish(&mut out)?;
+    Ok(out)
+}
+
+/// Checks every version shares: a page layout, one clock for the buffers merged, some data.
+fn finish(out: &mut TraceDat) -> Result<(), TraceDatError> {
+    let fail = |message: String| Err(TraceDatError { offset: 0, message });
+    if out.header_page.is_empty() {
+        return fail("no header_page: the file lacks the page layout".into());
+    }
+    out.buffers.sort_by_key(|b| !b.name.is_empty());
+    if let Some(first) = out.buffers.first() {
+        if out.clock.is_empty() || !first.name.is_empty() {
+            out.clock.clone_from(&first.clock);
+        }
+    }
+    let with_data: Vec<&Buffer> = out.buffers.iter().filter(|b| b.cpus.iter().any(|(_, s)| !s.is_empty())).collect();
+    if let Some(other) = with_data.iter().find(|b| !b.clock.is_empty() && b.clock != out.clock) {
+        return fail(format!(
+            "buffer '{}' uses clock '{}' and the top buffer '{}': their times cannot be merged",
+            other.name, other.clock, out.clock
+        ));
+    }
+    if with_data.is_empty() && out.texts.iter().all(|t| t.text.trim().is_empty()) {
+        return fail("it holds no trace data: every CPU's data is empty".into());
+    }
+    Ok(())
+}
+
+/// A CPU's flyrecord data: raw pages in place, or compressed chunks (`count: u32`, then
+/// `compressed: u32, size: u32, bytes` each). It must lie inside the file and, uncompressed,
+/// be whole pages.
+fn cpu_segments<'a>(
+    data: &'a [u8],
+    cpu: u32,
+    offset: usize,
+    size: usize,
+    page_size: usize,
+    codec: Option<Codec>,
+) -> Result<Vec<Segment<'a>>, TraceDatError> {
+    let fail = |at: usize, message: String| Err(TraceDatError { offset: at, message });
+    if size == 0 {
+        return Ok(Vec::new());
+    }
+    let past_end = |what: &str| {
+        fail(
+            offset,
+            format!("CPU {cpu}'s data ({what} at byte {offset}) runs past the end of the file ({} bytes)", data.len()),
+        )
+    };
+    let Some(codec) = codec else {
+        if offset.checked_add(size).is_none_or(|end| end > data.len()) {
+            return past_end(&format!("{size} bytes"));
+        }
+        if size % page_size != 0 {
+            return fail(offset, format!("CPU {cpu}'s data of {size} bytes is not whole {page_size}-byte pages"));
+        }
+        return Ok(vec![Segment::Pages(&data[offset..offset + size])]);
+    };
+    // Compressed, the size trace-cmd 3.1 records is not the chunks' length: the chunks are
+    // bounded by the file instead.
+    if offset >= data.len() {
+        return past_end("compressed chunks");
+    }
+    let region = &data[offset..];
+    let mut c = Cursor::within(region, offset);
+    let chunks = c.u32()?;
+    let mut list = Vec::new();
+    for _ in 0..chunks {
+        let compressed = c.size32()?;
+        let expanded = c.size32()?;
+        let at = offset + c.pos;
+        let frame = c.bytes(compressed)?;
+        if expanded % page_size != 0 {
+            return fail(at, format!("CPU {cpu}: a chunk expanding to {expanded} bytes is not whole pages"));
+        }
+        list.push(
+            Segment::frame(codec, frame, expanded, at).map_err(|e| TraceDatError { offset: at, message: e.message })?,
+        );
+    }
+    Ok(list)
+}
+
+/// `header_page` (then `header_event`, unused) as both versions store it.
+fn read_header_info(c: &mut Cursor, out: &mut TraceDat) -> Result<(), TraceDatError> {
+    if c.cstr()? != "header_page" {
+        return c.fail("the header info does not start with header_page");
+    }
+    let len = c.size64()?;
+    out.header_page = c.text(len)?;
+    Ok(())
+}
+
+/// Event formats by system (`count: u32`, then `system\0, count: u32, (size: u64, text)...`).
+fn read_event_formats(c: &mut Cursor, out: &mut TraceDat) -> Result<(), TraceDatError> {
+    let systems = c.u32()?;
+    for _ in 0..systems {
+        let system = c.cstr()?;
+        let events = c.u32()?;
+        for _ in 0..events {
+            let len = c.size64()?;
+            out.formats.push((system.clone(), c.text(len)?));
+        }
+    }
+    Ok(())
+}
+
+/// The ftrace formats (`count: u32`, then `(size: u64, text)...`): kept under system "ftrace".
+fn read_ftrace_formats(c: &mut Cursor, out: &mut TraceDat) -> Result<(), TraceDatError> {
+    let events = c.u32()?;
+    for _ in 0..events {
+        let len = c.size64()?;
+        out.formats.push(("ftrace".to_string(), c.text(len)?));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

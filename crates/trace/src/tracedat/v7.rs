@@ -1,0 +1,165 @@
+//! Version 7: after the initial header, the compression header and the offset of the first
+//! options section; every other part is a section (`id: u16, flags: u16, description: u32,
+//! size: u64`, compressed as `compressed: u32, size: u32, bytes` when flagged) that an option
+//! points to.
+
+use super::cursor::Cursor;
+use super::options::{self, BUFFER, BUFFER_TEXT, CMDLINES, DONE, EVENT_FORMATS, FTRACE_EVENTS, HEADER_INFO};
+use super::{cpu_segments, Buffer, BufferText, TraceDat, TraceDatError};
+use crate::segment::{Codec, Segment};
+
+const SECTION_COMPRESSED: u16 = 1;
+/// Options sections chain through their DONE option; a file with more is looping.
+const MAX_OPTION_SECTIONS: usize = 64;
+
+pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(), TraceDatError> {
+    let data = c.data;
+    let compression = c.cstr()?;
+    let _compression_version = c.cstr()?;
+    let codec = match compression.as_str() {
+        "none" => None,
+        "zstd" => Some(Codec::Zstd),
+        "zlib" => Some(Codec::Zlib),
+        other => {
+            return c.fail(format!("compression '{}' is not supported (zstd, zlib and none are)", other.escape_debug()))
+        }
+    };
+    out.compression = codec;
+    let mut next_options = c.size64()?;
+    let mut buffers = Vec::new();
+    let mut texts = Vec::new();
+    let mut seen = 0;
+    while next_options != 0 {
+        seen += 1;
+        if seen > MAX_OPTION_SECTIONS {
+            return c.fail(format!("more than {MAX_OPTION_SECTIONS} options sections: a loop?"));
+        }
+        let (options, base) = section(data, next_options, codec)?;
+        next_options = 0;
+        let mut o = Cursor::within(&options, base);
+        while o.remaining() > 0 {
+            let id = o.u16()?;
+            let size = o.size32()?;
+            let at = o.base + o.pos;
+            let body = o.bytes(size)?;
+            if options::apply(id, body, at, out)? {
+                continue;
+            }
+            let mut b = Cursor::within(body, at);
+            match id {
+                DONE => {
+                    next_options = b.size64()?;
+                    break;
+                }
+                BUFFER => buffers.push((body.to_vec(), at)),
+                BUFFER_TEXT => texts.push((body.to_vec(), at)),
+                HEADER_INFO => {
+                    let (s, base) = section(data, b.size64()?, codec)?;
+                    super::read_header_info(&mut Cursor::within(&s, base), out)?;
+                }
+                FTRACE_EVENTS => {
+                    let (s, base) = section(data, b.size64()?, codec)?;
+                    super::read_ftrace_formats(&mut Cursor::within(&s, base), out)?;
+                }
+                EVENT_FORMATS => {
+                    let (s, base) = section(data, b.size64()?, codec)?;
+                    super::read_event_formats(&mut Cursor::within(&s, base), out)?;
+                }
+                CMDLINES => {
+                    let (s, base) = section(data, b.size64()?, codec)?;
+                    let mut sc = Cursor::within(&s, base);
+                    let len = sc.size64()?;
+                    out.cmdlines = sc.text(len)?;
+                }
+                _ => {} // KALLSYMS, PRINTK, PROCMAPS, HOOK, STRINGS: nothing we use
+            }
+        }
+    }
+    for (body, at) in buffers {
+        out.buffers.push(buffer(data, &body, at, out.page_size, codec)?);
+    }
+    for (body, at) in texts {
+        out.texts.push(buffer_text(data, &body, at, codec)?);
+    }
+    Ok(())
+}
+
+/// A BUFFER option: `section offset: u64, name\0, clock\0, [page size: u32,] cpus: u32,
+/// (cpu: u32, offset: u64, size: u64)...`.
+fn buffer<'a>(
+    data: &'a [u8],
+    body: &[u8],
+    at: usize,
+    page_size: usize,
+    codec: Option<Codec>,
+) -> Result<Buffer<'a>, TraceDatError> {
+    let mut b = Cursor::within(body, at);
+    let _section = b.u64()?;
+    let name = b.cstr()?;
+    let clock = b.cstr()?;
+    // trace-cmd 3.1 and later write the buffer's page size before the CPU count, which the
+    // man page omits; each CPU entry is 20 bytes, so the remaining length tells which.
+    let remaining = b.remaining();
+    if remaining >= 8 && (remaining - 8) % 20 == 0 && (remaining - 4) % 20 != 0 {
+        let buffer_page = b.size32()?;
+        if buffer_page != page_size {
+            return b.fail(format!("buffer '{name}' has {buffer_page}-byte pages, the file {page_size}"));
+        }
+    }
+    let count = b.size32()?;
+    if count.saturating_mul(20) > b.remaining() {
+        return b.fail(format!("buffer '{name}' claims {count} CPUs; its option is shorter"));
+    }
+    let mut cpus: Vec<(u32, Vec<Segment<'a>>)> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let cpu = b.u32()?;
+        let offset = b.size64()?;
+        let size = b.size64()?;
+        if cpu as usize >= super::MAX_CPUS || cpus.iter().any(|(c, _)| *c == cpu) {
+            return b.fail(format!("buffer '{name}' lists CPU {cpu} twice or past {}", super::MAX_CPUS));
+        }
+        cpus.push((cpu, cpu_segments(data, cpu, offset, size, page_size, codec)?));
+    }
+    Ok(Buffer { name, clock, cpus })
+}
+
+/// A BUFFER_TEXT option: `section offset: u64, name\0, clock\0`; the section holds the text.
+fn buffer_text(data: &[u8], body: &[u8], at: usize, codec: Option<Codec>) -> Result<BufferText, TraceDatError> {
+    let mut b = Cursor::within(body, at);
+    let offset = b.size64()?;
+    let name = b.cstr()?;
+    let clock = b.cstr().unwrap_or_default();
+    let (text, _) = section(data, offset, codec)?;
+    Ok(BufferText { name, clock, text: String::from_utf8_lossy(&text).into_owned() })
+}
+
+/// The most a compressed metadata section may expand to (kallsyms, the largest, is a few MiB).
+const MAX_SECTION: usize = 1 << 30;
+
+/// A section's payload (expanded if flagged), with the byte offset it came from.
+fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Vec<u8>, usize), TraceDatError> {
+    let mut c = Cursor::at(data, offset);
+    if offset >= data.len() {
+        return c.fail(format!("a section offset points past the end of the file ({} bytes)", data.len()));
+    }
+    let _id = c.u16()?;
+    let flags = c.u16()?;
+    let _description = c.u32()?;
+    let size = c.size64()?;
+    if flags & SECTION_COMPRESSED == 0 {
+        let at = c.pos;
+        return Ok((c.bytes(size)?.to_vec(), at));
+    }
+    let Some(codec) = codec else { return c.fail("a compressed section in a file that says 'none'") };
+    let compressed = c.size32()?;
+    let expanded = c.size32()?;
+    let at = c.pos;
+    if expanded > MAX_SECTION {
+        return c.fail(format!("a section claims {expanded} bytes once expanded"));
+    }
+    let frame = Segment::frame(codec, c.bytes(compressed)?, expanded, at)
+        .map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
+    let mut out = Vec::new();
+    frame.pages(&mut out).map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
+    Ok((out, at))
+}
