@@ -34,6 +34,9 @@ if [ "$(id -u)" = 0 ]; then
     fi
     # Debian's kernel, its real System.map and a marker initramfs, for the `boot --qemu` tests.
     bash scripts/debian-kernel/fetch.sh target/debian-kernel || echo "test.sh: could not fetch the Debian kernel; boot --qemu tests will skip"
+    # A zlib-capable trace-cmd (trixie's 3.3, unpacked beside the host's): the trace.dat tests
+    # write and read v6, zlib and multi-buffer files with it, and record with it.
+    bash scripts/trace-cmd/fetch.sh target/trace-cmd-trixie || echo "test.sh: could not fetch trixie's trace-cmd; the trace.dat variant tests will skip"
     if ! grep -q ' tracefs ' /proc/mounts; then
         mount -t tracefs nodev /sys/kernel/tracing || echo "test.sh: could not mount tracefs; tracefs tests will skip"
     fi

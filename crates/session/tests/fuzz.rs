@@ -51,6 +51,33 @@ fn trace_fixture(rel: &str) -> PathBuf {
 
 /// Flip bits, write interesting values, overwrite 8-byte words (timestamps, lengths),
 /// truncate, or copy a run of bytes elsewhere, within `data[from..]`.
+/// The fixture rewritten by trixie's trace-cmd (`scripts/trace-cmd/fetch.sh`) as version 6 and
+/// zlib, where it was fetched; none (said on stderr) otherwise.
+fn trace_dat_variants(original: &std::path::Path) -> Vec<Vec<u8>> {
+    let trace_cmd = here("../../target/trace-cmd-trixie/trace-cmd");
+    let dir = std::env::temp_dir().join(format!("virtprof-fuzz-variants-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let mut out = Vec::new();
+    for (name, args) in [("v6.dat", ["--file-version", "6"]), ("zlib.dat", ["--compression", "zlib"])] {
+        let file = dir.join(name);
+        let made = std::process::Command::new(&trace_cmd)
+            .arg("convert")
+            .args(args)
+            .arg("-i")
+            .arg(original)
+            .arg("-o")
+            .arg(&file)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        match std::fs::read(&file) {
+            Ok(bytes) if made => out.push(bytes),
+            _ => eprintln!("fuzz: no {name} seed (needs target/trace-cmd-trixie, scripts/trace-cmd/fetch.sh)"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
 fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>, from: usize) {
     const INTERESTING: [u64; 8] = [0, u64::MAX, 0x7fff_ffff, 0x8000_0000, 1 << 40, 1 << 62, 0xffff, 1];
     for _ in 0..=rng.below(6) {
@@ -289,9 +316,11 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
         });
     }
     if wanted("tracedat") {
-        let seed = std::fs::read(trace_fixture("kvm-amd-run5_tracecmd_2vcpu_pinned/trace.dat")).unwrap();
+        let original = trace_fixture("kvm-amd-run5_tracecmd_2vcpu_pinned/trace.dat");
+        let mut seeds = vec![std::fs::read(&original).unwrap()];
+        seeds.extend(trace_dat_variants(&original));
         run_target("tracedat", 0x7d47_0001, n, &watchdog, |rng| {
-            let mut bytes = seed.clone();
+            let mut bytes = seeds[rng.below(seeds.len())].clone();
             // Most mutations in the headers and options, where the structure is.
             let from = if rng.below(2) == 0 { 0 } else { rng.below(bytes.len()) };
             let from = from.min(bytes.len().saturating_sub(1));

@@ -18,5 +18,6 @@ mod serve;
 mod stats;
 mod svm;
 mod testvm;
+mod tracecmd;
 mod tui;
 mod util;

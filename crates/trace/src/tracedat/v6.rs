@@ -2,7 +2,8 @@
 //! by a 10-byte marker: `options  ` (options up to a DONE id with no size), `latency  ` (the
 //! rest of the file is text) or `flyrecord` (per CPU `offset: u64, size: u64`, then the clock
 //! text when a TRACECLOCK option was given). An instance buffer's BUFFER option holds
-//! `offset: u64, name\0`; at that offset lie its per-CPU offsets and sizes.
+//! `offset: u64, name\0`; at that offset lie a `flyrecord` marker and its per-CPU offsets and
+//! sizes (trace-cmd 3.3 writes the marker there too).
 
 use super::cursor::Cursor;
 use super::options::{self, BUFFER, DONE};
@@ -76,6 +77,10 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
         let mut at = Cursor::at(data, offset);
         if offset >= data.len() {
             return at.fail(format!("buffer '{name}' points past the end of the file ({} bytes)", data.len()));
+        }
+        // trace-cmd writes the marker again there (the man page does not say so).
+        if data[offset..].starts_with(FLYRECORD) {
+            at.pos += FLYRECORD.len();
         }
         let cpus = flyrecord(data, &mut at, cpus, out.page_size)?;
         out.buffers.push(Buffer { name, clock: out.clock.clone(), cpus });

@@ -26,6 +26,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     };
     out.compression = codec;
     let mut next_options = c.size64()?;
+    check_sections_fit(data, c.pos)?;
     let mut buffers = Vec::new();
     let mut texts = Vec::new();
     let mut seen = 0;
@@ -80,6 +81,30 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     }
     for (body, at) in texts {
         out.texts.push(buffer_text(data, &body, at, codec)?);
+    }
+    Ok(())
+}
+
+/// The sections follow one another from `first` to the end of the file (trace-cmd writes
+/// them so): one that runs past the end means the file was cut short, which reading only the
+/// sections an option points to could miss.
+fn check_sections_fit(data: &[u8], first: usize) -> Result<(), TraceDatError> {
+    let mut at = first;
+    while at < data.len() {
+        let mut c = Cursor::at(data, at);
+        let cut = |what: String| {
+            Err(TraceDatError {
+                offset: at,
+                message: format!("the file is cut short: {what}, and the file ends at byte {}", data.len()),
+            })
+        };
+        let (Ok(id), Ok(_), Ok(_), Ok(size)) = (c.u16(), c.u16(), c.u32(), c.u64()) else {
+            return cut("a section header starts here".into());
+        };
+        match usize::try_from(size).ok().and_then(|size| c.pos.checked_add(size)).filter(|&end| end <= data.len()) {
+            Some(end) => at = end,
+            None => return cut(format!("the section here (id {id}) holds {size} bytes")),
+        }
     }
     Ok(())
 }

@@ -1,0 +1,308 @@
+//! Files made by trace-cmd itself, of every kind it writes: versions 6 and 7, zlib, zstd and
+//! uncompressed, several buffers, kvm_amd and VMX exits. Each is checked against trace-cmd's
+//! own reading of the same file (`trace-cmd report`) and against ground truth. trixie's
+//! trace-cmd 3.3 (zlib-capable; `scripts/trace-cmd/fetch.sh`, run by scripts/test.sh) writes
+//! the variants; bookworm's 3.1 reads the ones it can.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::util::{have_kvm, have_tracefs, note, parse_report, temp, virtprof};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// trixie's trace-cmd, if fetched; otherwise say why `test` skips.
+fn trace_cmd_33(test: &str) -> Option<PathBuf> {
+    let path = workspace().join("target/trace-cmd-trixie/trace-cmd");
+    let works = Command::new(&path).args(["list", "-c"]).output().is_ok_and(|o| o.status.success());
+    if !works {
+        note(test, "SKIP: needs target/trace-cmd-trixie (bash scripts/trace-cmd/fetch.sh target/trace-cmd-trixie)");
+        return None;
+    }
+    Some(path)
+}
+
+fn run5() -> PathBuf {
+    workspace().join("crates/trace/tests/fixtures/kvm-amd-run5_tracecmd_2vcpu_pinned/trace.dat")
+}
+
+/// `trace-cmd convert` of `src` into `dst` with `args`; panics with its stderr.
+fn convert(trace_cmd: &Path, src: &Path, dst: &Path, args: &[&str]) {
+    let out = Command::new(trace_cmd).arg("convert").args(args).arg("-i").arg(src).arg("-o").arg(dst).output().unwrap();
+    assert!(out.status.success(), "trace-cmd convert {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Events per name in `trace-cmd report` (the word before the first ": " after the
+/// timestamp), and all events.
+fn report_counts(trace_cmd: &Path, file: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new(trace_cmd).args(["report", "-i"]).arg(file).output().unwrap();
+    assert!(out.status.success(), "trace-cmd report {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    let mut counts = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // `comm-pid [cpu] ts: name: fields`; with several buffers, lines start `buffer: `.
+        let Some((_, rest)) = line.split_once("] ") else { continue };
+        let Some((_, rest)) = rest.split_once(": ") else { continue };
+        let name = rest.split(':').next().unwrap_or_default().trim().to_string();
+        *counts.entry(name).or_insert(0) += 1;
+        *counts.entry("(all)".to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn exits_json(file: &Path, args: &[&str]) -> serde_json::Value {
+    let out = virtprof().arg("exits").arg(file).args(["--json"]).args(args).output().unwrap();
+    assert!(out.status.success(), "exits {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn reason_counts(r: &serde_json::Value) -> BTreeMap<String, u64> {
+    r["by_reason"].as_array().unwrap().iter().map(|x| (x["reason"].as_str().unwrap().into(), x["count"].as_u64().unwrap())).collect()
+}
+
+/// The kvm_amd capture (trace-cmd 3.1, v7 zstd) as trace-cmd 3.3 rewrites it: version 6,
+/// zlib, zstd and uncompressed. Every variant holds the events trace-cmd reads from the
+/// original (convert has been seen to drop CPU 0's events), and virtprof reads each exactly
+/// as it reads the original: the same exits, reason by reason, vCPU by vCPU.
+#[test]
+fn every_kind_of_trace_dat_trace_cmd_writes_reads_the_same() {
+    let test = "every_kind_of_trace_dat_trace_cmd_writes_reads_the_same";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    let dir = temp("tracedat-kinds");
+    std::fs::create_dir_all(&dir).unwrap();
+    let original = run5();
+    let truth = report_counts(&trace_cmd, &original);
+    assert_eq!(truth["kvm_exit"], 2444, "the fixture's own count");
+    let want = exits_json(&original, &[]);
+    let variants: [(&str, &[&str]); 4] = [
+        ("v6.dat", &["--file-version", "6"]),
+        ("zlib.dat", &["--compression", "zlib"]),
+        ("zstd.dat", &["--compression", "zstd"]),
+        ("none.dat", &["--compression", "none"]),
+    ];
+    for (name, args) in variants {
+        let file = dir.join(name);
+        convert(&trace_cmd, &original, &file, args);
+        assert_eq!(report_counts(&trace_cmd, &file), truth, "{name}: trace-cmd reads other events than the original");
+        let got = exits_json(&file, &[]);
+        assert_eq!(got["by_reason"], want["by_reason"], "{name}");
+        assert_eq!(got["by_vcpu"], want["by_vcpu"], "{name}");
+        assert_eq!(got["totals"], want["totals"], "{name}");
+        assert_eq!(got["source"]["events"]["kvm_exit"].as_u64(), Some(truth["kvm_exit"]), "{name}");
+        let version = if name == "v6.dat" { "6" } else { "7" };
+        let whole = std::fs::read(&file).unwrap();
+        assert_eq!(&whole[10..11], version.as_bytes(), "{name}: convert wrote another version");
+        // Cut anywhere, each is bad input named by its byte: exit 2, never a panic or a hang.
+        for cut in [20, whole.len() / 3, whole.len() - 100] {
+            let short = dir.join(format!("cut-{cut}-{name}"));
+            std::fs::write(&short, &whole[..cut]).unwrap();
+            let out = virtprof().arg("exits").arg(&short).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{name} cut at {cut}: {stderr}");
+            assert!(stderr.contains("trace.dat at byte"), "{name} cut at {cut}: {stderr}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Records made here by trace-cmd itself (`record -B` makes two buffers in one file) of
+/// testvm VMs with known exits: every variant of the file gives testvm's exit counts per
+/// vCPU, the kvm events trace-cmd reads, and the VMs as they were (two, of two vCPUs each,
+/// found from the vCPU threads' names; a trace.dat has no tgids).
+#[test]
+fn a_trace_cmd_recording_with_two_buffers_matches_trace_cmd_and_the_vms() {
+    let test = "a_trace_cmd_recording_with_two_buffers_matches_trace_cmd_and_the_vms";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = have_kvm(test) else { return };
+    let dir = temp("tracedat-record");
+    std::fs::create_dir_all(&dir).unwrap();
+    let recorded = dir.join("record.dat");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let args = ["testvm", "-w", "pio-user", "--vms", "2", "--vcpus", "2", "-n", "300", "--json"];
+    let out = Command::new("bash")
+        .arg(workspace().join("scripts/trace-cmd/record.sh"))
+        .arg(workspace().join("target/trace-cmd-trixie"))
+        .arg(&recorded)
+        .args(["-e", "kvm", "-e", "sched:sched_switch", "-B", "second", "-e", "irq", "-e", "sched:sched_wakeup", "--"])
+        .arg(&exe)
+        .args(args)
+        .output()
+        .unwrap();
+    let truth = parse_report(&out, &args);
+    assert!(!Path::new("/sys/kernel/tracing/instances/second").exists(), "record.sh left the instance behind");
+    let theirs = report_counts(&trace_cmd, &recorded);
+    let variants = [("record.dat", recorded.clone()), ("v6.dat", dir.join("v6.dat")), ("zlib.dat", dir.join("zlib.dat"))];
+    convert(&trace_cmd, &recorded, &variants[1].1, &["--file-version", "6"]);
+    convert(&trace_cmd, &recorded, &variants[2].1, &["--compression", "zlib"]);
+    for (name, file) in &variants {
+        assert_eq!(report_counts(&trace_cmd, file), theirs, "{name}: trace-cmd convert changed the events");
+        let r = exits_json(file, &["--by", "vm"]);
+        for event in ["kvm_userspace_exit", "kvm_pio", "kvm_fpu", "kvm_emulate_insn"] {
+            assert_eq!(r["source"]["events"][event].as_u64(), theirs.get(event).copied(), "{name}: {event}");
+        }
+        // Every vCPU's port writes are its iterations plus testvm's markers.
+        let per_vcpu = 300 + truth.marker_io_exits_per_vcpu;
+        for vm in &truth.vms {
+            for vcpu in &vm.vcpus {
+                let row = r["by_vcpu"].as_array().unwrap().iter().find(|v| v["tid"] == vcpu.tid).expect("each vCPU thread");
+                assert_eq!(row["heavyweight"].as_u64(), Some(per_vcpu), "{name}: vCPU thread {}", vcpu.tid);
+            }
+        }
+        let vms = r["by_vm"].as_array().unwrap();
+        assert_eq!(vms.len(), 2, "{name}: {vms:?}");
+        assert!(vms.iter().all(|v| v["vcpus"] == 2 && v["grouped_by"] == "vcpu ids"), "{name}: {vms:?}");
+        // Both buffers are read: the events in all equal trace-cmd's.
+        let report = virtprof().args(["report", "--json"]).arg(file).output().unwrap();
+        assert!(report.status.success(), "{name}: {}", String::from_utf8_lossy(&report.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+        assert_eq!(report["events"].as_u64(), Some(theirs["(all)"]), "{name}: events in both buffers");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The kvm_amd capture rewritten as a kvm_intel host would have written it: the same kernel
+/// event definition (its print fmt carries both the VMX and the SVM tables), each kvm_exit's
+/// SVM code replaced by the VMX basic reason of the same exit and its isa set to VMX. Returns
+/// the exits patched.
+fn vmx_from_svm(file: &Path) -> usize {
+    use virtprof_trace::format::{parse_event_format, parse_header_page};
+    use virtprof_trace::page::Page;
+    use virtprof_trace::segment::Segment;
+    let mut bytes = std::fs::read(file).unwrap();
+    let offsets: Vec<usize>;
+    let (reason_at, isa_at, info1_at);
+    {
+        let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
+        let header = parse_header_page(&dat.header_page).unwrap();
+        let (system, text) = dat.formats.iter().find(|(s, t)| s == "kvm" && t.starts_with("name: kvm_exit\n")).unwrap();
+        let format = parse_event_format(system, text).unwrap();
+        let at = |name: &str| format.field(name).unwrap().offset;
+        (reason_at, isa_at, info1_at) = (at("exit_reason"), at("isa"), at("info1"));
+        let base = bytes.as_ptr() as usize;
+        let mut found = Vec::new();
+        for (_, segments) in dat.cpus() {
+            for segment in segments {
+                let Segment::Pages(pages) = segment else { panic!("convert --compression none writes pages in place") };
+                for page in pages.chunks(header.page_size) {
+                    for record in Page::parse(page, &header).unwrap().records() {
+                        let record = record.unwrap();
+                        if record.event_id() == Some(format.id) {
+                            found.push(record.data.as_ptr() as usize - base);
+                        }
+                    }
+                }
+            }
+        }
+        offsets = found;
+    }
+    let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    for &record in &offsets {
+        let svm = u32_at(&bytes, record + reason_at);
+        let write = u32_at(&bytes, record + info1_at) != 0;
+        // SVM exit code → VMX basic exit reason (Intel SDM appendix C).
+        let vmx: u32 = match svm {
+            0x7b => 30,                        // IOIO → IO_INSTRUCTION
+            0x72 => 10,                        // CPUID
+            0x7c if write => 32,               // MSR (info1 = 1: WRMSR) → MSR_WRITE
+            0x7c => 31,                        // MSR_READ
+            0x78 => 12,                        // HLT
+            0x400 => 48,                       // NPF → EPT_VIOLATION
+            0x60 => 1,                         // INTR → EXTERNAL_INTERRUPT
+            other => panic!("no VMX reason for SVM exit {other:#x} in the fixture"),
+        };
+        bytes[record + reason_at..record + reason_at + 4].copy_from_slice(&vmx.to_le_bytes());
+        bytes[record + isa_at..record + isa_at + 4].copy_from_slice(&1u32.to_le_bytes());
+    }
+    std::fs::write(file, bytes).unwrap();
+    offsets.len()
+}
+
+/// Exits of a kvm_intel host are named from the recorded print fmt's VMX table, as trace-cmd
+/// names them, reason by reason; the probe's ground truth holds under the VMX names; HLT is
+/// the guest idling.
+#[test]
+fn vmx_exits_are_named_and_counted_as_trace_cmd_reads_them() {
+    let test = "vmx_exits_are_named_and_counted_as_trace_cmd_reads_them";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    let file = temp("vmx.dat");
+    convert(&trace_cmd, &run5(), &file, &["--compression", "none"]);
+    assert_eq!(vmx_from_svm(&file), 2444);
+    let report = Command::new(&trace_cmd).args(["report", "-i"]).arg(&file).output().unwrap();
+    let mut theirs: BTreeMap<String, u64> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&report.stdout).lines().filter(|l| l.contains(" kvm_exit:")) {
+        let reason = line.split(" reason ").nth(1).and_then(|r| r.split_whitespace().next()).expect("a reason");
+        *theirs.entry(reason.to_string()).or_insert(0) += 1;
+    }
+    let r = exits_json(&file, &[]);
+    let ours = reason_counts(&r);
+    // trace-cmd's kvm plugin and the print fmt agree on VMX names; exits in flight at the
+    // end are counted by both.
+    assert_eq!(ours, theirs, "per reason, ours against trace-cmd report's");
+    for vcpu in ["0", "1"] {
+        let per = reason_counts(&exits_json(&file, &["--vcpu", vcpu]));
+        let n = |reason: &str| per.get(reason).copied().unwrap_or(0);
+        assert_eq!(
+            (n("CPUID"), n("IO_INSTRUCTION"), n("MSR_READ"), n("MSR_WRITE"), n("HLT")),
+            (202, 410, 200, 0, 1),
+            "the probe's truth per vCPU (kvm_probe -n 200 -H reads the TSC MSR)"
+        );
+    }
+    let hlt = r["by_reason"].as_array().unwrap().iter().find(|x| x["reason"] == "HLT").unwrap();
+    assert_eq!(hlt["guest_idle"], true);
+    let text = virtprof().arg("exits").arg(&file).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("HLT (guest idle)"));
+    let _ = std::fs::remove_file(file);
+}
+
+/// A capture of only kvm_exit and kvm_entry (what many users record): the real kvm_amd dump
+/// with every other event's format left out. Counts per reason equal the kernel's own text
+/// of the same buffer; which exits went to the VMM, and preemption, are unknown (null in
+/// JSON, "unknown" in text), never zero.
+#[test]
+fn a_capture_of_exits_and_entries_only_leaves_the_split_unknown() {
+    let src = workspace().join("crates/trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
+    let dump = temp("exit-entry-only");
+    let copy = |rel: &str| {
+        let to = dump.join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(src.join(rel), to).unwrap();
+    };
+    for rel in ["events/header_page", "events/header_event", "saved_cmdlines", "saved_tgids", "trace_clock"] {
+        copy(rel);
+    }
+    for rel in ["events/kvm/kvm_exit/format", "events/kvm/kvm_entry/format"] {
+        copy(rel);
+    }
+    for cpu in ["cpu0", "cpu1"] {
+        copy(&format!("per_cpu/{cpu}/trace_pipe_raw"));
+        copy(&format!("per_cpu/{cpu}/stats"));
+    }
+    let kernel = std::fs::read_to_string(src.join("trace")).unwrap();
+    let mut theirs: BTreeMap<String, u64> = BTreeMap::new();
+    for line in kernel.lines().filter(|l| l.contains(" kvm_exit: ")) {
+        let reason = line.split(" reason ").nth(1).and_then(|r| r.split_whitespace().next()).unwrap();
+        *theirs.entry(reason.to_string()).or_insert(0) += 1;
+    }
+    let r = exits_json(&dump, &["--by", "vm"]);
+    assert_eq!(reason_counts(&r), theirs);
+    assert!(r["totals"]["lightweight"].is_null() && r["totals"]["heavyweight"].is_null(), "{}", r["totals"]);
+    for row in r["by_reason"].as_array().unwrap() {
+        assert!(row["lightweight"].is_null() && row["descheduled"].is_null() && row["preempted_ns"].is_null(), "{row}");
+    }
+    let missing = r["source"]["unavailable"].to_string();
+    assert!(missing.contains("kvm_userspace_exit was not recorded") && missing.contains("sched_switch"), "{missing}");
+    // The dump's saved_tgids is empty: the vCPU indexes 0 and 1 of threads 284 and 285 make
+    // them one VM.
+    assert_eq!(r["by_vm"].as_array().unwrap().len(), 1, "{}", r["by_vm"]);
+    assert_eq!((r["by_vm"][0]["grouped_by"].as_str(), r["by_vm"][0]["vcpus"].as_u64()), (Some("vcpu ids"), Some(2)));
+    let text = virtprof().arg("exits").arg(&dump).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("lightweight/heavyweight unknown") && text.contains("unknown"), "{text}");
+    assert!(!text.contains(" 0 lightweight"), "{text}");
+    let _ = std::fs::remove_dir_all(dump);
+}
