@@ -5,7 +5,9 @@
 #   trace-cmd report -i big.dat            (decode + print every event)
 #   virtprof import big.dat + exits        (decode + exit analysis, via a recording)
 #   virtprof exits big.vprec               (decode + exit analysis)
-# and prints the ratios. Needs root, tracefs, /dev/kvm; installs trace-cmd if missing.
+# and prints the ratios; then the same file as zlib (v7) and as version 6, written and read by
+# trixie's zlib-capable trace-cmd 3.3 (scripts/trace-cmd/fetch.sh). Needs root, tracefs,
+# /dev/kvm; installs trace-cmd if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${VIRTPROF:-target/release/virtprof}
@@ -37,6 +39,11 @@ trace-cmd restore -i "$work/head.dat" -o "$work/restored.dat" "${cpus[@]}" > /de
 cp "$work/restored.dat" "$work/big.dat"
 # trace-cmd's own default for new files: zstd-compressed flyrecord chunks.
 trace-cmd convert --compression zstd -i "$work/big.dat" -o "$work/zstd.dat" > /dev/null 2>&1
+# Where trace-cmd was built with zlib only (Ubuntu's 3.2), and older or --file-version 6 files.
+bash scripts/trace-cmd/fetch.sh target/trace-cmd-trixie
+TC33=target/trace-cmd-trixie/trace-cmd
+"$TC33" convert --compression zlib -i "$work/big.dat" -o "$work/zlib.dat" > /dev/null 2>&1
+"$TC33" convert --file-version 6 -i "$work/big.dat" -o "$work/v6.dat" > /dev/null 2>&1
 events=$(trace-cmd report -i "$work/big.dat" 2>/dev/null | grep -c ']' || true)
 
 best() { # best wall time in ms of REPS runs of "$@"
@@ -59,7 +66,23 @@ printf '%-36s %8s ms\n' "trace-cmd report" "$tc" "virtprof exits big.dat (direct
     "trace-cmd report (zstd)" "$tcz" "virtprof exits zstd.dat (direct)" "$directz"
 awk -v a="$tc" -v d="$direct" -v b="$both" -v c="$ex" 'BEGIN { printf "ratio trace-cmd / exits on the trace.dat: %.1fx, / (import+exits): %.1fx, / exits on a recording: %.1fx (target >= 20x)\n", a/d, a/b, a/c }'
 awk -v a="$tcz" -v d="$directz" 'BEGIN { printf "ratio on the zstd-compressed trace.dat: %.1fx (target >= 20x)\n", a/d }'
+# The events each tool reads from the variants must be the source's (convert has dropped CPU 0
+# before); then the ratios, trace-cmd 3.3 reading its own zlib and v6 output.
+for f in zlib v6; do
+    n=$("$TC33" report -i "$work/$f.dat" 2>/dev/null | grep -c ']' || true)
+    [ "$n" = "$events" ] || { echo "vs_tracecmd.sh: $f.dat holds $n events, the source $events" >&2; exit 1; }
+done
+tczl=$(best "$TC33" report -i "$work/zlib.dat")
+directzl=$(best "$V" exits "$work/zlib.dat")
+tc6=$(best "$TC33" report -i "$work/v6.dat")
+direct6=$(best "$V" exits "$work/v6.dat")
+tc33z=$(best "$TC33" report -i "$work/zstd.dat")
+printf '%-36s %8s ms\n' "trace-cmd 3.3 report (zstd)" "$tc33z" "trace-cmd 3.3 report (zlib)" "$tczl" "virtprof exits zlib.dat (direct)" "$directzl" \
+    "trace-cmd 3.3 report (v6)" "$tc6" "virtprof exits v6.dat (direct)" "$direct6"
+awk -v a="$tczl" -v d="$directzl" 'BEGIN { printf "ratio on the zlib-compressed trace.dat: %.1fx (goal >= 40x)\n", a/d }'
+awk -v a="$tc6" -v d="$direct6" 'BEGIN { printf "ratio on the version 6 trace.dat: %.1fx (goal >= 40x)\n", a/d }'
+awk -v z="$directz" -v l="$directzl" 'BEGIN { printf "virtprof on zlib against zstd: %.2fx the time\n", l/z }'
 # Memory: compressed frames are expanded per CPU as the walk reaches them, so the peak stays
 # far below the pages' expanded size (which the whole file would take if expanded first).
 rss() { /usr/bin/time -f %M "$@" 2>&1 >/dev/null | tail -1; }
-echo "peak RSS (KiB): virtprof exits zstd.dat $(rss "$V" exits "$work/zstd.dat"), big.dat $(rss "$V" exits "$work/big.dat"), trace-cmd report zstd.dat $(rss trace-cmd report -i "$work/zstd.dat"); expanded pages $(( $(stat -c %s "$work/big.dat") / 1024 )) KiB"
+echo "peak RSS (KiB): virtprof exits zstd.dat $(rss "$V" exits "$work/zstd.dat"), zlib.dat $(rss "$V" exits "$work/zlib.dat"), big.dat $(rss "$V" exits "$work/big.dat"), trace-cmd report zstd.dat $(rss trace-cmd report -i "$work/zstd.dat"); expanded pages $(( $(stat -c %s "$work/big.dat") / 1024 )) KiB"
