@@ -721,7 +721,10 @@ impl ExitAnalyzer {
                 missing.push("lightweight/heavyweight split and VMM time: kvm_userspace_exit was not recorded, so which exits went to the VMM is unknown".to_string());
             }
             if !sched_known {
-                missing.push("preempted and blocked time (and so hypervisor overhead): sched_switch was not recorded".to_string());
+                missing.push(
+                    "preempted and blocked time (and so hypervisor overhead): sched_switch was not recorded"
+                        .to_string(),
+                );
             }
             if !wakeups {
                 missing.push("halt-polling time: kvm_vcpu_wakeup was not recorded".to_string());
@@ -838,7 +841,10 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "kvm_exit");
-        assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete), (3, Some(2), Some(1), 0));
+        assert_eq!(
+            (r.totals.exits, r.totals.lightweight, r.totals.heavyweight, r.totals.incomplete),
+            (3, Some(2), Some(1), 0)
+        );
         let r1 = r.by_reason.iter().find(|x| x.reason == "r1").unwrap();
         assert_eq!(
             (r1.count, r1.min_ns, r1.max_ns, r1.total_ns, r1.descheduled),
@@ -854,7 +860,14 @@ mod tests {
         );
         assert_eq!(
             r.by_vcpu,
-            vec![VcpuRow { tid: 7, vcpu_id: Some(0), exits: 3, lightweight: Some(2), heavyweight: Some(1), total_ns: 220 }]
+            vec![VcpuRow {
+                tid: 7,
+                vcpu_id: Some(0),
+                exits: 3,
+                lightweight: Some(2),
+                heavyweight: Some(1),
+                total_ns: 220
+            }]
         );
     }
 
@@ -933,7 +946,10 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&TestNames);
         let row = &r.rows[0];
-        assert_eq!((row.duration_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns), (1000, Some(200), Some(600), Some(0)));
+        assert_eq!(
+            (row.duration_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns),
+            (1000, Some(200), Some(600), Some(0))
+        );
         let parts = [row.overhead_ns, row.vmm_ns, row.blocked_ns, row.preempted_ns];
         assert_eq!(parts.iter().map(|p| p.unwrap()).sum::<u64>(), row.duration_ns);
         let reason = &r.by_reason[0];
@@ -1004,7 +1020,10 @@ mod tests {
         assert_eq!((cpuid.time_pct, cpuid.preempted_ns, cpuid.vmm_ns), (Some(100.0), None, None));
         assert!(r.rows.iter().all(|x| x.heavyweight.is_none() && x.overhead_ns.is_none()));
         let missing = r.source.unavailable.join("; ");
-        assert!(missing.contains("kvm_userspace_exit was not recorded") && missing.contains("sched_switch"), "{missing}");
+        assert!(
+            missing.contains("kvm_userspace_exit was not recorded") && missing.contains("sched_switch"),
+            "{missing}"
+        );
         let json = serde_json::to_value(&r.totals).unwrap();
         assert!(json["lightweight"].is_null() && json["heavyweight"].is_null(), "{json}");
     }

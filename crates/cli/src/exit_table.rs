@@ -65,17 +65,11 @@ pub fn time_line(t: &Totals) -> Option<String> {
     if t.handling_ns == 0 && t.guest_idle_ns == 0 {
         return None;
     }
-    let mut line = format!(
-        "exit handling: {}; guest idle in halt exits: {}",
-        ms(t.handling_ns),
-        ms(t.guest_idle_ns)
-    );
+    let mut line = format!("exit handling: {}; guest idle in halt exits: {}", ms(t.handling_ns), ms(t.guest_idle_ns));
     match (t.halted_ns, t.halt_poll_ns) {
-        (Some(halted), Some(poll)) if halted > 0 => line += &format!(
-            " (the kernel measured {} halted, {} of it halt-polling)",
-            ms(halted),
-            ms(poll)
-        ),
+        (Some(halted), Some(poll)) if halted > 0 => {
+            line += &format!(" (the kernel measured {} halted, {} of it halt-polling)", ms(halted), ms(poll))
+        }
         (None, _) if t.guest_idle_ns > 0 => line += " (halt-polling: unknown, kvm_vcpu_wakeup not recorded)",
         _ => {}
     }

@@ -28,11 +28,13 @@ pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, Cpu
         read_tracefs_dump(src)
     } else if is_trace_dat_file(src) {
         read_trace_dat(src, options.tsc_khz)
+    } else if src.is_file() && file_head(src).starts_with(crate::perfdata::MAGIC) {
+        crate::perfdata::read(src, MAX_IMPORT)
     } else if src.is_file() {
         let Some(formats) = formats else {
             return Err(SessionError::in_file(
                 src,
-                "is not a virtprof recording, a trace-cmd trace.dat or a tracefs dump; if it is ftrace text, give --formats DIR (the tracefs root, with events/, of the kernel that recorded it)",
+                "is not a virtprof recording, a trace-cmd trace.dat, a perf.data or a tracefs dump; if it is ftrace text, give --formats DIR (the tracefs root, with events/, of the kernel that recorded it)",
             ));
         };
         read_ftrace_text(src, formats)
@@ -135,7 +137,8 @@ pub fn trace_dat_parts<'a>(
     if let Some(id) = dat.trace_id {
         host.insert("trace_id".to_string(), format!("{id:#x}"));
     }
-    let names: Vec<&str> = dat.buffers.iter().map(|b| if b.name.is_empty() { "(top)" } else { b.name.as_str() }).collect();
+    let names: Vec<&str> =
+        dat.buffers.iter().map(|b| if b.name.is_empty() { "(top)" } else { b.name.as_str() }).collect();
     host.insert("buffers".to_string(), names.join(","));
     let guests = dat
         .guests

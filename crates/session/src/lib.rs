@@ -10,10 +10,11 @@ pub mod guest;
 pub mod import;
 pub mod live;
 pub mod names;
+pub mod perfdata;
 pub mod session;
 
 pub use error::{Result, SessionError};
+pub use import::SourceOptions;
 pub use live::LiveTrace;
 pub use names::{evidence_event_ids, unrecorded_events, DecoderNames};
-pub use import::SourceOptions;
 pub use session::Session;

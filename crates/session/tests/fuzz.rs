@@ -342,7 +342,12 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
             let mutated = mutate_text(rng, &text);
             watchdog.holding(mutated.as_bytes());
             std::fs::write(&input, mutated).unwrap();
-            let Ok(session) = Session::open_any(&input, &virtprof_session::SourceOptions { formats: Some(root.clone()), tsc_khz: None }) else { return false };
+            let Ok(session) = Session::open_any(
+                &input,
+                &virtprof_session::SourceOptions { formats: Some(root.clone()), tsc_khz: None },
+            ) else {
+                return false;
+            };
             analyse(&session);
             true
         });

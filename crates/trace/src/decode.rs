@@ -267,7 +267,9 @@ impl Decoder {
                 EventKind::KvmEmulateInsn { rip: rip.read(d), failed: failed.read(d) != 0 }
             }
             Typed::KvmFpu { load } => EventKind::KvmFpu { load: load.read(d) != 0 },
-            Typed::KvmVcpuWakeup { ns, waited } => EventKind::KvmVcpuWakeup { ns: ns.read(d), waited: waited.read(d) != 0 },
+            Typed::KvmVcpuWakeup { ns, waited } => {
+                EventKind::KvmVcpuWakeup { ns: ns.read(d), waited: waited.read(d) != 0 }
+            }
             Typed::SchedSwitch { prev_pid, prev_state, prev_comm, next_pid, next_comm } => EventKind::SchedSwitch {
                 prev_tid: prev_pid.read(d) as u32,
                 prev_state: prev_state.read(d),
@@ -385,8 +387,14 @@ mod tests {
 
     #[test]
     fn common_pid_comes_from_a_format_with_fields_even_if_name_only_ones_come_first() {
-        let header =
-            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None };
+        let header = PageHeader {
+            timestamp_offset: 0,
+            commit_offset: 8,
+            commit_size: 8,
+            data_offset: 16,
+            page_size: 4096,
+            scale: None,
+        };
         let name_only = parse_event_identity("alarmtimer", "name: alarmtimer_fired\nID: 1\nformat:\n").unwrap();
         let fpu = parse_event_format("kvm", SWITCHLESS).unwrap();
         let mut d = Decoder::new(Layout::new(header, vec![name_only, fpu]));

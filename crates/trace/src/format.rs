@@ -472,7 +472,14 @@ mod tests {
         let h = parse_header_page(text).unwrap();
         assert_eq!(
             h,
-            PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None }
+            PageHeader {
+                timestamp_offset: 0,
+                commit_offset: 8,
+                commit_size: 8,
+                data_offset: 16,
+                page_size: 4096,
+                scale: None
+            }
         );
     }
 }

@@ -214,7 +214,10 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + align4(len);
-                    return Some(Ok(RawRecord { ts: scaled(self.scale, self.ts), data: &self.data[start..start + len] }));
+                    return Some(Ok(RawRecord {
+                        ts: scaled(self.scale, self.ts),
+                        data: &self.data[start..start + len],
+                    }));
                 }
                 n => {
                     let (start, len) = (self.pos + 4, n as usize * 4);
@@ -223,7 +226,10 @@ impl<'a> Iterator for Records<'a> {
                     }
                     self.ts = self.ts.wrapping_add(delta);
                     self.pos = start + len;
-                    return Some(Ok(RawRecord { ts: scaled(self.scale, self.ts), data: &self.data[start..start + len] }));
+                    return Some(Ok(RawRecord {
+                        ts: scaled(self.scale, self.ts),
+                        data: &self.data[start..start + len],
+                    }));
                 }
             }
         }
@@ -255,8 +261,14 @@ pub(crate) fn read_u64(b: &[u8], at: usize) -> u64 {
 mod tests {
     use super::*;
 
-    const HEADER: PageHeader =
-        PageHeader { timestamp_offset: 0, commit_offset: 8, commit_size: 8, data_offset: 16, page_size: 4096, scale: None };
+    const HEADER: PageHeader = PageHeader {
+        timestamp_offset: 0,
+        commit_offset: 8,
+        commit_size: 8,
+        data_offset: 16,
+        page_size: 4096,
+        scale: None,
+    };
 
     /// The kernel's flag values as it applies them: `int` constants added to a `long`.
     const KERNEL_MISSED_EVENTS: i64 = (1i32 << 31) as i64;

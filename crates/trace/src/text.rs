@@ -362,6 +362,8 @@ pub struct PageWriter {
     page: Vec<u8>,
     used: usize,
     last_ts: u64,
+    /// Events lost before the current page (flagged on it, the count stored after its data).
+    lost: Option<u64>,
     /// Finished pages.
     pub pages: Vec<u8>,
 }
@@ -376,8 +378,19 @@ impl PageWriter {
             page: Vec::new(),
             used: 0,
             last_ts: 0,
+            lost: None,
             pages: Vec::new(),
         }
+    }
+
+    /// `count` events were lost here: the next page says so, as the kernel flags a page
+    /// that follows a gap (the missed-events bits, the count after the data).
+    pub fn lost(&mut self, ts: u64, count: u64) {
+        self.flush();
+        self.lost = Some(count);
+        self.page = vec![0u8; self.page_size];
+        self.page[0..8].copy_from_slice(&ts.to_le_bytes());
+        self.last_ts = ts;
     }
 
     /// Append one record at `ts` (timestamps must not go backwards); an error if the record
@@ -386,7 +399,9 @@ impl PageWriter {
         let padded = record.len().div_ceil(4) * 4;
         let long = padded > 28 * 4;
         let need = 8 + padded + if long { 4 } else { 0 };
-        let capacity = self.page_size.saturating_sub(self.data_offset);
+        // A page after a gap keeps room for the lost count after its data.
+        let reserve = if self.lost.is_some() { 8 } else { 0 };
+        let capacity = self.page_size.saturating_sub(self.data_offset + reserve);
         if need > capacity {
             return Err(format!("a record of {} bytes does not fit a page of {capacity}", record.len()));
         }
@@ -432,7 +447,15 @@ impl PageWriter {
         if self.page.is_empty() {
             return;
         }
-        self.page[8..16].copy_from_slice(&(self.used as u64).to_le_bytes());
+        let mut commit = self.used as u64;
+        if let Some(count) = self.lost.take() {
+            // RB_MISSED_EVENTS | RB_MISSED_STORED, sign-extended as a 64-bit kernel stores it.
+            let flagged = u32::try_from(commit).expect("a page's size") | 0xc000_0000;
+            commit = u64::from(flagged) | 0xffff_ffff_0000_0000;
+            let at = self.data_offset + self.used;
+            self.page[at..at + 8].copy_from_slice(&count.to_le_bytes());
+        }
+        self.page[8..16].copy_from_slice(&commit.to_le_bytes());
         self.pages.extend_from_slice(&self.page);
         self.page.clear();
         self.used = 0;
@@ -442,6 +465,31 @@ impl PageWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gap_flags_the_next_page_with_its_count() {
+        let header = crate::format::PageHeader {
+            timestamp_offset: 0,
+            commit_offset: 8,
+            commit_size: 8,
+            data_offset: 16,
+            page_size: 64,
+            scale: None,
+        };
+        let layout = Layout::new(header, Vec::new());
+        let mut w = PageWriter::new(&layout);
+        w.push(1, &[1u8; 8]).unwrap();
+        w.lost(50, 7);
+        for ts in 60..64 {
+            w.push(ts, &[2u8; 8]).unwrap();
+        }
+        w.flush();
+        let pages: Vec<_> = w.pages.chunks(64).map(|p| crate::page::Page::parse(p, &header).unwrap()).collect();
+        assert_eq!(pages.len(), 3, "the flagged page keeps room for its count");
+        assert_eq!(pages[0].missed, crate::page::Missed::None);
+        assert_eq!((pages[1].missed, pages[1].base_ts()), (crate::page::Missed::Lost(Some(7)), 50));
+        assert_eq!(pages[1].records().count() + pages[2].records().count(), 4);
+    }
 
     #[test]
     fn a_time_extend_at_the_end_of_a_page_starts_a_new_one() {

@@ -90,7 +90,11 @@ fn compressed_frames_stream_through_both_walks_alike() {
     let bytes = std::fs::read(run5().join("trace.dat")).unwrap();
     let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
     // The pages stay compressed until a walk reaches them.
-    assert!(dat.cpus().iter().all(|(_, s)| s.len() > 1 && s.iter().all(Segment::is_compressed)), "{:?}", dat.cpus().len());
+    assert!(
+        dat.cpus().iter().all(|(_, s)| s.len() > 1 && s.iter().all(Segment::is_compressed)),
+        "{:?}",
+        dat.cpus().len()
+    );
     let streams: Vec<CpuStream<'_>> =
         dat.cpus().iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
     let walk = |parallel: bool| {

@@ -16,8 +16,8 @@ use virtprof_store::recording::Task;
 use crate::args::{ExitsArgs, GroupBy};
 use crate::exit::usage;
 use crate::exit_table::{count, exits_line, reason_table, time_line, us};
-use crate::vcpu_vms::VmOf;
 use crate::recorder::{record_into, RecordOptions};
+use crate::vcpu_vms::VmOf;
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.

@@ -9,6 +9,7 @@ mod intervals;
 mod loss;
 mod noise;
 mod perf_stat;
+mod perfdata;
 mod prometheus;
 mod record;
 mod reliability;

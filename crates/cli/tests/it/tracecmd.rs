@@ -59,7 +59,12 @@ fn exits_json(file: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 fn reason_counts(r: &serde_json::Value) -> BTreeMap<String, u64> {
-    r["by_reason"].as_array().unwrap().iter().map(|x| (x["reason"].as_str().unwrap().into(), x["count"].as_u64().unwrap())).collect()
+    r["by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["reason"].as_str().unwrap().into(), x["count"].as_u64().unwrap()))
+        .collect()
 }
 
 /// The kvm_amd capture (trace-cmd 3.1, v7 zstd) as trace-cmd 3.3 rewrites it: version 6,
@@ -136,7 +141,8 @@ fn a_trace_cmd_recording_with_two_buffers_matches_trace_cmd_and_the_vms() {
     let truth = parse_report(&out, &args);
     assert!(!Path::new("/sys/kernel/tracing/instances/second").exists(), "record.sh left the instance behind");
     let theirs = report_counts(&trace_cmd, &recorded);
-    let variants = [("record.dat", recorded.clone()), ("v6.dat", dir.join("v6.dat")), ("zlib.dat", dir.join("zlib.dat"))];
+    let variants =
+        [("record.dat", recorded.clone()), ("v6.dat", dir.join("v6.dat")), ("zlib.dat", dir.join("zlib.dat"))];
     convert(&trace_cmd, &recorded, &variants[1].1, &["--file-version", "6"]);
     convert(&trace_cmd, &recorded, &variants[2].1, &["--compression", "zlib"]);
     for (name, file) in &variants {
@@ -149,7 +155,8 @@ fn a_trace_cmd_recording_with_two_buffers_matches_trace_cmd_and_the_vms() {
         let per_vcpu = 300 + truth.marker_io_exits_per_vcpu;
         for vm in &truth.vms {
             for vcpu in &vm.vcpus {
-                let row = r["by_vcpu"].as_array().unwrap().iter().find(|v| v["tid"] == vcpu.tid).expect("each vCPU thread");
+                let row =
+                    r["by_vcpu"].as_array().unwrap().iter().find(|v| v["tid"] == vcpu.tid).expect("each vCPU thread");
                 assert_eq!(row["heavyweight"].as_u64(), Some(per_vcpu), "{name}: vCPU thread {}", vcpu.tid);
             }
         }
@@ -206,13 +213,13 @@ fn vmx_from_svm(file: &Path) -> usize {
         let write = u32_at(&bytes, record + info1_at) != 0;
         // SVM exit code → VMX basic exit reason (Intel SDM appendix C).
         let vmx: u32 = match svm {
-            0x7b => 30,                        // IOIO → IO_INSTRUCTION
-            0x72 => 10,                        // CPUID
-            0x7c if write => 32,               // MSR (info1 = 1: WRMSR) → MSR_WRITE
-            0x7c => 31,                        // MSR_READ
-            0x78 => 12,                        // HLT
-            0x400 => 48,                       // NPF → EPT_VIOLATION
-            0x60 => 1,                         // INTR → EXTERNAL_INTERRUPT
+            0x7b => 30,          // IOIO → IO_INSTRUCTION
+            0x72 => 10,          // CPUID
+            0x7c if write => 32, // MSR (info1 = 1: WRMSR) → MSR_WRITE
+            0x7c => 31,          // MSR_READ
+            0x78 => 12,          // HLT
+            0x400 => 48,         // NPF → EPT_VIOLATION
+            0x60 => 1,           // INTR → EXTERNAL_INTERRUPT
             other => panic!("no VMX reason for SVM exit {other:#x} in the fixture"),
         };
         bytes[record + reason_at..record + reason_at + 4].copy_from_slice(&vmx.to_le_bytes());

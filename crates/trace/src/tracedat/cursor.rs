@@ -34,10 +34,7 @@ impl<'a> Cursor<'a> {
                 self.pos = end;
                 Ok(b)
             }
-            None => self.fail(format!(
-                "needs {n} more bytes, the data ends at byte {}",
-                self.base + self.data.len()
-            )),
+            None => self.fail(format!("needs {n} more bytes, the data ends at byte {}", self.base + self.data.len())),
         }
     }
 

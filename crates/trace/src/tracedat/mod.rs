@@ -184,6 +184,33 @@ pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
     Ok(out)
 }
 
+/// perf.data's tracing data (its HEADER_TRACING_DATA feature: the version-6 metadata after
+/// its own initial header, version "0.5" or "0.6", the latter with saved cmdlines): the
+/// page layout and event formats of the samples' raw records. No buffers.
+pub fn read_tracing_data(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
+    let mut c = Cursor::at(data, 0);
+    if !is_trace_dat(data) {
+        return c.fail("perf.data tracing data: bad magic");
+    }
+    c.pos = MAGIC.len();
+    let version = c.cstr()?;
+    if c.u8()? != 0 {
+        return c.fail("big-endian tracing data is not supported");
+    }
+    let _long_size = c.u8()?;
+    let page_size = c.size32()?;
+    let mut out = TraceDat { version: 6, page_size, ..Default::default() };
+    v6::metadata(&mut c, &mut out)?;
+    if version == "0.6" && c.remaining() >= 8 {
+        let len = c.size64()?;
+        out.cmdlines = c.text(len)?;
+    }
+    if out.header_page.is_empty() {
+        return c.fail("perf.data tracing data without a header_page");
+    }
+    Ok(out)
+}
+
 /// Checks every version shares: a page layout, one clock for the buffers merged, some data.
 fn finish(out: &mut TraceDat) -> Result<(), TraceDatError> {
     let fail = |message: String| Err(TraceDatError { offset: 0, message });

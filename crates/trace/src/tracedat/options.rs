@@ -78,7 +78,8 @@ const MAX_SAMPLES: usize = 1 << 20;
 /// Apply one option whose meaning is the same in both versions. False: the caller handles it.
 pub(super) fn apply(id: u16, body: &[u8], at: usize, out: &mut TraceDat) -> Result<bool, TraceDatError> {
     let mut b = Cursor::within(body, at);
-    let string = |b: &mut Cursor| b.cstr().or_else(|_| Ok::<_, TraceDatError>(String::from_utf8_lossy(body).into_owned()));
+    let string =
+        |b: &mut Cursor| b.cstr().or_else(|_| Ok::<_, TraceDatError>(String::from_utf8_lossy(body).into_owned()));
     match id {
         CPUSTAT => out.cpu_stats.push(string(&mut b)?),
         TRACECLOCK => {
@@ -155,10 +156,10 @@ fn time_shift(b: &mut Cursor) -> Result<TimeShift, TraceDatError> {
             }
             for sample in samples.iter_mut() {
                 let fraction = b.u64()?;
-                if fraction > 63 {
+                let Some(fraction) = u32::try_from(fraction).ok().filter(|&f| f <= 63) else {
                     return b.fail(format!("TIME_SHIFT fraction {fraction} is over 63 bits"));
-                }
-                sample.fraction = fraction as u32;
+                };
+                sample.fraction = fraction;
             }
         }
     }

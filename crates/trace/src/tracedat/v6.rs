@@ -15,18 +15,7 @@ const FLYRECORD: &[u8; 10] = b"flyrecord\0";
 
 pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(), TraceDatError> {
     let data = c.data;
-    super::read_header_info(c, out)?;
-    if c.cstr()? != "header_event" {
-        return c.fail("header_page is not followed by header_event");
-    }
-    let len = c.size64()?;
-    c.bytes(len)?;
-    super::read_ftrace_formats(c, out)?;
-    super::read_event_formats(c, out)?;
-    let kallsyms = c.size32()?;
-    c.bytes(kallsyms)?;
-    let printk = c.size32()?;
-    c.bytes(printk)?;
+    metadata(c, out)?;
     let cmdlines = c.size64()?;
     out.cmdlines = c.text(cmdlines)?;
     let cpus = c.size32()?;
@@ -88,8 +77,29 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     Ok(())
 }
 
+/// The metadata every version-6 layout starts with (perf.data's tracing data too): header
+/// page and event, ftrace and event formats, kallsyms and printk formats (skipped).
+pub(super) fn metadata(c: &mut Cursor, out: &mut TraceDat) -> Result<(), TraceDatError> {
+    super::read_header_info(c, out)?;
+    if c.cstr()? != "header_event" {
+        return c.fail("header_page is not followed by header_event");
+    }
+    let len = c.size64()?;
+    c.bytes(len)?;
+    super::read_ftrace_formats(c, out)?;
+    super::read_event_formats(c, out)?;
+    let kallsyms = c.size32()?;
+    c.bytes(kallsyms)?;
+    let printk = c.size32()?;
+    c.bytes(printk)?;
+    Ok(())
+}
+
+/// An option's id, body, and the body's byte offset.
+type RawOption<'a> = (u16, &'a [u8], usize);
+
 /// One v6 option; None at DONE (which has no size in version 6).
-fn option<'a>(c: &mut Cursor<'a>) -> Result<Option<(u16, &'a [u8], usize)>, TraceDatError> {
+fn option<'a>(c: &mut Cursor<'a>) -> Result<Option<RawOption<'a>>, TraceDatError> {
     let id = c.u16()?;
     if id == DONE {
         return Ok(None);

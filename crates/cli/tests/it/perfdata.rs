@@ -1,0 +1,132 @@
+//! perf.data as `perf record -e 'kvm:*'` writes it on this host: read directly by `exits` and
+//! `import`, checked against perf's own reading of the same file (`perf script`, `perf report
+//! -D`) and testvm's ground truth.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use super::util::{have_kvm, have_perf, have_tracefs, parse_report, temp, virtprof};
+
+/// Events per name in `perf script` (`sys:name:` fields).
+fn perf_script_counts(file: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new("perf").args(["script", "-i"]).arg(file).output().unwrap();
+    assert!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
+    let mut counts = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(word) = line.split_whitespace().find(|w| w.ends_with(':') && w.matches(':').count() == 2) else {
+            continue;
+        };
+        let name = word.trim_end_matches(':').split(':').nth(1).unwrap().to_string();
+        *counts.entry(name).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Lost samples per CPU as perf reads its LOST records (`perf report -D`).
+fn perf_lost_per_cpu(file: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new("perf").args(["report", "-D", "-i"]).arg(file).output().unwrap();
+    let mut lost = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("PERF_RECORD_LOST: ")) {
+        let cpu = line.split_whitespace().next().unwrap().to_string();
+        let count: u64 = line.rsplit("lost:").next().unwrap().trim().parse().unwrap();
+        *lost.entry(format!("cpu{cpu}")).or_insert(0) += count;
+    }
+    lost
+}
+
+fn exits_json(file: &Path, args: &[&str]) -> serde_json::Value {
+    let out = virtprof().arg("exits").arg(file).arg("--json").args(args).output().unwrap();
+    assert!(out.status.success(), "exits {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn perf_record(file: &Path, perf_args: &[&str], testvm: &[&str]) -> std::process::Output {
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    Command::new("perf")
+        .arg("record")
+        .args(perf_args)
+        .arg("-o")
+        .arg(file)
+        .arg("--")
+        .arg(exe)
+        .arg("testvm")
+        .args(testvm)
+        .output()
+        .unwrap()
+}
+
+/// Two testvm VMs of two vCPUs under `perf record -e 'kvm:*' -e sched -a`: every kvm event
+/// perf script reads, virtprof reads; each vCPU's port writes are its iterations plus the
+/// markers; the VMs are the two VMM processes (perf's COMM records name them); cut short,
+/// the file is bad input.
+#[test]
+fn perf_record_of_kvm_tracepoints_reads_as_perf_reads_it() {
+    let test = "perf_record_of_kvm_tracepoints_reads_as_perf_reads_it";
+    if !have_perf(test) || !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = have_kvm(test) else { return };
+    let file = temp("perf-kvm.data");
+    let args = ["-w", "pio-user", "--vms", "2", "--vcpus", "2", "-n", "300", "--json"];
+    let out = perf_record(&file, &["-e", "kvm:*", "-e", "sched:sched_switch", "-e", "sched:sched_wakeup", "-a"], &args);
+    let truth = parse_report(&out, &args);
+    let theirs = perf_script_counts(&file);
+    let r = exits_json(&file, &[]);
+    for event in ["kvm_userspace_exit", "kvm_pio", "kvm_fpu", "kvm_emulate_insn"] {
+        assert_eq!(r["source"]["events"][event].as_u64(), theirs.get(event).copied(), "{event}");
+    }
+    let per_vcpu = 300 + truth.marker_io_exits_per_vcpu;
+    for vm in &truth.vms {
+        for vcpu in &vm.vcpus {
+            let row = r["by_vcpu"].as_array().unwrap().iter().find(|v| v["tid"] == vcpu.tid).expect("each vCPU");
+            assert_eq!(row["heavyweight"].as_u64(), Some(per_vcpu), "vCPU thread {}", vcpu.tid);
+        }
+        let by_vm = r["by_vm"].as_array().unwrap();
+        let row = by_vm.iter().find(|v| v["pid"] == vm.pid).unwrap_or_else(|| panic!("VM {} in {by_vm:?}", vm.pid));
+        assert_eq!((row["vcpus"].as_u64(), row["grouped_by"].as_str()), (Some(2), Some("process")));
+    }
+    let report = virtprof().args(["report", "--json"]).arg(&file).output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["events"].as_u64(), Some(theirs.values().sum()), "every sample perf script reads");
+    let whole = std::fs::read(&file).unwrap();
+    for cut in [64, whole.len() / 2] {
+        let short = temp(&format!("perf-cut-{cut}.data"));
+        std::fs::write(&short, &whole[..cut]).unwrap();
+        let out = virtprof().arg("exits").arg(&short).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "cut at {cut}: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = std::fs::remove_file(short);
+    }
+    let _ = std::fs::remove_file(file);
+}
+
+/// perf with one page of buffer per CPU loses samples: its LOST records become the loss,
+/// CPU by CPU as perf reads them, with the gaps where they were; perf's end-of-run lost
+/// counters (LOST_SAMPLES at time 0) repeat those and are not counted twice.
+#[test]
+fn perf_lost_records_are_the_loss_per_cpu() {
+    let test = "perf_lost_records_are_the_loss_per_cpu";
+    if !have_perf(test) || !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = have_kvm(test) else { return };
+    let file = temp("perf-lost.data");
+    let out =
+        perf_record(&file, &["-m", "1", "-e", "kvm:*", "-a"], &["-w", "pio-kernel", "-n", "100000", "--vcpus", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let theirs = perf_lost_per_cpu(&file);
+    let r = exits_json(&file, &[]);
+    let ours: BTreeMap<String, u64> = r["loss"]["cpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["reported"].as_u64().unwrap_or(0) > 0)
+        .map(|c| (format!("cpu{}", c["cpu"]), c["reported"].as_u64().unwrap()))
+        .collect();
+    if theirs.is_empty() {
+        super::util::note(test, "perf lost nothing with -m 1 on this run; the per-CPU comparison is empty");
+    }
+    assert_eq!(ours, theirs, "lost per CPU, ours against perf report -D");
+    assert_eq!(r["lost_events"].as_u64(), Some(theirs.values().sum()));
+    let _ = std::fs::remove_file(file);
+}

@@ -1,0 +1,220 @@
+//! `perf.data` from `perf record -e 'kvm:*' ...` or `perf kvm stat record`, read through the
+//! `linux-perf-data` crate: each tracepoint sample's raw record is the ring-buffer record the
+//! kernel wrote (common fields first), decoded with the formats the file itself carries (its
+//! tracing-data feature). The samples are laid into per-CPU pages in time order, so every
+//! analysis reads them as it reads a recording; COMM records name threads with their real
+//! process; lost records (LOST, LOST_SAMPLES) become loss on their CPU, flagged at the gap.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use linux_perf_data::linux_perf_event_reader::{EventRecord, PerfEventType, RecordType};
+use linux_perf_data::{Feature, PerfFileReader, PerfFileRecord};
+use virtprof_model::{Cpu, KernelLoss};
+use virtprof_store::recording::{FormatText, Metadata, Task};
+use virtprof_trace::decode::Layout;
+use virtprof_trace::format::parse_header_page;
+use virtprof_trace::text::PageWriter;
+
+use crate::error::{Result, SessionError};
+use crate::import::CpuPages;
+
+/// perf.data's magic (version 2, little-endian).
+pub const MAGIC: &[u8] = b"PERFILE2";
+
+/// One CPU's samples before they are laid into pages: (time, raw record) and gaps
+/// (time, count).
+#[derive(Default)]
+struct CpuSamples {
+    records: Vec<(u64, Vec<u8>)>,
+    lost: Vec<(u64, u64)>,
+}
+
+/// What a perf.data holds besides its tracepoint samples, said once.
+#[derive(Default)]
+struct Skipped {
+    not_tracepoints: u64,
+    without_raw: u64,
+    without_cpu: u64,
+}
+
+/// Read a perf.data into recording metadata, per-CPU pages and loss figures.
+pub fn read(path: &Path, max_bytes: u64) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
+    let bad = |e: String| SessionError::in_file(path, e);
+    let file = virtprof_host::input::open_regular(path, "perf.data")?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > max_bytes {
+        return Err(bad(format!("is {size} bytes; the most a perf.data import takes is {max_bytes}")));
+    }
+    let PerfFileReader { mut perf_file, mut record_iter } =
+        PerfFileReader::parse_file(std::io::BufReader::new(file)).map_err(|e| bad(format!("perf.data: {e}")))?;
+    let tracing = perf_file.feature_section_data(Feature::TRACING_DATA).map(<[u8]>::to_vec).ok_or_else(|| {
+        bad("perf.data has no tracepoint formats (no tracing-data feature): record it with tracepoints, e.g. perf record -e 'kvm:*' -e 'sched:*' -a".into())
+    })?;
+    let dat = virtprof_trace::tracedat::read_tracing_data(&tracing).map_err(|e| bad(format!("perf.data: {e}")))?;
+    let header = parse_header_page(&dat.header_page).map_err(|e| bad(format!("perf.data header_page: {e}")))?;
+    let layout = Layout::new(header, Vec::new());
+    // Tracepoint ids by attribute, to keep only those samples.
+    let tracepoint: Vec<bool> =
+        perf_file.event_attributes().iter().map(|a| matches!(a.attr.type_, PerfEventType::Tracepoint(_))).collect();
+    let mut cpus: BTreeMap<u32, CpuSamples> = BTreeMap::new();
+    let mut tasks: BTreeMap<u32, Task> = BTreeMap::new();
+    let mut lost_without_cpu = 0u64;
+    let mut lost_totals = 0u64;
+    let mut skipped = Skipped::default();
+    while let Some(record) = record_iter.next_record(&mut perf_file).map_err(|e| bad(format!("perf.data: {e}")))? {
+        let PerfFileRecord::EventRecord { attr_index, record } = record else { continue };
+        let common = record.common_data().ok();
+        let cpu = common.as_ref().and_then(|c| c.cpu);
+        let ts = common.as_ref().and_then(|c| c.timestamp);
+        if record.record_type == RecordType::LOST_SAMPLES {
+            // `u64 lost`, then the sample id. perf writes these at the end of a recording
+            // (time 0) from each event's lost counter: totals that include the LOST records'
+            // losses, so only what they add is taken, below. Others are gaps like LOST.
+            let count = record.data.as_slice().get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+            match ts {
+                Some(0) | None => lost_totals = lost_totals.saturating_add(count),
+                Some(_) => note_lost(&mut cpus, &mut lost_without_cpu, cpu, ts, count),
+            }
+            continue;
+        }
+        let parsed = record.parse().map_err(|e| bad(format!("perf.data: a {:?} record: {e}", record.record_type)))?;
+        match parsed {
+            EventRecord::Sample(sample) => {
+                if !tracepoint.get(attr_index).copied().unwrap_or(false) {
+                    skipped.not_tracepoints += 1;
+                    continue;
+                }
+                let Some(raw) = sample.raw else {
+                    skipped.without_raw += 1;
+                    continue;
+                };
+                let Some(ts) = sample.timestamp else {
+                    return Err(bad(
+                        "perf.data samples carry no time (recorded without -T/--timestamp?): nothing can be ordered"
+                            .into(),
+                    ));
+                };
+                let cpu = sample.cpu.unwrap_or_else(|| {
+                    skipped.without_cpu += 1;
+                    0
+                });
+                if cpu >= crate::session::MAX_CPUS {
+                    return Err(bad(format!("perf.data: a sample on CPU {cpu}; no kernel has that many")));
+                }
+                cpus.entry(cpu).or_default().records.push((ts, raw.as_slice().into_owned()));
+            }
+            EventRecord::Comm(comm) => {
+                let (Ok(pid), Ok(tid)) = (u32::try_from(comm.pid), u32::try_from(comm.tid)) else { continue };
+                let name = String::from_utf8_lossy(&comm.name.as_slice()).into_owned();
+                tasks.insert(tid, Task { tid, pid, comm: name });
+            }
+            EventRecord::Lost(lost) => note_lost(&mut cpus, &mut lost_without_cpu, cpu, ts, lost.count),
+            _ => {}
+        }
+    }
+    if skipped.not_tracepoints + skipped.without_raw > 0 {
+        eprintln!(
+            "virtprof: warning: '{}': {} samples of other events and {} tracepoint samples without raw data were skipped",
+            path.display(),
+            skipped.not_tracepoints,
+            skipped.without_raw
+        );
+    }
+    if skipped.without_cpu > 0 {
+        eprintln!(
+            "virtprof: warning: '{}': {} samples carry no CPU (recorded per thread, without -a): they are all put on CPU 0, so per-CPU figures mean nothing",
+            path.display(),
+            skipped.without_cpu
+        );
+    }
+    let mut cpu_loss: Vec<KernelLoss> = Vec::new();
+    let mut pages: CpuPages = Vec::new();
+    for (cpu, mut samples) in cpus {
+        // Each CPU's ring buffer is written in time order; perf's rounds interleave CPUs, and
+        // a sort keeps any record a round put late in place.
+        samples.records.sort_by_key(|(ts, _)| *ts);
+        samples.lost.sort_unstable();
+        let mut writer = PageWriter::new(&layout);
+        let mut gaps = samples.lost.iter().peekable();
+        let mut dropped = 0u64;
+        for (ts, raw) in &samples.records {
+            while let Some(&&(at, count)) = gaps.peek().filter(|g| g.0 <= *ts) {
+                writer.lost(at, count);
+                dropped = dropped.saturating_add(count);
+                gaps.next();
+            }
+            writer.push(*ts, raw).map_err(|e| bad(format!("perf.data: a sample on CPU {cpu}: {e}")))?;
+        }
+        for &(at, count) in gaps {
+            writer.lost(at, count);
+            dropped = dropped.saturating_add(count);
+        }
+        writer.flush();
+        if dropped > 0 {
+            cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun: 0, dropped });
+        }
+        pages.push((cpu, writer.pages));
+    }
+    // The events' own lost counters beyond what the LOST records said: lost, place unknown.
+    let located: u64 = cpu_loss.iter().map(|l| l.dropped).sum::<u64>().saturating_add(lost_without_cpu);
+    lost_without_cpu = lost_without_cpu.saturating_add(lost_totals.saturating_sub(located));
+    if lost_without_cpu > 0 {
+        // No CPU to place them on: the figure is still the file's loss, on CPU 0.
+        match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(0)) {
+            Some(l) => l.dropped = l.dropped.saturating_add(lost_without_cpu),
+            None => cpu_loss.push(KernelLoss { cpu: Cpu(0), overrun: 0, dropped: lost_without_cpu }),
+        }
+    }
+    if pages.iter().all(|(_, p)| p.is_empty()) {
+        return Err(bad("perf.data holds no tracepoint sample with raw data".into()));
+    }
+    let mut host = BTreeMap::new();
+    let facts = [
+        ("hostname", perf_file.hostname()),
+        ("kernel_release", perf_file.os_release()),
+        ("perf_version", perf_file.perf_version()),
+    ];
+    for (key, value) in facts {
+        if let Ok(Some(value)) = value {
+            host.insert(key.to_string(), value.to_string());
+        }
+    }
+    if let Ok(Some(n)) = perf_file.nr_cpus() {
+        host.insert("cpu_count".to_string(), n.nr_cpus_online.to_string());
+    }
+    // Threads perf never saw a COMM for keep the names the tracing data saved.
+    for line in dat.cmdlines.lines() {
+        if let Some((tid, comm)) = line.trim().split_once(' ') {
+            if let Ok(tid) = tid.parse::<u32>() {
+                tasks.entry(tid).or_insert_with(|| Task { tid, pid: tid, comm: comm.to_string() });
+            }
+        }
+    }
+    let metadata = Metadata {
+        origin: format!("import perf.data {}", path.display()),
+        // perf_clock: the kernel's local clock, in nanoseconds.
+        trace_clock: "perf".to_string(),
+        header_page: dat.header_page,
+        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        cpus: pages.iter().map(|(c, _)| *c).collect(),
+        host,
+        tasks: tasks.into_values().collect(),
+        ..Default::default()
+    };
+    Ok((metadata, pages, virtprof_store::recording::Footer { cpu_loss, ..Default::default() }))
+}
+
+/// A loss record: on its CPU at its time where the record says, else counted apart.
+fn note_lost(
+    cpus: &mut BTreeMap<u32, CpuSamples>,
+    without_cpu: &mut u64,
+    cpu: Option<u32>,
+    ts: Option<u64>,
+    count: u64,
+) {
+    match (cpu.filter(|&c| c < crate::session::MAX_CPUS), ts) {
+        (Some(cpu), Some(ts)) => cpus.entry(cpu).or_default().lost.push((ts, count)),
+        _ => *without_cpu = without_cpu.saturating_add(count),
+    }
+}
