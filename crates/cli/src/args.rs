@@ -270,12 +270,16 @@ pub struct StatsArgs {
 #[command(after_help = "\
 EXAMPLES:
   virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing
-  virtprof import trace.dat -o run.vprec             trace-cmd 3.x output (version 7; zstd or uncompressed)
+  virtprof import trace.dat -o run.vprec             trace-cmd output (version 6 or 7; zstd, zlib or none)
+  virtprof import tsc.dat --tsc-khz 2893202 -o run.vprec
+                                                     a trace.dat in TSC cycles, without TSC2NSEC
+  virtprof import perf.data -o run.vprec             perf record -e 'kvm:*' ... / perf kvm stat record
   virtprof import trace.txt --formats /sys/kernel/tracing -o run.vprec
                                                      ftrace text (timestamps keep microseconds)")]
 pub struct ImportArgs {
-    /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines)
-    /// or a trace-cmd trace.dat (version 7), or ftrace text (with --formats).
+    /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines),
+    /// a trace-cmd trace.dat (version 6 or 7), a perf.data with tracepoint samples, or ftrace
+    /// text (with --formats).
     pub src: PathBuf,
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]
@@ -321,18 +325,22 @@ footer names what is unavailable. A guest operation the host handles below KVM (
 project's PVM host, a CPL3 CPUID) makes no exit at all: it has no row, and `virtprof doctor`
 (GUEST OPERATIONS) and `virtprof testvm` (each phase's KVM_EXITS) say which operations exit.
 Lost events are reported per CPU with the time span of the gaps; exits in flight across a gap
-are counted as incomplete.
+are counted as incomplete. HLT exits are the guest idling: marked (guest idle) and totalled
+apart from exit-handling time. A file made elsewhere that did not record kvm_userspace_exit or
+sched_switch leaves light/heavy or preempted/blocked unknown, never zero. --by vm groups vCPU
+threads by process, by the trace.dat's GUEST option, or by their vCPU indexes (GROUPED_BY).
 
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
   virtprof exits run.vprec                       per reason
-  virtprof exits trace.dat                       a trace-cmd capture, read directly
+  virtprof exits trace.dat                       a trace-cmd capture (v6/v7, zstd/zlib/none), read directly
+  virtprof exits perf.data                       perf record -e 'kvm:*' or perf kvm stat record
   virtprof exits run.vprec --by vcpu --json
   virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
   virtprof exits run.vprec --noise --csv         one vm_noise row per exit")]
 pub struct ExitsArgs {
     /// A recording (`virtprof record`/`import`), or a capture `import` reads: trace.dat,
-    /// tracefs dump, ftrace text (with --formats). Without it, record live.
+    /// perf.data, tracefs dump, ftrace text (with --formats). Without it, record live.
     pub file: Option<PathBuf>,
     #[command(flatten)]
     pub source: SourceArgs,

@@ -105,6 +105,13 @@ pub fn trace_dat_parts<'a>(
     tsc_khz: Option<u64>,
 ) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
     let time_scale = dat.time_scale(tsc_khz).map_err(|e| SessionError::in_file(path, e))?;
+    if dat.cpus().is_empty() {
+        // Only BUFFER_TEXT / v6 latency data: a latency tracer's text, no events to analyse.
+        return Err(SessionError::in_file(
+            path,
+            "holds only latency-tracer text (trace-cmd's BUFFER_TEXT or latency data), no ring-buffer events; `trace-cmd report` prints it",
+        ));
+    }
     let tasks = saved_tasks(&dat.cmdlines, "");
     let mut cpu_loss: Vec<KernelLoss> = Vec::new();
     for stats in &dat.cpu_stats {

@@ -321,6 +321,10 @@ fn features(
         f("agent", &agent_mode()),
         f("serve", &serve_mode(tracefs, exits_live)),
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
+        f(
+            "import",
+            "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc needs TSC2NSEC or --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; not yet: a host trace.dat and its guest's (record -A) aligned into one recording",
+        ),
     ]
 }
 
