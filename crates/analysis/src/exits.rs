@@ -145,6 +145,8 @@ struct Stats {
     blocked_ns: u64,
     vmm_ns: u64,
     evidence_only: u64,
+    /// In flight at the end: counted, never timed.
+    unfinished: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -226,6 +228,9 @@ pub struct ReasonRow {
     pub heavyweight: Option<u64>,
     /// Exits that were switched out at least once (None: no sched_switch recorded).
     pub descheduled: Option<u64>,
+    /// Of `count`, exits still in flight when the trace ended (no duration); what tools that
+    /// count only finished exits (`perf kvm stat`) leave out.
+    pub unfinished: u64,
     /// A halt (HLT, WFx): the guest idling; its time is not exit-handling time.
     pub guest_idle: bool,
     /// Share of all exits, percent.
@@ -602,6 +607,7 @@ impl ExitAnalyzer {
             if let Some(x) = t.exit.take() {
                 self.incomplete += 1;
                 let s = self.stats.entry(x.key).or_default();
+                s.unfinished += 1;
                 let v = self.per_vcpu.entry(tid).or_default();
                 if x.heavy {
                     s.heavy += 1;
@@ -640,6 +646,7 @@ impl ExitAnalyzer {
                     lightweight: known(s.light),
                     heavyweight: known(s.heavy),
                     descheduled: sched_known.then_some(s.descheduled),
+                    unfinished: s.unfinished,
                     guest_idle: idle[&k],
                     count_pct: pct(count, total_count),
                     time_pct: (timed && !idle[&k]).then(|| pct(s.hist.sum(), handling_ns)),

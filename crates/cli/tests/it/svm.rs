@@ -648,3 +648,113 @@ ls /sys/kernel/tracing/instances > /out/instances
     check_l2_noise(test, &out);
     assert_eq!(std::fs::read_to_string(out.join("instances")).unwrap().trim(), "", "no tracefs instance left in L1");
 }
+
+/// kvm_exit counts per reason in text where each exit line carries `reason NAME` (`perf
+/// script`, `trace-cmd report`).
+fn text_exit_reasons(text: &str) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("kvm_exit:")) {
+        if let Some(reason) = line.split(" reason ").nth(1).and_then(|r| r.split_whitespace().next()) {
+            *counts.entry(reason.to_string()).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// `perf kvm stat report`'s table: samples per exit reason.
+fn perf_kvm_stat_samples(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter(|l| l.contains('%'))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let (reason, samples) = (words.next()?, words.next()?.parse().ok()?);
+            Some((reason.to_string(), samples))
+        })
+        .collect()
+}
+
+/// The files users bring from a kvm_amd host, made there by the peers' own tools: `perf kvm
+/// stat record` (perf 6.1, the host's, run in L1) and `trace-cmd record -e kvm:kvm_exit -e
+/// kvm:kvm_entry` (trace-cmd 3.3, rewritten with zlib). virtprof reads each directly: per
+/// reason it counts what perf script and trace-cmd report read and what the kernel's hist
+/// trigger counted; perf kvm stat's samples are those less the exits still in flight at the
+/// end; neither file recorded kvm_userspace_exit, so the light/heavy split is unknown.
+#[test]
+fn on_kvm_amd_perf_kvm_stat_and_trace_cmd_files_read_as_their_tools_read_them() {
+    let test = "on_kvm_amd_perf_kvm_stat_and_trace_cmd_files_read_as_their_tools_read_them";
+    if !Path::new("/usr/bin/perf").exists() {
+        note(test, "SKIP: needs the host's perf (apt-get install linux-perf) to run in L1");
+        return;
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap();
+    let trace_cmd = workspace.join("target/trace-cmd-trixie/trace-cmd");
+    let job = format!(
+        r#"
+set -e
+export HOME=/tmp PATH=/tmp:$PATH
+L=/host/usr/lib/x86_64-linux-gnu
+printf '#!/bin/sh\nexec %s/ld-linux-x86-64.so.2 --library-path %s /host/usr/bin/perf "$@"\n' $L $L > /tmp/perf
+chmod +x /tmp/perf
+T=/sys/kernel/tracing
+cp $T/events/kvm/kvm_exit/format /out/format
+echo 'hist:keys=exit_reason' > $T/events/kvm/kvm_exit/trigger
+hang-guard 200 perf kvm stat record -o /tmp/k.data -- virtprof testvm -w phases --phases pio-user:300,cpuid:300,mmio-user:200 > /dev/null 2> /out/perf-record.err
+cat $T/events/kvm/kvm_exit/hist > /out/hist
+echo '!hist:keys=exit_reason' > $T/events/kvm/kvm_exit/trigger
+# perf kvm stat prints its table on stderr.
+perf kvm -i /tmp/k.data stat report --event=vmexit > /out/kvmstat.txt 2>&1
+perf script -i /tmp/k.data > /out/script.txt 2>/dev/null
+virtprof exits /tmp/k.data --json > /out/perf-exits.json
+TC=/host{trace_cmd}
+if [ -x $TC ]; then
+    hang-guard 200 $TC record -q -e kvm:kvm_exit -e kvm:kvm_entry -o /tmp/t.dat -- virtprof testvm -w phases --phases pio-user:300,cpuid:300 > /dev/null 2>&1
+    $TC convert --compression zlib -i /tmp/t.dat -o /tmp/z.dat > /dev/null 2>&1
+    # -N: no plugins, so reasons are named by the print fmt (the kvm plugin says EXIT_IOIO).
+    $TC report -N -i /tmp/z.dat > /out/tc-report.txt 2>/dev/null
+    virtprof exits /tmp/z.dat --json > /out/tc-exits.json
+fi
+ls $T/instances > /out/instances
+"#,
+        trace_cmd = trace_cmd.display()
+    );
+    let Some(out) = in_l1(test, &job, 500) else { return };
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_default();
+    let exits: Value = serde_json::from_str(&read("perf-exits.json")).unwrap();
+    let ours = reported_exits(&exits);
+    assert!(ours.get("io").copied().unwrap_or(0) >= 300 && ours.get("cpuid").copied().unwrap_or(0) >= 300, "{ours:?}");
+    assert_eq!(ours, text_exit_reasons(&read("script.txt")), "per reason: ours against perf script on the same file");
+    assert_eq!(
+        ours,
+        kernel_exits(&read("format"), &read("hist")),
+        "per reason: ours against the kernel's hist trigger"
+    );
+    let finished: BTreeMap<String, u64> = exits["by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["reason"].as_str().unwrap().to_string(),
+                r["count"].as_u64().unwrap() - r["unfinished"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(finished, perf_kvm_stat_samples(&read("kvmstat.txt")), "per reason: ours against perf kvm stat report");
+    assert!(
+        exits["totals"]["lightweight"].is_null(),
+        "perf kvm stat records no kvm_userspace_exit: {}",
+        exits["totals"]
+    );
+    let tc = read("tc-exits.json");
+    if tc.is_empty() {
+        note(test, "SKIP (trace-cmd part): needs target/trace-cmd-trixie (scripts/trace-cmd/fetch.sh)");
+    } else {
+        let tc: Value = serde_json::from_str(&tc).unwrap();
+        assert_eq!(reported_exits(&tc), text_exit_reasons(&read("tc-report.txt")), "ours against trace-cmd report");
+        assert!(tc["totals"]["heavyweight"].is_null(), "{}", tc["totals"]);
+        assert!(reported_exits(&tc).get("io").copied().unwrap_or(0) >= 300);
+    }
+    assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
+    note(test, format!("kvm_amd in L1, perf kvm stat file: per-reason exits {ours:?}"));
+}
