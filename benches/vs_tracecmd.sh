@@ -42,8 +42,11 @@ trace-cmd convert --compression zstd -i "$work/big.dat" -o "$work/zstd.dat" > /d
 # Where trace-cmd was built with zlib only (Ubuntu's 3.2), and older or --file-version 6 files.
 bash scripts/trace-cmd/fetch.sh target/trace-cmd-trixie
 TC33=target/trace-cmd-trixie/trace-cmd
-"$TC33" convert --compression zlib -i "$work/big.dat" -o "$work/zlib.dat" > /dev/null 2>&1
-"$TC33" convert --file-version 6 -i "$work/big.dat" -o "$work/v6.dat" > /dev/null 2>&1
+"$TC33" convert --compression zlib -i "$work/big.dat" -o "$work/zlib.w.dat" > /dev/null 2>&1
+"$TC33" convert --file-version 6 -i "$work/big.dat" -o "$work/v6.w.dat" > /dev/null 2>&1
+# Copies, as for big.dat above (page-cache folios).
+cp "$work/zlib.w.dat" "$work/zlib.dat"
+cp "$work/v6.w.dat" "$work/v6.dat"
 events=$(trace-cmd report -i "$work/big.dat" 2>/dev/null | grep -c ']' || true)
 
 best() { # best wall time in ms of REPS runs of "$@"
