@@ -52,6 +52,9 @@ pub struct Unrecorded {
     pub sched_switch: bool,
     /// `kvm_vcpu_wakeup`: how much of halted time was halt-polling is unknown.
     pub vcpu_wakeup: bool,
+    /// Both `kvm_fpu` and `kvm_entry`: a userspace round trip has no end, so each userspace
+    /// exit is counted without a duration.
+    pub round_trip_ends: bool,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -428,6 +431,11 @@ impl ExitAnalyzer {
                         x.in_vmm = true;
                         x.userspace_at = Some(e.ts);
                     }
+                    None if !exit_path && self.options.unrecorded.round_trip_ends => {
+                        let s = self.stats.entry(Key::Userspace { reason }).or_default();
+                        s.heavy += 1;
+                        self.per_vcpu.entry(e.tid).or_default().1 += 1;
+                    }
                     None if !exit_path => {
                         let mut x = InFlight::starting(e, Key::Userspace { reason }, irqs, softirqs);
                         x.heavy = true;
@@ -744,10 +752,19 @@ impl ExitAnalyzer {
             };
             (
                 "userspace_round_trips".to_string(),
-                vec![
-                    format!("durations of lightweight exits: {why}"),
-                    "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
-                ],
+                [
+                    Some(format!("durations of lightweight exits: {why}")),
+                    unrecorded.round_trip_ends.then(|| {
+                        "durations of heavyweight exits: neither kvm_fpu nor kvm_entry was recorded, so no round trip ends"
+                            .to_string()
+                    }),
+                    Some(
+                        "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
+                    ),
+                ]
+                .into_iter()
+                .flatten()
+                .collect(),
             )
         };
         ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
@@ -1004,7 +1021,7 @@ mod tests {
                 String::new()
             }
         }
-        let unrecorded = Unrecorded { userspace_exits: true, sched_switch: true, vcpu_wakeup: false };
+        let unrecorded = Unrecorded { userspace_exits: true, sched_switch: true, ..Default::default() };
         let mut a = ExitAnalyzer::new(ExitOptions { rows: true, unrecorded, ..Default::default() });
         let events = [
             exit(100, 7, 10),

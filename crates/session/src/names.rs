@@ -24,6 +24,7 @@ pub fn unrecorded_events(decoder: &Decoder) -> virtprof_analysis::exits::Unrecor
         userspace_exits: missing("kvm", "kvm_userspace_exit"),
         sched_switch: missing("sched", "sched_switch"),
         vcpu_wakeup: missing("kvm", "kvm_vcpu_wakeup"),
+        round_trip_ends: missing("kvm", "kvm_fpu") && missing("kvm", "kvm_entry"),
     }
 }
 

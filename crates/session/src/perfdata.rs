@@ -41,13 +41,67 @@ struct Skipped {
 /// Read a perf.data into recording metadata, per-CPU pages and loss figures.
 pub fn read(path: &Path, max_bytes: u64) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
     let bad = |e: String| SessionError::in_file(path, e);
-    let file = virtprof_host::input::open_regular(path, "perf.data")?;
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if size > max_bytes {
-        return Err(bad(format!("is {size} bytes; the most a perf.data import takes is {max_bytes}")));
+    let bytes = virtprof_host::input::read_bytes(path, "perf.data", max_bytes)?;
+    check_layout(&bytes).map_err(|e| bad(format!("perf.data: {e}")))?;
+    // The parser allocates what the file declares and indexes what it reads: the layout is
+    // checked against the file above, and a panic on damage it still trips over is caught
+    // and reported as bad input.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(path, &bytes))).unwrap_or_else(|_| {
+        Err(bad("perf.data: the file is damaged (its records do not parse; the parser stopped)".into()))
+    })
+}
+
+/// The perf.data header's sections (attributes, data, feature table, each feature, each
+/// attribute's ids) lie inside the file: what the parser allocates is then bounded by it.
+fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
+    let u64_at = |at: usize| -> std::result::Result<u64, String> {
+        data.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+            .ok_or_else(|| format!("needs byte {} of the header; the file has {}", at + 8, data.len()))
+    };
+    let section = |at: usize, what: &str| -> std::result::Result<(u64, u64), String> {
+        let (offset, size) = (u64_at(at)?, u64_at(at + 8)?);
+        match offset.checked_add(size) {
+            Some(end) if end <= data.len() as u64 => Ok((offset, size)),
+            _ => Err(format!(
+                "the {what} section ({size} bytes at byte {offset}) runs past the end of the file ({} bytes)",
+                data.len()
+            )),
+        }
+    };
+    if !data.starts_with(MAGIC) {
+        return Err("not a little-endian perf.data (PERFILE2)".into());
     }
+    let header_size = u64_at(8)?;
+    let attr_size = u64_at(16)?;
+    if header_size != 104 {
+        return Err(format!("header of {header_size} bytes, not 104"));
+    }
+    if !(80..=4096).contains(&attr_size) {
+        return Err(format!("attributes of {attr_size} bytes each"));
+    }
+    let (attrs, attrs_size) = section(24, "attributes")?;
+    let (data_at, data_size) = section(40, "data")?;
+    if attrs_size % attr_size != 0 {
+        return Err(format!("attributes section of {attrs_size} bytes is not whole {attr_size}-byte entries"));
+    }
+    for i in 0..attrs_size / attr_size {
+        // Each entry ends with the file section of its event ids.
+        let at = usize::try_from(attrs + (i + 1) * attr_size - 16).map_err(|e| e.to_string())?;
+        section(at, "event ids")?;
+    }
+    let features: u32 = (0..4).map(|w| u64_at(72 + 8 * w).map(u64::count_ones)).sum::<std::result::Result<u32, _>>()?;
+    let table = usize::try_from(data_at + data_size).map_err(|e| e.to_string())?;
+    for i in 0..features as usize {
+        section(table + 16 * i, "feature")?;
+    }
+    Ok(())
+}
+
+fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
+    let bad = |e: String| SessionError::in_file(path, e);
     let PerfFileReader { mut perf_file, mut record_iter } =
-        PerfFileReader::parse_file(std::io::BufReader::new(file)).map_err(|e| bad(format!("perf.data: {e}")))?;
+        PerfFileReader::parse_file(std::io::Cursor::new(bytes)).map_err(|e| bad(format!("perf.data: {e}")))?;
     let tracing = perf_file.feature_section_data(Feature::TRACING_DATA).map(<[u8]>::to_vec).ok_or_else(|| {
         bad("perf.data has no tracepoint formats (no tracing-data feature): record it with tracepoints, e.g. perf record -e 'kvm:*' -e 'sched:*' -a".into())
     })?;

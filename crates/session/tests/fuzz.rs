@@ -6,7 +6,9 @@
 //!   VM's threads and its formats to the events it can hold), with its chunks mutated and CRCs
 //!   fixed up, so the damage reaches the decoders (page data, page timestamps, the metadata
 //!   and footer JSON) instead of stopping at the checksum;
-//! - `tracedat`: trace-cmd's trace.dat of a kvm_amd run;
+//! - `tracedat`: trace-cmd's trace.dat of a kvm_amd run (and its v6 and zlib rewrites);
+//! - `perfdata`: a perf.data of `perf record -e kvm:kvm_userspace_exit -e kvm:kvm_pio -e
+//!   sched:sched_switch -a` over a testvm run (pio-user, 2 vCPUs, 40 iterations);
 //! - `text`: ftrace text of that run, re-encoded through its formats.
 //!
 //! Every input must give a value or a clean error: no panic, no hang (each input has a time
@@ -330,6 +332,27 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
             analyse(&session);
             true
         });
+    }
+    if wanted("perfdata") {
+        let seed = std::fs::read(here("tests/fixtures/pvm-pio-user-2x40.perf.data")).unwrap();
+        let dir = std::env::temp_dir().join(format!("virtprof-fuzz-perf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("fuzz.perf.data");
+        run_target("perfdata", 0x9e4f_0003, n, &watchdog, |rng| {
+            let mut bytes = seed.clone();
+            let from = if rng.below(2) == 0 { 0 } else { rng.below(bytes.len()) };
+            let from = from.min(bytes.len().saturating_sub(1));
+            mutate_bytes(rng, &mut bytes, from);
+            if !bytes.starts_with(b"PERFILE2") {
+                bytes[..8].copy_from_slice(b"PERFILE2");
+            }
+            watchdog.holding(&bytes);
+            std::fs::write(&input, &bytes).unwrap();
+            let Ok(session) = Session::open_any(&input, &Default::default()) else { return false };
+            analyse(&session);
+            true
+        });
+        let _ = std::fs::remove_dir_all(&dir);
     }
     if wanted("text") {
         let root = trace_fixture("kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
