@@ -19,6 +19,12 @@ use virtprof_trace::text::PageWriter;
 use crate::error::{Result, SessionError};
 use crate::import::CpuPages;
 
+/// The feature bit of the event descriptions (HEADER_EVENT_DESC).
+const EVENT_DESC_FEATURE: usize = 12;
+
+/// A record whose processor-trace data follows it in the file.
+const PERF_RECORD_AUXTRACE: u32 = 71;
+
 /// perf.data's magic (version 2, little-endian).
 pub const MAGIC: &[u8] = b"PERFILE2";
 
@@ -90,10 +96,64 @@ fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
         let at = usize::try_from(attrs + (i + 1) * attr_size - 16).map_err(|e| e.to_string())?;
         section(at, "event ids")?;
     }
-    let features: u32 = (0..4).map(|w| u64_at(72 + 8 * w).map(u64::count_ones)).sum::<std::result::Result<u32, _>>()?;
+    // Records: an AUXTRACE record's data follows it, sized by the record: it must end inside
+    // the data section (the parser allocates what it says before reading).
+    let end = data_at + data_size;
+    let mut at = data_at;
+    while at + 8 <= end {
+        let i = usize::try_from(at).map_err(|e| e.to_string())?;
+        let kind = u32::from_le_bytes(data[i..i + 4].try_into().expect("4"));
+        let size = u64::from(u16::from_le_bytes(data[i + 6..i + 8].try_into().expect("2")));
+        if size < 8 {
+            return Err(format!("a record at byte {at} claims {size} bytes"));
+        }
+        let mut next = at + size;
+        if kind == PERF_RECORD_AUXTRACE {
+            let aux = if size >= 16 { u64_at(i + 8)? } else { u64::MAX };
+            next = next.checked_add(aux).filter(|&n| n <= end).ok_or_else(|| {
+                format!("an AUXTRACE record at byte {at} claims {aux} bytes past the data section's end")
+            })?;
+        }
+        at = next;
+    }
+    section(56, "event types")?;
+    let bits: Vec<u64> = (0..4).map(|w| u64_at(72 + 8 * w)).collect::<std::result::Result<_, _>>()?;
     let table = usize::try_from(data_at + data_size).map_err(|e| e.to_string())?;
-    for i in 0..features as usize {
-        section(table + 16 * i, "feature")?;
+    // Feature sections are listed in bit order; the event descriptions are parsed up front.
+    let mut index = 0;
+    for bit in 0..256usize {
+        if bits[bit / 64] >> (bit % 64) & 1 == 0 {
+            continue;
+        }
+        let (offset, size) = section(table + 16 * index, "feature")?;
+        index += 1;
+        if bit == EVENT_DESC_FEATURE {
+            let start = usize::try_from(offset).map_err(|e| e.to_string())?;
+            let end = start + usize::try_from(size).map_err(|e| e.to_string())?;
+            check_event_desc(&data[start..end])?;
+        }
+    }
+    Ok(())
+}
+
+/// The EVENT_DESC feature: `nr: u32, attr_size: u32`, then per event the attribute, `nr_ids:
+/// u32`, a string (`len: u32, bytes`) and the ids. Every count must fit the section, which the
+/// parser otherwise allocates for before reading.
+fn check_event_desc(section: &[u8]) -> std::result::Result<(), String> {
+    let fail = || "the event descriptions claim more than their section holds".to_string();
+    let u32_at = |at: usize| -> std::result::Result<usize, String> {
+        section.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize).ok_or_else(fail)
+    };
+    let (events, attr_size) = (u32_at(0)?, u32_at(4)?);
+    let mut at = 8usize;
+    for _ in 0..events {
+        at = at.checked_add(attr_size).ok_or_else(fail)?;
+        let ids = u32_at(at)?;
+        let name = u32_at(at + 4)?;
+        at = (at + 8).checked_add(name).and_then(|a| a.checked_add(ids.checked_mul(8)?)).ok_or_else(fail)?;
+        if at > section.len() {
+            return Err(fail());
+        }
     }
     Ok(())
 }
