@@ -105,7 +105,8 @@ pub fn trace_dat_parts<'a>(
     tsc_khz: Option<u64>,
 ) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
     let time_scale = dat.time_scale(tsc_khz).map_err(|e| SessionError::in_file(path, e))?;
-    if dat.cpus().is_empty() {
+    let cpus = dat.cpus();
+    if cpus.is_empty() {
         // Only BUFFER_TEXT / v6 latency data: a latency tracer's text, no events to analyse.
         return Err(SessionError::in_file(
             path,
@@ -129,7 +130,6 @@ pub fn trace_dat_parts<'a>(
             None => cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun, dropped }),
         }
     }
-    let cpus = dat.cpus();
     let mut host = std::collections::BTreeMap::new();
     host.insert("trace_dat_version".to_string(), dat.version.to_string());
     let compression = dat.compression.map_or("none", |c| c.name());

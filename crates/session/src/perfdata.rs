@@ -298,12 +298,8 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
         host.insert("cpu_count".to_string(), n.nr_cpus_online.to_string());
     }
     // Threads perf never saw a COMM for keep the names the tracing data saved.
-    for line in dat.cmdlines.lines() {
-        if let Some((tid, comm)) = line.trim().split_once(' ') {
-            if let Ok(tid) = tid.parse::<u32>() {
-                tasks.entry(tid).or_insert_with(|| Task { tid, pid: tid, comm: comm.to_string() });
-            }
-        }
+    for (tid, pid, comm) in virtprof_trace::tracefs::parse_saved_tasks(&dat.cmdlines, "") {
+        tasks.entry(tid).or_insert(Task { tid, pid, comm });
     }
     let metadata = Metadata {
         origin: format!("import perf.data {}", path.display()),

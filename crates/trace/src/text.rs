@@ -466,16 +466,21 @@ impl PageWriter {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_gap_flags_the_next_page_with_its_count() {
-        let header = crate::format::PageHeader {
+    /// 64-byte pages: three 8-byte records fill one.
+    fn small_page() -> crate::format::PageHeader {
+        crate::format::PageHeader {
             timestamp_offset: 0,
             commit_offset: 8,
             commit_size: 8,
             data_offset: 16,
             page_size: 64,
             scale: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_gap_flags_the_next_page_with_its_count() {
+        let header = small_page();
         let layout = Layout::new(header, Vec::new());
         let mut w = PageWriter::new(&layout);
         w.push(1, &[1u8; 8]).unwrap();
@@ -494,14 +499,7 @@ mod tests {
     #[test]
     fn a_time_extend_at_the_end_of_a_page_starts_a_new_one() {
         // Found by the fuzzer: a far timestamp's extend words overran a nearly full page.
-        let header = crate::format::PageHeader {
-            timestamp_offset: 0,
-            commit_offset: 8,
-            commit_size: 8,
-            data_offset: 16,
-            page_size: 64,
-            scale: None,
-        };
+        let header = small_page();
         let layout = Layout::new(header, Vec::new());
         let mut w = PageWriter::new(&layout);
         // Three records of 4 + 8 bytes leave 12 of 48: room for the record, not its extend.

@@ -81,7 +81,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
 
-    let by_vm = vm_rows(&report, &vms_of(&report, &recording));
+    let vms = vms_of(&report, &recording);
+    let by_vm = vm_rows(&report, &vms);
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
     if args.json {
@@ -97,7 +98,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     } else {
         match args.by {
             GroupBy::Reason => reason_table(&report.by_reason),
-            GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks, &vms_of(&report, &recording)),
+            GroupBy::Vcpu => vcpu_table(&report, &recording.metadata.tasks, &vms),
             GroupBy::Vm => vm_table(&by_vm),
         }
     };

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
+use super::exits::exits_json;
 use super::util::{have_kvm, have_perf, have_tracefs, parse_report, temp, virtprof};
 
 /// Events per name in `perf script` (`sys:name:` fields).
@@ -33,12 +34,6 @@ fn perf_lost_per_cpu(file: &Path) -> BTreeMap<String, u64> {
         *lost.entry(format!("cpu{cpu}")).or_insert(0) += count;
     }
     lost
-}
-
-fn exits_json(file: &Path, args: &[&str]) -> serde_json::Value {
-    let out = virtprof().arg("exits").arg(file).arg("--json").args(args).output().unwrap();
-    assert!(out.status.success(), "exits {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn perf_record(file: &Path, perf_args: &[&str], testvm: &[&str]) -> std::process::Output {

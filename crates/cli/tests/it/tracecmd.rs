@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::exits::exits_json;
 use super::util::{have_kvm, have_tracefs, note, parse_report, temp, virtprof};
 
 fn workspace() -> PathBuf {
@@ -50,12 +51,6 @@ fn report_counts(trace_cmd: &Path, file: &Path) -> BTreeMap<String, u64> {
         *counts.entry("(all)".to_string()).or_insert(0) += 1;
     }
     counts
-}
-
-fn exits_json(file: &Path, args: &[&str]) -> serde_json::Value {
-    let out = virtprof().arg("exits").arg(file).args(["--json"]).args(args).output().unwrap();
-    assert!(out.status.success(), "exits {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn reason_counts(r: &serde_json::Value) -> BTreeMap<String, u64> {

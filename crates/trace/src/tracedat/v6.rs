@@ -6,7 +6,7 @@
 //! sizes (trace-cmd 3.3 writes the marker there too).
 
 use super::cursor::Cursor;
-use super::options::{self, BUFFER, DONE};
+use super::options::{self, BUFFER, DONE, TRACECLOCK};
 use super::{cpu_segments, Buffer, BufferText, TraceDat, TraceDatError};
 
 const OPTIONS: &[u8; 10] = b"options  \0";
@@ -31,7 +31,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
         let marker = c.bytes(10)?;
         if marker == OPTIONS {
             while let Some((id, body, at)) = option(c)? {
-                clock_given |= id == 4;
+                clock_given |= id == TRACECLOCK;
                 if options::apply(id, body, at, out)? {
                     continue;
                 }
