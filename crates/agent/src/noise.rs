@@ -4,7 +4,7 @@
 //! the host can explain it by its own trace (`noise --host-recording`). Each period is handed
 //! to the serving loop as a [`NoiseBatch`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,6 +33,9 @@ pub struct NoiseConfig {
 pub struct NoiseLoops {
     periods: Receiver<NoiseBatch>,
     stop: Arc<AtomicBool>,
+    /// Start of the current host's time (CLOCK_MONOTONIC ns): periods dropped before it were
+    /// no host's to lose, and are not counted as dropped in what it is sent.
+    since: Arc<AtomicU64>,
     threads: Vec<JoinHandle<std::io::Result<()>>>,
 }
 
@@ -50,6 +53,7 @@ impl NoiseLoops {
         }
         let (tx, periods) = sync_channel(QUEUED_PERIODS);
         let stop = Arc::new(AtomicBool::new(false));
+        let since = Arc::new(AtomicU64::new(0));
         // Periods start on a whole period boundary, the same for every loop.
         let t0 = (Clock::Mono.base_ns() / config.period_ns + 1) * config.period_ns;
         let mut threads = Vec::new();
@@ -67,16 +71,23 @@ impl NoiseLoops {
                 stop_total_ns: None,
                 capacity: NoiseBatch::MAX_SAMPLES,
             };
-            let (tx, stop) = (tx.clone(), Arc::clone(&stop));
+            let (tx, stop, since) = (tx.clone(), Arc::clone(&stop), Arc::clone(&since));
             let threshold_ns = config.threshold_ns;
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("noise/{cpu}"))
-                    .spawn(move || measure(loop_config, threshold_ns, &tx, &stop))?,
+                    .spawn(move || measure(loop_config, threshold_ns, &tx, &stop, &since))?,
             );
         }
         virtprof_host::affinity::keep_off(&config.cpus);
-        Ok(NoiseLoops { periods, stop, threads })
+        Ok(NoiseLoops { periods, stop, since, threads })
+    }
+
+    /// Forget what was measured until now: a new host starts here, or none is there to send
+    /// it to. Periods that found the queue full before this are not counted as dropped later.
+    pub fn restart(&self) {
+        self.since.store(Clock::Mono.base_ns(), Ordering::Relaxed);
+        drop(self.take());
     }
 
     /// The periods finished since the last call.
@@ -103,10 +114,15 @@ fn measure(
     threshold_ns: u64,
     tx: &SyncSender<NoiseBatch>,
     stop: &AtomicBool,
+    since: &AtomicU64,
 ) -> std::io::Result<()> {
-    // Samples of periods that found the queue full, carried into the next one sent.
-    let mut carried = 0;
+    // Samples of periods that found the queue full, carried into the next one sent, and when
+    // the last of those periods ended.
+    let (mut carried, mut carried_end) = (0, 0);
     run_periods(config, 1.0, stop, &mut |p| {
+        if carried_end < since.load(Ordering::Relaxed) {
+            carried = 0;
+        }
         let batch = NoiseBatch {
             cpu: config.cpu,
             start_ns: p.start,
@@ -119,7 +135,7 @@ fn measure(
         let lost = batch.samples.len() as u64 + batch.dropped;
         match tx.try_send(batch) {
             Ok(()) => carried = 0,
-            Err(TrySendError::Full(_)) => carried = lost,
+            Err(TrySendError::Full(_)) => (carried, carried_end) = (lost, p.end),
             Err(TrySendError::Disconnected(_)) => stop.store(true, Ordering::Relaxed),
         }
     })?;
@@ -154,6 +170,23 @@ mod tests {
         }
         // Consecutive periods of one CPU start a period apart.
         assert!(got.windows(2).all(|w| w[1].start_ns - w[0].start_ns >= 40_000_000), "{got:?}");
+    }
+
+    #[test]
+    fn periods_dropped_before_a_restart_are_not_counted_after_it() {
+        let cpu = virtprof_host::affinity::allowed_cpus()[0];
+        let config = NoiseConfig { cpus: vec![cpu], threshold_ns: 1_000, period_ns: 2_000_000, runtime_ns: 1_000_000 };
+        let loops = NoiseLoops::start(&config).unwrap();
+        // Nobody takes: the queue fills and later periods are dropped.
+        std::thread::sleep(std::time::Duration::from_millis(3 * QUEUED_PERIODS as u64 * 2));
+        loops.restart();
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            got.extend(loops.take());
+        }
+        loops.stop().unwrap();
+        assert!(got.iter().all(|b| b.dropped == 0), "{got:?}");
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
     let mut pending: Vec<Pending> = Vec::new();
     let serial = matches!(listener, crate::transport::Listener::Port(_));
     while !stop.load(Ordering::Relaxed) && config.sessions.is_none_or(|n| served < n) {
+        // Periods measured while no host is there have no one to go to.
+        noise.iter().for_each(NoiseLoops::restart);
         // A serial port "accepts" by opening the device: only while nobody is on it.
         if !serial || pending.is_empty() {
             let wait = Duration::from_millis(if pending.is_empty() { 200 } else { 20 });
@@ -122,8 +124,6 @@ pub fn serve(config: &ServeConfig, stop: &AtomicBool, log: &mut dyn FnMut(&str))
         let end = session(stream, reader, config, &mut collector, sources, stop);
         served += 1;
         log(&format!("host gone after {} rows and {} pings: {}", end.rows, end.pongs, end.cause));
-        // Periods measured while no host was there have no one to go to.
-        noise.iter().for_each(|n| drop(n.take()));
     }
     match noise.map(NoiseLoops::stop) {
         Some(Err(e)) => Err(std::io::Error::new(e.kind(), format!("the noise loop: {e}"))),
@@ -230,7 +230,7 @@ fn session(
     // A new baseline: the first row covers from here, and noise periods from before the host
     // came are not its.
     collector.sample(config.interval_ns, &mut row);
-    noise.iter().for_each(|n| drop(n.take()));
+    noise.iter().for_each(|n| n.restart());
     let mut last_row = monotonic_ns();
     let mut next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
     let welcome =
