@@ -10,7 +10,8 @@
 # MODULES="virtio_pci virtio_console" adds those modules (with what they depend on) from the
 # kernel package that scripts/nested-svm/bed.sh unpacks (boot that package's kernel: `bed.sh
 # kernel` prints its folder); init loads them before the command runs. FILES="SRC:DEST ..."
-# copies more files in (DEST relative to the root, in an existing folder such as tmp).
+# copies more files in (DEST relative to the root, in an existing folder such as tmp; programs
+# keep their exec bit).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 binary=$(realpath "${1:?usage: guest-initrd.sh BINARY OUT.cpio}")
@@ -57,7 +58,9 @@ with open(out, "wb") as f:
     f.write(entry("lib/modules/order", 0o100644, "".join(n + "\n" for n in names).encode()))
     for pair in files.split():
         src, dest = pair.split(":", 1)
-        f.write(entry(dest.lstrip("/"), 0o100600, open(src, "rb").read()))
+        # Programs stay runnable (a loader, busybox); other files are private to the guest.
+        mode = 0o100700 if os.access(src, os.X_OK) else 0o100600
+        f.write(entry(dest.lstrip("/"), mode, open(src, "rb").read()))
     f.write(entry("TRAILER!!!", 0))
 PY
 echo "guest-initrd.sh: $out ($(du -h "$out" | cut -f1))" >&2

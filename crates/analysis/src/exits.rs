@@ -192,6 +192,9 @@ pub struct ExitRow {
     pub softirqs: u64,
     /// Threads that ran on the exit CPU while the vCPU was off it.
     pub threads: Vec<String>,
+    /// What the guest did just before (its own trace given beside the host's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest_before: Option<crate::guest_before::GuestContext>,
 }
 
 /// Totals (`totals` in the JSON).
@@ -720,6 +723,7 @@ impl ExitAnalyzer {
                     irqs: r.irqs,
                     softirqs: r.softirqs,
                     threads: x.threads.iter().map(|&s| names.task(s)).collect(),
+                    guest_before: None,
                 }
             })
             .collect();
@@ -796,21 +800,7 @@ impl crate::Analyzer for ExitAnalyzer {
 mod tests {
     use super::*;
 
-    struct TestNames;
-    impl Names for TestNames {
-        fn exit_reason(&self, reason: u32, _isa: u32) -> String {
-            format!("r{reason}")
-        }
-        fn userspace_reason(&self, reason: u32) -> String {
-            format!("KVM_EXIT_{reason}")
-        }
-        fn event(&self, id: u16) -> String {
-            format!("ev{id}")
-        }
-        fn task(&self, id: StrId) -> String {
-            format!("task{}", id.0)
-        }
-    }
+    use crate::TestNames;
 
     fn ev(ts: u64, cpu: u32, tid: u32, kind: EventKind) -> Event {
         Event { ts, cpu, tid, kind }
@@ -919,7 +909,7 @@ mod tests {
         assert_eq!((heavy.count, heavy.total_ns, heavy.vmm_ns), (1, Some(68), Some(68)));
         let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
         assert_eq!((light.count, light.total_ns), (1, None));
-        assert!(r.by_reason.iter().any(|x| x.reason == "ev33 (in kernel)"));
+        assert!(r.by_reason.iter().any(|x| x.reason == "event33 (in kernel)"));
     }
 
     fn switch(ts: u64, prev: u32, prev_state: u64, next: u32) -> Event {

@@ -10,6 +10,8 @@ pub mod correlate;
 pub mod energy;
 pub mod exit_timeline;
 pub mod exits;
+pub mod guest_before;
+pub mod guest_tasks;
 pub mod hist;
 pub mod intervals;
 pub mod noise;
@@ -47,4 +49,24 @@ pub trait Names {
     fn event(&self, id: u16) -> String;
     /// A task name.
     fn task(&self, id: StrId) -> String;
+}
+
+/// Names for unit tests: `event7`, `task3`.
+#[cfg(test)]
+pub(crate) struct TestNames;
+
+#[cfg(test)]
+impl Names for TestNames {
+    fn exit_reason(&self, reason: u32, _: u32) -> String {
+        format!("r{reason}")
+    }
+    fn userspace_reason(&self, reason: u32) -> String {
+        format!("KVM_EXIT_{reason}")
+    }
+    fn event(&self, id: u16) -> String {
+        format!("event{id}")
+    }
+    fn task(&self, id: StrId) -> String {
+        format!("task{}", id.0)
+    }
 }

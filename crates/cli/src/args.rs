@@ -305,7 +305,7 @@ pub struct SourceArgs {
 impl SourceArgs {
     /// As the session library takes them.
     pub fn options(&self) -> virtprof_session::SourceOptions {
-        virtprof_session::SourceOptions { formats: self.formats.clone(), tsc_khz: self.tsc_khz }
+        virtprof_session::SourceOptions { formats: self.formats.clone(), tsc_khz: self.tsc_khz, tsc_scale: None }
     }
 }
 
@@ -337,7 +337,10 @@ EXAMPLES:
   virtprof exits perf.data                       perf record -e 'kvm:*' or perf kvm stat record
   virtprof exits run.vprec --by vcpu --json
   virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
-  virtprof exits run.vprec --noise --csv         one vm_noise row per exit")]
+  virtprof exits run.vprec --noise --csv         one vm_noise row per exit
+  virtprof exits host.dat --guest guest.dat --threshold-us 1000
+                                                 a trace-cmd host+guest pair: the guest's last events
+                                                 before each exit over 1 ms, on the host's clock")]
 pub struct ExitsArgs {
     /// A recording (`virtprof record`/`import`), or a capture `import` reads: trace.dat,
     /// perf.data, tracefs dump, ftrace text (with --formats). Without it, record live.
@@ -362,6 +365,10 @@ pub struct ExitsArgs {
     /// Only exits longer than this many microseconds (implies per-exit rows).
     #[arg(long, value_name = "US")]
     pub threshold_us: Option<f64>,
+    /// The guest's own trace, recorded with the host's (`trace-cmd record -A`): each exit row
+    /// shows what the guest did just before it (placed by the file's TIME_SHIFT).
+    #[arg(long, value_name = "GUEST.dat", requires = "file")]
+    pub guest: Option<PathBuf>,
     /// Print JSON (schema in docs/exits.md).
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -514,14 +521,17 @@ Formats:
             (one row per timed exit) and, with interval rows, intervals.parquet (long form).
   perfetto  Chrome/Perfetto JSON trace: per VM a process, per vCPU a state track (running /
             waiting / blocked) and an exit track (a slice per timed exit), counter tracks per VM
-            from interval rows. Open it in https://ui.perfetto.dev or chrome://tracing.
+            from interval rows; with --guest, the guest's own trace as a second machine (a track
+            per guest CPU: its tasks and interrupts, on the host's clock). Open it in
+            https://ui.perfetto.dev or chrome://tracing.
 Schemas: docs/export.md.
 
 EXAMPLES:
   virtprof export run.vprec --format csv -o run.csv
   virtprof export run.vprec --format parquet -o run.parquet/
   duckdb -c \"SELECT reason, count(*), median(duration_ns) FROM 'run.parquet/exits.parquet' GROUP BY 1\"
-  virtprof export run.vprec --format perfetto -o run.json")]
+  virtprof export run.vprec --format perfetto -o run.json
+  virtprof export host.dat --format perfetto --guest guest.dat -o pair.json")]
 pub struct ExportArgs {
     /// The recording (or a trace.dat, tracefs dump, ...).
     pub file: PathBuf,
@@ -531,6 +541,10 @@ pub struct ExportArgs {
     /// Output file (csv, perfetto; default: standard output) or directory (parquet).
     #[arg(short, long, value_name = "PATH")]
     pub output: Option<PathBuf>,
+    /// With --format perfetto: a guest's own trace recorded with this host trace
+    /// (`trace-cmd record -A`), drawn as a second machine on the same timeline.
+    #[arg(long, value_name = "GUEST.dat")]
+    pub guest: Option<PathBuf>,
     /// With --format parquet: add the recording's tables to the Hive-partitioned dataset in DIR
     /// (TABLE/host=H/date=D/recording=R/TABLE.parquet) that DuckDB, Spark or Trino read as
     /// one table per TABLE over every host. See docs/fleet.md.

@@ -30,7 +30,7 @@ pub fn group(threads: &[(u32, Option<u32>)], tasks: &[Task], guests: &[GuestVcpu
         let guest = guests.iter().find(|g| g.vcpus.iter().any(|&(_, host)| host == tid));
         let vm = match (process, guest) {
             (Some(pid), _) => VmOf { label: format!("pid {pid}"), pid: Some(pid), evidence: "process" },
-            (None, Some(g)) => VmOf { label: format!("guest {}", g.name), pid: None, evidence: "guest option" },
+            (None, Some(g)) => VmOf { label: guest_label(g), pid: None, evidence: "guest option" },
             (None, None) => {
                 unplaced.push((tid, index));
                 continue;
@@ -52,6 +52,15 @@ pub fn group(threads: &[(u32, Option<u32>)], tasks: &[Task], guests: &[GuestVcpu
     out
 }
 
+/// "guest NAME"; `trace-cmd attach` leaves the name empty: then its trace id.
+fn guest_label(g: &GuestVcpuThreads) -> String {
+    match (g.name.as_str(), g.trace_id) {
+        ("", Some(id)) => format!("guest {id:#x}"),
+        ("", None) => "guest (unnamed)".to_string(),
+        (name, _) => format!("guest {name}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,7 +72,7 @@ mod tests {
     #[test]
     fn process_then_guest_option_then_vcpu_ids() {
         let tasks = vec![task(101, 100), task(102, 100), task(201, 201), task(301, 301)];
-        let guests = vec![GuestVcpuThreads { name: "web".into(), vcpus: vec![(0, 201)] }];
+        let guests = vec![GuestVcpuThreads { name: "web".into(), trace_id: None, vcpus: vec![(0, 201)] }];
         // 301, 302, 303 carry indexes 0, 1, 0: two VMs (0-1, then 0); 401 has none.
         let threads = [(101, Some(0)), (102, Some(1)), (201, Some(0)), (301, Some(0)), (302, Some(1)), (303, Some(0))];
         let vms = group(&threads, &tasks, &guests);

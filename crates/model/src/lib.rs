@@ -6,6 +6,7 @@
 
 pub mod appcounters;
 pub mod clock;
+pub mod clock_sync;
 pub mod entity;
 pub mod event;
 pub mod guest;

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use virtprof_model::clock::TimeScale;
 use virtprof_model::{Cpu, KernelLoss};
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task};
 use virtprof_trace::capture::stat_value;
@@ -27,7 +28,7 @@ pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, Cpu
     if src.is_dir() && src.join("events/header_page").exists() {
         read_tracefs_dump(src)
     } else if is_trace_dat_file(src) {
-        read_trace_dat(src, options.tsc_khz)
+        read_trace_dat(src, options.cycles())
     } else if src.is_file() && file_head(src).starts_with(crate::perfdata::MAGIC) {
         crate::perfdata::read(src, MAX_IMPORT)
     } else if src.is_file() {
@@ -53,6 +54,16 @@ pub struct SourceOptions {
     pub formats: Option<std::path::PathBuf>,
     /// For a trace in TSC cycles without its own conversion: the TSC's frequency in kHz.
     pub tsc_khz: Option<u64>,
+    /// Else, for such a trace: a conversion from elsewhere (a guest trace takes its host
+    /// file's TSC2NSEC).
+    pub tsc_scale: Option<TimeScale>,
+}
+
+impl SourceOptions {
+    /// The conversion for a trace in cycles: the user's frequency, else one from elsewhere.
+    pub fn cycles(&self) -> Option<TimeScale> {
+        self.tsc_khz.and_then(TimeScale::from_khz).or(self.tsc_scale)
+    }
 }
 
 /// The most a file imported into memory (a trace.dat being converted, ftrace text) can be.
@@ -73,9 +84,9 @@ pub fn file_head(path: &Path) -> Vec<u8> {
 }
 
 /// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
-fn read_trace_dat(path: &Path, tsc_khz: Option<u64>) -> Result<(Metadata, CpuPages, Footer)> {
+fn read_trace_dat(path: &Path, cycles: Option<TimeScale>) -> Result<(Metadata, CpuPages, Footer)> {
     let bytes = virtprof_host::input::read_bytes(path, "trace.dat", MAX_IMPORT)?;
-    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?, tsc_khz)?;
+    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?, cycles)?;
     let mut pages = Vec::with_capacity(cpus.len());
     let mut buffer = Vec::new();
     for (cpu, segments) in cpus {
@@ -97,14 +108,14 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> Result<TraceDat<'a>>
 pub type CpuSegments<'a> = Vec<(u32, Vec<Segment<'a>>)>;
 
 /// A trace.dat as recording metadata, loss figures, and its pages (still where they were).
-/// Timestamps that are not nanoseconds get the scale that makes them so (`tsc_khz` where the
+/// Timestamps that are not nanoseconds get the scale that makes them so (`cycles` where the
 /// file holds TSC cycles and no conversion of its own); without one that is bad input.
 pub fn trace_dat_parts<'a>(
     path: &Path,
     dat: TraceDat<'a>,
-    tsc_khz: Option<u64>,
+    cycles: Option<TimeScale>,
 ) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
-    let time_scale = dat.time_scale(tsc_khz).map_err(|e| SessionError::in_file(path, e))?;
+    let time_scale = dat.time_scale(cycles).map_err(|e| SessionError::in_file(path, e))?;
     let cpus = dat.cpus();
     if cpus.is_empty() {
         // Only BUFFER_TEXT / v6 latency data: a latency tracer's text, no events to analyse.
@@ -150,7 +161,11 @@ pub fn trace_dat_parts<'a>(
     let guests = dat
         .guests
         .iter()
-        .map(|g| virtprof_store::recording::GuestVcpuThreads { name: g.name.clone(), vcpus: g.vcpus.clone() })
+        .map(|g| virtprof_store::recording::GuestVcpuThreads {
+            name: g.name.clone(),
+            trace_id: Some(g.trace_id),
+            vcpus: g.vcpus.clone(),
+        })
         .collect();
     let metadata = Metadata {
         origin: format!("import trace.dat {}", path.display()),
@@ -162,6 +177,7 @@ pub fn trace_dat_parts<'a>(
         tasks,
         time_scale,
         guests,
+        clock_sync: dat.time_shift.clone(),
         ..Default::default()
     };
     Ok((metadata, Footer { cpu_loss, ..Default::default() }, cpus))

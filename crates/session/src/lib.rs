@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod guest;
+pub mod guest_trace;
 pub mod import;
 pub mod live;
 pub mod names;
@@ -14,6 +15,7 @@ pub mod perfdata;
 pub mod session;
 
 pub use error::{Result, SessionError};
+pub use guest_trace::GuestTrace;
 pub use import::SourceOptions;
 pub use live::LiveTrace;
 pub use names::{evidence_event_ids, unrecorded_events, DecoderNames};

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Analyzer;
+use virtprof_model::clock::TimeScale;
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
@@ -187,8 +188,8 @@ impl Session {
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
     /// at a time as the walk reaches them.
-    fn open_trace_dat(path: &Path, tsc_khz: Option<u64>) -> Result<Session> {
-        Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?), tsc_khz)
+    fn open_trace_dat(path: &Path, cycles: Option<TimeScale>) -> Result<Session> {
+        Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?), cycles)
     }
 
     /// A trace.dat already in memory (`name` names it in messages).
@@ -196,10 +197,10 @@ impl Session {
         Session::index_trace_dat(Path::new(name), Backing::Memory(bytes), None)
     }
 
-    fn index_trace_dat(path: &Path, map: Backing, tsc_khz: Option<u64>) -> Result<Session> {
+    fn index_trace_dat(path: &Path, map: Backing, cycles: Option<TimeScale>) -> Result<Session> {
         let base = map.as_ptr() as usize;
         let (metadata, footer, cpus) =
-            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?, tsc_khz)?;
+            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?, cycles)?;
         let at = |bytes: &[u8]| {
             let start = bytes.as_ptr() as usize - base;
             start..start + bytes.len()
@@ -265,7 +266,7 @@ impl Session {
             return Session::open(path);
         }
         if virtprof_trace::tracedat::is_trace_dat(&head) {
-            return Session::open_trace_dat(path, options.tsc_khz);
+            return Session::open_trace_dat(path, options.cycles());
         }
         let (metadata, pages, footer) = crate::import::read_source(path, options)?;
         Session::imported(path, metadata, footer, Pages::Owned(pages)).with_cpus_checked()

@@ -9,7 +9,9 @@
 //! - `tracedat`: trace-cmd's trace.dat of a kvm_amd run (and its v6 and zlib rewrites);
 //! - `perfdata`: a perf.data of `perf record -e kvm:kvm_userspace_exit -e kvm:kvm_pio -e
 //!   sched:sched_switch -a` over a testvm run (pio-user, 2 vCPUs, 40 iterations);
-//! - `text`: ftrace text of that run, re-encoded through its formats.
+//! - `text`: ftrace text of that run, re-encoded through its formats;
+//! - `pair`: the guest half of a host + guest pair (`trace-cmd attach` on the kvm_amd bed),
+//!   mutated mostly in its last options (TIME_SHIFT), read beside its host and placed.
 //!
 //! Every input must give a value or a clean error: no panic, no hang (each input has a time
 //! limit), memory bounded (the process runs under an address-space limit, so a runaway
@@ -354,6 +356,28 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
         });
         let _ = std::fs::remove_dir_all(&dir);
     }
+    if wanted("pair") {
+        let host = Session::open_any(&trace_fixture("kvm-amd-pair-attach/host.dat"), &Default::default()).unwrap();
+        let seed = std::fs::read(trace_fixture("kvm-amd-pair-attach/guest.dat")).unwrap();
+        let dir = std::env::temp_dir().join(format!("virtprof-fuzz-pair-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("guest.dat");
+        run_target("pair", 0x9a12_0004, n, &watchdog, |rng| {
+            let mut bytes = seed.clone();
+            // Mostly the last options section (TIME_SHIFT, TSC2NSEC), 195 bytes from the end.
+            let from = if rng.below(4) == 0 { rng.below(bytes.len()) } else { bytes.len().saturating_sub(200) };
+            mutate_bytes(rng, &mut bytes, from);
+            watchdog.holding(&bytes);
+            std::fs::write(&input, &bytes).unwrap();
+            let Ok(guest) = virtprof_session::GuestTrace::open(&host, &input, &Default::default()) else {
+                return false;
+            };
+            let Ok(mut decoder) = guest.session.decoder(&["sched", "irq"]) else { return false };
+            let mut events = 0u64;
+            guest.walk(&mut decoder, |_, _| events += 1).is_ok()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     if wanted("text") {
         let root = trace_fixture("kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
         let text: String =
@@ -367,7 +391,7 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
             std::fs::write(&input, mutated).unwrap();
             let Ok(session) = Session::open_any(
                 &input,
-                &virtprof_session::SourceOptions { formats: Some(root.clone()), tsc_khz: None },
+                &virtprof_session::SourceOptions { formats: Some(root.clone()), ..Default::default() },
             ) else {
                 return false;
             };

@@ -4,7 +4,9 @@
 //! so they add up to what `sched` reports) and its exits
 //! (a slice per timed exit, reason as name). Interval recordings add counter tracks per VM;
 //! guests recorded with `record --agent` are processes of their own on the same timeline, a
-//! counter track per series (counters as rates).
+//! counter track per series (counters as rates). A guest's own trace given beside its host's
+//! (`--guest`) is a process too: a track per guest CPU with the guest tasks that ran there and
+//! its interrupts, on the host's clock.
 //! Layout documented in docs/export.md.
 
 use std::collections::HashMap;
@@ -41,12 +43,29 @@ pub struct Tracks<'a> {
     pub guests: &'a [virtprof_model::guest::GuestLayer],
     /// Those guests' noise samples: a slice each, on a track per guest CPU in its process.
     pub guest_noise: &'a [virtprof_model::guest::PlacedNoise],
+    /// Guests' own traces (`--guest`), placed on the host's clock.
+    pub guest_traces: &'a [GuestMachine],
     /// Timestamps are written relative to this.
     pub origin_ns: u64,
 }
 
+/// A guest's own trace: its CPUs' tasks and interrupts.
+pub struct GuestMachine {
+    /// Its name (the host file's GUEST option).
+    pub name: String,
+    /// Whether it is on the host's clock (otherwise drawn on its own, and named so).
+    pub aligned: bool,
+    /// (guest CPU, host thread running it).
+    pub vcpu_threads: Vec<(u32, u32)>,
+    /// Per guest CPU.
+    pub cpus: Vec<virtprof_analysis::guest_tasks::GuestCpu>,
+}
+
 /// Guest processes get ids above every real pid: `GUEST_PROCESS + agent`.
 pub const GUEST_PROCESS: u64 = 1 << 32;
+
+/// Guest traces' processes: `GUEST_TRACE_PROCESS + index`.
+pub const GUEST_TRACE_PROCESS: u64 = 3 << 32;
 
 /// Write the trace as JSON, one event per line.
 pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
@@ -156,6 +175,39 @@ pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
         )?;
         for &(start, len) in &noise.samples {
             emit(out, json!({"ph": "X", "name": "noise", "pid": pid, "tid": tid, "ts": rel(start), "dur": us(len)}))?;
+        }
+    }
+    for (i, guest) in t.guest_traces.iter().enumerate() {
+        let pid = GUEST_TRACE_PROCESS + i as u64;
+        let clock = if guest.aligned { "on the host's clock" } else { "NOT aligned: its own clock" };
+        emit(
+            out,
+            json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": format!("guest {} (its own trace, {clock})", guest.name)}}),
+        )?;
+        for cpu in &guest.cpus {
+            let tid = u64::from(cpu.cpu) + 1;
+            let host = guest.vcpu_threads.iter().find(|&&(c, _)| c == cpu.cpu).map(|&(_, t)| t);
+            let name = match host {
+                Some(host) => format!("guest CPU {} (host thread {host})", cpu.cpu),
+                None => format!("guest CPU {}", cpu.cpu),
+            };
+            emit(out, json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}))?;
+            emit(
+                out,
+                json!({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": cpu.cpu}}),
+            )?;
+            for s in &cpu.slices {
+                emit(
+                    out,
+                    json!({"ph": "X", "cat": "guest", "name": s.name, "pid": pid, "tid": tid, "ts": rel(s.start_ns), "dur": us(s.end_ns - s.start_ns), "args": {"guest_tid": s.tid}}),
+                )?;
+            }
+            for (ts, what) in &cpu.irqs {
+                emit(
+                    out,
+                    json!({"ph": "i", "s": "t", "cat": "guest", "name": what, "pid": pid, "tid": tid, "ts": rel(*ts)}),
+                )?;
+            }
         }
     }
     out.write_all(b"\n]}\n")?;

@@ -335,6 +335,10 @@ pub struct Metadata {
     /// Guests a host trace.dat names (its GUEST options): each vCPU's host thread.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub guests: Vec<GuestVcpuThreads>,
+    /// A guest trace's corrections to its host's clock (trace-cmd's TIME_SHIFT), against the
+    /// raw timestamps (before `time_scale`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_sync: Option<virtprof_model::clock_sync::ClockSync>,
 }
 
 /// A guest whose vCPU threads a capture names (trace-cmd's GUEST option).
@@ -342,6 +346,9 @@ pub struct Metadata {
 pub struct GuestVcpuThreads {
     /// The guest's name.
     pub name: String,
+    /// The guest trace's id (its TRACEID), where the capture says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<u64>,
     /// (guest CPU, host thread).
     pub vcpus: Vec<(u32, u32)>,
 }

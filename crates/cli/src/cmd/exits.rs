@@ -31,6 +31,84 @@ struct Output<'a> {
     lost_events: u64,
     /// Lost events per CPU, with where the gaps were.
     loss: &'a Loss,
+    /// The guest's own trace, where given (`--guest`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    guest: Option<GuestSummary>,
+}
+
+/// How a guest trace given with `--guest` was read (`guest` in the JSON).
+#[derive(Serialize)]
+struct GuestSummary {
+    name: String,
+    file: String,
+    /// Its events are on the host's clock.
+    aligned: bool,
+    /// Why not, where not.
+    not_aligned_because: Option<String>,
+    /// (guest CPU, host thread), from the host file's GUEST option.
+    vcpu_threads: Vec<(u32, u32)>,
+    events: u64,
+    /// Events of guest CPUs its corrections do not cover.
+    unplaced_events: u64,
+    lost_events: u64,
+    /// Exit rows given their guest's events.
+    rows_with_guest: usize,
+    #[serde(skip)]
+    line: String,
+}
+
+/// Each row's guest events just before it, from the guest's own trace.
+fn guest_before(
+    host: &Session,
+    path: &std::path::Path,
+    options: &virtprof_session::SourceOptions,
+    report: &mut ExitReport,
+) -> anyhow::Result<GuestSummary> {
+    use virtprof_analysis::guest_before::{Exit, GuestBefore};
+    use virtprof_analysis::Analyzer;
+    let guest = virtprof_session::GuestTrace::open(host, path, options)?;
+    let exits: Vec<Exit> = if guest.aligned() {
+        report
+            .rows
+            .iter()
+            .enumerate()
+            .filter_map(|(row, x)| Some(Exit { guest_cpu: guest.guest_cpu_of(x.tid)?, ts: x.exit_ts, row }))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut before = GuestBefore::new(exits, report.rows.len());
+    let mut decoder = guest.session.decoder(&["sched", "irq", "irq_vectors"])?;
+    let walk = guest.walk(&mut decoder, |e, d| before.on_event(e, &DecoderNames(d)))?;
+    let mut rows_with_guest = 0;
+    for (row, context) in report.rows.iter_mut().zip(before.finish()) {
+        rows_with_guest += usize::from(context.is_some());
+        row.guest_before = context;
+    }
+    let loss = guest.session.loss(&walk.stats);
+    let mut line = guest.describe();
+    line += &format!("; {} guest events, lost {}", walk.stats.events, loss.total());
+    if walk.unplaced > 0 {
+        line += &format!(", {} on guest CPUs without time-sync samples (left out)", walk.unplaced);
+    }
+    if guest.aligned() && guest.vcpu_threads.is_empty() {
+        line += "; the host file names no vCPU threads for this guest (no GUEST option with its trace id), so no exit can be matched to its guest CPU";
+    }
+    Ok(GuestSummary {
+        name: guest.name.clone(),
+        file: path.display().to_string(),
+        aligned: guest.aligned(),
+        not_aligned_because: match &guest.alignment {
+            virtprof_session::guest_trace::Alignment::NotAligned(why) => Some(why.clone()),
+            virtprof_session::guest_trace::Alignment::Synced(_) => None,
+        },
+        vcpu_threads: guest.vcpu_threads.clone(),
+        events: walk.stats.events,
+        unplaced_events: walk.unplaced,
+        lost_events: loss.total(),
+        rows_with_guest,
+        line,
+    })
 }
 
 /// Deltas of a VMM's KVM stats fd over the recording (start and end snapshots).
@@ -80,16 +158,18 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
+    let guest = match &args.guest {
+        Some(path) => Some(guest_before(&recording, path, &args.source.options(), &mut report)?),
+        None => None,
+    };
 
     let vms = vms_of(&report, &recording);
     let by_vm = vm_rows(&report, &vms);
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
     if args.json {
-        serde_json::to_writer_pretty(
-            &mut out,
-            &Output { report: &report, by_vm, kvm_stats, lost_events: loss.total(), loss: &loss },
-        )?;
+        let output = Output { report: &report, by_vm, kvm_stats, lost_events: loss.total(), loss: &loss, guest };
+        serde_json::to_writer_pretty(&mut out, &output)?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -129,6 +209,12 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     }
     for note in &report.source.unavailable {
         writeln!(out, "unavailable: {note}")?;
+    }
+    if let Some(g) = &guest {
+        writeln!(out, "{}", g.line)?;
+        if !rows {
+            writeln!(out, "(add --threshold-us US or --noise for each exit's guest events before it)")?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -260,8 +346,21 @@ fn vm_table(rows: &[VmRow]) -> Table {
     t
 }
 
+/// "cpu1 bash[42]: irq_handler_entry -12us, sched_switch -3us": the guest CPU, its task and
+/// its last events, each with how long before the exit.
+fn guest_cell(g: &virtprof_analysis::guest_before::GuestContext) -> String {
+    let task = match (&g.task, g.task_tid) {
+        (Some(name), Some(tid)) => format!(" {name}[{tid}]"),
+        _ => String::new(),
+    };
+    let events: Vec<String> =
+        g.events.iter().map(|e| format!("{} -{}us", e.event, (e.before_ns as f64 / 1e3).round())).collect();
+    format!("cpu{}{task}: {}", g.guest_cpu, if events.is_empty() { "-".to_string() } else { events.join(", ") })
+}
+
 fn rows_table(r: &ExitReport) -> Table {
-    let mut t = Table::new([
+    let with_guest = r.rows.iter().any(|x| x.guest_before.is_some());
+    let mut headers = vec![
         "EXIT_TS",
         "TID",
         "EXIT_CPU",
@@ -276,9 +375,13 @@ fn rows_table(r: &ExitReport) -> Table {
         "IRQS",
         "SOFTIRQS",
         "THREADS",
-    ]);
+    ];
+    if with_guest {
+        headers.push("GUEST_BEFORE");
+    }
+    let mut t = Table::new(headers);
     for x in &r.rows {
-        t.row([
+        let mut cells = vec![
             format!("{:.6}", x.exit_ts as f64 / 1e9),
             x.tid.to_string(),
             x.exit_cpu.to_string(),
@@ -298,7 +401,11 @@ fn rows_table(r: &ExitReport) -> Table {
             x.irqs.to_string(),
             x.softirqs.to_string(),
             x.threads.join(","),
-        ]);
+        ];
+        if with_guest {
+            cells.push(x.guest_before.as_ref().map_or_else(|| "-".to_string(), guest_cell));
+        }
+        t.row(cells);
     }
     t
 }

@@ -308,3 +308,217 @@ fn a_capture_of_exits_and_entries_only_leaves_the_split_unknown() {
     assert!(!text.contains(" 0 lightweight"), "{text}");
     let _ = std::fs::remove_dir_all(dump);
 }
+
+/// The host trace's id, in the fixture guest's TIME_SHIFT.
+const GUEST_PEER: u64 = 0xC8E8_547B_7C85_BF40;
+
+/// `guest` (the fixture: its TIME_SHIFT option first in its last options section, which ends the
+/// file) with a TIME_SHIFT of three samples per CPU around the real offset, interpolated, and a
+/// scaling of 1 + 2^-20 in 20 fraction bits: what trace-cmd's tsync writes, not `attach`.
+fn with_time_shift(guest: &[u8], peer: u64) -> Vec<u8> {
+    let option = [&12u16.to_le_bytes()[..], &88u32.to_le_bytes(), &peer.to_le_bytes()].concat();
+    let at = guest.windows(option.len()).position(|w| w == option).expect("the TIME_SHIFT option");
+    let section = at - 16;
+    let rest = &guest[at + 6 + 88..];
+    let offset = 79_367_182_636u64;
+    // Guest TSC times (cycles at 2.5 GHz) around the traced seconds, offsets ±1 µs apart.
+    let samples = [(100_000_000_000u64, offset), (106_000_000_000, offset + 2_500), (108_000_000_000, offset - 2_500)];
+    let mut body = Vec::new();
+    body.extend(peer.to_le_bytes());
+    body.extend(1u32.to_le_bytes()); // interpolate
+    body.extend(2u32.to_le_bytes());
+    for _cpu in 0..2 {
+        body.extend(3u32.to_le_bytes());
+        body.extend(samples.iter().flat_map(|s| s.0.to_le_bytes()));
+        body.extend(samples.iter().flat_map(|s| s.1.to_le_bytes()));
+        body.extend(samples.iter().flat_map(|_| ((1u64 << 20) + 1).to_le_bytes()));
+    }
+    for _cpu in 0..2 {
+        body.extend(samples.iter().flat_map(|_| 20u64.to_le_bytes()));
+    }
+    let mut out = guest[..at].to_vec();
+    out.extend(12u16.to_le_bytes());
+    out.extend(u32::try_from(body.len()).unwrap().to_le_bytes());
+    out.extend(&body);
+    out.extend(rest);
+    // The section's size: everything after its 16-byte header.
+    let size = (out.len() - section - 16) as u64;
+    out[section + 8..section + 16].copy_from_slice(&size.to_le_bytes());
+    out
+}
+
+fn pair() -> (PathBuf, PathBuf) {
+    let dir = workspace().join("crates/trace/tests/fixtures/kvm-amd-pair-attach");
+    (dir.join("host.dat"), dir.join("guest.dat"))
+}
+
+/// One guest event as `trace-cmd report -t` prints it: (guest CPU, host-clock ns, event).
+type GuestEvent = (u32, u64, String);
+
+/// The guest's events in `trace-cmd report -t -i host -i guest`, on trace-cmd's host clock.
+fn trace_cmd_guest_events(trace_cmd: &Path, host: &Path, guest: &Path) -> Vec<GuestEvent> {
+    let out =
+        Command::new(trace_cmd).args(["report", "-t", "-N", "-i"]).arg(host).arg("-i").arg(guest).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let guest_name = format!("{}:", guest.file_name().unwrap().to_string_lossy());
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.trim_start().strip_prefix(&guest_name)?;
+            let (_, after_cpu) = rest.split_once("] ")?;
+            let cpu = rest.split_once('[')?.1.split_once(']')?.0.parse().ok()?;
+            let mut words = after_cpu.split_whitespace().skip(1);
+            let (seconds, ns) = words.next()?.trim_end_matches(':').split_once('.')?;
+            let ts = seconds.parse::<u64>().ok()? * 1_000_000_000 + ns.parse::<u64>().ok()?;
+            let event = words.next()?.trim_end_matches(':').to_string();
+            Some((cpu, ts, event))
+        })
+        .collect()
+}
+
+/// The guest events `exits --guest --json` shows before its exit rows, on the host clock.
+fn guest_events_before_exits(r: &serde_json::Value) -> Vec<GuestEvent> {
+    let mut out = Vec::new();
+    for row in r["rows"].as_array().unwrap() {
+        let Some(before) = row.get("guest_before") else { continue };
+        let cpu = u32::try_from(before["guest_cpu"].as_u64().unwrap()).unwrap();
+        let exit_ts = row["exit_ts"].as_u64().unwrap();
+        for e in before["events"].as_array().unwrap() {
+            out.push((cpu, exit_ts - e["before_ns"].as_u64().unwrap(), e["event"].as_str().unwrap().to_string()));
+        }
+    }
+    out
+}
+
+/// A host trace and its guest's from a real kvm_amd host, paired by trace-cmd itself (`trace-cmd
+/// attach` writes the guest's TIME_SHIFT and the host's GUEST option; the fixture's README says
+/// how it was made). Every guest event virtprof places lands on the nanosecond where trace-cmd
+/// places it, and inside a stretch when its vCPU thread was in guest mode on the host (the
+/// ground truth of any alignment: a guest runs only between a kvm_entry and the next kvm_exit);
+/// each exit row shows what its guest CPU did just before. Perfetto draws both machines.
+/// A guest file without time-sync data is said to be not aligned; one synchronised with another
+/// host trace is refused.
+#[test]
+fn a_host_and_guest_pair_is_placed_on_one_clock_as_trace_cmd_places_it() {
+    let test = "a_host_and_guest_pair_is_placed_on_one_clock_as_trace_cmd_places_it";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    let (host, guest) = pair();
+    let theirs = trace_cmd_guest_events(&trace_cmd, &host, &guest);
+    assert!(theirs.len() > 10_000, "{} guest events in trace-cmd's report", theirs.len());
+
+    let r = exits_json(&host, &["--guest", guest.to_str().unwrap(), "--threshold-us", "0"]);
+    let g = &r["guest"];
+    assert_eq!(g["aligned"], true, "{g}");
+    // GUEST: guest CPU 0 and 1 run in "CPU 0/KVM" (164) and "CPU 1/KVM" (165).
+    assert_eq!(g["vcpu_threads"], serde_json::json!([[0, 164], [1, 165]]), "{g}");
+    assert_eq!(g["events"].as_u64(), Some(theirs.len() as u64), "{g}");
+    assert_eq!((g["unplaced_events"].as_u64(), g["lost_events"].as_u64()), (Some(0), Some(0)), "{g}");
+    let tc: std::collections::HashSet<&GuestEvent> = theirs.iter().collect();
+    let mut placed = std::collections::HashSet::new();
+    for event in guest_events_before_exits(&r) {
+        assert!(tc.contains(&event), "guest event {event:?} is not where trace-cmd puts it");
+        placed.insert(event);
+    }
+    assert!(placed.len() > 10_000, "{} guest events shown before exits", placed.len());
+
+    // Ground truth: no guest event lies inside an exit of its own vCPU thread. The same check
+    // with the guest 1 ms off finds many: it has teeth.
+    let mut exits: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+    for row in r["rows"].as_array().unwrap() {
+        let start = row["exit_ts"].as_u64().unwrap();
+        exits
+            .entry(u32::try_from(row["tid"].as_u64().unwrap()).unwrap())
+            .or_default()
+            .push((start, start + row["duration_ns"].as_u64().unwrap()));
+    }
+    let inside = |shift: i64| {
+        theirs
+            .iter()
+            .filter(|(cpu, ts, _)| {
+                let ts = ts.saturating_add_signed(shift);
+                let spans = &exits[&(164 + cpu)];
+                let i = spans.partition_point(|&(start, _)| start < ts);
+                i > 0 && ts < spans[i - 1].1
+            })
+            .count()
+    };
+    assert_eq!(inside(0), 0, "guest events inside their vCPU's exits");
+    assert!(inside(1_000_000) > theirs.len() / 10, "a guest 1 ms off lands inside exits: {}", inside(1_000_000));
+
+    // The text table shows the guest beside each long exit.
+    let out = virtprof()
+        .arg("exits")
+        .arg(&host)
+        .arg("--guest")
+        .arg(&guest)
+        .args(["--threshold-us", "10000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("GUEST_BEFORE") && text.contains("cpu0 swapper/0[0]: softirq_entry"),
+        "{text}"
+    );
+    assert!(text.contains("aligned to the host by its TIME_SHIFT"), "{text}");
+
+    // Perfetto: a process for the guest, a track per guest CPU named with its host thread, a
+    // slice per guest task run (one per sched_switch) and an instant per interrupt entry.
+    let trace = temp("pair.perfetto.json");
+    let out = virtprof()
+        .args(["export", "--format", "perfetto"])
+        .arg(&host)
+        .arg("--guest")
+        .arg(&guest)
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> =
+        events.iter().filter(|e| e["name"] == "thread_name").filter_map(|e| e["args"]["name"].as_str()).collect();
+    assert!(
+        names.contains(&"guest CPU 0 (host thread 164)") && names.contains(&"guest CPU 1 (host thread 165)"),
+        "{names:?}"
+    );
+    let count = |ph: &str| events.iter().filter(|e| e["cat"] == "guest" && e["ph"] == ph).count();
+    let of = |name: &str| theirs.iter().filter(|(_, _, e)| e == name).count();
+    assert_eq!(count("X"), of("sched_switch"));
+    assert_eq!(count("i"), of("irq_handler_entry") + of("softirq_entry"));
+    let _ = std::fs::remove_file(&trace);
+
+    // trace-cmd's tsync (ptp, kvm) writes several samples per CPU, interpolated, and scaling
+    // with fraction bits: the same guest with such a TIME_SHIFT is placed where trace-cmd
+    // places it, event by event.
+    let resynced = temp("resynced-guest.dat");
+    std::fs::write(&resynced, with_time_shift(&std::fs::read(&guest).unwrap(), GUEST_PEER)).unwrap();
+    let theirs = trace_cmd_guest_events(&trace_cmd, &host, &resynced);
+    let r = exits_json(&host, &["--guest", resynced.to_str().unwrap(), "--threshold-us", "0"]);
+    let tc: std::collections::HashSet<&GuestEvent> = theirs.iter().collect();
+    let placed = guest_events_before_exits(&r);
+    for event in &placed {
+        assert!(tc.contains(event), "{event:?}: not where trace-cmd puts it with interpolated, scaled samples");
+    }
+    let checked = placed.len();
+    assert!(checked > 10_000, "{checked}");
+    let _ = std::fs::remove_file(&resynced);
+
+    // A guest file with no time-sync data (another capture): not aligned, said so, no rows.
+    let unsynced = run5();
+    let r = exits_json(&host, &["--guest", unsynced.to_str().unwrap(), "--threshold-us", "0"]);
+    assert_eq!(r["guest"]["aligned"], false);
+    assert!(r["guest"]["not_aligned_because"].as_str().unwrap().contains("no time-sync data"), "{}", r["guest"]);
+    assert!(r["rows"].as_array().unwrap().iter().all(|row| row.get("guest_before").is_none()));
+    // One synchronised with another host trace: the files are not a pair.
+    let mut bytes = std::fs::read(&guest).unwrap();
+    let at = bytes.windows(8).position(|w| w == GUEST_PEER.to_le_bytes()).expect("the peer id");
+    bytes[at] ^= 1;
+    let other = temp("other-peer.dat");
+    std::fs::write(&other, &bytes).unwrap();
+    let out = virtprof().arg("exits").arg(&host).arg("--guest").arg(&other).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("was synchronised with the host trace") && err.contains("give the host file"), "{err}");
+    let _ = std::fs::remove_file(&other);
+}

@@ -20,7 +20,7 @@ use virtprof_model::clock::TimeScale;
 
 use crate::segment::{Codec, Segment};
 use cursor::Cursor;
-pub use options::{GuestVcpus, TimeShift, TimeShiftSample, Tsc2Nsec};
+pub use options::{GuestVcpus, Tsc2Nsec};
 
 /// A problem in a trace.dat file, with its byte offset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,7 +84,7 @@ pub struct TraceDat<'a> {
     /// Nanoseconds added to every timestamp (OFFSET and DATE options).
     pub offset_ns: i64,
     /// A guest trace's offsets to its host's clock (TIME_SHIFT).
-    pub time_shift: Option<TimeShift>,
+    pub time_shift: Option<virtprof_model::clock_sync::ClockSync>,
     /// A host trace's guests: each vCPU's host thread (GUEST).
     pub guests: Vec<GuestVcpus>,
     /// The traced machine (UNAME).
@@ -126,14 +126,14 @@ impl<'a> TraceDat<'a> {
         self.clock == TSC_CLOCK && self.tsc2nsec.is_none()
     }
 
-    /// How its timestamps become nanoseconds: the file's TSC2NSEC, else `tsc_khz` for a TSC
-    /// clock, plus the file's offset. None: they already are. `Err`: they are cycles and no
-    /// frequency was given.
-    pub fn time_scale(&self, tsc_khz: Option<u64>) -> Result<Option<TimeScale>, String> {
+    /// How its timestamps become nanoseconds: the file's TSC2NSEC, else `cycles` (a given
+    /// conversion) for a TSC clock, plus the file's offset. None: they already are. `Err`:
+    /// they are cycles and no conversion was given.
+    pub fn time_scale(&self, cycles: Option<TimeScale>) -> Result<Option<TimeScale>, String> {
         let tsc = if self.clock == TSC_CLOCK {
-            match (self.tsc2nsec, tsc_khz) {
+            match (self.tsc2nsec, cycles) {
                 (Some(t), _) => Some(TimeScale { mult: u64::from(t.mult), shift: t.shift.min(63), offset_ns: 0 }),
-                (None, Some(khz)) => TimeScale::from_khz(khz),
+                (None, Some(scale)) => Some(scale),
                 (None, None) => return Err(format!(
                     "its timestamps are CPU cycles (clock {TSC_CLOCK}, no TSC2NSEC option); give the traced host's TSC frequency with --tsc-khz KHZ (its dmesg says e.g. 'tsc: Refined TSC clocksource calibration: 2893.202 MHz', that is --tsc-khz 2893202)"
                 )),
@@ -216,6 +216,13 @@ fn finish(out: &mut TraceDat) -> Result<(), TraceDatError> {
     let fail = |message: String| Err(TraceDatError { offset: 0, message });
     if out.header_page.is_empty() {
         return fail("no header_page: the file lacks the page layout".into());
+    }
+    // trace-cmd names the clock of `record -C tsc2nsec` "tsc2nsec" in BUFFER options: the
+    // x86-tsc clock read through the file's TSC2NSEC conversion.
+    for buffer in &mut out.buffers {
+        if buffer.clock == "tsc2nsec" {
+            buffer.clock = TSC_CLOCK.into();
+        }
     }
     out.buffers.sort_by_key(|b| !b.name.is_empty());
     if let Some(first) = out.buffers.first() {

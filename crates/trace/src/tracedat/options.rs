@@ -4,6 +4,7 @@
 
 use super::cursor::Cursor;
 use super::{TraceDat, TraceDatError};
+use virtprof_model::clock_sync::{ClockSync, SyncSample};
 
 pub(super) const DONE: u16 = 0;
 const DATE: u16 = 1;
@@ -34,31 +35,6 @@ pub struct Tsc2Nsec {
     /// The offset trace-cmd saves beside them (its reader does not add it to timestamps;
     /// neither do we).
     pub offset: u64,
-}
-
-/// One correction of a guest CPU's clock to its host's, measured at `time` (guest clock):
-/// `host = (guest × scaling) >> fraction + offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TimeShiftSample {
-    /// When it was measured, on the guest's clock.
-    pub time: u64,
-    /// Host minus guest.
-    pub offset: i64,
-    /// Scaling ratio.
-    pub scaling: i64,
-    /// Fraction bits of the scaling.
-    pub fraction: u32,
-}
-
-/// A guest trace's clock corrections to its host (TIME_SHIFT), as trace-cmd's tsync wrote them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TimeShift {
-    /// The host trace's TRACEID.
-    pub peer_trace_id: u64,
-    /// Protocol flags (bit 0: interpolate between samples).
-    pub flags: u32,
-    /// Per guest CPU, its samples in time order.
-    pub cpus: Vec<Vec<TimeShiftSample>>,
 }
 
 /// A guest a host trace knows (GUEST): its name, trace id, and each vCPU's host thread.
@@ -118,42 +94,40 @@ pub(super) fn apply(id: u16, body: &[u8], at: usize, out: &mut TraceDat) -> Resu
 }
 
 /// TIME_SHIFT: `peer id: u64, flags: u32, cpus: u32`, per CPU `count: u32` and arrays of
-/// times, offsets and scalings, then (trace-cmd 3.0 on) per CPU `count: u32` and fractions.
-fn time_shift(b: &mut Cursor) -> Result<TimeShift, TraceDatError> {
+/// times, offsets and scalings, then (trace-cmd 3.0 on) per CPU its samples' fraction bits.
+fn time_shift(b: &mut Cursor) -> Result<ClockSync, TraceDatError> {
     let peer_trace_id = b.u64()?;
-    let flags = b.u32()?;
+    let interpolate = b.u32()? & 1 != 0;
     let cpus = b.size32()?;
     if cpus > super::MAX_CPUS {
         return b.fail(format!("TIME_SHIFT names {cpus} CPUs"));
     }
-    let mut shift = TimeShift { peer_trace_id, flags, cpus: Vec::with_capacity(cpus) };
-    for _ in 0..cpus {
+    let mut sync = ClockSync { peer_trace_id, interpolate, cpus: Vec::with_capacity(cpus) };
+    for cpu in 0..cpus {
         let count = b.size32()?;
         if count > MAX_SAMPLES || count.saturating_mul(24) > b.remaining() {
             return b.fail(format!("TIME_SHIFT claims {count} samples for a CPU; the option is shorter"));
         }
         let mut column = || -> Result<Vec<u64>, TraceDatError> { (0..count).map(|_| b.u64()).collect() };
         let (times, offsets, scalings) = (column()?, column()?, column()?);
-        shift.cpus.push(
+        if times.windows(2).any(|w| w[0] > w[1]) {
+            return b.fail(format!("TIME_SHIFT samples of CPU {cpu} are not in time order"));
+        }
+        if scalings.contains(&0) {
+            return b.fail(format!("TIME_SHIFT of CPU {cpu} has a scaling of 0"));
+        }
+        sync.cpus.push(
             times
                 .iter()
                 .zip(&offsets)
                 .zip(&scalings)
-                .map(|((&time, &offset), &scaling)| TimeShiftSample {
-                    time,
-                    offset: offset as i64,
-                    scaling: scaling as i64,
-                    fraction: 0,
-                })
+                .map(|((&time, &offset), &scaling)| SyncSample { time, offset: offset as i64, scaling, fraction: 0 })
                 .collect(),
         );
     }
+    // trace-cmd 3.0 on: per CPU, a fraction for each of its samples (no count of its own).
     if b.remaining() > 0 {
-        for samples in &mut shift.cpus {
-            let count = b.size32()?;
-            if count != samples.len() {
-                return b.fail(format!("TIME_SHIFT has {count} fractions for {} samples", samples.len()));
-            }
+        for samples in &mut sync.cpus {
             for sample in samples.iter_mut() {
                 let fraction = b.u64()?;
                 let Some(fraction) = u32::try_from(fraction).ok().filter(|&f| f <= 63) else {
@@ -163,7 +137,7 @@ fn time_shift(b: &mut Cursor) -> Result<TimeShift, TraceDatError> {
             }
         }
     }
-    Ok(shift)
+    Ok(sync)
 }
 
 /// GUEST: `name\0, trace id: u64, cpus: u32, (cpu: u32, host pid: u32)...`.

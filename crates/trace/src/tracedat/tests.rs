@@ -48,13 +48,13 @@ fn tsc_clocks_need_a_frequency_and_never_pass_as_nanoseconds() {
     let mut dat = TraceDat { clock: TSC_CLOCK.into(), ..Default::default() };
     assert!(dat.in_cycles());
     assert!(dat.time_scale(None).unwrap_err().contains("--tsc-khz"));
-    let scale = dat.time_scale(Some(2_000_000)).unwrap().unwrap();
+    let scale = dat.time_scale(TimeScale::from_khz(2_000_000)).unwrap().unwrap();
     assert_eq!(scale.apply(2_000_000_000), 1_000_000_000);
     dat.tsc2nsec = Some(Tsc2Nsec { mult: 1 << 23, shift: 24, offset: 7 });
     assert!(!dat.in_cycles());
-    assert_eq!(dat.time_scale(Some(5)).unwrap().unwrap().apply(1000), 500, "the file's TSC2NSEC wins");
+    assert_eq!(dat.time_scale(TimeScale::from_khz(5)).unwrap().unwrap().apply(1000), 500, "the file's TSC2NSEC wins");
     dat.offset_ns = 100;
     assert_eq!(dat.time_scale(None).unwrap().unwrap().apply(1000), 600);
     let local = TraceDat { clock: "local".into(), ..Default::default() };
-    assert_eq!(local.time_scale(Some(5)).unwrap(), None);
+    assert_eq!(local.time_scale(TimeScale::from_khz(5)).unwrap(), None);
 }

@@ -19,6 +19,9 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     if args.dataset.is_some() && args.format != ExportFormat::Parquet {
         return Err(usage("--dataset files Parquet tables: add --format parquet"));
     }
+    if args.guest.is_some() && args.format != ExportFormat::Perfetto {
+        return Err(usage("--guest draws a guest's own trace beside its host's: add --format perfetto"));
+    }
     match args.format {
         ExportFormat::Csv => {
             let rows = interval_table(&args.file)?;
@@ -48,7 +51,12 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
             let guests: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
             let guest_noise: Vec<_> = recording.guests.iter().flat_map(|g| g.placed_noise()).collect();
+            let guest_traces = match &args.guest {
+                Some(path) => vec![guest_machine(&recording, path)?],
+                None => Vec::new(),
+            };
             let tracks = perfetto::Tracks {
+                guest_traces: &guest_traces,
                 guests: &guests,
                 guest_noise: &guest_noise,
                 vms: &analysis.vms,
@@ -64,6 +72,39 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A guest's own trace, its CPUs' tasks and interrupts on the host's clock, saying how it
+/// was placed.
+fn guest_machine(host: &Session, path: &Path) -> anyhow::Result<perfetto::GuestMachine> {
+    use virtprof_analysis::Analyzer;
+    let guest = virtprof_session::GuestTrace::open(host, path, &Default::default())?;
+    let mut tasks = virtprof_analysis::guest_tasks::GuestTasks::default();
+    let mut decoder = guest.session.decoder(&["sched", "irq", "irq_vectors"])?;
+    let walk = guest.walk(&mut decoder, |e, d| tasks.on_event(e, &virtprof_session::DecoderNames(d)))?;
+    eprintln!("virtprof: {}", guest.describe());
+    let loss = guest.session.loss(&walk.stats);
+    eprintln!("virtprof: guest '{}': lost events: {}", guest.name, guest.session.describe_loss(&loss, &decoder));
+    if walk.unplaced > 0 {
+        eprintln!(
+            "virtprof: warning: {} guest events are on CPUs its time-sync data do not cover: left out",
+            walk.unplaced
+        );
+    }
+    if tasks.dropped > 0 {
+        eprintln!(
+            "virtprof: warning: guest '{}': {} slices past the first {} left out",
+            guest.name,
+            tasks.dropped,
+            virtprof_analysis::guest_tasks::MAX_ITEMS
+        );
+    }
+    Ok(perfetto::GuestMachine {
+        name: guest.name.clone(),
+        aligned: guest.aligned(),
+        vcpu_threads: guest.vcpu_threads.clone(),
+        cpus: tasks.finish(),
+    })
 }
 
 /// Every Parquet table of `recording` into `dir` (one pass), saying what was written.
