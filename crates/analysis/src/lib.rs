@@ -20,6 +20,7 @@ pub mod phases;
 pub mod qos;
 pub mod sched;
 pub mod symbols;
+pub mod thread_parents;
 
 use virtprof_model::{Event, StrId};
 

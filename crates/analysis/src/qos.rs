@@ -111,6 +111,9 @@ pub struct VcpuRow {
     pub alloc_avg_us: Option<f64>,
     /// Longest allocation.
     pub alloc_max_us: Option<f64>,
+    /// Longest single wait the source saw whole, from runnable to running (the worst
+    /// dispatch delay); null when it saw none.
+    pub wait_max_us: Option<f64>,
     /// I/O accesses, port and MMIO (None: unknown, e.g. polling a VMM whose KVM stats are not
     /// readable).
     pub io_count: Option<u64>,
@@ -222,6 +225,7 @@ fn vcpu_row(
         alloc_min_us: alloc.then(|| c.alloc_min_ns as f64 / 1e3),
         alloc_avg_us: alloc.then(|| per(c.alloc_sum_ns, c.preemptions)),
         alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3),
+        wait_max_us: (c.wait_max_ns > 0).then(|| c.wait_max_ns as f64 / 1e3),
         io_count: Some(c.io),
         exits,
         exits_per_s: Some(rate(exits)),

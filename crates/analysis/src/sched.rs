@@ -69,6 +69,8 @@ pub struct Counters {
     pub alloc_min_ns: u64,
     /// Longest allocation.
     pub alloc_max_ns: u64,
+    /// Longest wait seen whole, from becoming runnable to running (the worst dispatch delay).
+    pub wait_max_ns: u64,
     /// Wakeups from blocked.
     pub wakeups: u64,
     /// Port and MMIO accesses (`kvm_pio`, satisfied `kvm_mmio`).
@@ -92,6 +94,7 @@ impl Default for Counters {
             alloc_sum_ns: 0,
             alloc_min_ns: u64::MAX,
             alloc_max_ns: 0,
+            wait_max_ns: 0,
             wakeups: 0,
             io: 0,
             exits: 0,
@@ -113,6 +116,7 @@ impl Counters {
         self.alloc_sum_ns += other.alloc_sum_ns;
         self.alloc_min_ns = self.alloc_min_ns.min(other.alloc_min_ns);
         self.alloc_max_ns = self.alloc_max_ns.max(other.alloc_max_ns);
+        self.wait_max_ns = self.wait_max_ns.max(other.wait_max_ns);
         self.wakeups += other.wakeups;
         self.io += other.io;
         self.exits += other.exits;
@@ -318,6 +322,8 @@ struct Thread {
     cpu: u32,
     /// Start of the current execution.
     exec_start: Timestamp,
+    /// When it entered its current state (not moved by accounting, unlike `since`).
+    entered: Timestamp,
     /// Unknown stretches not yet resolved: (bucket sequence number, cpu, ns).
     unresolved: Vec<(u64, u32, u64)>,
 }
@@ -402,6 +408,7 @@ impl SchedAccounting {
             since: ts,
             cpu: 0,
             exec_start: ts,
+            entered: ts,
             unresolved: Vec::new(),
         });
     }
@@ -564,6 +571,11 @@ impl SchedAccounting {
     }
 
     fn switch_in(&mut self, tid: u32, e: &Event) {
+        let thread = &self.threads[&tid];
+        if thread.state == State::Runnable {
+            let waited = e.ts.saturating_sub(thread.entered);
+            self.count(tid, e.cpu, |c| c.wait_max_ns = c.wait_max_ns.max(waited));
+        }
         if self.threads[&tid].state == State::Unknown {
             self.resolve(tid, State::Runnable, e.ts);
         }
@@ -578,6 +590,9 @@ impl SchedAccounting {
     fn transition(&mut self, tid: u32, state: State, cpu: u32, ts: Timestamp) {
         self.account(tid, ts);
         if let Some(t) = self.threads.get_mut(&tid) {
+            if t.state != state {
+                t.entered = ts;
+            }
             t.state = state;
             t.cpu = cpu;
         }
@@ -753,6 +768,23 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_wait_runs_from_wakeup_or_preemption_to_switch_in_and_not_from_the_unknown() {
+        let mut a = analyzer(100 * MS);
+        a.track(1, 0);
+        // Seen first being switched in: how long it waited before is unknown, not counted.
+        a.on_event(&switch(5 * MS, 0, 0, 0, 1));
+        a.on_event(&switch(6 * MS, 0, 1, 1, 0)); // blocks
+        a.on_event(&wakeup(10 * MS, 1, 0));
+        a.on_event(&switch(13 * MS, 0, 0, 0, 1)); // waited 3 ms
+        a.on_event(&switch(14 * MS, 0, 1, 0x100, 2)); // preempted
+        a.on_event(&switch(15 * MS, 0, 2, 0x100, 1)); // waited 1 ms
+        let t = a.finish(20 * MS).thread(1, None);
+        // The first 5 ms are resolved as waiting (it was runnable when first seen), but that
+        // wait was not seen whole, so it is no candidate for the longest.
+        assert_eq!((t.wait_ns, t.wait_max_ns), (9 * MS, 3 * MS));
+    }
+
+    #[test]
     fn two_threads_sharing_a_cpu_run_and_wait_half_each() {
         let mut a = analyzer(100 * MS);
         a.track(1, 0);
@@ -769,6 +801,7 @@ mod tests {
         assert_eq!((t2.run_ns, t2.wait_ns, t2.unknown_ns), (100 * MS, 100 * MS, 0));
         assert_eq!((t1.execs, t2.execs), (10, 10));
         assert_eq!((t1.preemptions, t1.alloc_min_ns, t1.alloc_max_ns), (10, 10 * MS, 10 * MS));
+        assert_eq!((t1.wait_max_ns, t2.wait_max_ns), (10 * MS, 10 * MS));
         assert_eq!(a.buckets().count(), 2);
         assert_eq!(a.last(100 * MS).thread(1, None).run_ns, 50 * MS);
     }

@@ -107,6 +107,14 @@ pub enum EventKind {
         /// CPU it will run on.
         target_cpu: u32,
     },
+    /// `sched:sched_process_fork`: `parent` made `child`, a process or a thread of its own
+    /// (the event does not say which).
+    SchedFork {
+        /// The task that called fork or clone.
+        parent_tid: u32,
+        /// The new task.
+        child_tid: u32,
+    },
     /// `sched:sched_migrate_task`.
     SchedMigrate {
         /// Migrated task.
@@ -195,6 +203,7 @@ impl EventKind {
             EventKind::KvmVcpuWakeup { .. } => "kvm_vcpu_wakeup",
             EventKind::SchedSwitch { .. } => "sched_switch",
             EventKind::SchedWakeup { .. } => "sched_wakeup",
+            EventKind::SchedFork { .. } => "sched_process_fork",
             EventKind::SchedMigrate { .. } => "sched_migrate_task",
             EventKind::IrqEntry { .. } => "irq_handler_entry",
             EventKind::IrqExit { .. } => "irq_handler_exit",

@@ -164,6 +164,7 @@ impl EventTable {
             EventKind::SchedSwitch { prev_state, next_tid, .. } => (None, Some(next_tid), Some(prev_state)),
             EventKind::SchedWakeup { tid, target_cpu } => (None, Some(tid), Some(u64::from(target_cpu))),
             EventKind::SchedMigrate { tid, dest_cpu, .. } => (None, Some(tid), Some(u64::from(dest_cpu))),
+            EventKind::SchedFork { parent_tid, child_tid } => (None, Some(child_tid), Some(u64::from(parent_tid))),
             EventKind::IrqEntry { irq } | EventKind::IrqExit { irq } => (None, None, Some(u64::from(irq))),
             EventKind::SoftirqEntry { vec } | EventKind::SoftirqExit { vec } | EventKind::SoftirqRaise { vec } => {
                 (None, None, Some(u64::from(vec)))

@@ -82,6 +82,7 @@ enum Typed {
     KvmVcpuWakeup { ns: Slot, waited: Slot },
     SchedSwitch { prev_pid: Slot, prev_state: Slot, prev_comm: Slot, next_pid: Slot, next_comm: Slot },
     SchedWakeup { pid: Slot, target_cpu: Slot },
+    SchedFork { parent: Slot, child: Slot },
     SchedMigrate { pid: Slot, orig: Slot, dest: Slot },
     IrqEntry { irq: Slot },
     IrqExit { irq: Slot },
@@ -127,6 +128,7 @@ impl Typed {
             ("sched", "sched_wakeup" | "sched_wakeup_new") => {
                 Typed::SchedWakeup { pid: s("pid"), target_cpu: s("target_cpu") }
             }
+            ("sched", "sched_process_fork") => Typed::SchedFork { parent: s("parent_pid"), child: s("child_pid") },
             ("sched", "sched_migrate_task") => {
                 Typed::SchedMigrate { pid: s("pid"), orig: s("orig_cpu"), dest: s("dest_cpu") }
             }
@@ -279,6 +281,9 @@ impl Decoder {
             },
             Typed::SchedWakeup { pid, target_cpu } => {
                 EventKind::SchedWakeup { tid: pid.read(d) as u32, target_cpu: target_cpu.read(d) as u32 }
+            }
+            Typed::SchedFork { parent, child } => {
+                EventKind::SchedFork { parent_tid: parent.read(d) as u32, child_tid: child.read(d) as u32 }
             }
             Typed::SchedMigrate { pid, orig, dest } => EventKind::SchedMigrate {
                 tid: pid.read(d) as u32,

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
+use virtprof_analysis::thread_parents::ThreadParents;
 use virtprof_model::units::format_duration;
 use virtprof_model::Loss;
 use virtprof_sinks::Table;
@@ -124,9 +125,11 @@ struct VmRow {
     vm: String,
     /// The VMM process, where the source says.
     pid: Option<u32>,
-    /// What put the vCPU threads together: "process", "guest option" or "vcpu ids".
+    /// What put the vCPU threads together: "process", "guest option", "fork" or "vcpu ids".
     grouped_by: &'static str,
     vcpus: usize,
+    /// Its vCPU threads, by id.
+    tids: Vec<u32>,
     exits: u64,
     lightweight: Option<u64>,
     heavyweight: Option<u64>,
@@ -154,7 +157,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let unrecorded = virtprof_session::unrecorded_events(&decoder);
     let options = ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), unrecorded };
     let mut analyzer = ExitAnalyzer::new(options);
-    let stats = recording.analyse(&mut decoder, &mut [&mut analyzer])?;
+    let mut parents = ThreadParents::default();
+    let stats = recording.analyse(&mut decoder, &mut [&mut analyzer, &mut parents])?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
@@ -163,7 +167,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let vms = vms_of(&report, &recording);
+    let vms = vms_of(&report, &recording, &parents);
     let by_vm = vm_rows(&report, &vms);
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
@@ -275,7 +279,7 @@ fn comm_of(tasks: &[Task], tid: u32) -> String {
 }
 
 /// Each vCPU thread's VM (see [`crate::vcpu_vms`]).
-fn vms_of(r: &ExitReport, recording: &Session) -> BTreeMap<u32, VmOf> {
+fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTreeMap<u32, VmOf> {
     let mut tasks = recording.metadata.tasks.clone();
     if let Some(footer) = &recording.footer {
         tasks.extend(footer.tasks.iter().cloned());
@@ -287,7 +291,7 @@ fn vms_of(r: &ExitReport, recording: &Session) -> BTreeMap<u32, VmOf> {
         .iter()
         .map(|v| (v.tid, v.vcpu_id.or_else(|| virtprof_kvm::discover::vcpu_index(&comm_of(&tasks, v.tid)))))
         .collect();
-    crate::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests)
+    crate::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests, parents)
 }
 
 fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Table {
@@ -316,12 +320,14 @@ fn vm_rows(r: &ExitReport, vms: &BTreeMap<u32, VmOf>) -> Vec<VmRow> {
             pid: vm.pid,
             grouped_by: vm.evidence,
             vcpus: 0,
+            tids: Vec::new(),
             exits: 0,
             lightweight: Some(0),
             heavyweight: Some(0),
             total_ns: 0,
         });
         row.vcpus += 1;
+        row.tids.push(v.tid);
         row.exits += v.exits;
         row.lightweight = row.lightweight.zip(v.lightweight).map(|(a, b)| a + b);
         row.heavyweight = row.heavyweight.zip(v.heavyweight).map(|(a, b)| a + b);

@@ -288,6 +288,7 @@ mod tests {
             alloc_min_us: Some(717.0),
             alloc_avg_us: Some(4057.0),
             alloc_max_us: Some(7842.0),
+            wait_max_us: Some(9120.0),
             io_count: Some(3),
             exits: 137,
             exits_per_s: Some(137.0),

@@ -172,3 +172,19 @@ pub fn perf_stat(events: &[&str], argv: &[&std::ffi::OsStr]) -> (Output, std::co
         .collect();
     (output, counts)
 }
+
+/// Time this host's own hypervisor took from `cpu` so far (the steal column of /proc/stat),
+/// in ns, to the kernel's tick. It is in a trace's timestamps but not in schedstat's run
+/// time (`CONFIG_PARAVIRT_TIME_ACCOUNTING` takes it out), so a comparison of the two allows it.
+pub fn host_steal_ns(cpu: u32) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let label = format!("cpu{cpu}");
+    let ticks: u64 = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(label.as_str()))
+        .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * (1_000_000_000 / hz)
+}
