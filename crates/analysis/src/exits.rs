@@ -136,6 +136,106 @@ struct Thread {
     off_cpu: Option<(u64, bool)>,
     /// The last evidence event not yet known to be light or heavy.
     pending: Option<Evidence>,
+    /// Its exits (lightweight, heavyweight, time in timed ones); None until it has one.
+    exits: Option<(u64, u64, u64)>,
+}
+
+impl Thread {
+    fn exits(&mut self) -> &mut (u64, u64, u64) {
+        self.exits.get_or_insert_default()
+    }
+}
+
+/// Every thread's state, by tid, the ones last looked up kept at hand by tid modulo
+/// [`CACHED_THREADS`]: nearly every event comes from one of a few vCPU threads (whose ids
+/// are usually consecutive), so most lookups hash nothing.
+#[derive(Debug, Default)]
+struct Threads {
+    states: Vec<(u32, Thread)>,
+    index: HashMap<u32, usize>,
+    cached: [Option<(u32, usize)>; CACHED_THREADS],
+}
+
+/// Slots of [`Threads`]' cache: a power of two, more than the vCPU threads a host usually
+/// interleaves in one trace.
+const CACHED_THREADS: usize = 16;
+
+impl Threads {
+    #[inline]
+    fn slot(tid: u32) -> usize {
+        tid as usize % CACHED_THREADS
+    }
+
+    #[inline]
+    fn position(&mut self, tid: u32) -> Option<usize> {
+        let slot = Self::slot(tid);
+        if let Some((cached, i)) = self.cached[slot] {
+            if cached == tid {
+                return Some(i);
+            }
+        }
+        let i = *self.index.get(&tid)?;
+        self.cached[slot] = Some((tid, i));
+        Some(i)
+    }
+
+    #[inline]
+    fn get_mut(&mut self, tid: u32) -> Option<&mut Thread> {
+        let i = self.position(tid)?;
+        Some(&mut self.states[i].1)
+    }
+
+    /// The thread's state, new if it had none.
+    #[inline]
+    fn entry(&mut self, tid: u32) -> &mut Thread {
+        let i = self.position(tid).unwrap_or_else(|| {
+            let i = self.states.len();
+            self.states.push((tid, Thread::default()));
+            self.index.insert(tid, i);
+            self.cached[Self::slot(tid)] = Some((tid, i));
+            i
+        });
+        &mut self.states[i].1
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Thread)> {
+        self.states.iter_mut().map(|(tid, t)| (*tid, t))
+    }
+}
+
+/// The statistics of each reason, the last one looked up kept at hand: consecutive exits
+/// mostly share their reason, so most lookups hash nothing.
+#[derive(Debug, Default)]
+struct StatsTable {
+    rows: Vec<(Key, Stats)>,
+    index: HashMap<Key, usize>,
+    last: Option<(Key, usize)>,
+}
+
+impl StatsTable {
+    #[inline]
+    fn entry(&mut self, key: Key) -> &mut Stats {
+        let i = match self.last {
+            Some((last, i)) if last == key => i,
+            _ => {
+                let i = *self.index.entry(key).or_insert_with(|| {
+                    self.rows.push((key, Stats::default()));
+                    self.rows.len() - 1
+                });
+                self.last = Some((key, i));
+                i
+            }
+        };
+        &mut self.rows[i].1
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Key, &Stats)> {
+        self.rows.iter().map(|(k, s)| (k, s))
+    }
+
+    fn into_map(self) -> HashMap<Key, Stats> {
+        self.rows.into_iter().collect()
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -315,10 +415,9 @@ pub struct ExitReport {
 #[derive(Debug, Default)]
 pub struct ExitAnalyzer {
     options: ExitOptions,
-    threads: HashMap<u32, Thread>,
+    threads: Threads,
     cpus: Vec<CpuCounters>,
-    stats: HashMap<Key, Stats>,
-    per_vcpu: HashMap<u32, (u64, u64, u64)>,
+    stats: StatsTable,
     /// The vCPU index each thread's kvm_exit/kvm_entry carried.
     vcpu_ids: HashMap<u32, u32>,
     /// Halted time the kernel measured (`kvm_vcpu_wakeup`): (all, halt-polling only).
@@ -401,7 +500,7 @@ impl ExitAnalyzer {
             EventKind::Lost { count } => {
                 self.lost += count.unwrap_or(0);
                 // Pairing across a gap would invent durations: drop what was in flight there.
-                for t in self.threads.values_mut() {
+                for (_, t) in self.threads.iter_mut() {
                     if t.exit.as_ref().is_some_and(|x| x.cpu == e.cpu) {
                         t.exit = None;
                         self.incomplete += 1;
@@ -414,7 +513,7 @@ impl ExitAnalyzer {
                 self.exit_path = true;
                 self.vcpu_ids.insert(e.tid, vcpu_id);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
-                let thread = self.threads.entry(e.tid).or_default();
+                let thread = self.threads.entry(e.tid);
                 if thread.exit.is_some() {
                     self.incomplete += 1;
                 }
@@ -425,7 +524,7 @@ impl ExitAnalyzer {
                 self.count(Seen::UserspaceExit);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let exit_path = self.exit_path;
-                let thread = self.threads.entry(e.tid).or_default();
+                let thread = self.threads.entry(e.tid);
                 // The evidence right before a userspace exit is what the VMM handles.
                 thread.pending = None;
                 match &mut thread.exit {
@@ -435,9 +534,9 @@ impl ExitAnalyzer {
                         x.userspace_at = Some(e.ts);
                     }
                     None if !exit_path && self.options.unrecorded.round_trip_ends => {
-                        let s = self.stats.entry(Key::Userspace { reason }).or_default();
+                        let s = self.stats.entry(Key::Userspace { reason });
                         s.heavy += 1;
-                        self.per_vcpu.entry(e.tid).or_default().1 += 1;
+                        thread.exits().1 += 1;
                     }
                     None if !exit_path => {
                         let mut x = InFlight::starting(e, Key::Userspace { reason }, irqs, softirqs);
@@ -455,7 +554,7 @@ impl ExitAnalyzer {
                     self.vmm_done(e);
                     let round_trip = self
                         .threads
-                        .get(&e.tid)
+                        .get_mut(e.tid)
                         .is_some_and(|t| matches!(t.exit, Some(InFlight { key: Key::Userspace { .. }, .. })));
                     if round_trip {
                         self.finish_exit(e);
@@ -498,31 +597,28 @@ impl ExitAnalyzer {
     /// Evidence of KVM work on a thread: the previous pending one, not followed by a userspace
     /// exit, was lightweight.
     fn evidence(&mut self, tid: u32, what: Evidence) {
-        let thread = self.threads.entry(tid).or_default();
+        let thread = self.threads.entry(tid);
         if thread.pending == Some(Evidence::Emulated) && what != Evidence::Emulated {
             // The emulated instruction was this PIO/MMIO/CPUID...: one exit, now named.
             thread.pending = Some(what);
             return;
         }
-        self.settle_pending(tid);
-        self.threads.entry(tid).or_default().pending = Some(what);
+        if let Some(before) = thread.pending.replace(what) {
+            settle(&mut self.stats, thread, before, self.exit_path);
+        }
     }
 
     fn settle_pending(&mut self, tid: u32) {
-        let exit_path = self.exit_path;
-        if let Some(what) = self.threads.get_mut(&tid).and_then(|t| t.pending.take()) {
-            if !exit_path {
-                let s = self.stats.entry(Key::Evidence(what)).or_default();
-                s.light += 1;
-                s.evidence_only += 1;
-                self.per_vcpu.entry(tid).or_default().0 += 1;
+        if let Some(thread) = self.threads.get_mut(tid) {
+            if let Some(what) = thread.pending.take() {
+                settle(&mut self.stats, thread, what, self.exit_path);
             }
         }
     }
 
     /// The VMM handed the exit back to KVM.
     fn vmm_done(&mut self, e: &Event) {
-        if let Some(x) = self.threads.get_mut(&e.tid).and_then(|t| t.exit.as_mut()) {
+        if let Some(x) = self.threads.get_mut(e.tid).and_then(|t| t.exit.as_mut()) {
             if let Some(at) = x.userspace_at.take() {
                 x.vmm_ns += e.ts.saturating_sub(at);
             }
@@ -531,7 +627,7 @@ impl ExitAnalyzer {
     }
 
     fn on_switch(&mut self, e: &Event, prev: u32, prev_state: u64, next: u32, next_comm: StrId) {
-        if let Some(t) = self.threads.get_mut(&prev).filter(|t| t.exit.is_some()) {
+        if let Some(t) = self.threads.get_mut(prev).filter(|t| t.exit.is_some()) {
             // Low byte 0 is TASK_RUNNING (0x100 marks preemption on newer kernels): runnable.
             let blocked = prev_state & 0xff != 0;
             t.off_cpu = Some((e.ts, blocked));
@@ -546,13 +642,13 @@ impl ExitAnalyzer {
         }
         let watching = self.cpus.get(e.cpu as usize).and_then(|c| c.watching);
         if let Some(w) = watching.filter(|&w| w != next) {
-            if let Some(x) = self.threads.get_mut(&w).and_then(|t| t.exit.as_mut()) {
+            if let Some(x) = self.threads.get_mut(w).and_then(|t| t.exit.as_mut()) {
                 if x.threads.len() < 4 && !x.threads.contains(&next_comm) && next != 0 {
                     x.threads.push(next_comm);
                 }
             }
         }
-        if let Some(t) = self.threads.get_mut(&next) {
+        if let Some(t) = self.threads.get_mut(next) {
             if let Some((since, blocked)) = t.off_cpu.take() {
                 if let Some(x) = t.exit.as_mut() {
                     let gap = e.ts.saturating_sub(since);
@@ -575,11 +671,11 @@ impl ExitAnalyzer {
     }
 
     fn finish_exit(&mut self, e: &Event) {
-        let Some(x) = self.threads.get_mut(&e.tid).and_then(|t| t.exit.take()) else {
+        let Some(x) = self.threads.get_mut(e.tid).and_then(|t| t.exit.take()) else {
             return;
         };
         let duration = e.ts.saturating_sub(x.start);
-        let s = self.stats.entry(x.key).or_default();
+        let s = self.stats.entry(x.key);
         s.hist.record(duration);
         if x.heavy {
             s.heavy += 1;
@@ -592,7 +688,7 @@ impl ExitAnalyzer {
         s.preempted_ns += x.preempted_ns;
         s.blocked_ns += x.blocked_ns;
         s.vmm_ns += x.vmm_ns;
-        let v = self.per_vcpu.entry(e.tid).or_default();
+        let v = self.threads.entry(e.tid).exits();
         if x.heavy {
             v.1 += 1;
         } else {
@@ -608,18 +704,18 @@ impl ExitAnalyzer {
 
     /// Name everything and build the report.
     pub fn finish(mut self, names: &dyn Names) -> ExitReport {
-        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        let tids: Vec<u32> = self.threads.states.iter().map(|(tid, _)| *tid).collect();
         for tid in tids {
             self.settle_pending(tid);
         }
         // Exits still in flight at the end of the trace (e.g. a final HLT the VMM never
         // re-entered) count under their reason, without a duration.
-        for (&tid, t) in &mut self.threads {
+        for (_, t) in self.threads.iter_mut() {
             if let Some(x) = t.exit.take() {
                 self.incomplete += 1;
-                let s = self.stats.entry(x.key).or_default();
+                let s = self.stats.entry(x.key);
                 s.unfinished += 1;
-                let v = self.per_vcpu.entry(tid).or_default();
+                let v = t.exits();
                 if x.heavy {
                     s.heavy += 1;
                     v.1 += 1;
@@ -630,22 +726,22 @@ impl ExitAnalyzer {
             }
         }
         let name = |k: Key| k.name(names);
+        let mut stats = std::mem::take(&mut self.stats).into_map();
         // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
         let exit_path = self.exit_path;
         if exit_path {
-            self.stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
+            stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }
         let unrecorded = self.options.unrecorded;
         // On the kvm_exit path light/heavy needs the userspace exits; round trips are them.
         let split_known = !(exit_path && unrecorded.userspace_exits);
         let sched_known = !unrecorded.sched_switch;
         let known = |v: u64| split_known.then_some(v);
-        let idle: HashMap<Key, bool> = self.stats.keys().map(|&k| (k, is_halt(&name(k)))).collect();
-        let total_count: u64 = self.stats.values().map(|s| s.light + s.heavy).sum();
-        let handling_ns: u64 = self.stats.iter().filter(|(k, _)| !idle[k]).map(|(_, s)| s.hist.sum()).sum();
-        let guest_idle_ns: u64 = self.stats.iter().filter(|(k, _)| idle[k]).map(|(_, s)| s.hist.sum()).sum();
-        let mut by_reason: Vec<ReasonRow> = self
-            .stats
+        let idle: HashMap<Key, bool> = stats.keys().map(|&k| (k, is_halt(&name(k)))).collect();
+        let total_count: u64 = stats.values().map(|s| s.light + s.heavy).sum();
+        let handling_ns: u64 = stats.iter().filter(|(k, _)| !idle[k]).map(|(_, s)| s.hist.sum()).sum();
+        let guest_idle_ns: u64 = stats.iter().filter(|(k, _)| idle[k]).map(|(_, s)| s.hist.sum()).sum();
+        let mut by_reason: Vec<ReasonRow> = stats
             .iter()
             .map(|(&k, s)| {
                 let count = s.light + s.heavy;
@@ -678,8 +774,8 @@ impl ExitAnalyzer {
         let wakeups = !unrecorded.vcpu_wakeup;
         let totals = Totals {
             exits: total_count,
-            lightweight: known(self.stats.values().map(|s| s.light).sum()),
-            heavyweight: known(self.stats.values().map(|s| s.heavy).sum()),
+            lightweight: known(stats.values().map(|s| s.light).sum()),
+            heavyweight: known(stats.values().map(|s| s.heavy).sum()),
             handling_ns,
             guest_idle_ns,
             halt_poll_ns: wakeups.then_some(self.halted_ns.1),
@@ -687,11 +783,12 @@ impl ExitAnalyzer {
             lost_events: self.lost,
             incomplete: self.incomplete,
         };
-        let mut per_vcpu: Vec<_> = self.per_vcpu.iter().collect();
-        per_vcpu.sort();
+        let mut per_vcpu: Vec<(u32, (u64, u64, u64))> =
+            self.threads.states.iter().filter_map(|(tid, t)| Some((*tid, t.exits?))).collect();
+        per_vcpu.sort_unstable();
         let by_vcpu = per_vcpu
             .into_iter()
-            .map(|(&tid, &(light, heavy, total_ns))| VcpuRow {
+            .map(|(tid, (light, heavy, total_ns))| VcpuRow {
                 tid,
                 vcpu_id: self.vcpu_ids.get(&tid).copied(),
                 exits: light + heavy,
@@ -772,6 +869,17 @@ impl ExitAnalyzer {
             )
         };
         ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
+    }
+}
+
+/// Evidence `what` of `thread` was followed by no userspace exit: a lightweight exit (counted
+/// only on the round-trip path; with kvm_exit the exits themselves are counted).
+fn settle(stats: &mut StatsTable, thread: &mut Thread, what: Evidence, exit_path: bool) {
+    if !exit_path {
+        let s = stats.entry(Key::Evidence(what));
+        s.light += 1;
+        s.evidence_only += 1;
+        thread.exits().0 += 1;
     }
 }
 

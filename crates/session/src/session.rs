@@ -51,7 +51,8 @@ pub struct Session {
 
 /// The bytes of a recording: a mapped file, or one made in memory (a live mode's).
 enum Backing {
-    Map(memmap2::Mmap),
+    /// Shared with the thread that faults its pages in (see [`map_file`]).
+    Map(std::sync::Arc<memmap2::Mmap>),
     Memory(Vec<u8>),
 }
 
@@ -464,12 +465,22 @@ impl Session {
     }
 }
 
-/// Map `path` (a `what`, for errors) read-only.
-fn map_file(path: &Path, what: &str) -> Result<memmap2::Mmap> {
+/// Map `path` (a `what`, for errors) read-only. Its pages are faulted in on a thread of their
+/// own, while the caller reads the headers and builds its decoder: on a big file that is
+/// milliseconds the walk no longer waits for (where the kernel cannot, before Linux 5.14,
+/// the walk's threads fault the pages in as they reach them).
+fn map_file(path: &Path, what: &str) -> Result<std::sync::Arc<memmap2::Mmap>> {
     let file = virtprof_host::input::open_regular(path, what)?;
     // SAFETY: the mapping is read-only and private to this process; a file being modified
     // while we read it would at worst give garbage pages, which the decoders turn into errors,
     // never undefined behaviour in safe code that indexes a byte slice.
-    unsafe { memmap2::MmapOptions::new().populate().map(&file) }
-        .map_err(SessionError::io(format!("mapping '{}'", path.display())))
+    let map = unsafe { memmap2::MmapOptions::new().map(&file) }
+        .map_err(SessionError::io(format!("mapping '{}'", path.display())))?;
+    let map = std::sync::Arc::new(map);
+    let populating = std::sync::Arc::clone(&map);
+    // The thread holds the mapping until it is done: nothing waits for it, nothing outlives it.
+    let _ = std::thread::Builder::new()
+        .name("populate".into())
+        .spawn(move || populating.advise(memmap2::Advice::PopulateRead));
+    Ok(map)
 }

@@ -3,6 +3,8 @@
 //! Events virtprof does not model become [`EventKind::Other`], with the generic
 //! [`field_value`] reader for anyone who wants their fields.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap as HashMap;
 
 use virtprof_model::{Event, EventKind, StrId};
@@ -42,20 +44,36 @@ impl Layout {
     }
 }
 
-/// Offset and size of an integer field (size 0: the kernel lacks it; reads give 0).
+/// Offset and size of an integer field (size 0: the kernel lacks it; reads give 0). Small, so
+/// an event id's table of them stays in few cache lines.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
-    offset: usize,
-    size: usize,
+    offset: u32,
+    size: u32,
 }
 
 impl Slot {
-    fn of(format: &EventFormat, name: &str) -> Slot {
-        format.field(name).map_or(Slot::default(), |f| Slot { offset: f.offset, size: f.size })
+    /// A field at `offset` of `size` bytes; one no record can hold (a damaged format) reads
+    /// as absent.
+    fn new(offset: usize, size: usize) -> Slot {
+        match (u32::try_from(offset), u32::try_from(size)) {
+            (Ok(offset), Ok(size)) => Slot { offset, size },
+            _ => Slot::default(),
+        }
     }
 
+    fn of(format: &EventFormat, name: &str) -> Slot {
+        format.field(name).map_or(Slot::default(), |f| Slot::new(f.offset, f.size))
+    }
+
+    fn range(self) -> std::ops::Range<usize> {
+        let start = self.offset as usize;
+        start..start + self.size as usize
+    }
+
+    #[inline]
     fn read(self, data: &[u8]) -> u64 {
-        match data.get(self.offset..self.offset + self.size) {
+        match data.get(self.range()) {
             Some(b) if self.size == 8 => u64::from_le_bytes(b.try_into().expect("8")),
             Some(b) if self.size == 4 => u64::from(u32::from_le_bytes(b.try_into().expect("4"))),
             Some(b) if self.size == 2 => u64::from(u16::from_le_bytes(b.try_into().expect("2"))),
@@ -65,7 +83,7 @@ impl Slot {
     }
 
     fn bytes(self, data: &[u8]) -> &[u8] {
-        data.get(self.offset..self.offset + self.size).unwrap_or(&[])
+        data.get(self.range()).unwrap_or(&[])
     }
 }
 
@@ -191,7 +209,8 @@ impl StringTable {
 /// Decodes records of one layout into typed events.
 #[derive(Debug)]
 pub struct Decoder {
-    layout: Layout,
+    /// Shared with the decoders forked from this one (every event format: large to copy).
+    layout: Arc<Layout>,
     typed: Vec<Typed>,
     common_pid: Slot,
     /// Task names seen in the events.
@@ -211,16 +230,16 @@ impl Decoder {
         let common_pid = layout
             .formats()
             .iter()
-            .find_map(|f| f.field("common_pid").map(|c| Slot { offset: c.offset, size: c.size }))
+            .find_map(|f| f.field("common_pid").map(|c| Slot::new(c.offset, c.size)))
             .unwrap_or(Slot { offset: 4, size: 4 });
-        Decoder { layout, typed, common_pid, strings: StringTable::default() }
+        Decoder { layout: Arc::new(layout), typed, common_pid, strings: StringTable::default() }
     }
 
     /// A decoder of the same layout that has interned no names yet: one per thread when CPUs
     /// are decoded in parallel, its names merged back into this one's afterwards.
     pub fn fork(&self) -> Decoder {
         Decoder {
-            layout: self.layout.clone(),
+            layout: Arc::clone(&self.layout),
             typed: self.typed.clone(),
             common_pid: self.common_pid,
             strings: StringTable::default(),
@@ -236,6 +255,7 @@ impl Decoder {
     // Each field is read at its declared width and stored in the model's type for it, so the
     // narrowing casts below keep every value the kernel can write.
     #[allow(clippy::cast_possible_truncation)]
+    #[inline(always)]
     pub fn decode(&mut self, cpu: u32, rec: &RawRecord<'_>) -> Result<Event, DecodeError> {
         let d = rec.data;
         if d.len() < 8 {
@@ -243,7 +263,7 @@ impl Decoder {
         }
         let id = u16::from_le_bytes([d[0], d[1]]);
         let tid = self.common_pid.read(d) as u32;
-        let kind = match self.typed.get(id as usize).copied().unwrap_or(Typed::Other { id }) {
+        let kind = match *self.typed.get(id as usize).unwrap_or(&Typed::Other { id }) {
             Typed::KvmExit { reason, isa, rip, vcpu, info1, info2 } => EventKind::KvmExit {
                 reason: reason.read(d) as u32,
                 isa: isa.read(d) as u32,
@@ -352,7 +372,7 @@ pub enum FieldValue<'a> {
 
 /// Read `field` out of a record's bytes.
 pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
-    let slot = Slot { offset: field.offset, size: field.size };
+    let slot = Slot::new(field.offset, field.size);
     let c_string = |b: &'a [u8]| &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())];
     match field.kind {
         FieldKind::Int => {
@@ -368,7 +388,7 @@ pub fn field_value<'a>(field: &Field, data: &'a [u8]) -> FieldValue<'a> {
         FieldKind::Array { is_char: true, .. } => FieldValue::Str(c_string(slot.bytes(data))),
         FieldKind::Array { is_char: false, .. } => FieldValue::Bytes(slot.bytes(data)),
         FieldKind::DataLoc { is_char } | FieldKind::RelLoc { is_char } => {
-            let loc = Slot { offset: field.offset, size: 4 }.read(data);
+            let loc = Slot::new(field.offset, 4).read(data);
             let mut start = (loc & 0xffff) as usize;
             if matches!(field.kind, FieldKind::RelLoc { .. }) {
                 start += field.offset + 4;

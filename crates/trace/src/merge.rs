@@ -149,29 +149,20 @@ impl<'a> Cursor<'a> {
     }
 }
 
-impl Source for Cursor<'_> {
-    fn cpu(&self) -> u32 {
-        self.cpu
-    }
+/// What opening a cursor's next page found.
+enum PageStep {
+    /// No pages left.
+    End,
+    /// A page is open; the kernel flagged events lost before it (the event saying so).
+    Opened(Option<Event>),
+}
 
-    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+impl Cursor<'_> {
+    /// Open the next page (moving to the next segment where one ends).
+    fn open_page(&mut self, decoder: &Decoder, stats: &mut WalkStats) -> Result<PageStep, WalkError> {
         let page_size = decoder.layout().header.page_size;
         loop {
-            let page_index = self.pages_before + self.next_page.saturating_sub(1);
-            if let Some(records) = &mut self.records {
-                match records.next() {
-                    Some(Ok(rec)) => {
-                        stats.events += 1;
-                        return decoder
-                            .decode(self.cpu, &rec)
-                            .map(Some)
-                            .map_err(|e| self.error(page_index, page_size, 0, e.to_string()));
-                    }
-                    Some(Err(e)) => return Err(self.error(page_index, page_size, e.offset, e.message)),
-                    None => self.last_ts = self.records.take().map(|r| r.ts()),
-                }
-            }
-            let Some(&raw) = self.segments.get(self.segment) else { return Ok(None) };
+            let Some(&raw) = self.segments.get(self.segment) else { return Ok(PageStep::End) };
             let start = self.next_page * page_size;
             if start >= raw.len() {
                 self.pages_before += self.next_page;
@@ -197,7 +188,71 @@ impl Source for Cursor<'_> {
             if let Missed::Lost(count) = page.missed {
                 let since = self.last_ts.map_or(page.base_ts(), |ts| ts.min(page.base_ts()));
                 stats.page_loss.cpu(self.cpu).add_gap(count, since, page.base_ts());
-                return Ok(Some(Event { ts: page.base_ts(), cpu: self.cpu, tid: 0, kind: EventKind::Lost { count } }));
+                let lost = Event { ts: page.base_ts(), cpu: self.cpu, tid: 0, kind: EventKind::Lost { count } };
+                return Ok(PageStep::Opened(Some(lost)));
+            }
+            return Ok(PageStep::Opened(None));
+        }
+    }
+
+    /// The index of the page being read.
+    fn page_index(&self) -> usize {
+        self.pages_before + self.next_page.saturating_sub(1)
+    }
+
+    /// Decode the rest of the open page, or else the whole next one, into `out`; false when
+    /// no pages are left. A page's events are decoded in one tight loop, which is what a
+    /// decoding thread wants; the events before an error are in `out` when it is returned.
+    fn fill(&mut self, decoder: &mut Decoder, stats: &mut WalkStats, out: &mut Vec<Event>) -> Result<bool, WalkError> {
+        let (cpu, page_size, page) = (self.cpu, decoder.layout().header.page_size, self.page_index());
+        let Some(records) = &mut self.records else {
+            return match self.open_page(decoder, stats)? {
+                PageStep::End => Ok(false),
+                PageStep::Opened(lost) => {
+                    out.extend(lost);
+                    Ok(true)
+                }
+            };
+        };
+        let fail = |offset: usize, message: String| WalkError { cpu, page, offset: page * page_size + offset, message };
+        while let Some(record) = records.next_record() {
+            stats.events += 1;
+            out.push(decoder.decode(cpu, &record).map_err(|e| fail(0, e.to_string()))?);
+        }
+        if let Some(e) = records.take_error() {
+            return Err(fail(e.offset, e.message));
+        }
+        self.last_ts = self.records.take().map(|r| r.ts());
+        Ok(true)
+    }
+}
+
+impl Source for Cursor<'_> {
+    fn cpu(&self) -> u32 {
+        self.cpu
+    }
+
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+        let page_size = decoder.layout().header.page_size;
+        loop {
+            let page_index = self.page_index();
+            if let Some(records) = &mut self.records {
+                match records.next() {
+                    Some(Ok(rec)) => {
+                        stats.events += 1;
+                        return decoder
+                            .decode(self.cpu, &rec)
+                            .map(Some)
+                            .map_err(|e| self.error(page_index, page_size, 0, e.to_string()));
+                    }
+                    Some(Err(e)) => return Err(self.error(page_index, page_size, e.offset, e.message)),
+                    None => self.last_ts = self.records.take().map(|r| r.ts()),
+                }
+            }
+            match self.open_page(decoder, stats)? {
+                PageStep::End => return Ok(None),
+                PageStep::Opened(Some(lost)) => return Ok(Some(lost)),
+                PageStep::Opened(None) => {}
             }
         }
     }
@@ -270,8 +325,7 @@ pub fn merge_cpus_serial(
     merge(&mut cursors, decoder, &mut sink)
 }
 
-/// One CPU's events in time order: decoded on the merging thread ([`Cursor`]) or handed over
-/// by a thread of its own ([`Feed`]).
+/// One CPU's events in time order, decoded on the merging thread ([`Cursor`]).
 trait Source {
     fn cpu(&self) -> u32;
     fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError>;
@@ -311,22 +365,37 @@ fn merge<S: Source>(
     Ok(stats)
 }
 
-/// Events a decoding thread hands over at a time.
-const BATCH: usize = 2048;
+/// Events a decoding thread hands over at a time (at least; a batch ends with a page).
+const BATCH: usize = 4096;
+/// Batches a decoding thread may have ahead of the merge: enough that on a host with fewer
+/// cores than threads, a decoding thread runs a long stretch and then sleeps, rather than
+/// waking for every batch (each wake-up costs more than the batch on a virtualized host).
+/// Memory stays bounded: this many batches of [`BATCH`] events per CPU.
+const BATCHES_IN_FLIGHT: usize = 8;
+/// The most events one page can hold (of 64 KiB, the largest page size, at 8 bytes each), so
+/// a batch never grows past its first allocation.
+const MAX_PAGE_EVENTS: usize = 8192;
 
 /// What a decoding thread sends: events in order, the task names it interned since its last
 /// batch, and, last, how its walk ended.
 struct Batch {
     events: Vec<Event>,
+    /// Which of `events` carry name ids (their thread's, to be translated).
+    named_events: Vec<u32>,
     names: Vec<String>,
     end: Option<Result<WalkStats, WalkError>>,
 }
 
-/// One CPU's decoding thread, as the merge sees it.
+/// One CPU's decoding thread, as the merge sees it: the batch being delivered.
 struct Feed {
     cpu: u32,
     rx: Receiver<Batch>,
-    events: std::vec::IntoIter<Event>,
+    /// Delivered batches go back to the thread to be filled again: no allocation, and no
+    /// fresh pages to fault in, per batch.
+    spent: SyncSender<Vec<Event>>,
+    batch: Vec<Event>,
+    /// The next event of `batch` to deliver.
+    next: usize,
     /// The thread's name ids → `decoder`'s.
     names: Vec<StrId>,
     /// The thread has sent its last batch.
@@ -336,21 +405,13 @@ struct Feed {
     error: Option<WalkError>,
 }
 
-impl Source for Feed {
-    fn cpu(&self) -> u32 {
-        self.cpu
-    }
-
-    /// The next event of this CPU, waiting for its thread if need be; names are translated to
-    /// the merging decoder's ids.
-    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+impl Feed {
+    /// The timestamp of this CPU's next event, waiting for its thread if need be; None at its
+    /// end. A batch's names are translated to the merging decoder's ids when it arrives.
+    fn head(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<u64>, WalkError> {
         loop {
-            if let Some(mut e) = self.events.next() {
-                if let EventKind::SchedSwitch { prev_comm, next_comm, .. } = &mut e.kind {
-                    *prev_comm = self.names[prev_comm.0 as usize];
-                    *next_comm = self.names[next_comm.0 as usize];
-                }
-                return Ok(Some(e));
+            if let Some(e) = self.batch.get(self.next) {
+                return Ok(Some(e.ts));
             }
             if let Some(e) = self.error.take() {
                 return Err(e);
@@ -367,7 +428,19 @@ impl Source for Feed {
                 });
             };
             self.names.extend(batch.names.iter().map(|n| decoder.strings.intern(n.as_bytes())));
-            self.events = batch.events.into_iter();
+            let mut spent = std::mem::replace(&mut self.batch, batch.events);
+            spent.clear();
+            // The thread may have finished, or have enough spares: then the vector is dropped.
+            let _ = self.spent.try_send(spent);
+            self.next = 0;
+            for &i in &batch.named_events {
+                if let Some(EventKind::SchedSwitch { prev_comm, next_comm, .. }) =
+                    self.batch.get_mut(i as usize).map(|e| &mut e.kind)
+                {
+                    *prev_comm = self.names[prev_comm.0 as usize];
+                    *next_comm = self.names[next_comm.0 as usize];
+                }
+            }
             match batch.end {
                 Some(Ok(s)) => stats.add(&s),
                 Some(Err(e)) => self.error = Some(e),
@@ -376,6 +449,56 @@ impl Source for Feed {
             self.done = true;
         }
     }
+}
+
+/// Where a CPU's stream is in the merge order: its next event's timestamp, then the CPU.
+type Key = (u64, u32);
+
+/// Deliver the events of `feeds` to `sink` in timestamp order (ties: the lower CPU), straight
+/// from their batches. The CPU whose next event is earliest delivers a run: every event
+/// before the runner-up's next one goes out at once. Finding the two is a scan of the CPUs'
+/// next timestamps, which for the few CPUs a parallel walk has (at most
+/// [`MAX_PARALLEL_CPUS`]) costs less than keeping a heap.
+fn merge_feeds(
+    feeds: &mut [Feed],
+    decoder: &mut Decoder,
+    sink: &mut impl FnMut(&Event, &Decoder),
+) -> Result<WalkStats, WalkError> {
+    let mut stats = WalkStats::default();
+    // Each CPU's next (timestamp, CPU), None once it has delivered everything.
+    let mut heads: Vec<Option<Key>> = Vec::with_capacity(feeds.len());
+    for feed in feeds.iter_mut() {
+        heads.push(feed.head(decoder, &mut stats)?.map(|ts| (ts, feed.cpu)));
+    }
+    loop {
+        // The earliest head and which feed has it; the next earliest.
+        let (mut first, mut runner_up): (Option<(Key, usize)>, Option<Key>) = (None, None);
+        for (i, head) in heads.iter().enumerate() {
+            let Some(key) = *head else { continue };
+            match first {
+                Some((best, _)) if key > best => {
+                    runner_up = Some(runner_up.map_or(key, |r| r.min(key)));
+                }
+                _ => {
+                    runner_up = first.map(|(best, _)| best);
+                    first = Some((key, i));
+                }
+            }
+        }
+        let Some(((_, cpu), i)) = first else { break };
+        let feed = &mut feeds[i];
+        loop {
+            sink(&feed.batch[feed.next], decoder);
+            feed.next += 1;
+            match (feed.batch.get(feed.next), runner_up) {
+                (Some(e), Some(limit)) if (e.ts, cpu) < limit => {}
+                (Some(_), None) => {}
+                _ => break,
+            }
+        }
+        heads[i] = feed.head(decoder, &mut stats)?.map(|ts| (ts, cpu));
+    }
+    Ok(stats)
 }
 
 /// [`merge_cpus`] with each CPU decoded on a thread of its own (a forked [`Decoder`]) and
@@ -390,29 +513,39 @@ pub fn merge_cpus_parallel<'a>(
         let mut feeds: Vec<Feed> = cpus
             .iter()
             .map(|stream| {
-                let (tx, rx) = sync_channel(2);
+                let (tx, rx) = sync_channel(BATCHES_IN_FLIGHT);
+                let (spent, spares) = sync_channel(BATCHES_IN_FLIGHT);
                 let mut worker = decoder.fork();
-                scope.spawn(move || decode_into(&mut worker, stream, &tx));
+                scope.spawn(move || decode_into(&mut worker, stream, &tx, &spares));
                 Feed {
                     cpu: stream.cpu,
                     rx,
-                    events: Vec::new().into_iter(),
+                    spent,
+                    batch: Vec::new(),
+                    next: 0,
                     names: Vec::new(),
                     done: false,
                     error: None,
                 }
             })
             .collect();
-        merge(&mut feeds, decoder, &mut sink)
+        merge_feeds(&mut feeds, decoder, &mut sink)
     })
 }
 
 /// A decoding thread: walk one CPU's pages segment by segment, expanding a compressed frame
 /// only when it is reached (into one reused buffer), and send batches until the end or an
 /// error (or until the merge stops listening).
-fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Batch>) {
+fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Batch>, spares: &Receiver<Vec<Event>>) {
     let page_size = decoder.layout().header.page_size;
-    let mut sender = BatchSender { tx, named: 0, events: Vec::with_capacity(BATCH) };
+    let mut sender = BatchSender {
+        tx,
+        spares,
+        named: 0,
+        events: Vec::with_capacity(BATCH + MAX_PAGE_EVENTS),
+        noted: 0,
+        named_events: Vec::new(),
+    };
     let mut stats = WalkStats::default();
     let mut position = Position::default();
     let mut buffer = Vec::new();
@@ -423,13 +556,13 @@ fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Ba
         };
         let mut cursor = Cursor::new(stream.cpu, &pages, position);
         loop {
-            match cursor.next(decoder, &mut stats) {
-                Ok(Some(e)) => {
-                    if !sender.push(decoder, e) {
+            match cursor.fill(decoder, &mut stats, &mut sender.events) {
+                Ok(true) => {
+                    if !sender.filled(decoder) {
                         return;
                     }
                 }
-                Ok(None) => break,
+                Ok(false) => break,
                 Err(e) => return sender.finish(decoder, Err(e)),
             }
         }
@@ -442,15 +575,33 @@ fn decode_into(decoder: &mut Decoder, stream: &CpuStream<'_>, tx: &SyncSender<Ba
 /// its decoder interned since the last one.
 struct BatchSender<'a> {
     tx: &'a SyncSender<Batch>,
+    /// Batches the merge has delivered, to fill again.
+    spares: &'a Receiver<Vec<Event>>,
     named: usize,
     events: Vec<Event>,
+    /// Events of `events` already looked at for names.
+    noted: usize,
+    named_events: Vec<u32>,
 }
 
 impl BatchSender<'_> {
-    /// Add an event, sending a full batch; false once the merge stopped listening.
-    fn push(&mut self, decoder: &Decoder, event: Event) -> bool {
-        self.events.push(event);
+    /// Events were added to `events`: note which carry names, and send a full batch; false
+    /// once the merge stopped listening.
+    fn filled(&mut self, decoder: &Decoder) -> bool {
+        self.note_names();
         self.events.len() < BATCH || self.send(decoder, None)
+    }
+
+    /// Note the events added since the last call that carry name ids.
+    fn note_names(&mut self) {
+        for (i, e) in self.events.iter().enumerate().skip(self.noted) {
+            if matches!(e.kind, EventKind::SchedSwitch { .. }) {
+                // Batches hold a few thousand events.
+                #[allow(clippy::cast_possible_truncation)]
+                self.named_events.push(i as u32);
+            }
+        }
+        self.noted = self.events.len();
     }
 
     /// Send what is gathered and how the walk ended.
@@ -459,9 +610,13 @@ impl BatchSender<'_> {
     }
 
     fn send(&mut self, decoder: &Decoder, end: Option<Result<WalkStats, WalkError>>) -> bool {
+        self.note_names();
+        self.noted = 0;
         let names = decoder.strings.names_from(self.named).to_vec();
         self.named += names.len();
-        let events = std::mem::replace(&mut self.events, Vec::with_capacity(BATCH));
-        self.tx.send(Batch { events, names, end }).is_ok()
+        let next = self.spares.try_recv().unwrap_or_else(|_| Vec::with_capacity(BATCH + MAX_PAGE_EVENTS));
+        let events = std::mem::replace(&mut self.events, next);
+        let named_events = std::mem::take(&mut self.named_events);
+        self.tx.send(Batch { events, named_events, names, end }).is_ok()
     }
 }

@@ -96,7 +96,8 @@ impl<'a> Segment<'a> {
             Segment::Pages(pages) => Ok(pages),
             Segment::Frame { codec, frame, size, offset } => {
                 let fail = |message: String| SegmentError { codec, offset, message };
-                buffer.clear();
+                // Not cleared first: every byte is written by the expansion (its length is
+                // checked below), so zeroing the buffer for each frame would be wasted work.
                 buffer.resize(size, 0);
                 let n = match codec {
                     Codec::Zstd => zstd::bulk::Decompressor::new()
