@@ -2,10 +2,10 @@
 //! process (a recording's tasks, a dump's tgids), the capture's GUEST option (trace-cmd names
 //! each guest's vCPU threads), the thread that made it (`sched_process_fork`, where the
 //! capture has it: a VMM's vCPU threads share their maker), or, for threads none of these
-//! name (a trace.dat has no tgids), the vCPU indexes their kvm_exit/kvm_entry events carry:
-//! a VMM starts its vCPU threads in order, so among threads sorted by id the index restarting
-//! means the next VM. That last one is a guess: VMMs started at the same moment interleave
-//! their threads' ids, and then it can split a VM or put threads of two VMs in one.
+//! name (a trace.dat has no tgids), the vCPU indexes their kvm_exit/kvm_entry events carry
+//! (see [`by_vcpu_ids`]). Threads of different VMs are never folded into one; where the
+//! evidence cannot tell (VMMs started at the same moment interleave their threads' ids), a VM
+//! is split instead.
 
 use std::collections::BTreeMap;
 
@@ -47,16 +47,46 @@ pub fn group(
         };
         out.insert(tid, vm);
     }
-    unplaced.sort_unstable();
-    let mut vm = 0;
-    let mut last: Option<u32> = None;
-    for (tid, index) in unplaced {
-        // A thread without an index, or one not above the previous, starts the next VM.
-        if last.is_some() && index.is_none_or(|i| last.is_some_and(|l| i <= l)) {
-            vm += 1;
-        }
-        last = index.or(Some(u32::MAX));
+    for (tid, vm) in by_vcpu_ids(unplaced) {
         out.insert(tid, VmOf { label: format!("VM {} (inferred)", vm + 1), pid: None, evidence: "vcpu ids" });
+    }
+    out
+}
+
+/// Threads known only by their vCPU indexes → VM numbers. A VMM makes its vCPU threads in
+/// index order, so among threads sorted by id each joins the one VM whose highest index so
+/// far is below its own. Where two VMs could take it (VMMs that started at once), the thread
+/// is a VM of its own, as is one without an index: a VM split, never two folded into one.
+fn by_vcpu_ids(mut threads: Vec<(u32, Option<u32>)>) -> Vec<(u32, usize)> {
+    threads.sort_unstable();
+    // Per VM so far: the highest index in it, None once nothing may join it.
+    let mut open: Vec<Option<u32>> = Vec::new();
+    let mut out = Vec::with_capacity(threads.len());
+    for (tid, index) in threads {
+        let takers: Vec<usize> = open
+            .iter()
+            .enumerate()
+            .filter(|(_, top)| top.zip(index).is_some_and(|(top, i)| top < i))
+            .map(|(vm, _)| vm)
+            .take(2)
+            .collect();
+        let vm = match (index, takers.as_slice()) {
+            (Some(i), &[vm]) => {
+                open[vm] = Some(i);
+                vm
+            }
+            // The first of its VM seen (its lower vCPUs, if it has any, left no trace).
+            (Some(i), []) => {
+                open.push(Some(i));
+                open.len() - 1
+            }
+            // Two VMs could take it, or it has no index: a VM of its own that nothing joins.
+            _ => {
+                open.push(None);
+                open.len() - 1
+            }
+        };
+        out.push((tid, vm));
     }
     out
 }
@@ -95,13 +125,33 @@ mod tests {
         assert_ne!(lone[&5], lone[&6], "threads without indexes are never folded together");
     }
 
+    /// VMMs started one after the other keep their threads' ids apart: the indexes give them.
+    /// Where ids interleave, a thread two VMs could take is a VM of its own (split, never
+    /// folded), and a later vCPU of the first VM after the second began is not put in it.
+    #[test]
+    fn vcpu_indexes_group_threads_only_where_one_vm_can_take_them() {
+        let vms_of = |threads: &[(u32, Option<u32>)]| -> Vec<usize> {
+            let vms = by_vcpu_ids(threads.to_vec());
+            threads.iter().map(|(tid, _)| vms.iter().find(|(t, _)| t == tid).unwrap().1).collect()
+        };
+        // A0 A1 A2 B0 B1: two VMs.
+        assert_eq!(vms_of(&[(1, Some(0)), (2, Some(1)), (3, Some(2)), (4, Some(0)), (5, Some(1))]), [0, 0, 0, 1, 1]);
+        // A0 B0 then two index-1 threads either VM could own: each alone.
+        assert_eq!(vms_of(&[(1, Some(0)), (2, Some(0)), (3, Some(1)), (4, Some(1))]), [0, 1, 2, 3]);
+        // A0 A1 A2 B0 B1 then index 3: A's or B's, so alone (the old rule put it in B).
+        let late = vms_of(&[(1, Some(0)), (2, Some(1)), (3, Some(2)), (4, Some(0)), (5, Some(1)), (6, Some(3))]);
+        assert_eq!(late, [0, 0, 0, 1, 1, 2]);
+        // A VM whose vCPU 0 left no trace still holds together; no index: alone.
+        assert_eq!(vms_of(&[(1, Some(1)), (2, Some(2)), (3, None), (4, Some(3))]), [0, 0, 1, 0]);
+    }
+
     /// Two VMMs started at once: their vCPU threads' ids interleave, which the indexes alone
-    /// read as three VMs with one of them mixed; the fork events say which VMM made which.
+    /// cannot sort out; the fork events say which VMM made which.
     #[test]
     fn interleaved_vmms_are_told_apart_by_the_thread_that_made_each_vcpu() {
         let threads = [(501, Some(0)), (502, Some(0)), (503, Some(1)), (504, Some(1))];
         let by_ids = group(&threads, &[], &[], &ThreadParents::default());
-        assert_eq!(by_ids.values().map(|v| v.label.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 3);
+        assert_eq!(by_ids.values().map(|v| v.label.as_str()).collect::<std::collections::BTreeSet<_>>().len(), 4);
         let mut parents = ThreadParents::default();
         for (maker, child) in [(500, 501), (510, 502), (510, 503), (500, 504)] {
             parents.record(maker, child);
