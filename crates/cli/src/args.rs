@@ -690,6 +690,11 @@ pub struct RecordArgs {
     /// compromised one from filling the host's disk.
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub agent_max_mib: u64,
+    /// How long to wait for every agent to answer before the trace starts (0: start at once);
+    /// one that has not answered by then is recorded from when it does, the time before
+    /// marked as a gap.
+    #[arg(long, value_name = "TIME[ms|s]", default_value = "10s", value_parser = duration)]
+    pub agent_wait: Duration,
     /// Run this command and record until it exits. A signal that stops the recording (or
     /// --duration running out) is passed on to it; it is killed 2 s later if still running.
     #[arg(last = true, value_name = "COMMAND")]

@@ -123,10 +123,17 @@ impl GuestStreams {
     }
 
     /// The streams, with their alignments and the footer's figures.
+    /// An agent that never answered is still one: its footer says what its link saw.
     pub fn finish(mut self, footers: &[AgentFooter]) -> Vec<GuestStream> {
+        for f in footers {
+            let s = self.stream(f.agent);
+            if s.address.is_empty() {
+                s.address.clone_from(&f.address);
+            }
+            s.footer = Some(f.clone());
+        }
         for s in &mut self.streams {
             s.alignment = Alignment::new(std::mem::take(&mut s.points));
-            s.footer = footers.iter().find(|f| f.agent == s.agent).cloned();
         }
         self.streams.sort_by_key(|s| s.agent);
         self.streams

@@ -32,6 +32,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
             iv.overwritten
         );
     }
+    for a in &summary.agents {
+        let link = match (&a.refused, a.sessions) {
+            (Some(why), _) => format!("refused us: {why}"),
+            (None, 0) => "never answered: nothing from this guest (is `virtprof agent` listening there?)".into(),
+            (None, n) => {
+                format!("{} rows, {} noise periods in {n} session(s), {} gap(s)", a.rows, a.noise_batches, a.gaps)
+            }
+        };
+        eprintln!("virtprof: agent {} ({}): {link}", a.agent, a.address);
+    }
     if !summary.missing_events.is_empty() {
         eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
     }
@@ -84,6 +94,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
     Ok(RecordOptions {
         agents: args.agent.iter().map(|a| (a.clone(), token.clone())).collect(),
         agent_limits: virtprof_agent::limits::GuestLimits { max_bytes: args.agent_max_mib << 20, ..Default::default() },
+        agent_wait: args.agent_wait,
         events,
         duration: args.duration,
         buffer_size_kb: args.buffer_size_kb,

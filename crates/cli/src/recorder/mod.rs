@@ -63,6 +63,8 @@ pub struct RecordSummary {
     pub missing_events: Vec<String>,
     pub intervals: IntervalStats,
     pub command_status: Option<std::process::ExitStatus>,
+    /// Each guest agent's link figures.
+    pub agents: Vec<virtprof_store::recording::AgentFooter>,
 }
 
 /// Per-CPU ring buffer size when none is asked for.
@@ -95,6 +97,8 @@ pub struct RecordOptions {
     pub agents: Vec<(virtprof_agent::transport::Address, Option<String>)>,
     /// What each agent's guest may send (its byte cap is per recording).
     pub agent_limits: virtprof_agent::limits::GuestLimits,
+    /// How long to wait for the agents to answer before the trace starts (none: start now).
+    pub agent_wait: Duration,
 }
 
 impl Default for RecordOptions {
@@ -110,6 +114,7 @@ impl Default for RecordOptions {
             command: Vec::new(),
             agents: Vec::new(),
             agent_limits: virtprof_agent::limits::GuestLimits::default(),
+            agent_wait: Duration::ZERO,
         }
     }
 }
@@ -174,7 +179,21 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let initial_vms: std::collections::HashSet<u32> = identities.keys().copied().collect();
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
     virtprof_host::stop::install_handler();
+    // Guests first, as trace-cmd's agents are: a guest that answers slowly (a loaded or
+    // emulated host) must not miss the run. What links receive before the writer starts
+    // waits in the channel.
+    let (tx, rx) = sync_channel::<WriterMsg>(CHANNEL_BATCHES);
+    let links = agents::Links::start(&options.agents, options.agent_limits, &tx)?;
+    if !options.agents.is_empty() && !options.agent_wait.is_zero() {
+        for address in links.wait_connected(options.agent_wait, &STOP_REQUESTED) {
+            eprintln!(
+                "virtprof: agent {address} did not answer within {}; recording without it until it does (the gap is in the recording)",
+                virtprof_model::units::format_duration_ns(u64::try_from(options.agent_wait.as_nanos()).unwrap_or(u64::MAX))
+            );
+        }
+    }
     let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
+    links.trace_started();
     let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
     let formats =
         format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
@@ -195,7 +214,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 
     let writer = Writer::new(out, &metadata)?;
-    let (tx, rx) = sync_channel::<WriterMsg>(CHANNEL_BATCHES);
     let writer_failed = Arc::new(AtomicBool::new(false));
     let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn({
         let writer_failed = writer_failed.clone();
@@ -230,16 +248,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         Some(ns) => Some(intervals::IntervalThread::start(ns, options.hw_counters, tracefs.root(), tx.clone())?),
         None => None,
     };
-
-    let agents_stop = Arc::new(AtomicBool::new(false));
-    let agent_threads: Vec<_> = options
-        .agents
-        .iter()
-        .enumerate()
-        .map(|(i, (address, token))| {
-            agents::start(u32::try_from(i).unwrap_or(u32::MAX), address, token, options.agent_limits, &tx, &agents_stop)
-        })
-        .collect::<std::io::Result<_>>()?;
 
     let mut child = match options.command.split_first() {
         Some((program, rest)) => {
@@ -303,8 +311,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         Some(thread) => thread.finish()?,
         None => IntervalStats::default(),
     };
-    agents_stop.store(true, Ordering::Relaxed);
-    let agents = agent_threads.into_iter().map(agents::Running::finish).collect::<anyhow::Result<Vec<_>>>()?;
+    let agents = links.finish()?;
     drop(tx);
     result?;
     let (writer, pages, write_error) = writer_thread.join().map_err(|_| anyhow::anyhow!("writer thread panicked"))?;
@@ -325,8 +332,16 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         agents,
     };
     let bytes = writer.written();
-    let summary =
-        RecordSummary { pages, bytes, lost, cpus: footer.cpu_loss.len(), missing_events, intervals, command_status };
+    let summary = RecordSummary {
+        pages,
+        bytes,
+        lost,
+        cpus: footer.cpu_loss.len(),
+        missing_events,
+        intervals,
+        command_status,
+        agents: footer.agents.clone(),
+    };
     if let Some(e) = write_error {
         return Ok(Recorded { summary, out: writer.abandon(), write_error: Some(e) });
     }

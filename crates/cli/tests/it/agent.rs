@@ -402,15 +402,20 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     }
     let _ = std::fs::remove_file(&html);
 
-    // Nobody listens: the recording goes on, and the gap says why.
+    // Nobody listens: after waiting for it, the recording goes on, and says why it has no guest.
     let out = virtprof()
-        .args(["record", "-d", "1s", "--agent", &format!("tcp:127.0.0.1:{}", free_port()), "--agent-token-file"])
+        .args(["record", "-d", "1s", "--agent", &format!("tcp:127.0.0.1:{}", free_port()), "--agent-wait", "300ms"])
+        .arg("--agent-token-file")
         .arg(&token)
         .arg("-o")
         .arg(&rec)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not answer within 300ms") && stderr.contains("never answered"), "{stderr}");
+    let text = String::from_utf8_lossy(&virtprof().arg("report").arg(&rec).output().unwrap().stdout).into_owned();
+    assert!(text.contains("nothing recorded: it never answered") && !text.contains("CPU time"), "{text}");
     let r = report_json(&rec);
     let gaps = &r["guests"][0]["gaps"];
     assert!(gaps[0]["cause"].as_str().unwrap().contains("cannot connect"), "{gaps}");

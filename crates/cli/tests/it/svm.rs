@@ -51,6 +51,8 @@ fn in_l1_booted(test: &str, job: &str, timeout_s: u32, append: &str) -> Option<P
     for line in err.lines().filter(|l| l.contains("running the job again")) {
         note(test, line);
     }
+    // What the job's commands said, for the test's own failure messages.
+    std::fs::write(out.join("job.log"), log.as_bytes()).unwrap();
     Some(out)
 }
 
@@ -595,7 +597,7 @@ for i in $(seq 240); do grep -q 'listening on' /out/l2console.txt && break; slee
 grep -q 'listening on' /out/l2console.txt || hang-guard --broken "L2's agent did not start in 240 s"
 # Ground truth: L1's thread for L2's CPU 1.
 grep -l '^CPU 1/KVM$' /proc/$l2/task/*/comm | cut -d/ -f5 > /out/vcpu1.tid
-hang-guard 120 virtprof record -o /out/agent.vprec -d 5s --agent vsock:3:9478
+hang-guard 180 virtprof record -o /out/agent.vprec -d 5s --agent vsock:3:9478 --agent-wait 60s
 for i in $(seq 60); do grep -q 'VIRTPROF-RUN-END status=[0-9]' /out/l2console.txt && break; sleep 1; done
 # L2 powers off after its agent ends; one that does not within 30 s is stopped.
 for i in $(seq 30); do kill -0 $l2 2>/dev/null || break; sleep 1; done
@@ -610,7 +612,8 @@ ls /sys/kernel/tracing/instances > /out/instances
     let _ = std::fs::remove_file(&initrd);
     let Some(out) = out else { return };
     let console = std::fs::read_to_string(out.join("l2console.txt")).unwrap();
-    assert!(console.contains("VIRTPROF-RUN-END status=0"), "{console}");
+    let job = std::fs::read_to_string(out.join("job.log")).unwrap_or_default();
+    assert!(console.contains("VIRTPROF-RUN-END status=0"), "L2's console:\n{console}\nL1's job:\n{job}");
     let r = super::agent::report_json(&out.join("agent.vprec"));
     let g = &r["guests"][0];
     assert_eq!(g["cpus"], 2, "l2 runs with -smp 2: {g}");

@@ -469,8 +469,11 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
     }
     let timeline = guest_timeline(&layers, origin_ns);
     let all: f64 = cpu.iter().map(|(_, v)| v).sum();
-    for (_, v) in &mut cpu {
-        *v = if all > 0.0 { 100.0 * *v / all } else { 0.0 };
+    // No /proc/stat rows: the split is unknown, not all zeros.
+    if all > 0.0 {
+        cpu.iter_mut().for_each(|(_, v)| *v = 100.0 * *v / all);
+    } else {
+        cpu.clear();
     }
     GuestOut {
         agent: g.agent,

@@ -53,6 +53,14 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
 fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<()> {
     // Everything here came from inside a guest: escaped before it reaches a terminal.
     let p = virtprof_model::units::printable;
+    if g.link.as_ref().is_some_and(|l| l.sessions == 0) {
+        let why = g.link.as_ref().and_then(|l| l.refused.as_deref()).map_or("it never answered", |r| r);
+        writeln!(out, "\nguest {} (agent {}): nothing recorded: {}", p(&g.address), g.agent, p(why))?;
+        for gap in &g.gaps {
+            writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, p(&gap.cause))?;
+        }
+        return Ok(());
+    }
     writeln!(
         out,
         "\nguest {} (agent {} at {}): kernel {}, {} CPUs, clocksource {}{}",
@@ -143,8 +151,12 @@ fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<(
     for gap in &g.gaps {
         writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, p(&gap.cause))?;
     }
-    let cpu: Vec<String> = g.cpu_pct.iter().map(|(f, v)| format!("{f} {v:.1}%")).collect();
-    writeln!(out, "  CPU time: {}", cpu.join(", "))?;
+    if g.cpu_pct.is_empty() {
+        writeln!(out, "  CPU time: unknown (no /proc/stat rows from this guest)")?;
+    } else {
+        let cpu: Vec<String> = g.cpu_pct.iter().map(|(f, v)| format!("{f} {v:.1}%")).collect();
+        writeln!(out, "  CPU time: {}", cpu.join(", "))?;
+    }
     for m in g.metrics.iter().filter(|m| m.total != 0.0) {
         if m.per_second.is_finite() {
             writeln!(out, "  {:<40} {:>14.0} {:<8} {:>12.1}/s", p(&m.metric), m.total, p(&m.unit), m.per_second)?;
