@@ -100,9 +100,7 @@ impl<'a> Segment<'a> {
                 // checked below), so zeroing the buffer for each frame would be wasted work.
                 buffer.resize(size, 0);
                 let n = match codec {
-                    Codec::Zstd => zstd::bulk::Decompressor::new()
-                        .and_then(|mut d| d.decompress_to_buffer(frame, buffer.as_mut_slice()))
-                        .map_err(|e| fail(e.to_string()))?,
+                    Codec::Zstd => expand_zstd(frame, buffer).map_err(fail)?,
                     Codec::Zlib => inflate(frame, buffer).map_err(fail)?,
                 };
                 if n != size {
@@ -114,14 +112,35 @@ impl<'a> Segment<'a> {
     }
 }
 
+// A file holds thousands of frames, expanded on a few threads: each thread keeps its
+// decompressor (their state is tens of KiB to set up) rather than making one per frame.
+thread_local! {
+    static INFLATER: std::cell::RefCell<libdeflater::Decompressor> =
+        std::cell::RefCell::new(libdeflater::Decompressor::new());
+    static ZSTD: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Expand one zlib stream into `out` (its declared size); the bytes written.
 fn inflate(frame: &[u8], out: &mut [u8]) -> Result<usize, String> {
-    let mut inflater = flate2::Decompress::new(true);
-    match inflater.decompress(frame, out, flate2::FlushDecompress::Finish) {
-        Ok(flate2::Status::StreamEnd) => usize::try_from(inflater.total_out()).map_err(|e| e.to_string()),
-        Ok(_) => Err(format!("expands past the {} bytes the file says", out.len())),
-        Err(e) => Err(e.to_string()),
-    }
+    INFLATER.with_borrow_mut(|inflater| match inflater.zlib_decompress(frame, out) {
+        Ok(n) => Ok(n),
+        Err(libdeflater::DecompressionError::InsufficientSpace) => {
+            Err(format!("expands past the {} bytes the file says", out.len()))
+        }
+        Err(libdeflater::DecompressionError::BadData) => Err("not a whole, valid zlib stream".into()),
+    })
+}
+
+/// Expand one zstd frame into `out` (its declared size); the bytes written.
+fn expand_zstd(frame: &[u8], out: &mut [u8]) -> Result<usize, String> {
+    ZSTD.with_borrow_mut(|cached| {
+        let d = match cached {
+            Some(d) => d,
+            None => cached.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
+        };
+        d.decompress_to_buffer(frame, out).map_err(|e| e.to_string())
+    })
 }
 
 #[cfg(test)]
@@ -130,12 +149,12 @@ mod tests {
 
     #[test]
     fn a_frame_expands_to_its_declared_size_and_no_other() {
-        use std::io::Write;
         let pages: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
         let zstd_frame = zstd::bulk::compress(&pages, 3).unwrap();
-        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-        zlib.write_all(&pages).unwrap();
-        let zlib_frame = zlib.finish().unwrap();
+        let mut zlib = libdeflater::Compressor::new(libdeflater::CompressionLvl::default());
+        let mut zlib_frame = vec![0; zlib.zlib_compress_bound(pages.len())];
+        let n = zlib.zlib_compress(&pages, &mut zlib_frame).unwrap();
+        zlib_frame.truncate(n);
         for (codec, frame) in [(Codec::Zstd, &zstd_frame), (Codec::Zlib, &zlib_frame)] {
             let mut buffer = Vec::new();
             let segment = Segment::frame(codec, frame, pages.len(), 100).unwrap();
