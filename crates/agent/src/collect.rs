@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use perf_event_names::{hardware_specs, software_specs};
 use virtprof_host::procfs::ProcFile;
-use virtprof_interval::counters::{Counters, Target};
+use virtprof_interval::counters::{per_cpu_specs, CounterEvent, CounterSpec, Counters, Target};
 use virtprof_interval::procstat::{ProcStat, FIELDS};
 use virtprof_model::guest::{GuestSeries, SeriesKind, MARKER_AFTER, MARKER_BEFORE};
 
@@ -83,6 +83,9 @@ pub struct CollectConfig {
     pub counters: Vec<PathBuf>,
     /// Open perf counters (needs perf_event_paranoid ≤ 0 or CAP_PERFMON for per-CPU ones).
     pub perf: bool,
+    /// With `perf`: these events per CPU instead of the built-in software and hardware sets
+    /// (`agent --perf-events`, named as `record --counters` names them).
+    pub perf_events: Option<Vec<CounterSpec>>,
     /// Write a marker byte to this I/O port each row (see [`crate::marker`]).
     pub marker_port: Option<u16>,
 }
@@ -225,22 +228,32 @@ impl Collector {
 
     fn open_perf(&mut self) {
         let cpus: Vec<u32> = self.stat_at.keys().copied().collect();
-        for (specs, hw) in [(software_specs(), 0), (hardware_specs(), 4)] {
+        let families = match &self.config.perf_events {
+            Some(chosen) => {
+                for t in chosen.iter().filter(|s| matches!(s.event, CounterEvent::Tracepoint(_))) {
+                    let why = "a tracepoint is not counted per CPU (in a CPU's counter group it counts nothing); \
+                               the host's trace counts this guest's exits";
+                    self.unavailable.push((t.metric.clone(), why.into()));
+                }
+                // Named as the host names its per-CPU counters; those over the guest's 4
+                // counters take turns (their share in `.mux` series).
+                vec![(per_cpu_specs(chosen), 4)]
+            }
+            None => vec![(software_specs(), 0), (hardware_specs(), 4)],
+        };
+        for (specs, hw) in families {
             for &cpu in &cpus {
                 let (counters, refused) = Counters::open(Target::Cpu(cpu), &specs, hw);
-                if let Some((metric, why)) = refused.first() {
-                    // The same reason for every CPU: say it once per metric family.
-                    if cpu == cpus[0] {
-                        let fix = if why.contains("os error 13") {
-                            " (counting a whole CPU needs perf_event_paranoid ≤ 0, CAP_PERFMON or root)"
-                        } else if hw > 0 && why.contains("os error 2") {
-                            " (no hardware PMU here: a guest needs a vPMU)"
-                        } else {
-                            ""
-                        };
-                        self.unavailable
-                            .push((format!("{metric} (and {} more)", refused.len() - 1), format!("{why}{fix}")));
-                    }
+                // The same reasons on every CPU: said for the first.
+                for (metric, why) in refused.iter().filter(|_| cpu == cpus[0]) {
+                    let fix = if why.contains("os error 13") {
+                        " (counting a whole CPU needs perf_event_paranoid ≤ 0, CAP_PERFMON or root)"
+                    } else if why.contains("no PMU") {
+                        " (a guest needs a vPMU)"
+                    } else {
+                        ""
+                    };
+                    self.unavailable.push((metric.clone(), format!("{why}{fix}")));
                 }
                 if counters.columns().is_empty() {
                     continue;
@@ -410,7 +423,7 @@ impl Collector {
     }
 
     /// One row: counters' increase since the last call, gauges' level, perf deltas.
-    pub fn sample(&mut self, interval_ns: u64, row: &mut Vec<f64>) {
+    pub fn sample(&mut self, row: &mut Vec<f64>) {
         self.sample_into_now();
         row.clear();
         row.extend(self.series.iter().enumerate().map(|(i, s)| match s.kind {
@@ -421,7 +434,7 @@ impl Collector {
         self.now.copy_from_slice(&self.previous);
         for (counters, at) in &mut self.perf {
             let n = counters.columns().len();
-            counters.sample(interval_ns, &mut row[*at..*at + n]);
+            counters.sample(&mut row[*at..*at + n]);
         }
     }
 }
@@ -460,7 +473,7 @@ mod tests {
     fn a_row_counts_this_hosts_cpu_time_and_a_counter_file() {
         let dir = std::env::temp_dir().join(format!("vp-collect-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut c = Collector::open(CollectConfig { counters: vec![dir.clone()], perf: false, marker_port: None });
+        let mut c = Collector::open(CollectConfig { counters: vec![dir.clone()], ..Default::default() });
         assert!(c.series().iter().any(|s| s.name == "cpu0.steal_ns"));
         assert!(c.series().iter().any(|s| s.name == "vmstat.nr_free_pages" && s.kind == SeriesKind::Gauge));
         let slots = [crate::appcounters::Slot { name: "hits".into(), kind: SeriesKind::Counter }];
@@ -470,7 +483,7 @@ mod tests {
         w.add(0, 3);
         std::thread::sleep(std::time::Duration::from_millis(50));
         let mut row = Vec::new();
-        c.sample(50_000_000, &mut row);
+        c.sample(&mut row);
         let col = |name: &str| c.series().iter().position(|s| s.name == name).unwrap();
         assert_eq!(row[col("app.t.hits")], 3.0, "the increase since the file was found");
         let cpu_ns: f64 = c

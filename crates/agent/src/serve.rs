@@ -229,7 +229,7 @@ fn session(
     let mut row = Vec::new();
     // A new baseline: the first row covers from here, and noise periods from before the host
     // came are not its.
-    collector.sample(config.interval_ns, &mut row);
+    collector.sample(&mut row);
     noise.iter().for_each(|n| n.restart());
     let mut last_row = monotonic_ns();
     let mut next_row = (last_row / config.interval_ns + 1) * config.interval_ns;
@@ -295,7 +295,7 @@ fn session(
                     Message::Schema(collector.series().to_vec()).encode(&mut out);
                 }
             }
-            collector.sample(now - last_row, &mut row);
+            collector.sample(&mut row);
             Message::encode_row(&mut out, last_row, now, &row);
             for batch in noise.map(NoiseLoops::take).unwrap_or_default() {
                 Message::Noise(Box::new(batch)).encode(&mut out);

@@ -141,6 +141,16 @@
     }
   }
 
+  // perf counters per VM and CPU: how much of each was measured (a counter taking turns on
+  // the PMU is scaled up from its share), and those this host could not count.
+  function counters(I) {
+    const m = I.metrics.filter((x) => x.metric.startsWith("perf."));
+    if (!m.length && !I.unavailable.length) return;
+    const s = section("Counters", "perf counters over the run; measured: the share of the time a counter that took turns on the PMU was counting (its total is scaled up from it), – where it always counted.");
+    s.append(table("grid", ["entity", "counter", "unit", "total", "per s", "measured"],
+      m.map((x) => [x.entity, x.metric, x.unit, fmt(x.total, 0), fmt(x.per_second, 1), x.measured === undefined ? "–" : fmt(100 * x.measured, 0) + " %"])));
+  }
+
   function guests(D) {
     for (const g of D.guests) {
       const c = g.clock;
@@ -187,6 +197,7 @@
       phases(D, D.intervals);
       timelines(D, D.intervals);
       heatmap(D, D.intervals);
+      counters(D.intervals);
     }
     guests(D);
   });

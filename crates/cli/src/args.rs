@@ -117,6 +117,11 @@ pub struct AgentArgs {
     /// Also count perf software events per CPU (and hardware ones where there is a vPMU).
     #[arg(long)]
     pub perf: bool,
+    /// Count these perf events per guest CPU instead (implies --perf), named as `record
+    /// --counters` takes them: cycles:u, L1-dcache-load-misses, msr/tsc/, r003c, …; those the
+    /// guest cannot count are sent as unavailable with the kernel's reason.
+    #[arg(long, value_name = "LIST")]
+    pub perf_events: Option<String>,
     /// Serve this many hosts, then exit (default: until stopped).
     #[arg(long, value_name = "N")]
     pub sessions: Option<u32>,
@@ -674,6 +679,15 @@ pub struct RecordArgs {
     /// Also sample counters every interval (down to 1ms): per CPU, per VM and per vCPU.
     #[arg(long, value_name = "TIME[us|ms|s]", value_parser = duration)]
     pub interval: Option<Duration>,
+    /// With --interval: the counters to sample per vCPU thread and per CPU, instead of the
+    /// built-in set, named as `perf stat -e` takes them: hardware (cycles, instructions,
+    /// cache-misses, …), software (task-clock, page-faults, …), cache (L1-dcache-load-misses),
+    /// tracepoints (kvm:kvm_exit), raw codes (r003c) and sysfs PMU events (msr/tsc/,
+    /// cpu/event=0x3c,umask=0/), with modifiers :u :k :h :G :H; `default` adds the built-in
+    /// set. Those over --hw-counters take turns and are scaled (their share in `.mux` series);
+    /// one this host cannot count is reported with the kernel's reason, the rest kept.
+    #[arg(long, value_name = "LIST", requires = "interval")]
+    pub counters: Option<String>,
     /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
     #[arg(long, value_name = "N", default_value_t = crate::recorder::DEFAULT_HW_COUNTERS)]
     pub hw_counters: usize,

@@ -17,7 +17,7 @@ use perf_event::events::{Hardware, Software, Tracepoint};
 use perf_event::{Builder, Counter, Group, ReadFormat};
 use virtprof_model::interval::SeriesKind;
 
-use crate::mux::{groups_of, scale, Reading, Rotation};
+use crate::mux::{groups_of, rotation_span, scale, Reading, Rotation};
 
 /// What to count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,54 @@ pub enum CounterEvent {
         /// Count in guest mode only (exclude_host).
         guest_only: bool,
     },
+    /// Any event by its `perf_event_attr` type and configs: a hardware, cache or raw event,
+    /// or a sysfs PMU's (`record --counters`, [`crate::event_names`]).
+    Pmu {
+        /// `PERF_TYPE_*`, or a sysfs PMU's dynamic type.
+        type_: u32,
+        /// `config`.
+        config: u64,
+        /// `config1`.
+        config1: u64,
+        /// `config2`.
+        config2: u64,
+        /// What it leaves out (perf's modifiers).
+        modes: Modes,
+    },
+}
+
+/// perf's event modifiers, as the exclusions they set (`cycles:u` leaves out kernel and
+/// hypervisor; `:G` the host, `:H` the guest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Modes {
+    /// Leave out user mode.
+    pub exclude_user: bool,
+    /// Leave out kernel mode.
+    pub exclude_kernel: bool,
+    /// Leave out the hypervisor.
+    pub exclude_hv: bool,
+    /// Leave out the host (count the guest).
+    pub exclude_host: bool,
+    /// Leave out guests.
+    pub exclude_guest: bool,
+}
+
+/// An event given by its attributes: what `perf_event_open` is told.
+#[derive(Debug, Clone, Copy)]
+struct Attr {
+    type_: u32,
+    config: u64,
+    config1: u64,
+    config2: u64,
+}
+
+impl perf_event::events::Event for Attr {
+    fn update_attrs(self, attr: &mut perf_event_open_sys::bindings::perf_event_attr) {
+        attr.type_ = self.type_;
+        attr.config = self.config;
+        attr.config1 = self.config1;
+        attr.config2 = self.config2;
+    }
 }
 
 /// A counter to open, with its metric name.
@@ -51,8 +99,10 @@ pub struct CounterSpec {
 }
 
 impl CounterSpec {
-    fn is_hardware(&self) -> bool {
-        matches!(self.event, CounterEvent::Hardware { .. })
+    /// Whether it takes a PMU counter, so takes turns with the others when they are more
+    /// than the PMU has.
+    fn rotates(&self) -> bool {
+        matches!(self.event, CounterEvent::Hardware { .. } | CounterEvent::Pmu { .. })
     }
 
     fn builder(&self) -> Builder<'static> {
@@ -60,6 +110,16 @@ impl CounterSpec {
             CounterEvent::Software(c) => Builder::new(Software(c)),
             CounterEvent::Tracepoint(id) => Builder::new(Tracepoint::with_id(id)),
             CounterEvent::Hardware { config, .. } => Builder::new(Hardware(config)),
+            CounterEvent::Pmu { type_, config, config1, config2, modes } => {
+                let mut b = Builder::new(Attr { type_, config, config1, config2 });
+                b.exclude_user(modes.exclude_user)
+                    .exclude_kernel(modes.exclude_kernel)
+                    .exclude_hv(modes.exclude_hv)
+                    .exclude_host(modes.exclude_host)
+                    .exclude_guest(modes.exclude_guest);
+                b.read_format(ReadFormat::TOTAL_TIME_ENABLED | ReadFormat::TOTAL_TIME_RUNNING);
+                return b;
+            }
         };
         // perf-event2 excludes kernel mode by default; tracepoints fire only there, and the
         // software events should see the thread's whole time.
@@ -159,6 +219,8 @@ struct PlainGroup {
     group: Group,
     /// The members, kept open; their values come in this order after the leader's.
     members: Vec<Counter>,
+    /// A last member that is never reported (see [`PlainGroup::pad`]).
+    pad: Option<Counter>,
     /// The previous read's counts, per member.
     previous: Vec<u64>,
     /// Read buffer: nr, time_enabled, time_running, then (value, id) of the leader and of
@@ -172,7 +234,30 @@ impl PlainGroup {
         let mut leader = Group::builder();
         target.apply(&mut leader);
         leader.enabled(true);
-        Ok(PlainGroup { group: leader.build_group()?, members: Vec::new(), previous: Vec::new(), buf: Vec::new() })
+        Ok(PlainGroup {
+            group: leader.build_group()?,
+            members: Vec::new(),
+            pad: None,
+            previous: Vec::new(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Events in the group after the leader.
+    fn events(&self) -> usize {
+        self.members.len() + usize::from(self.pad.is_some())
+    }
+
+    /// End the group with a dummy event. Measured on 6.18: in a per-CPU group read from
+    /// another CPU, `cpu-clock` reads 0 when it is the group's last event and counts when
+    /// any event follows it (`perf stat -a` is right: it reads each event alone).
+    fn pad(&mut self, target: Target) -> std::io::Result<()> {
+        let mut b = Builder::new(Software::DUMMY);
+        target.apply(&mut b);
+        b.enabled(true);
+        self.pad = Some(self.group.add(&b)?);
+        self.buf.resize(Self::words(self.events()), 0);
+        Ok(())
     }
 
     /// Words a group read of `members` (plus the leader) fills.
@@ -187,7 +272,7 @@ impl PlainGroup {
         b.enabled(true);
         self.members.push(self.group.add(&b)?);
         self.previous.push(0);
-        self.buf.resize(Self::words(self.members.len()), 0);
+        self.buf.resize(Self::words(self.events()), 0);
         Ok(())
     }
 
@@ -197,8 +282,8 @@ impl PlainGroup {
         // SAFETY: `buf` is a live, writable allocation of exactly `bytes` bytes, and the fd is
         // the group leader's, open for as long as `self.group` lives.
         let n = unsafe { libc::read(self.group.as_counter().as_raw_fd(), self.buf.as_mut_ptr().cast(), bytes) };
-        let members = self.members.len();
-        if usize::try_from(n).ok() != Some(8 * Self::words(members)) || self.buf[0] != 1 + members as u64 {
+        let (members, events) = (self.members.len(), self.events());
+        if usize::try_from(n).ok() != Some(8 * Self::words(events)) || self.buf[0] != 1 + events as u64 {
             out[..members].iter_mut().for_each(|v| *v = f64::NAN);
             return;
         }
@@ -227,8 +312,7 @@ impl Counters {
     pub fn open(target: Target, specs: &[CounterSpec], hw_counters: usize) -> (Self, Vec<(String, String)>) {
         let mut unavailable = Vec::new();
         let mut columns = Vec::new();
-        let (hw_specs, plain_specs): (Vec<&CounterSpec>, Vec<&CounterSpec>) =
-            specs.iter().partition(|s| s.is_hardware());
+        let (hw_specs, plain_specs): (Vec<&CounterSpec>, Vec<&CounterSpec>) = specs.iter().partition(|s| s.rotates());
         let mut plain = match PlainGroup::open(target) {
             Ok(group) => Some(group),
             Err(e) => {
@@ -241,6 +325,11 @@ impl Counters {
                 match group.add(spec, target) {
                     Ok(()) => columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta)),
                     Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+                }
+            }
+            if matches!(target, Target::Cpu(_)) && !group.members.is_empty() {
+                if let Err(e) = group.pad(target) {
+                    log::debug!("padding a CPU's counter group: {e}");
                 }
             }
             // Baseline: counts start at the first read.
@@ -257,7 +346,7 @@ impl Counters {
                     columns.push((spec.metric.clone(), spec.unit, SeriesKind::Delta));
                     columns.push((format!("{}.mux", spec.metric), "ratio", SeriesKind::Ratio));
                 }
-                Err(e) => unavailable.push((spec.metric.clone(), e.to_string())),
+                Err(e) => unavailable.push((spec.metric.clone(), pmu_refusal(&e))),
             }
         }
         let mut counters = opened.into_iter();
@@ -304,29 +393,49 @@ impl Counters {
         }
     }
 
-    /// Write one interval of `interval_ns` into `out` (one value per column; NaN where a
-    /// counter did not run or could not be read).
-    pub fn sample(&mut self, interval_ns: u64, out: &mut [f64]) {
+    /// Write one interval into `out` (one value per column; NaN where a counter did not run
+    /// or could not be read).
+    pub fn sample(&mut self, out: &mut [f64]) {
         let mut i = 0;
         if let Some(group) = self.plain.as_mut() {
             group.sample(&mut out[..group.members.len()]);
             i = group.members.len();
         }
+        let deltas: Vec<Vec<Option<Reading>>> = self
+            .hardware
+            .iter_mut()
+            .map(|group| {
+                group
+                    .iter_mut()
+                    .map(|(counter, previous)| {
+                        let now = read(counter)?;
+                        Some(now.since(std::mem::replace(previous, now)))
+                    })
+                    .collect()
+            })
+            .collect();
         let rotated = self.hardware.len() > 1;
-        for group in &mut self.hardware {
-            for (counter, previous) in group.iter_mut() {
-                let scaled = read(counter).and_then(|now| {
-                    let delta = now.since(*previous);
-                    *previous = now;
-                    // A rotated counter is disabled outside its turns, so its own enabled time
-                    // shrinks with it: scale to the interval instead.
-                    scale(delta, if rotated { interval_ns } else { delta.enabled_ns })
-                });
-                out[i] = scaled.map_or(f64::NAN, |s| s.value);
-                out[i + 1] = scaled.map_or(0.0, |s| s.ratio);
-                i += 2;
-            }
+        let span = rotation_span(deltas.iter().map(|g| g.iter().flatten().map(|d| d.enabled_ns).max().unwrap_or(0)));
+        for delta in deltas.iter().flatten() {
+            // Alone, a counter scales by its own enabled time (the kernel's multiplexing);
+            // taking turns, by the time all the turns add up to.
+            let scaled = delta.and_then(|d| scale(d, if rotated { span } else { d.enabled_ns }));
+            out[i] = scaled.map_or(f64::NAN, |s| s.value);
+            out[i + 1] = scaled.map_or(0.0, |s| s.ratio);
+            i += 2;
         }
+    }
+}
+
+/// Why the kernel would not open a PMU event, in words a user can act on.
+fn pmu_refusal(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::EOPNOTSUPP) => format!("no PMU on this host counts it ({e})"),
+        Some(libc::EACCES | libc::EPERM) => {
+            format!("not permitted ({e}): run as root, or lower /proc/sys/kernel/perf_event_paranoid")
+        }
+        Some(libc::EINVAL) => format!("its PMU refuses these settings, e.g. a modifier it cannot honour ({e})"),
+        _ => e.to_string(),
     }
 }
 
@@ -360,7 +469,7 @@ mod tests {
         };
         std::hint::black_box((0..2_000_000u64).sum::<u64>());
         let mut out = vec![0.0; n];
-        counters.sample(1_000_000, &mut out);
+        counters.sample(&mut out);
         assert!(out[task_clock] > 0.0, "task-clock counted this thread's work");
         for (metric, reason) in &unavailable {
             assert!(!reason.is_empty(), "{metric} refused without a reason");

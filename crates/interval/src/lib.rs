@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod counters;
+pub mod event_names;
 pub mod mux;
 pub mod procstat;
 pub mod ring;

@@ -51,6 +51,14 @@ pub fn scale(delta: Reading, span_ns: u64) -> Option<Scaled> {
     Some(Scaled { value: delta.count as f64 / ratio, ratio })
 }
 
+/// The span groups taking turns scale to in one interval: the sum of each group's enabled
+/// time. Each group is enabled in its turns only, and a thread's counters only while the
+/// thread runs, so a vCPU thread's counters scale to the time it ran (as `perf stat -p`
+/// reports it), not to the wall clock; a CPU's, to the interval.
+pub fn rotation_span(group_enabled_ns: impl IntoIterator<Item = u64>) -> u64 {
+    group_enabled_ns.into_iter().fold(0, u64::saturating_add)
+}
+
 /// Scale a kernel-multiplexed delta (span = its own time enabled).
 pub fn scale_kernel_multiplexed(delta: Reading) -> Option<Scaled> {
     scale(delta, delta.enabled_ns)
@@ -108,6 +116,17 @@ mod tests {
     fn a_counter_that_ran_a_quarter_is_scaled_four_times() {
         let s = scale_kernel_multiplexed(Reading { count: 250, enabled_ns: 1000, running_ns: 250 }).unwrap();
         assert_eq!((s.value, s.ratio), (1000.0, 0.25));
+    }
+
+    #[test]
+    fn turns_scale_to_what_they_add_up_to() {
+        // A thread that ran 60 ms of a 100 ms interval, counted by group 0 for 25 ms of it and
+        // by group 1 for 35 ms: each scales to the 60 ms it ran, not to the 100 ms.
+        let span = rotation_span([25_000_000, 35_000_000]);
+        assert_eq!(span, 60_000_000);
+        let s = scale(Reading { count: 250, enabled_ns: 25_000_000, running_ns: 25_000_000 }, span).unwrap();
+        assert_eq!(s.value, 600.0);
+        assert!((s.ratio - 25.0 / 60.0).abs() < 1e-12);
     }
 
     #[test]

@@ -270,10 +270,9 @@ impl IntervalSampler {
         self.vms.iter_mut().flat_map(|vm| &mut vm.vcpus).for_each(|v| v.counters.rotate());
     }
 
-    /// Read every source and write the interval's values (of `span_ns`) into `out`, one per
-    /// series. A source that cannot be read gives NaN (unknown), never zero; so does a CPU
+    /// Read every source and write the interval's values into `out`, one per series. A source that cannot be read gives NaN (unknown), never zero; so does a CPU
     /// column's first sample, which has no earlier reading to subtract.
-    pub fn sample(&mut self, span_ns: u64, out: &mut [f64]) {
+    pub fn sample(&mut self, out: &mut [f64]) {
         let raw = &mut self.raw;
         let cpus = &self.cpus;
         let mut filled = 0;
@@ -289,7 +288,7 @@ impl IntervalSampler {
         let mut i = cpus.len() * 8;
         for counters in &mut self.cpu_counters {
             let n = counters.columns().len();
-            counters.sample(span_ns, &mut raw[i..i + n]);
+            counters.sample(&mut raw[i..i + n]);
             i += n;
         }
         let mut text = [0u8; 128];
@@ -320,7 +319,7 @@ impl IntervalSampler {
                     i += 2;
                 }
                 let n = v.counters.columns().len();
-                v.counters.sample(span_ns, &mut raw[i..i + n]);
+                v.counters.sample(&mut raw[i..i + n]);
                 i += n;
             }
         }

@@ -29,7 +29,12 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         address: args.listen.clone(),
         token,
         interval_ns,
-        collect: CollectConfig { counters: args.counters.clone(), perf: args.perf, marker_port: args.marker_port },
+        collect: CollectConfig {
+            counters: args.counters.clone(),
+            perf: args.perf || args.perf_events.is_some(),
+            perf_events: args.perf_events.as_deref().map(perf_events).transpose()?,
+            marker_port: args.marker_port,
+        },
         sessions: args.sessions,
         noise: noise_config(args)?,
     };
@@ -48,6 +53,14 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         _ => anyhow::Error::new(e).context(format!("serving on {}", args.listen)),
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--perf-events LIST`, checked against this guest's tracefs and PMUs.
+fn perf_events(list: &str) -> anyhow::Result<Vec<virtprof_interval::counters::CounterSpec>> {
+    let tracefs = std::path::Path::new("/sys/kernel/tracing");
+    let pmus = std::path::Path::new("/sys/bus/event_source/devices");
+    virtprof_interval::event_names::parse_counters(list, tracefs, pmus)
+        .map_err(|e| usage(format!("--perf-events: {e}")))
 }
 
 /// `--noise CPUS` and its timing, checked.

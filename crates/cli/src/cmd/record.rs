@@ -91,7 +91,18 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
             args.clock
         )));
     }
+    let counters = match &args.counters {
+        Some(list) => {
+            // Tracepoints are looked up where the recording will find tracefs.
+            let tracefs = virtprof_trace::tracefs::Tracefs::locate_or_mount().map_err(|e| usage(e.to_string()))?;
+            let pmus = std::path::Path::new("/sys/bus/event_source/devices");
+            let specs = virtprof_interval::event_names::parse_counters(list, tracefs.root(), pmus);
+            Some(specs.map_err(|e| usage(format!("--counters: {e}")))?)
+        }
+        None => None,
+    };
     Ok(RecordOptions {
+        counters,
         agents: args.agent.iter().map(|a| (a.clone(), token.clone())).collect(),
         agent_limits: virtprof_agent::limits::GuestLimits { max_bytes: args.agent_max_mib << 20, ..Default::default() },
         agent_wait: args.agent_wait,

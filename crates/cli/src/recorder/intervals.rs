@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use virtprof_host::affinity::prefer_realtime;
 use virtprof_host::{monotonic_ns, sleep_until_or_stop};
-use virtprof_interval::counters::default_specs;
+use virtprof_interval::counters::{default_specs, CounterSpec};
 use virtprof_interval::ring::IntervalRing;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::Discovery;
@@ -39,13 +39,16 @@ pub struct IntervalThread {
 
 impl IntervalThread {
     /// Start sampling every `interval_ns` into `tx`.
+    /// `counters`: per vCPU thread (and, as `counters::per_cpu_specs` makes them, per CPU);
+    /// the built-in set when None.
     pub fn start(
         interval_ns: u64,
+        counters: Option<Vec<CounterSpec>>,
         hw_counters: usize,
         tracefs: &std::path::Path,
         tx: SyncSender<WriterMsg>,
     ) -> anyhow::Result<Self> {
-        let config = SamplerConfig { counters: default_specs(tracefs), hw_counters };
+        let config = SamplerConfig { counters: counters.unwrap_or_else(|| default_specs(tracefs)), hw_counters };
         let mut sampler = IntervalSampler::new(config)?;
         let mut discovery = Discovery::new("/proc", Vec::new());
         sampler.add_vms(&discovery.scan());
@@ -86,7 +89,7 @@ fn run(
     send_schema(&sampler)?;
     // The baseline: every column's first delta is measured from here.
     let t0 = monotonic_ns();
-    sampler.sample(0, &mut row);
+    sampler.sample(&mut row);
     let (mut next, mut last_end, mut rows) = (0u64, t0, 0u64);
     let (mut last_drain, mut last_discover) = (Instant::now(), Instant::now());
     let mut discover_every = DISCOVER_FIRST;
@@ -118,7 +121,7 @@ fn run(
         // The interval this wake-up ends; later than `next` when we overslept.
         let stopping = stopping || stop.load(Ordering::Acquire);
         let index = if stopping { next } else { ((now - t0) / interval_ns).saturating_sub(1).max(next) };
-        sampler.sample(now - last_end, &mut row);
+        sampler.sample(&mut row);
         ring.produce(index, last_end, now).copy_from_slice(&row);
         last_end = now;
         next = index + 1;

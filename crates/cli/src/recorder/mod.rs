@@ -89,6 +89,8 @@ pub struct RecordOptions {
     pub vm: Vec<u32>,
     /// Sample counters every this many ns.
     pub interval_ns: Option<u64>,
+    /// Counters sampled per interval (the built-in set when None).
+    pub counters: Option<Vec<virtprof_interval::counters::CounterSpec>>,
     /// Hardware counters at once.
     pub hw_counters: usize,
     /// Record until this command exits.
@@ -110,6 +112,7 @@ impl Default for RecordOptions {
             clock: DEFAULT_CLOCK.into(),
             vm: Vec::new(),
             interval_ns: None,
+            counters: None,
             hw_counters: DEFAULT_HW_COUNTERS,
             command: Vec::new(),
             agents: Vec::new(),
@@ -245,7 +248,13 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         }
     })?;
     let interval_thread = match interval_ns {
-        Some(ns) => Some(intervals::IntervalThread::start(ns, options.hw_counters, tracefs.root(), tx.clone())?),
+        Some(ns) => Some(intervals::IntervalThread::start(
+            ns,
+            options.counters.clone(),
+            options.hw_counters,
+            tracefs.root(),
+            tx.clone(),
+        )?),
         None => None,
     };
 

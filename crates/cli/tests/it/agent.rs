@@ -556,3 +556,60 @@ fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
     let _ = std::fs::remove_file(&rec);
     let _ = std::fs::remove_file(&token);
 }
+
+/// `agent --perf-events`: the guest counts the events it is given per CPU (here the msr PMU's
+/// TSC, at the rate `perf stat` measures on this host, over each CPU's cpu-clock) and says
+/// which it cannot count and why; a name perf would not take is a usage error.
+#[test]
+fn an_agent_counts_the_perf_events_it_is_given_and_says_which_it_cannot() {
+    let test = "an_agent_counts_the_perf_events_it_is_given_and_says_which_it_cannot";
+    if !have_tracefs(test) {
+        return;
+    }
+    let out = virtprof().args(["agent", "--perf-events", "cycels"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--perf-events: 'cycels'"));
+    let Some(tsc_per_ns) = super::intervals::tsc_per_ns_by_perf_stat() else {
+        note(test, "SKIP: no msr PMU TSC event to check against on this host");
+        return;
+    };
+    let _lock = vm_lock();
+    let token = token_file("agent-perf-token");
+    let port = free_port();
+    let mut agent = virtprof()
+        .args(["agent", "--listen", &format!("tcp:127.0.0.1:{port}"), "--interval", "100ms", "--sessions", "1"])
+        .args(["--perf-events", "cpu-clock,msr/tsc/,cycles:u,kvm:kvm_exit", "--token-file"])
+        .arg(&token)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rec = temp("agent-perf.vprec");
+    let out = virtprof()
+        .args(["record", "-d", "2s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(agent.wait().unwrap().success());
+    let r = report_json(&rec);
+    let g = &r["guests"][0];
+    let total = |name: &str| {
+        let m = g["metrics"].as_array().unwrap().iter().find(|m| m["metric"] == name);
+        m.unwrap_or_else(|| panic!("no {name} in {}", g["metrics"]))["total"].as_f64().unwrap()
+    };
+    for cpu in 0..2 {
+        let rate = total(&format!("cpu{cpu}.perf.cpu.msr/tsc/")) / total(&format!("cpu{cpu}.perf.cpu.cpu-clock"));
+        assert!((rate / tsc_per_ns - 1.0).abs() < 0.02, "cpu{cpu}: {rate} ticks per ns, perf stat {tsc_per_ns}");
+    }
+    let unavailable = g["unavailable"].as_array().unwrap();
+    let reason = |name: &str| unavailable.iter().find(|u| u[0] == name).map(|u| u[1].as_str().unwrap().to_string());
+    assert!(reason("perf.kvm:kvm_exit").is_some_and(|r| r.contains("not counted per CPU")), "{unavailable:?}");
+    // Where the host has a PMU, cycles count; here it has none and says so.
+    if let Some(why) = reason("perf.cpu.cycles:u") {
+        assert!(why.contains("no PMU"), "{why}");
+    }
+    let _ = std::fs::remove_file(&rec);
+    let _ = std::fs::remove_file(&token);
+}

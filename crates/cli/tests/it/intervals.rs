@@ -188,3 +188,166 @@ fn csv_export_without_intervals_says_how_to_record_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--interval"));
     let _ = std::fs::remove_file(rec);
 }
+
+/// This host's TSC rate (ticks per ns) as `perf stat` counts it per CPU, measured now.
+pub fn tsc_per_ns_by_perf_stat() -> Option<f64> {
+    let out = std::process::Command::new("perf")
+        .args(["stat", "-a", "-A", "-x,", "-e", "msr/tsc/", "--", "sleep", "0.3"])
+        .output()
+        .ok()?;
+    // CPU0,753769458,,msr/tsc/,301508424,100.00,...: count, then the ns it ran.
+    let text = String::from_utf8_lossy(&out.stderr);
+    let line = text.lines().find(|l| l.contains("msr/tsc/"))?;
+    let cells: Vec<&str> = line.split(',').collect();
+    let (ticks, ns): (f64, f64) = (cells.get(1)?.parse().ok()?, cells.get(4)?.parse().ok()?);
+    (ns > 0.0).then(|| ticks / ns)
+}
+
+/// Counters chosen by name (`record --counters`): a tracepoint counted per vCPU equals the
+/// trace's count row by row; a sysfs PMU event (the msr PMU's TSC) taking turns with another
+/// (`--hw-counters 1`) is measured about half the time and scaled to the time its target could
+/// be counted: a CPU's whole interval, a vCPU thread's run time (task-clock), each at the TSC
+/// rate `perf stat` measures now; events this host's PMU lacks are reported, the rest kept.
+#[test]
+fn counters_by_name_take_turns_and_scale_to_what_perf_stat_counts() {
+    let test = "counters_by_name_take_turns_and_scale_to_what_perf_stat_counts";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    if !std::path::Path::new("/sys/bus/event_source/devices/msr").exists() {
+        note(test, "SKIP: no msr PMU on this host (its TSC event is the ground truth here)");
+        return;
+    }
+    let Some(tsc_per_ns) = tsc_per_ns_by_perf_stat() else {
+        note(test, "SKIP: perf stat cannot count msr/tsc/ here");
+        return;
+    };
+    let rec = temp("counters-by-name.vprec");
+    let list = "task-clock,kvm:kvm_pio,msr/tsc/,msr/smi/,cycles:u,L1-dcache-load-misses";
+    let truth = record_testvm(
+        &rec,
+        &["--interval", "100ms", "--hw-counters", "1", "--counters", list],
+        &["--workload", "pio-user", "--iterations", "20000", "--vcpus", "1"],
+    );
+    let vm = &truth.vms[0];
+    let csv = String::from_utf8(virtprof().arg("export").arg(&rec).output().unwrap().stdout).unwrap();
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let cells: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let column = |name: &str| -> Vec<Option<f64>> {
+        let at = header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+        cells.iter().map(|c| c[at].parse().ok()).collect()
+    };
+    let vcpu = format!("vm{}/vcpu0", vm.pid);
+
+    // The tracepoint per vCPU thread: the trace's own count in every row after the one the
+    // counter was opened in (it counts from then). The counters are read just after a row's
+    // end, the trace split at it: on a loaded host a few events fall on the other side.
+    let (counted, traced) = (column(&format!("{vcpu} perf.kvm:kvm_pio")), column(&format!("{vcpu} trace.pio")));
+    let first = counted.iter().position(Option::is_some).expect("the counter ran");
+    let rows: Vec<usize> = (first + 1..counted.len()).filter(|&r| counted[r].is_some_and(|v| v > 0.0)).collect();
+    assert!(rows.len() >= 5, "rows of I/O: {counted:?}");
+    let near = |a: f64, b: f64| (a - b).abs() <= 0.02 * b + 5.0;
+    for &r in &rows {
+        let (c, t) = (counted[r].unwrap(), traced[r].unwrap());
+        assert!(near(c, t), "row {r}: kvm:kvm_pio counted {counted:?}, traced {traced:?}");
+    }
+    let sum = |v: &[Option<f64>]| rows.iter().map(|&r| v[r].unwrap_or(0.0)).sum::<f64>();
+    assert!(near(sum(&counted), sum(&traced)), "{counted:?} {traced:?}");
+    let total: f64 = counted.iter().flatten().sum();
+    let io = vm.vcpus[0].userspace_exits.get("IO").copied().unwrap_or(0);
+    assert!(total <= io as f64, "{total} counted of the VMM's {io} port writes");
+
+    // The TSC per CPU, taking turns with msr/smi/: measured about half of each row and scaled
+    // to the row, which is the TSC rate times the row's length.
+    let start = column("start_ns");
+    let end = column("end_ns");
+    for cpu in 0..2 {
+        let (tsc, mux) =
+            (column(&format!("cpu{cpu} perf.cpu.msr/tsc/")), column(&format!("cpu{cpu} perf.cpu.msr/tsc/.mux")));
+        let full: Vec<usize> = (1..tsc.len()).filter(|&r| tsc[r].is_some()).collect();
+        assert!(full.len() >= 5, "cpu{cpu}: {tsc:?}");
+        let shares: f64 = full.iter().map(|&r| mux[r].unwrap()).sum::<f64>() / full.len() as f64;
+        assert!((0.3..=0.7).contains(&shares), "cpu{cpu}: measured {shares} of the time taking turns with one other");
+        let ticks: f64 = full.iter().map(|&r| tsc[r].unwrap()).sum();
+        let ns: f64 = full.iter().map(|&r| end[r].unwrap() - start[r].unwrap()).sum();
+        let rate = ticks / ns;
+        assert!(
+            (rate / tsc_per_ns - 1.0).abs() < 0.02,
+            "cpu{cpu}: {rate} TSC ticks per ns scaled, perf stat {tsc_per_ns}"
+        );
+    }
+    // Per vCPU thread: scaled to the time the thread ran, so TSC ticks = task-clock × rate.
+    let (tsc, task_clock) = (column(&format!("{vcpu} perf.msr/tsc/")), column(&format!("{vcpu} perf.task-clock")));
+    let both: Vec<usize> =
+        (first + 1..tsc.len()).filter(|&r| tsc[r].is_some() && task_clock[r].is_some_and(|t| t > 1e7)).collect();
+    assert!(both.len() >= 5, "{tsc:?} {task_clock:?}");
+    let ticks: f64 = both.iter().map(|&r| tsc[r].unwrap()).sum();
+    let ran: f64 = both.iter().map(|&r| task_clock[r].unwrap()).sum();
+    assert!(
+        (ticks / ran / tsc_per_ns - 1.0).abs() < 0.03,
+        "vCPU: {ticks} ticks over {ran} ns run, perf stat {tsc_per_ns}/ns"
+    );
+
+    // What this host's PMU lacks is said per counter; the report shows the measured share.
+    let report = json(&["report", "--json"], &rec);
+    let unavailable = report["intervals"]["unavailable"].as_array().unwrap();
+    let no_pmu = !std::process::Command::new("perf")
+        .args(["stat", "-e", "cycles:u", "-x,", "--", "true"])
+        .output()
+        .is_ok_and(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"));
+    for name in ["perf.cycles:u", "perf.L1-dcache-load-misses"] {
+        let listed = unavailable.iter().find(|u| u[0] == name);
+        if no_pmu {
+            let reason = listed.unwrap_or_else(|| panic!("{name} not reported: {unavailable:?}"))[1].as_str().unwrap();
+            assert!(reason.contains("no PMU"), "{name}: {reason}");
+        }
+    }
+    let metrics = report["intervals"]["metrics"].as_array().unwrap();
+    let measured = |entity: &str, metric: &str| {
+        metrics.iter().find(|m| m["entity"] == entity && m["metric"] == metric).map(|m| m["measured"].clone())
+    };
+    let share = measured("cpu0", "perf.cpu.msr/tsc/").expect("cpu0's TSC in the report");
+    assert!(share.as_f64().is_some_and(|s| (0.3..=0.7).contains(&s)), "{share}");
+    assert_eq!(
+        measured(&format!("vm{}", vm.pid), "perf.task-clock"),
+        Some(Value::Null),
+        "software counters always count"
+    );
+
+    // Parquet, as DuckDB reads it: each counter's share per row beside its value.
+    let dir = temp("counters-by-name.parquet");
+    let out = virtprof().arg("export").arg(&rec).args(["--format", "parquet", "-o"]).arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let query = format!(
+        "import duckdb; print(duckdb.sql(\"SELECT kind, count(*) FROM '{}/intervals.parquet' \
+         WHERE entity = 'cpu0' AND metric = 'perf.cpu.msr/tsc/.mux' GROUP BY kind\").fetchall())",
+        dir.display()
+    );
+    match std::process::Command::new("python3").args(["-c", &query]).output() {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(text.starts_with("[('ratio', "), "{text}");
+        }
+        _ => note(test, "SKIP (Parquet part): no python3 duckdb (scripts/test.sh installs it)"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&rec);
+}
+
+#[test]
+fn counters_by_name_refuse_bad_names_and_need_intervals() {
+    for (args, says) in [
+        (vec!["--interval", "100ms", "--counters", "cycels"], "--counters: 'cycels': not an event perf knows"),
+        (vec!["--interval", "100ms", "--counters", "cycles:q"], "unknown modifier 'q'"),
+        (vec!["--interval", "100ms", "--counters", "nopmu/x/"], "no PMU 'nopmu' on this host"),
+        (vec!["--counters", "task-clock"], "--interval"),
+    ] {
+        let out = virtprof().args(["record", "-o", "/tmp/never-written.vprec"]).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!std::path::Path::new("/tmp/never-written.vprec").exists());
+    }
+}

@@ -181,8 +181,7 @@ pub fn run_observed(
     let status = config.actuate.then(crate::energy::status::StatusFile::create);
 
     let mut row = vec![0.0; sampler.series().len()];
-    let mut last_sample = monotonic_ns();
-    sampler.sample(0, &mut row);
+    sampler.sample(&mut row);
     let end = config.duration_ns.map_or(u64::MAX, |d| t0.saturating_add(d));
     let forced_every = (config.forced_hz > 0.0).then(|| saturating_u64(1e9 / config.forced_hz));
     let mut next_period = t0 + config.period_ns;
@@ -250,8 +249,7 @@ pub fn run_observed(
             result.forced_missed += due - 1;
         }
         if now >= next_period || stopping {
-            sampler.sample(now - last_sample, &mut row);
-            last_sample = now;
+            sampler.sample(&mut row);
             let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
             observe(&activities);
             let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();

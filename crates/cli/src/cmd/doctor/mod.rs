@@ -288,10 +288,26 @@ fn features(
         (true, Some(false)) => "heavyweight round trips from kvm_userspace_exit/kvm_fpu; lightweight counts from evidence events and the KVM stats fd; per-exit durations of lightweight exits unavailable",
         (true, None) => "depends on kvm_exit (run doctor without --no-probe to find out)",
     };
-    let counters = match hardware {
-        Availability::Available => "software and hardware counters",
-        Availability::Unavailable(_) => "software counters and tracepoint counts only (no hardware PMU)",
-    };
+    // `record --counters` also reaches the sysfs PMUs this kernel has (msr, power, uncore).
+    let pmus: Vec<String> = std::fs::read_dir("/sys/bus/event_source/devices")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let mut pmus: Vec<&str> = pmus
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !["software", "tracepoint", "breakpoint", "kprobe", "uprobe"].contains(p))
+        .collect();
+    pmus.sort_unstable();
+    let counters = format!(
+        "{}; `record --counters` by perf's names, sysfs PMUs here: {}",
+        match hardware {
+            Availability::Available => "software and hardware counters",
+            Availability::Unavailable(_) => {
+                "software counters and tracepoint counts (no hardware PMU: hardware, cache and raw events are reported unavailable)"
+            }
+        },
+        if pmus.is_empty() { "none".to_string() } else { pmus.join(", ") }
+    );
     let energy = if rapl {
         "per-vCPU model; `balance calibrate --live` fits its weights against RAPL package energy"
     } else {
@@ -313,7 +329,7 @@ fn features(
                 "approximate, from schedstat and KVM stats polling"
             },
         ),
-        f("counters", counters),
+        f("counters", &counters),
         f("boot", &boot_sources(kvm, tracefs, exits_live)),
         f("energy", energy),
         f("balance", balance),

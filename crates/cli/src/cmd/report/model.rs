@@ -206,6 +206,10 @@ pub struct MetricOut {
     pub unit: String,
     pub total: f64,
     pub per_second: f64,
+    /// For a counter that took turns on the PMU: the share of the time it was measured, over
+    /// the rows (the rest of its total is scaled up); null for one that always counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -340,6 +344,23 @@ fn timeline(buckets: &[Span], vms: &[virtprof_analysis::qos::VmInfo], bucket_ns:
     Timeline { bucket_ns, t_s, vcpus }
 }
 
+/// The mean multiplex ratio (`METRIC.mux`) of a counter over the rows, for `entity` or, for a
+/// VM, over its vCPUs; None when the counter never took turns.
+fn measured_share(table: &IntervalTable, entity: &Entity, metric: &str) -> Option<f64> {
+    let mux = format!("{metric}.mux");
+    let ours = |e: &Entity| match (entity, e) {
+        (Entity::Vm(vm), Entity::Vcpu { pid, .. }) => vm == pid,
+        _ => e == entity,
+    };
+    let ratios: Vec<f64> = table
+        .columns
+        .iter()
+        .filter(|c| c.series.metric == mux && ours(&c.series.entity))
+        .flat_map(|c| c.values.iter().copied().filter(|v| !v.is_nan()))
+        .collect();
+    (!ratios.is_empty()).then(|| ratios.iter().sum::<f64>() / ratios.len() as f64)
+}
+
 fn intervals(
     table: &IntervalTable,
     recording: &Session,
@@ -359,6 +380,7 @@ fn intervals(
             unit: c.series.unit.clone(),
             total: c.total(),
             per_second: c.total() / seconds,
+            measured: measured_share(table, &c.series.entity, &c.series.metric),
         })
         .filter(|m| m.total != 0.0)
         .collect();
@@ -464,6 +486,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
                 } else {
                     f64::NAN
                 },
+                measured: None,
             }),
         }
     }

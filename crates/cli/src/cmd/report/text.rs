@@ -181,9 +181,11 @@ fn print_intervals(iv: &IntervalsOut, out: &mut impl Write) -> io::Result<()> {
         iv.overwritten,
         iv.events_outside_rows
     )?;
-    writeln!(out, "{:<22} {:<36} {:>16} {:>14}", "ENTITY", "METRIC", "TOTAL", "PER SECOND")?;
+    // MEASURED: the share of the time a counter that took turns on the PMU was counting.
+    writeln!(out, "{:<22} {:<36} {:>16} {:>14} {:>9}", "ENTITY", "METRIC", "TOTAL", "PER SECOND", "MEASURED")?;
     for m in &iv.metrics {
-        writeln!(out, "{:<22} {:<36} {:>16.0} {:>14.1}", m.entity, m.metric, m.total, m.per_second)?;
+        let measured = m.measured.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", 100.0 * r));
+        writeln!(out, "{:<22} {:<36} {:>16.0} {:>14.1} {measured:>9}", m.entity, m.metric, m.total, m.per_second)?;
     }
     let p = &iv.phases;
     let starts: Vec<String> = p.boundaries_ns.iter().map(|&ns| format!("{:.3}s", ns as f64 / 1e9)).collect();
