@@ -684,7 +684,7 @@ pub struct RecordArgs {
     /// cache-misses, …), software (task-clock, page-faults, …), cache (L1-dcache-load-misses),
     /// tracepoints (kvm:kvm_exit), raw codes (r003c) and sysfs PMU events (msr/tsc/,
     /// cpu/event=0x3c,umask=0/), with modifiers :u :k :h :G :H; `default` adds the built-in
-    /// set. Those over --hw-counters take turns and are scaled (their share in `.mux` series);
+    /// set. Tracepoints are counted per vCPU thread (the trace has them per CPU). Those over --hw-counters take turns and are scaled (their share in `.mux` series);
     /// one this host cannot count is reported with the kernel's reason, the rest kept.
     #[arg(long, value_name = "LIST", requires = "interval")]
     pub counters: Option<String>,
