@@ -189,6 +189,10 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let links = agents::Links::start(&options.agents, options.agent_limits, &tx)?;
     if !options.agents.is_empty() && !options.agent_wait.is_zero() {
         for address in links.wait_connected(options.agent_wait, &STOP_REQUESTED) {
+            if virtprof_host::stop::requested() {
+                eprintln!("virtprof: stopped while waiting for agent {address}");
+                continue;
+            }
             eprintln!(
                 "virtprof: agent {address} did not answer within {}; recording without it until it does (the gap is in the recording)",
                 virtprof_model::units::format_duration_ns(u64::try_from(options.agent_wait.as_nanos()).unwrap_or(u64::MAX))

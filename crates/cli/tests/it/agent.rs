@@ -416,6 +416,25 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
     assert!(stderr.contains("did not answer within 300ms") && stderr.contains("never answered"), "{stderr}");
     let text = String::from_utf8_lossy(&virtprof().arg("report").arg(&rec).output().unwrap().stdout).into_owned();
     assert!(text.contains("nothing recorded: it never answered") && !text.contains("CPU time"), "{text}");
+    // Ctrl-C while waiting for it ends the wait and the run, and says so.
+    let child = virtprof()
+        .args(["record", "--agent", &format!("tcp:127.0.0.1:{}", free_port()), "--agent-wait", "60s"])
+        .arg("--agent-token-file")
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough for it to be waiting (its handler is set before the first connect).
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGINT) };
+    let waited = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("stopped while waiting for agent"), "{stderr}");
+    assert!(waited.elapsed() < Duration::from_secs(20), "the wait did not end on SIGINT: {stderr}");
     let r = report_json(&rec);
     let gaps = &r["guests"][0]["gaps"];
     assert!(gaps[0]["cause"].as_str().unwrap().contains("cannot connect"), "{gaps}");
