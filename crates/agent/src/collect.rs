@@ -32,7 +32,7 @@ const VMSTAT: [(&str, SeriesKind); 9] = [
 
 /// The perf events the agent counts per CPU, named as the host's interval series are.
 mod perf_event_names {
-    use virtprof_interval::counters::{CounterEvent, CounterSpec};
+    use virtprof_interval::counters::{CounterEvent, CounterSpec, Modes};
 
     /// `PERF_COUNT_SW_*` values (linux/perf_event.h).
     const SW_CPU_CLOCK: u64 = 0;
@@ -68,7 +68,7 @@ mod perf_event_names {
                 specs.push(CounterSpec {
                     metric: format!("perf.{name}:{suffix}"),
                     unit: "events",
-                    event: CounterEvent::Hardware { config, user_only, kernel_only: !user_only, guest_only: false },
+                    event: CounterEvent::hardware(config, if user_only { Modes::USER } else { Modes::KERNEL }),
                 });
             }
         }

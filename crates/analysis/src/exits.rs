@@ -146,94 +146,89 @@ impl Thread {
     }
 }
 
-/// Every thread's state, by tid, the ones last looked up kept at hand by tid modulo
-/// [`CACHED_THREADS`]: nearly every event comes from one of a few vCPU threads (whose ids
-/// are usually consecutive), so most lookups hash nothing.
-#[derive(Debug, Default)]
-struct Threads {
-    states: Vec<(u32, Thread)>,
-    index: HashMap<u32, usize>,
-    cached: [Option<(u32, usize)>; CACHED_THREADS],
+/// Values by key in the order first seen, with the last key looked up in each of `SLOTS`
+/// cache slots ([`Cached::slot`]) kept at hand: nearly every event comes from one of a few
+/// vCPU threads, and consecutive exits mostly share their reason, so most lookups hash
+/// nothing.
+#[derive(Debug)]
+struct Table<K, V, const SLOTS: usize> {
+    rows: Vec<(K, V)>,
+    index: HashMap<K, usize>,
+    cached: [Option<(K, usize)>; SLOTS],
 }
 
-/// Slots of [`Threads`]' cache: a power of two, more than the vCPU threads a host usually
-/// interleaves in one trace.
-const CACHED_THREADS: usize = 16;
+/// A key of a [`Table`]: which cache slot it takes.
+trait Cached: Copy + Eq + std::hash::Hash {
+    fn slot(&self) -> usize;
+}
 
-impl Threads {
-    #[inline]
-    fn slot(tid: u32) -> usize {
-        tid as usize % CACHED_THREADS
+impl Cached for u32 {
+    /// A thread id: vCPU threads' ids are usually consecutive, so they take different slots.
+    fn slot(&self) -> usize {
+        *self as usize
     }
+}
 
+impl Cached for Key {
+    fn slot(&self) -> usize {
+        0
+    }
+}
+
+/// Every thread's state by tid; 16 slots, more than the vCPU threads a host usually
+/// interleaves in one trace.
+type Threads = Table<u32, Thread, 16>;
+/// The statistics of each reason; one slot, the last reason.
+type StatsTable = Table<Key, Stats, 1>;
+
+impl<K: Cached, V: Default, const SLOTS: usize> Default for Table<K, V, SLOTS> {
+    fn default() -> Self {
+        Table { rows: Vec::new(), index: HashMap::default(), cached: [None; SLOTS] }
+    }
+}
+
+impl<K: Cached, V: Default, const SLOTS: usize> Table<K, V, SLOTS> {
     #[inline]
-    fn position(&mut self, tid: u32) -> Option<usize> {
-        let slot = Self::slot(tid);
+    fn position(&mut self, key: K) -> Option<usize> {
+        let slot = key.slot() % SLOTS;
         if let Some((cached, i)) = self.cached[slot] {
-            if cached == tid {
+            if cached == key {
                 return Some(i);
             }
         }
-        let i = *self.index.get(&tid)?;
-        self.cached[slot] = Some((tid, i));
+        let i = *self.index.get(&key)?;
+        self.cached[slot] = Some((key, i));
         Some(i)
     }
 
     #[inline]
-    fn get_mut(&mut self, tid: u32) -> Option<&mut Thread> {
-        let i = self.position(tid)?;
-        Some(&mut self.states[i].1)
+    fn get_mut(&mut self, key: K) -> Option<&mut V> {
+        let i = self.position(key)?;
+        Some(&mut self.rows[i].1)
     }
 
-    /// The thread's state, new if it had none.
+    /// The key's value, new if it had none.
     #[inline]
-    fn entry(&mut self, tid: u32) -> &mut Thread {
-        let i = self.position(tid).unwrap_or_else(|| {
-            let i = self.states.len();
-            self.states.push((tid, Thread::default()));
-            self.index.insert(tid, i);
-            self.cached[Self::slot(tid)] = Some((tid, i));
+    fn entry(&mut self, key: K) -> &mut V {
+        let i = self.position(key).unwrap_or_else(|| {
+            let i = self.rows.len();
+            self.rows.push((key, V::default()));
+            self.index.insert(key, i);
+            self.cached[key.slot() % SLOTS] = Some((key, i));
             i
         });
-        &mut self.states[i].1
-    }
-
-    fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut Thread)> {
-        self.states.iter_mut().map(|(tid, t)| (*tid, t))
-    }
-}
-
-/// The statistics of each reason, the last one looked up kept at hand: consecutive exits
-/// mostly share their reason, so most lookups hash nothing.
-#[derive(Debug, Default)]
-struct StatsTable {
-    rows: Vec<(Key, Stats)>,
-    index: HashMap<Key, usize>,
-    last: Option<(Key, usize)>,
-}
-
-impl StatsTable {
-    #[inline]
-    fn entry(&mut self, key: Key) -> &mut Stats {
-        let i = match self.last {
-            Some((last, i)) if last == key => i,
-            _ => {
-                let i = *self.index.entry(key).or_insert_with(|| {
-                    self.rows.push((key, Stats::default()));
-                    self.rows.len() - 1
-                });
-                self.last = Some((key, i));
-                i
-            }
-        };
         &mut self.rows[i].1
     }
 
-    fn iter(&self) -> impl Iterator<Item = (&Key, &Stats)> {
-        self.rows.iter().map(|(k, s)| (k, s))
+    fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.rows.iter().map(|(k, v)| (k, v))
     }
 
-    fn into_map(self) -> HashMap<Key, Stats> {
+    fn iter_mut(&mut self) -> impl Iterator<Item = (K, &mut V)> {
+        self.rows.iter_mut().map(|(k, v)| (*k, v))
+    }
+
+    fn into_map(self) -> HashMap<K, V> {
         self.rows.into_iter().collect()
     }
 }
@@ -704,7 +699,7 @@ impl ExitAnalyzer {
 
     /// Name everything and build the report.
     pub fn finish(mut self, names: &dyn Names) -> ExitReport {
-        let tids: Vec<u32> = self.threads.states.iter().map(|(tid, _)| *tid).collect();
+        let tids: Vec<u32> = self.threads.iter().map(|(tid, _)| *tid).collect();
         for tid in tids {
             self.settle_pending(tid);
         }
@@ -784,7 +779,7 @@ impl ExitAnalyzer {
             incomplete: self.incomplete,
         };
         let mut per_vcpu: Vec<(u32, (u64, u64, u64))> =
-            self.threads.states.iter().filter_map(|(tid, t)| Some((*tid, t.exits?))).collect();
+            self.threads.iter().filter_map(|(tid, t)| Some((*tid, t.exits?))).collect();
         per_vcpu.sort_unstable();
         let by_vcpu = per_vcpu
             .into_iter()

@@ -26,19 +26,8 @@ pub enum CounterEvent {
     Software(u64),
     /// A tracepoint by id (from tracefs `events/SYSTEM/NAME/id`).
     Tracepoint(u64),
-    /// A hardware event (`PERF_COUNT_HW_*`) with mode exclusions.
-    Hardware {
-        /// `PERF_COUNT_HW_*`.
-        config: u64,
-        /// Count user mode only.
-        user_only: bool,
-        /// Count kernel mode only.
-        kernel_only: bool,
-        /// Count in guest mode only (exclude_host).
-        guest_only: bool,
-    },
-    /// Any event by its `perf_event_attr` type and configs: a hardware, cache or raw event,
-    /// or a sysfs PMU's (`record --counters`, [`crate::event_names`]).
+    /// An event that takes a PMU counter, by its `perf_event_attr` type and configs: a
+    /// hardware, cache or raw event, or a sysfs PMU's ([`crate::event_names`]).
     Pmu {
         /// `PERF_TYPE_*`, or a sysfs PMU's dynamic type.
         type_: u32,
@@ -55,7 +44,7 @@ pub enum CounterEvent {
 
 /// perf's event modifiers, as the exclusions they set (`cycles:u` leaves out kernel and
 /// hypervisor; `:G` the host, `:H` the guest).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Modes {
     /// Leave out user mode.
     pub exclude_user: bool,
@@ -67,6 +56,33 @@ pub struct Modes {
     pub exclude_host: bool,
     /// Leave out guests.
     pub exclude_guest: bool,
+}
+
+impl Modes {
+    /// The modes of perf's `:u`, `:k` and `:G` (none leaves in the hypervisor).
+    pub const USER: Modes = Modes { exclude_kernel: true, exclude_hv: true, ..Modes::NONE };
+    /// `:k`.
+    pub const KERNEL: Modes = Modes { exclude_user: true, exclude_hv: true, ..Modes::NONE };
+    /// `:G`, as the built-in set counts it (the hypervisor left out).
+    pub const GUEST: Modes = Modes { exclude_host: true, exclude_hv: true, ..Modes::NONE };
+    /// Nothing left out (an event without modifiers).
+    pub const NONE: Modes = Modes {
+        exclude_user: false,
+        exclude_kernel: false,
+        exclude_hv: false,
+        exclude_host: false,
+        exclude_guest: false,
+    };
+}
+
+/// `PERF_TYPE_HARDWARE`: the generic hardware events (`PERF_COUNT_HW_*` configs).
+pub const TYPE_HARDWARE: u32 = 0;
+
+impl CounterEvent {
+    /// A generic hardware event (`PERF_COUNT_HW_*`).
+    pub fn hardware(config: u64, modes: Modes) -> CounterEvent {
+        CounterEvent::Pmu { type_: TYPE_HARDWARE, config, config1: 0, config2: 0, modes }
+    }
 }
 
 /// An event given by its attributes: what `perf_event_open` is told.
@@ -102,32 +118,28 @@ impl CounterSpec {
     /// Whether it takes a PMU counter, so takes turns with the others when they are more
     /// than the PMU has.
     fn rotates(&self) -> bool {
-        matches!(self.event, CounterEvent::Hardware { .. } | CounterEvent::Pmu { .. })
+        matches!(self.event, CounterEvent::Pmu { .. })
     }
 
     fn builder(&self) -> Builder<'static> {
         let mut b = match self.event {
             CounterEvent::Software(c) => Builder::new(Software(c)),
             CounterEvent::Tracepoint(id) => Builder::new(Tracepoint::with_id(id)),
-            CounterEvent::Hardware { config, .. } => Builder::new(Hardware(config)),
-            CounterEvent::Pmu { type_, config, config1, config2, modes } => {
-                let mut b = Builder::new(Attr { type_, config, config1, config2 });
-                b.exclude_user(modes.exclude_user)
-                    .exclude_kernel(modes.exclude_kernel)
-                    .exclude_hv(modes.exclude_hv)
-                    .exclude_host(modes.exclude_host)
-                    .exclude_guest(modes.exclude_guest);
-                b.read_format(ReadFormat::TOTAL_TIME_ENABLED | ReadFormat::TOTAL_TIME_RUNNING);
-                return b;
+            CounterEvent::Pmu { type_, config, config1, config2, .. } => {
+                Builder::new(Attr { type_, config, config1, config2 })
             }
         };
-        // perf-event2 excludes kernel mode by default; tracepoints fire only there, and the
-        // software events should see the thread's whole time.
-        let (user_only, kernel_only, guest_only) = match self.event {
-            CounterEvent::Hardware { user_only, kernel_only, guest_only, .. } => (user_only, kernel_only, guest_only),
-            _ => (false, false, false),
+        // perf-event2 leaves out kernel mode and the hypervisor by default; tracepoints fire
+        // only in the kernel, and the software events should see the thread's whole time.
+        let modes = match self.event {
+            CounterEvent::Pmu { modes, .. } => modes,
+            _ => Modes { exclude_hv: true, ..Modes::NONE },
         };
-        b.exclude_kernel(user_only).exclude_user(kernel_only).exclude_host(guest_only);
+        b.exclude_user(modes.exclude_user)
+            .exclude_kernel(modes.exclude_kernel)
+            .exclude_hv(modes.exclude_hv)
+            .exclude_host(modes.exclude_host)
+            .exclude_guest(modes.exclude_guest);
         b.read_format(ReadFormat::TOTAL_TIME_ENABLED | ReadFormat::TOTAL_TIME_RUNNING);
         b
     }
@@ -177,13 +189,11 @@ pub fn default_specs(tracefs: &Path) -> Vec<CounterSpec> {
         }
     }
     for (name, config) in [("cycles", Hardware::CPU_CYCLES.0), ("instructions", Hardware::INSTRUCTIONS.0)] {
-        for (suffix, user_only, kernel_only, guest_only) in
-            [("u", true, false, false), ("k", false, true, false), ("guest", false, false, true)]
-        {
+        for (suffix, modes) in [("u", Modes::USER), ("k", Modes::KERNEL), ("guest", Modes::GUEST)] {
             specs.push(CounterSpec {
                 metric: format!("perf.{name}:{suffix}"),
                 unit: "count",
-                event: CounterEvent::Hardware { config, user_only, kernel_only, guest_only },
+                event: CounterEvent::hardware(config, modes),
             });
         }
     }
@@ -304,6 +314,10 @@ pub struct Counters {
     hardware: Vec<Vec<(Counter, Reading)>>,
     rotation: Rotation,
     columns: Vec<Column>,
+    /// Each hardware counter's change over the interval being sampled.
+    deltas: Vec<Option<Reading>>,
+    /// Each hardware group's enabled time over it.
+    group_enabled: Vec<u64>,
 }
 
 impl Counters {
@@ -362,7 +376,9 @@ impl Counters {
             }
         }
         let rotation = Rotation::new(hardware.len());
-        (Counters { plain, hardware, rotation, columns }, unavailable)
+        let deltas = Vec::with_capacity(hardware.iter().map(Vec::len).sum());
+        let group_enabled = Vec::with_capacity(hardware.len());
+        (Counters { plain, hardware, rotation, columns, deltas, group_enabled }, unavailable)
     }
 
     /// The columns [`Counters::sample`] fills, in order.
@@ -401,22 +417,22 @@ impl Counters {
             group.sample(&mut out[..group.members.len()]);
             i = group.members.len();
         }
-        let deltas: Vec<Vec<Option<Reading>>> = self
-            .hardware
-            .iter_mut()
-            .map(|group| {
-                group
-                    .iter_mut()
-                    .map(|(counter, previous)| {
-                        let now = read(counter)?;
-                        Some(now.since(std::mem::replace(previous, now)))
-                    })
-                    .collect()
-            })
-            .collect();
+        // Into buffers kept from interval to interval: sampling allocates nothing.
+        let (deltas, group_enabled) = (&mut self.deltas, &mut self.group_enabled);
+        deltas.clear();
+        group_enabled.clear();
+        for group in &mut self.hardware {
+            let mut enabled = 0;
+            for (counter, previous) in group.iter_mut() {
+                let delta = read(counter).map(|now| now.since(std::mem::replace(previous, now)));
+                enabled = enabled.max(delta.map_or(0, |d| d.enabled_ns));
+                deltas.push(delta);
+            }
+            group_enabled.push(enabled);
+        }
         let rotated = self.hardware.len() > 1;
-        let span = rotation_span(deltas.iter().map(|g| g.iter().flatten().map(|d| d.enabled_ns).max().unwrap_or(0)));
-        for delta in deltas.iter().flatten() {
+        let span = rotation_span(group_enabled.iter().copied());
+        for delta in deltas.iter() {
             // Alone, a counter scales by its own enabled time (the kernel's multiplexing);
             // taking turns, by the time all the turns add up to.
             let scaled = delta.and_then(|d| scale(d, if rotated { span } else { d.enabled_ns }));

@@ -20,10 +20,9 @@ use std::path::Path;
 use perf_event::events::Dynamic;
 use perf_event::events::Event;
 
-use crate::counters::{default_specs, CounterEvent, CounterSpec, Modes};
+use crate::counters::{default_specs, CounterEvent, CounterSpec, Modes, TYPE_HARDWARE};
 
-/// `PERF_TYPE_HARDWARE`, `PERF_TYPE_HW_CACHE` and `PERF_TYPE_RAW` (linux/perf_event.h).
-const TYPE_HARDWARE: u32 = 0;
+/// `PERF_TYPE_HW_CACHE` and `PERF_TYPE_RAW` (linux/perf_event.h).
 const TYPE_HW_CACHE: u32 = 3;
 const TYPE_RAW: u32 = 4;
 
@@ -185,7 +184,7 @@ fn raw_config(name: &str) -> Option<u64> {
 
 /// perf's modifier letters after a colon.
 fn modes(entry: &str, letters: &str) -> Result<Modes, String> {
-    let mut m = Modes::default();
+    let mut m = Modes::NONE;
     let (mut user, mut kernel, mut hv) = (false, false, false);
     for ch in letters.chars() {
         match ch {
@@ -325,19 +324,18 @@ mod tests {
         let specs = parse("kinds", "task-clock,cs,cycles:u,L1-dcache-load-misses,LLC-stores,kvm:kvm_exit,r1a3,fake/ticks/,fake/event=0x10,umask=2/:G").unwrap();
         let events: Vec<(&str, &CounterEvent)> = specs.iter().map(|s| (s.metric.as_str(), &s.event)).collect();
         let pmu = |type_, config, modes| CounterEvent::Pmu { type_, config, config1: 0, config2: 0, modes };
-        let user = Modes { exclude_kernel: true, exclude_hv: true, ..Modes::default() };
-        let guest = Modes { exclude_host: true, ..Modes::default() };
+        let (user, guest) = (Modes::USER, Modes { exclude_host: true, ..Modes::NONE });
         assert_eq!(
             events,
             [
                 ("perf.task-clock", &CounterEvent::Software(1)),
                 ("perf.cs", &CounterEvent::Software(3)),
                 ("perf.cycles:u", &pmu(0, 0, user)),
-                ("perf.L1-dcache-load-misses", &pmu(3, 1 << 16, Modes::default())),
-                ("perf.LLC-stores", &pmu(3, 2 | 1 << 8, Modes::default())),
+                ("perf.L1-dcache-load-misses", &pmu(3, 1 << 16, Modes::NONE)),
+                ("perf.LLC-stores", &pmu(3, 2 | 1 << 8, Modes::NONE)),
                 ("perf.kvm:kvm_exit", &CounterEvent::Tracepoint(1234)),
-                ("perf.r1a3", &pmu(4, 0x1a3, Modes::default())),
-                ("perf.fake/ticks/", &pmu(42, 0x13c, Modes::default())),
+                ("perf.r1a3", &pmu(4, 0x1a3, Modes::NONE)),
+                ("perf.fake/ticks/", &pmu(42, 0x13c, Modes::NONE)),
                 ("perf.fake/event=0x10,umask=2/:G", &pmu(42, 0x210, guest)),
             ]
         );

@@ -227,11 +227,8 @@ impl Cursor<'_> {
     }
 }
 
-impl Source for Cursor<'_> {
-    fn cpu(&self) -> u32 {
-        self.cpu
-    }
-
+impl Cursor<'_> {
+    /// The next event of this CPU, decoded on the merging thread.
     fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
         let page_size = decoder.layout().header.page_size;
         loop {
@@ -325,15 +322,9 @@ pub fn merge_cpus_serial(
     merge(&mut cursors, decoder, &mut sink)
 }
 
-/// One CPU's events in time order, decoded on the merging thread ([`Cursor`]).
-trait Source {
-    fn cpu(&self) -> u32;
-    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError>;
-}
-
 /// Deliver the events of `sources` to `sink` in timestamp order.
-fn merge<S: Source>(
-    sources: &mut [S],
+fn merge(
+    sources: &mut [Cursor<'_>],
     decoder: &mut Decoder,
     sink: &mut impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
@@ -342,7 +333,7 @@ fn merge<S: Source>(
     let mut heap = BinaryHeap::with_capacity(sources.len());
     for (i, source) in sources.iter_mut().enumerate() {
         if let Some(e) = source.next(decoder, &mut stats)? {
-            heap.push(Reverse((e.ts, source.cpu(), i)));
+            heap.push(Reverse((e.ts, source.cpu, i)));
             pending[i] = Some(e);
         }
     }
