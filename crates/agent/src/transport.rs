@@ -10,7 +10,7 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The port the agent listens on when none is given (vsock and TCP).
 pub const DEFAULT_PORT: u32 = 9478;
@@ -113,18 +113,34 @@ impl Stream {
 
     /// Wait until there is something to read (or the peer hung up), at most `timeout`.
     pub fn readable(&self, timeout: Duration) -> io::Result<bool> {
-        poll(self.fd(), libc::POLLIN, timeout)
+        // Hang-up and error count as readable: the read that follows says which.
+        Ok(poll(self.fd(), libc::POLLIN, timeout)? != 0)
     }
 
-    /// Write all of `bytes`, giving up after `timeout` without progress (a stalled peer).
+    /// Write all of `bytes`, giving up after `timeout` without progress (a stalled peer) or
+    /// at once when the peer has hung up.
     pub fn write_all_within(&mut self, mut bytes: &[u8], timeout: Duration) -> io::Result<()> {
+        let mut deadline = Instant::now() + timeout;
         while !bytes.is_empty() {
-            if !poll(self.fd(), libc::POLLOUT, timeout)? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer stopped reading"));
+            }
+            let ready = poll(self.fd(), libc::POLLOUT, left)?;
+            if ready & libc::POLLOUT == 0 {
+                // A virtio-serial port whose host left polls as hung up, never writable, and
+                // its writes say EAGAIN: waiting on would spin until the deadline for nothing.
+                if ready & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer hung up"));
+                }
+                continue;
             }
             match self.write(bytes) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => bytes = &bytes[n..],
+                Ok(n) => {
+                    bytes = &bytes[n..];
+                    deadline = Instant::now() + timeout;
+                }
                 Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
                 Err(e) => return Err(e),
             }
@@ -157,17 +173,17 @@ impl Write for Stream {
     }
 }
 
-/// poll(2) one fd for `events`; true when ready (or hung up: the next read says so).
-fn poll(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
+/// poll(2) one fd for `events`: the events it reported (hang-up and error included), 0 when
+/// the time ran out or a signal came.
+fn poll(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<libc::c_short> {
     let mut p = libc::pollfd { fd, events, revents: 0 };
-    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // Rounded up: a deadline less than a millisecond away is waited for, not spun on.
+    let ms = libc::c_int::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(libc::c_int::MAX);
     // SAFETY: one valid pollfd, for the length given.
-    let n = unsafe { libc::poll(&mut p, 1, ms) };
-    match n {
-        -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => Ok(false),
+    match unsafe { libc::poll(&mut p, 1, ms) } {
+        -1 if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => Ok(0),
         -1 => Err(io::Error::last_os_error()),
-        0 => Ok(false),
-        _ => Ok(true),
+        _ => Ok(p.revents),
     }
 }
 
@@ -259,7 +275,7 @@ impl Listener {
     pub fn accept(&self, timeout: Duration) -> io::Result<Option<Stream>> {
         match self {
             Listener::Tcp(l) => {
-                if !poll(l.as_raw_fd(), libc::POLLIN, timeout)? {
+                if poll(l.as_raw_fd(), libc::POLLIN, timeout)? == 0 {
                     return Ok(None);
                 }
                 let (s, _) = l.accept()?;
@@ -267,7 +283,7 @@ impl Listener {
                 Stream::Tcp(s).nonblocking().map(Some)
             }
             Listener::Vsock(fd) => {
-                if !poll(fd.as_raw_fd(), libc::POLLIN, timeout)? {
+                if poll(fd.as_raw_fd(), libc::POLLIN, timeout)? == 0 {
                     return Ok(None);
                 }
                 // SAFETY: accept on our own listening socket; no address wanted.
@@ -305,6 +321,23 @@ fn port_device(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer that never reads holds a write for the timeout and no longer; one that left
+    /// ends it at once.
+    #[test]
+    fn writes_give_up_on_a_stalled_peer_after_the_timeout_and_at_once_on_a_gone_one() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut stream = Stream::Unix(ours).nonblocking().unwrap();
+        let lots = vec![0u8; 16 << 20];
+        let started = Instant::now();
+        let e = stream.write_all_within(&lots, Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        drop(theirs);
+        let e = stream.write_all_within(&lots, Duration::from_secs(3600)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe, "{e}");
+        assert!(stream.readable(Duration::from_secs(3600)).unwrap(), "a hang-up reads as readable");
+    }
 
     #[test]
     fn addresses_parse_print_and_say_what_is_wrong() {
