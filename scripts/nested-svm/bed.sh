@@ -91,35 +91,6 @@ unpack_kernel() {
     fi
 }
 
-# A directory as a newc cpio archive (what the kernel unpacks as an initramfs).
-newc_archive() {
-    python3 - "$1" <<'PY'
-import os, stat, sys
-root = sys.argv[1]
-out = sys.stdout.buffer
-ino = 0
-def entry(name, st, content):
-    global ino
-    ino += 1
-    fields = [ino, st.st_mode if st else 0, 0, 0, 1, 0, len(content), 0, 0, 0, 0, len(name) + 1, 0]
-    head = b"070701" + "".join("%08X" % v for v in fields).encode() + name.encode() + b"\0"
-    out.write(head + b"\0" * (-len(head) % 4) + content + b"\0" * (-len(content) % 4))
-for base, dirs, files in os.walk(root):
-    dirs.sort()
-    for name in sorted(dirs) + sorted(files):
-        path = os.path.join(base, name)
-        st = os.lstat(path)
-        rel = os.path.relpath(path, root)
-        if stat.S_ISLNK(st.st_mode):
-            entry(rel, st, os.readlink(path).encode())
-        elif stat.S_ISREG(st.st_mode):
-            entry(rel, st, open(path, "rb").read())
-        else:
-            entry(rel, st, b"")
-entry("TRAILER!!!", None, b"")
-PY
-}
-
 # Everything L1 boots with, the initramfs written to $1.
 prepare() {
     command -v busybox >/dev/null || die "needs a static busybox (apt-get install busybox-static)"
@@ -134,7 +105,7 @@ prepare() {
             rm -rf "$l2" && mkdir -p "$l2"/{bin,proc,sys,dev}
             cp "$(command -v busybox)" "$l2/bin/busybox"
             cp "$root/scripts/nested-svm/l2-init" "$l2/init" && chmod +x "$l2/init"
-            newc_archive "$l2" | gzip -1 > "$cache/l2-initrd.gz"
+            python3 "$root/scripts/newc.py" "$l2" | gzip -1 > "$cache/l2-initrd.gz"
             rm -rf "$l2"
         fi
     ) 9> "$cache/lock"
@@ -153,7 +124,7 @@ prepare() {
     cp "$root/scripts/nested-svm/qemu-system-x86_64" "$root/scripts/nested-svm/l2-boot" \
         "$root/scripts/nested-svm/hang-guard" "$ir/usr/bin/"
     chmod +x "$ir/init" "$ir/usr/bin/qemu-system-x86_64" "$ir/usr/bin/l2-boot" "$ir/usr/bin/hang-guard"
-    newc_archive "$ir" | gzip -1 > "$1"
+    python3 "$root/scripts/newc.py" "$ir" | gzip -1 > "$1"
     rm -rf "$ir"
 }
 

@@ -9,6 +9,11 @@ use std::collections::HashSet;
 
 use virtprof_model::guest::{GuestInfo, GuestSeries};
 
+/// How often an agent sends a ptp_kvm clock point (a line through points a second apart
+/// aligns rows of any interval). The host takes one at most every half of that: arrivals
+/// jitter, and an honest agent must never be over the limit.
+pub const PTP_EVERY_NS: u64 = 1_000_000_000;
+
 /// The host's limits on one agent's link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GuestLimits {
@@ -36,7 +41,7 @@ impl Default for GuestLimits {
             max_bytes: 256 << 20,
             max_series: 4096,
             max_name_bytes: 256,
-            ptp_every_ns: 1_000_000_000,
+            ptp_every_ns: PTP_EVERY_NS / 2,
             max_points: 1 << 17,
             max_names: 16384,
         }

@@ -727,7 +727,8 @@ mod tests {
     }
 
     /// A guest claiming 100 ms rows sends them (and ptp points) as fast as it can: the host
-    /// takes twice its claim at most, a ptp point a second, and records the excess as a gap.
+    /// takes twice its claim at most, a ptp point every half second, and records the excess as
+    /// a gap.
     #[test]
     fn a_flooding_guest_is_held_to_its_rate_and_the_excess_is_a_gap() {
         let address = fake_agent(1, |_, mut s| {
@@ -744,7 +745,7 @@ mod tests {
         // 3.5 s at 20 rows/s, plus the burst of 10.
         assert!(summary.rows <= 3 * 20 + 20 + 10, "{summary:?}");
         assert!(summary.dropped.rows > 10 * summary.rows, "{summary:?}");
-        assert!(summary.clock_points <= 5 && summary.dropped.points > 1000, "{summary:?}");
+        assert!(summary.clock_points <= 8 && summary.dropped.points > 1000, "{summary:?}");
         let flood: Vec<_> = gaps(&events).into_iter().filter(|g| g.2.contains("faster than its interval")).collect();
         assert_eq!(flood.len(), 1, "{events:?}");
         assert!(flood[0].2.contains(&format!("{} rows dropped", summary.dropped.rows)), "{flood:?}");

@@ -9,6 +9,7 @@ use virtprof_host::monotonic_ns;
 use virtprof_model::guest::GuestInfo;
 
 use crate::collect::{guest_facts, ptp_kvm, CollectConfig, Collector};
+use crate::limits::PTP_EVERY_NS;
 use crate::noise::{NoiseConfig, NoiseLoops};
 use crate::ptp::PtpKvm;
 use crate::transport::{Address, Stream};
@@ -242,6 +243,7 @@ fn session(
     }
     let mut last_heard = monotonic_ns();
     let mut next_rescan = last_heard + RESCAN_EVERY_NS;
+    let mut next_ptp = 0;
     let silence = u64::try_from(HOST_SILENCE.as_nanos()).unwrap_or(u64::MAX);
     // Pings that came with the hello are answered first.
     if let Err(cause) = answer_pings(&mut reader, last_heard, &mut stream, &mut end) {
@@ -301,8 +303,11 @@ fn session(
                 Message::Noise(Box::new(batch)).encode(&mut out);
             }
             // A failed reading is skipped: the host keeps the points it has.
-            if let Some(Ok(pair)) = ptp.map(PtpKvm::read) {
-                Message::Ptp(pair).encode(&mut out);
+            if now >= next_ptp {
+                if let Some(Ok(pair)) = ptp.map(PtpKvm::read) {
+                    Message::Ptp(pair).encode(&mut out);
+                    next_ptp = now + PTP_EVERY_NS;
+                }
             }
             last_row = now;
             // Rows stay on the interval grid; a late wake-up makes one longer row.

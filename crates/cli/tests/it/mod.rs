@@ -22,3 +22,4 @@ mod testvm;
 mod tracecmd;
 mod tui;
 mod util;
+mod workload;

@@ -1,0 +1,294 @@
+#!/bin/sh
+# Run one real workload in the workload guest (build.sh) under QEMU, or natively in `chroot`
+# of the guest's root (the same programs, libraries and data), under
+# `virtprof record --interval ... --agent ...`: the host's trace and counters, the guest's
+# kernel and application rows from `virtprof agent` (in the guest, or on this host natively).
+#
+#   run.sh [OPTIONS] WORKLOAD
+#
+#   WORKLOAD        stress | sqlite | compress | build   (run inside the guest)
+#                   web   (lighttpd in the guest, wrk on this side)
+#                   iperf (iperf3 -s in the guest, iperf3 -c on this side)
+#   --native        run it on this host instead of in a guest
+#   --nested        run it in a guest of the nested-SVM bed's L1 (a real kvm_amd host under
+#                   QEMU TCG, scripts/nested-svm/bed.sh): the guest is L2 under QEMU-KVM, its
+#                   agent on vsock, and L1 records; -o FILE comes back to this host
+#   --seconds N     how long the workload runs (default 10)
+#   --interval T    the recording's and the agent's interval (default 100ms)
+#   -o FILE         the recording (default wg-WORKLOAD-guest|native.vprec here)
+#   --accel A       kvm or tcg (default kvm where this CPU has VMX or SVM, else tcg)
+#   --memory SIZE   the guest's memory (default 1G)
+#   --record ARGS   more arguments for `virtprof record` (e.g. "--counters task-clock")
+#
+# Prints the workload's own result line (WG-RESULT name=... seconds=... ops=... unit=...), what
+# the recording is checked against, and exits with the workload's status (2: bad usage). The
+# agent link is vsock where this host has /dev/vhost-vsock, else virtio-serial; the network is
+# QEMU user networking (virtio-net). WG_DIR: the built guest (default target/workload-guest,
+# built when missing); VIRTPROF: the binary (default target/debug/virtprof).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+wg=${WG_DIR:-$root/target/workload-guest}
+virtprof=${VIRTPROF:-$root/target/debug/virtprof}
+die() { echo "run.sh: $*" >&2; exit 2; }
+
+# How many console lines hold MARKER so far (0 before the console has any).
+lines_with() {
+    n=$(grep -ac "$1" "$run/console.log" 2>/dev/null || true)  # grep -c fails on no match
+    echo "${n:-0}"
+}
+# Lines from the guest's console are appended to RUN/console.log as they come. Wait until
+# MARKER has been seen more than N times (at most WITHIN seconds, while QEMU runs).
+await() {
+    marker=$1 seen=$2 within=$3 waited=0
+    while [ "$(lines_with "$marker")" -le "$seen" ]; do
+        if [ "$waited" -ge $((within * 10)) ] || ! kill -0 "$qemu" 2>/dev/null; then
+            echo "run.sh: no '$marker' from the guest within ${within}s (QEMU $(kill -0 "$qemu" 2>/dev/null &&
+                echo running || echo ended)); its console:" >&2
+            tail -20 "$run/console.log" >&2
+            [ -s "$run/qemu.log" ] && { echo "run.sh: QEMU said:" >&2; tail -5 "$run/qemu.log" >&2; }
+            return 1
+        fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+}
+# Give the guest a command (init reads its console); true if its WG-DONE says rc=0.
+tell() {
+    before=$(lines_with "WG-DONE $2 ")
+    echo "$1" > "$run/con.in"
+    await "WG-DONE $2 " "$before" "$3" || return 1
+    [ "$(grep -a "WG-DONE $2 " "$run/console.log" | tail -1 | sed 's/.*rc=\([0-9]*\).*/\1/')" = 0 ]
+}
+# The guest's root with this host's kernel: /proc, /dev and the run's data bound in and a
+# tmpfs on /tmp (the root may be read-only: the bed's L1 reads it from the host), in a mount
+# namespace of its own (the mounts go when the command ends).
+in_root() {
+    unshare -m sh -c "mount --bind /proc '$wg/root/proc' && mount --bind /dev '$wg/root/dev' &&
+        mount --bind '$run/data' '$wg/root/data' && mount -t tmpfs tmp '$wg/root/tmp' &&
+        TMPDIR=/tmp exec chroot '$wg/root' \"\$@\"" sh "$@"
+}
+
+# The command `virtprof record` runs for a workload inside the guest or the root: it runs the
+# workload and passes its result line on.
+case ${1:-} in
+    --_guest)
+        run=$2 qemu=$3
+        tell "run $4 $5" "$4" $(($5 + 300)) && status=0 || status=1
+        grep -a "WG-RESULT name=$4 " "$run/console.log" | tail -1 | tr -d '\r'
+        exit $status
+        ;;
+    --_root)
+        wg=$2 run=$3
+        shift 3
+        in_root "$@"
+        exit
+        ;;
+esac
+
+native=0 nested=0 seconds=10 interval=100ms out= accel= memory=1G record_args= workload=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --native) native=1 ;;
+        --nested) nested=1 ;;
+        --memory) memory=${2:?--memory SIZE}; shift ;;
+        --seconds) seconds=${2:?--seconds N}; shift ;;
+        --interval) interval=${2:?--interval TIME}; shift ;;
+        -o) out=${2:?-o FILE}; shift ;;
+        --accel) accel=${2:?--accel kvm|tcg}; shift ;;
+        --record) record_args=${2:?--record ARGS}; shift ;;
+        -h | --help) sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        -*) die "unknown option '$1' (see --help)" ;;
+        *) [ -z "$workload" ] || die "one workload at a time ('$workload', then '$1')"; workload=$1 ;;
+    esac
+    shift
+done
+case $workload in
+    stress | sqlite | compress | build | web | iperf) ;;
+    "") die "which workload? stress, sqlite, compress, build, web or iperf (see --help)" ;;
+    *) die "unknown workload '$workload': stress, sqlite, compress, build, web or iperf" ;;
+esac
+case $seconds in '' | *[!0-9]* | 0) die "--seconds takes a whole number of seconds above 0, not '$seconds'" ;; esac
+side=guest
+[ "$native" = 1 ] && side=native
+[ "$nested" = 1 ] && side=nested
+[ "$native$nested" = 11 ] && die "--native or --nested, not both"
+out=${out:-wg-$workload-$side.vprec}
+[ -x "$virtprof" ] || die "no virtprof binary at $virtprof (cargo build, or set VIRTPROF)"
+[ "$(id -u)" = 0 ] || die "needs root (virtprof record traces the host; --native uses chroot and mount namespaces)"
+if [ "$native" = 0 ]; then
+    command -v qemu-system-x86_64 > /dev/null || die "needs qemu-system-x86_64 (apt-get install qemu-system-x86)"
+fi
+# Built (or brought up to date) here unless WG_DIR names one made elsewhere.
+if [ -z "${WG_DIR:-}" ]; then
+    bash "$here/build.sh" "$wg" > /dev/null
+elif [ ! -s "$wg/initrd.gz" ] || [ ! -d "$wg/root" ]; then
+    die "no workload guest in $wg (build it: scripts/workload-guest/build.sh $wg)"
+fi
+
+if [ "$nested" = 1 ]; then
+    # This script again, inside L1: the guest and this root read from the host's (shared
+    # read-only at /host), the recording written to the bed's /out. L1 keeps the TSC as its
+    # clocksource so that KVM pairs clocks for the guest's ptp_kvm.
+    mkdir -p "$(dirname "$out")"
+    job=$(mktemp "${TMPDIR:-/tmp}/wg-job.XXXXXX")
+    more=
+    [ -n "$record_args" ] && more="--record '$record_args'"
+    trap 'rm -f "$job"' EXIT
+    cat > "$job" <<EOF
+export WG_DIR=/host$(realpath "$wg") VIRTPROF=/usr/bin/virtprof TMPDIR=/tmp
+hang-guard $((seconds + 600)) sh /host$here/run.sh --memory 768M --seconds $seconds --interval $interval \
+    $more -o /out/$(basename "$out") $workload
+EOF
+    BED_OUT=$(realpath -m "$(dirname "$out")") BED_APPEND="clocksource=tsc tsc=reliable" VIRTPROF=$virtprof \
+        bash "$root/scripts/nested-svm/bed.sh" run -t $((seconds + 900)) "$job"
+    exit
+fi
+
+run=$(mktemp -d "${TMPDIR:-/tmp}/wg-run.XXXXXX")
+chmod 700 "$run"
+mkdir "$run/data"  # /data of the root on this side
+pids= recording=
+# However the run ends (done, failed, interrupted): its processes stopped, its folder gone.
+# A recording under way is stopped first, as its own Ctrl-C would (it keeps what it has).
+cleanup() {
+    if [ -n "$recording" ]; then
+        kill -TERM "$recording" 2>/dev/null || true
+        wait "$recording" 2>/dev/null || true
+    fi
+    for p in $pids; do kill "$p" 2>/dev/null || true; done
+    for p in $pids; do wait "$p" 2>/dev/null || true; done
+    [ -n "${KEEP_RUN:-}" ] && echo "run.sh: kept $run" >&2 || rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM HUP
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
+        echo "$1"
+}
+
+web_port=$(free_port 18080) iperf_port=$(free_port 15201)
+token=$run/token
+umask 077
+head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$token"
+
+if [ "$native" = 0 ]; then
+    # --- in the guest ---
+    if [ -z "$accel" ]; then
+        accel=tcg
+        grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ] && accel=kvm
+    fi
+    cpu=max
+    [ "$accel" = kvm ] && cpu=host
+    cp --sparse=always "$wg/disk.img" "$run/disk.img" 2>/dev/null || cp "$wg/disk.img" "$run/disk.img"
+    mkfifo "$run/con.in" "$run/con.out"
+    if [ -c /dev/vhost-vsock ]; then
+        cid=$(( $$ % 60000 + 3 ))
+        link="-device vhost-vsock-pci,guest-cid=$cid" listen=vsock:9478 agent=vsock:$cid:9478
+    else
+        link="-device virtio-serial-pci -chardev socket,id=vp,path=$run/agent.sock,server=on,wait=off
+              -device virtserialport,chardev=vp,name=virtprof"
+        listen=serial:virtprof agent=serial:$run/agent.sock
+    fi
+    # Held open read-write (which never blocks on a FIFO): QEMU never sees its input end.
+    exec 8<> "$run/con.in"
+    : > "$run/console.log"
+    # A guest that ends while booting is booted again, twice at most, and said: under emulated
+    # SVM (the nested bed) about one L2 boot in three resets midway for no reason of its own.
+    attempt=1
+    while :; do
+        # shellcheck disable=SC2086 # $link is words
+        qemu-system-x86_64 -accel "$accel" -cpu "$cpu" -smp 2 -m "$memory" -nographic -no-reboot -nodefaults \
+            -name "wg-$workload,debug-threads=on" -serial "pipe:$run/con" \
+            -kernel "$wg/vmlinuz" -initrd "$wg/initrd.gz" \
+            -append "console=ttyS0 quiet wg.agent=$listen wg.interval=$interval" \
+            -drive "file=$run/disk.img,format=raw,if=virtio" \
+            -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$web_port-:8080,hostfwd=tcp:127.0.0.1:$iperf_port-:5201" \
+            -device virtio-net-pci,netdev=n0 $link >> "$run/qemu.log" 2>&1 &
+        qemu=$!
+        pids="$pids $qemu"
+        cat "$run/con.out" >> "$run/console.log" &
+        pids="$pids $!"
+        await WG-READY 0 300 && break
+        if ! kill -0 "$qemu" 2>/dev/null && [ "$attempt" -lt 3 ]; then
+            attempt=$((attempt + 1))
+            echo "run.sh: the guest ended while booting; booting it again (attempt $attempt of 3)" >&2
+            continue
+        fi
+        # In the nested-SVM bed an L2 that hangs while booting (seen: stuck unpacking its
+        # initramfs) is the emulator's too: the bed runs the job again.
+        command -v hang-guard > /dev/null && [ -d /bed ] && hang-guard --broken "the workload guest (L2) did not boot"
+        exit 1
+    done
+    grep -a WG-WARN "$run/console.log" >&2 || true
+    echo "run.sh: $(grep -a WG-READY "$run/console.log" | sed 's/.*WG-READY/guest ready:/' | tr -d '\r') ($accel)" >&2
+    server=127.0.0.1
+    case $workload in
+        web | iperf) tell "start $workload" "$workload" 60 || die "the guest could not start $workload" ;;
+    esac
+else
+    # --- natively: the guest's root with this host's kernel ---
+    cp -a "$wg/data/." "$run/data/"
+    sed "s/^server.port = .*/server.port = $web_port/; s/^server.bind = .*/server.bind = \"127.0.0.1\"/" \
+        "$wg/root/bed/lighttpd.conf" > "$run/data/lighttpd.conf"
+    agent=tcp:127.0.0.1:$(free_port 19478)
+    "$virtprof" agent --listen "$agent" --token-file "$token" --interval "$interval" --sessions 1 \
+        2> "$run/agent.log" &
+    pids="$!"
+    case $workload in
+        web) in_root lighttpd -D -f /data/lighttpd.conf > "$run/server.log" 2>&1 & pids="$pids $!" ;;
+        iperf) in_root iperf3 -s -p "$iperf_port" > "$run/server.log" 2>&1 & pids="$pids $!" ;;
+    esac
+    sleep 1
+fi
+
+# The load: run by `virtprof record` as its command, so the recording spans it exactly.
+case $workload in
+    web) load="sh $0 --_root $wg $run wrk -t 2 -c 16 -d ${seconds}s http://127.0.0.1:$web_port/index.html" ;;
+    iperf) load="sh $0 --_root $wg $run iperf3 -c 127.0.0.1 -p $iperf_port -t $seconds -J" ;;
+    *)
+        if [ "$native" = 1 ]; then
+            load="sh $0 --_root $wg $run sh /bed/workloads.sh run $workload $seconds"
+        else
+            load="sh $0 --_guest $run $qemu $workload $seconds"
+        fi
+        ;;
+esac
+echo "run.sh: recording $workload ($side, ${seconds}s) into $out" >&2
+status=0
+# In the background: a signal to this script runs its trap at once (sh defers traps until a
+# foreground command ends).
+# shellcheck disable=SC2086 # $record_args and $load are words
+"$virtprof" record --interval "$interval" --agent "$agent" --agent-token-file "$token" $record_args \
+    -o "$out" -- $load > "$run/load.out" &
+recording=$!
+wait "$recording" || status=$?
+recording=
+grep -av WG-RESULT "$run/load.out" >&2 || true
+case $workload in
+    web)
+        awk '/requests in/ { n = $1; s = $4 } END { if (n) printf "WG-RESULT name=web seconds=%.2f ops=%d unit=requests\n", s, n }' \
+            "$run/load.out"
+        ;;
+    iperf)
+        # iperf3 -J: the first "seconds" and "bytes" of its "sum_received" object (no python
+        # in the bed's L1).
+        awk '/"sum_received"/ { on = 1 } on && /"seconds"/ { gsub(/[^0-9.]/, "", $2); s = $2 }
+            on && /"bytes"/ { gsub(/[^0-9]/, "", $2); printf "WG-RESULT name=iperf seconds=%.2f ops=%s unit=bytes\n", s, $2; exit }' \
+            "$run/load.out"
+        ;;
+    *) grep -a WG-RESULT "$run/load.out" || true ;;
+esac > "$run/result"
+cat "$run/result"
+if [ ! -s "$run/result" ]; then
+    echo "run.sh: $workload gave no result (its output is above)" >&2
+    [ "$status" = 0 ] && status=1
+fi
+if [ "$native" = 0 ]; then
+    case $workload in web | iperf) tell "stop $workload" "$workload" 60 || true ;; esac
+    echo poweroff > "$run/con.in"
+    waited=0
+    while kill -0 "$qemu" 2>/dev/null && [ $waited -lt 300 ]; do sleep 0.1; waited=$((waited + 1)); done
+fi
+exit "$status"
