@@ -112,7 +112,7 @@ prepare() {
     ir=$cache/initramfs.$$
     rm -rf "$ir" && mkdir -p "$ir"/{bin,usr/bin,proc,sys,dev,tmp,out,host,lib/modules}
     cp "$(command -v busybox)" "$ir/bin/busybox"
-    module_order "$kimg/lib/modules" virtio_pci 9pnet_virtio 9p kvm_amd vhost_vsock | while read -r ko; do
+    module_order "$kimg/lib/modules" virtio_pci 9pnet_virtio 9p kvm_amd vhost_vsock tun vhost_net | while read -r ko; do
         cp "$ko" "$ir/lib/modules/"
         basename "$ko" .ko >> "$ir/lib/modules/order"
     done

@@ -1,5 +1,6 @@
-//! Correlation matrices over interval columns (VrtProf Figures 2 and 3), and the difference
-//! of two runs' matrices with the largest changes first.
+//! Correlation matrices over interval columns (VrtProf Figures 2 and 3), several runs'
+//! matrices summarised (mean and spread per pair), and the difference of two sides with the
+//! largest changes first.
 
 /// Pearson or Spearman (Pearson of ranks: robust to outliers and monotone non-linearity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +104,77 @@ pub fn ranks(v: &[f64]) -> Vec<f64> {
     out
 }
 
-/// One pair's change between two runs.
+/// What several runs say of one figure: its mean over the runs that have it, their sample
+/// standard deviation (None with fewer than two), and how many runs had it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    /// Mean over the runs that have the figure.
+    pub mean: f64,
+    /// Sample standard deviation (n − 1), None under two runs.
+    pub sd: Option<f64>,
+    /// Runs that had it.
+    pub runs: usize,
+}
+
+impl Spread {
+    /// The spread of the known (non-NaN) values; None if there are none.
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Spread> {
+        let known: Vec<f64> = values.into_iter().filter(|v| !v.is_nan()).collect();
+        let n = known.len();
+        if n == 0 {
+            return None;
+        }
+        let mean = known.iter().sum::<f64>() / n as f64;
+        let sd = (n >= 2).then(|| (known.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt());
+        Some(Spread { mean, sd, runs: n })
+    }
+}
+
+/// One side's runs: per pair, the spread of its correlation over the runs where it is
+/// defined (a pair constant or absent in a run says nothing there).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Metric names, sorted: every name some run has.
+    pub names: Vec<String>,
+    /// Row-major; None where no run defines the pair.
+    pub pairs: Vec<Option<Spread>>,
+    /// Runs summarised.
+    pub runs: usize,
+}
+
+impl Summary {
+    /// Summarise the runs of one side.
+    pub fn of(runs: &[Matrix]) -> Summary {
+        let mut names: Vec<String> = runs.iter().flat_map(|m| m.names.iter().cloned()).collect();
+        names.sort();
+        names.dedup();
+        let n = names.len();
+        let mut pairs = vec![None; n * n];
+        for i in 0..n {
+            for j in i..n {
+                let spread = Spread::of(runs.iter().filter_map(|m| m.by_name(&names[i], &names[j])));
+                pairs[i * n + j] = spread;
+                pairs[j * n + i] = spread;
+            }
+        }
+        Summary { names, pairs, runs: runs.len() }
+    }
+
+    /// The spread of one pair's correlation, if some run defines it.
+    pub fn pair(&self, a: &str, b: &str) -> Option<Spread> {
+        let i = self.names.iter().position(|n| n == a)?;
+        let j = self.names.iter().position(|n| n == b)?;
+        self.pairs[i * self.names.len() + j]
+    }
+
+    /// The mean correlations as a matrix (NaN where no run defines a pair).
+    pub fn mean(&self) -> Matrix {
+        let values = self.pairs.iter().map(|p| p.map_or(f64::NAN, |s| s.mean)).collect();
+        Matrix { names: self.names.clone(), values }
+    }
+}
+
+/// One pair's change between two runs (or two sides' mean over their runs).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
     /// First metric.
@@ -168,6 +239,23 @@ mod tests {
         let r = ranks(&[10.0, 20.0, 20.0, f64::NAN]);
         assert_eq!(&r[..3], &[1.0, 2.5, 2.5], "ties share their mean rank");
         assert!(r[3].is_nan());
+    }
+
+    #[test]
+    fn runs_are_summarised_per_pair_over_the_runs_that_define_it() {
+        let run = |r: f64| Matrix { names: vec!["a".into(), "b".into()], values: vec![1.0, r, r, 1.0] };
+        let only_a = Matrix { names: vec!["a".into()], values: vec![1.0] };
+        let s = Summary::of(&[run(0.2), run(0.4), only_a]);
+        assert_eq!((s.names.len(), s.runs), (2, 3));
+        let ab = s.pair("a", "b").unwrap();
+        assert_eq!(ab.runs, 2, "the run without b says nothing of the pair");
+        assert!((ab.mean - 0.3).abs() < 1e-12);
+        assert!((ab.sd.unwrap() - (0.02f64).sqrt()).abs() < 1e-12, "sample sd of 0.2 and 0.4");
+        assert_eq!(s.pair("a", "a").unwrap().runs, 3);
+        assert!(s.pair("a", "zz").is_none());
+        assert_eq!(Spread::of([f64::NAN]), None);
+        assert_eq!(Spread::of([2.0]).unwrap().sd, None, "one run has no spread");
+        assert!((s.mean().by_name("a", "b").unwrap() - 0.3).abs() < 1e-12);
     }
 
     #[test]

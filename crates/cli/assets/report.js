@@ -2,7 +2,7 @@
 // `virtprof report --json` prints), with the helpers of page.js.
 (function () {
   "use strict";
-  const { COLORS, el, section, fmt, us, table, siAxis, plot } = vp;
+  const { COLORS, el, section, fmt, us, table, siAxis, heat, plot } = vp;
   const STATE_COLORS = { running: "#2ca02c", waiting: "#ff7f0e", blocked: "#9e9e9e" };
 
   function summary(D) {
@@ -124,17 +124,7 @@
     if (I.correlations.length) {
       s.append(table("grid", ["r", "metric", "metric"], I.correlations.map((c) => [fmt(c.r, 2), c.a, c.b])));
     }
-    const t = el("table", { class: "heat" });
-    M.names.forEach((name, i) => {
-      const tr = el("tr", {}, el("th", {}, name));
-      M.r[i].forEach((r, j) => {
-        const td = el("td", { title: `${name} ~ ${M.names[j]}: ${r === null ? "undefined" : r.toFixed(2)}` });
-        td.style.background = r === null ? "#ddd" : r >= 0 ? `rgba(214,39,40,${r})` : `rgba(31,119,180,${-r})`;
-        tr.append(td);
-      });
-      t.append(tr);
-    });
-    s.append(t);
+    s.append(heat(M.names, M.r));
     if (I.unavailable.length) {
       s.append(el("h3", {}, "Not counted on this host"));
       s.append(table("grid", ["counter", "reason"], I.unavailable));

@@ -46,7 +46,8 @@ pub enum Command {
     Sched(SchedArgs),
     /// Summarize a recording: host, VMs, loss, top exits, vCPU accounting, intervals; --html.
     Report(ReportArgs),
-    /// Two interval recordings side by side: rates and the largest correlation changes.
+    /// Interval recordings side by side (two, or N runs a side): rates with their spread and the
+    /// largest correlation changes.
     Compare(CompareArgs),
     /// Export a recording for other tools: csv, Parquet (DuckDB, pandas), Perfetto JSON.
     Export(ExportArgs),
@@ -573,17 +574,26 @@ pub enum ExportFormat {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Both recordings need interval rows (`virtprof record --interval D`). Metrics are summed over all
-vCPUs and CPUs, so runs with different VMs compare (native vs virtualized, before vs after).
+Every recording needs interval rows (`virtprof record --interval D`). Metrics are summed over all
+vCPUs and CPUs, so runs with different VMs compare (native vs virtualized, before vs after). With
+several runs a side, each figure is the mean over the runs that have it, with its spread (sample
+standard deviation); a correlation change larger than both sides' spreads together is marked
+`beyond spread`. A metric one side lacks is unknown there (-), never 0.
 
 EXAMPLES:
   virtprof compare compute.vprec pio.vprec
-  virtprof compare a.vprec b.vprec --top 20 --json")]
+  virtprof compare a.vprec b.vprec --top 20 --json
+  virtprof compare native-1.vprec native-2.vprec native-3.vprec --vs vm-1.vprec vm-2.vprec vm-3.vprec
+  virtprof compare native-*.vprec --vs vm-*.vprec --matrix --json   the whole difference matrix
+  virtprof compare native-*.vprec --vs vm-*.vprec --html compare.html")]
 pub struct CompareArgs {
-    /// First recording.
-    pub a: PathBuf,
-    /// Second recording.
-    pub b: PathBuf,
+    /// Side A: one recording, or several runs of it (with --vs); without --vs, exactly two
+    /// recordings A B.
+    #[arg(required = true, value_name = "A")]
+    pub runs: Vec<PathBuf>,
+    /// Side B's runs (side A's are the recordings before it).
+    #[arg(long, num_args = 1.., value_name = "B")]
+    pub vs: Vec<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -593,6 +603,13 @@ pub struct CompareArgs {
     /// Rank (Spearman) instead of linear (Pearson) correlation.
     #[arg(long)]
     pub spearman: bool,
+    /// With --json: both sides' mean correlation matrices and their difference (B − A), whole.
+    #[arg(long)]
+    pub matrix: bool,
+    /// Write one self-contained page: runs, rates with their spread, the largest changes, and
+    /// both sides' mean matrices and their difference as heatmaps.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

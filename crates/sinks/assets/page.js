@@ -1,4 +1,4 @@
-// Shared by every virtprof page (`report --html`, `boot --html`): error trapping, DOM and
+// Shared by every virtprof page (`report --html`, `boot --html`, `compare --html`): error trapping, DOM and
 // chart helpers, and the run() wrapper that sets data-charts (charts drawn) and data-ready
 // ("ok" or "errors") on <body> so headless tests can check a page without a debugger.
 const vp = (function () {
@@ -45,6 +45,22 @@ const vp = (function () {
     return String(+v.toFixed(2));
   };
   const siAxis = (label) => ({ label, size: 56, values: (u, ticks) => ticks.map(si) });
+  // A matrix over named metrics as a table of coloured cells: blue −1, white 0, red +1, grey
+  // where a value is null (undefined); each cell's title says the pair and its value.
+  const heat = (names, rows) => {
+    const t = el("table", { class: "heat" });
+    names.forEach((name, i) => {
+      const tr = el("tr", {}, el("th", {}, name));
+      rows[i].forEach((r, j) => {
+        const td = el("td", { title: `${name} ~ ${names[j]}: ${r === null ? "undefined" : r.toFixed(2)}` });
+        const a = Math.min(1, Math.abs(r ?? 0));
+        td.style.background = r === null ? "#ddd" : r >= 0 ? `rgba(214,39,40,${a})` : `rgba(31,119,180,${a})`;
+        tr.append(td);
+      });
+      t.append(tr);
+    });
+    return t;
+  };
   const plot = (parent, title, opts, data) => {
     const box = el("div", { class: "chart" });
     parent.append(box);
@@ -63,5 +79,5 @@ const vp = (function () {
     document.body.dataset.charts = String(charts);
     document.body.dataset.ready = errors.length ? "errors" : "ok";
   };
-  return { COLORS, el, section, fmt, us, table, si, siAxis, plot, run };
+  return { COLORS, el, section, fmt, us, table, si, siAxis, heat, plot, run };
 })();

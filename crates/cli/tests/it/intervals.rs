@@ -1,13 +1,13 @@
 //! `record --interval`, `report`, `export` and `compare` against a testvm `phases` run whose
 //! counts and phase boundaries are known exactly.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::Value;
 use virtprof_model::testvm::TestvmReport;
 
-use super::util::{have_kvm, have_tracefs, note, record_testvm, temp, virtprof};
+use super::util::{have_kvm, have_tracefs, note, record_testvm, rendered_dom, temp, virtprof};
 
 /// The scripted run several tests read: compute → pio-user → io-bound → compute.
 const PHASES: &str = "compute:300ms,pio-user:3000,io-bound:60,compute:300ms";
@@ -173,8 +173,72 @@ fn compare_lists_exit_metrics_among_the_top_changes() {
         rate("trace.userspace_exit.KVM_EXIT_IO", "b_per_second")
             > 10.0 * rate("trace.userspace_exit.KVM_EXIT_IO", "a_per_second")
     );
-    let _ = std::fs::remove_file(a);
-    let _ = std::fs::remove_file(b);
+
+    // Two runs a side: each rate is the mean of the runs' own (as a one-to-one compare gives
+    // them), with their sample spread; the difference matrix is B's mean minus A's.
+    let (a2, _) = record_phases("compute2.vprec", "compute:500ms");
+    let (b2, _) = record_phases("pio2.vprec", "pio-user:3000,compute:100ms,pio-user:1000,compute:100ms");
+    let compare = |args: &[&std::path::Path], extra: &[&str]| {
+        let out = virtprof().arg("compare").args(args).args(["--json"]).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let metric = "trace.userspace_exit.KVM_EXIT_IO";
+    let of = |r: &Value, side: &str| {
+        let row = r["rates"].as_array().unwrap().iter().find(|x| x["metric"] == metric).cloned().unwrap();
+        row[side].clone()
+    };
+    let one = [compare(&[&a, &b], &[]), compare(&[&a2, &b2], &[])];
+    let both = compare(&[&a, &a2, Path::new("--vs"), &b, &b2], &["--matrix"]);
+    assert_eq!(both["a"].as_array().unwrap().len(), 2, "{}", both["a"]);
+    for side in ["a", "b"] {
+        let x: Vec<f64> = one.iter().map(|r| of(r, &format!("{side}_per_second")).as_f64().unwrap()).collect();
+        let mean = of(&both, &format!("{side}_per_second")).as_f64().unwrap();
+        let sd = of(&both, &format!("{side}_sd")).as_f64().unwrap();
+        assert!((mean - (x[0] + x[1]) / 2.0).abs() <= 1e-9 * mean.abs(), "{side}: {mean} from {x:?}");
+        assert!((sd - (x[0] - x[1]).abs() / 2f64.sqrt()).abs() <= 1e-9 * mean.abs(), "{side}: sd {sd} of {x:?}");
+        assert_eq!(of(&both, &format!("{side}_runs")), 2);
+    }
+    let m = &both["matrices"];
+    let n = m["names"].as_array().unwrap().len();
+    assert!(n > 2, "{m}");
+    for i in 0..n {
+        for j in 0..n {
+            let (x, y, d) = (&m["a_mean"][i][j], &m["b_mean"][i][j], &m["difference"][i][j]);
+            match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => assert!((d.as_f64().unwrap() - (y - x)).abs() < 1e-12),
+                _ => assert!(d.is_null(), "a pair undefined on a side has no difference: {x} {y} {d}"),
+            }
+        }
+    }
+    // The same as one page: it renders without errors, with the three matrices.
+    // (Named .html: Chromium shows a file by its extension.)
+    let html = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("compare-{}.html", std::process::id()));
+    let out = virtprof()
+        .arg("compare")
+        .args([&a, &a2])
+        .arg("--vs")
+        .args([&b, &b2])
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    match rendered_dom(&html) {
+        Some(dom) => {
+            assert!(dom.contains("data-ready=\"ok\""), "the page reported errors: {dom}");
+            assert_eq!(dom.matches("class=\"heat\"").count(), 3, "A, B and their difference");
+        }
+        None => note(test, "SKIP (page rendering): no Chromium (scripts/test.sh installs it)"),
+    }
+    let _ = std::fs::remove_file(&html);
+    // Three recordings without --vs: which two, or which sides?
+    let out = virtprof().arg("compare").args([&a, &a2, &b]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--vs"), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in [a, b, a2, b2] {
+        let _ = std::fs::remove_file(f);
+    }
 }
 
 #[test]

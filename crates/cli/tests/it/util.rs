@@ -109,16 +109,22 @@ pub fn chromium() -> Option<&'static str> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"].into_iter().find(|p| std::path::Path::new(p).exists())
 }
 
-/// The attributes of `<body>` after Chromium loaded `html` and ran its scripts (pages set
-/// `data-ready` and `data-charts` there); None without Chromium.
-pub fn rendered_body(html: &std::path::Path) -> Option<String> {
+/// The document after Chromium loaded `html` (a file named `.html`) and ran its scripts; None
+/// without Chromium.
+pub fn rendered_dom(html: &std::path::Path) -> Option<String> {
     let browser = chromium()?;
     let dom = std::process::Command::new(browser)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom"])
         .arg(format!("file://{}", html.display()))
         .output()
         .unwrap();
-    let dom = String::from_utf8_lossy(&dom.stdout);
+    Some(String::from_utf8_lossy(&dom.stdout).into_owned())
+}
+
+/// The attributes of `<body>` after Chromium ran the page's scripts (pages set `data-ready`
+/// and `data-charts` there); None without Chromium.
+pub fn rendered_body(html: &std::path::Path) -> Option<String> {
+    let dom = rendered_dom(html)?;
     Some(dom.split("<body").nth(1).and_then(|b| b.split('>').next()).expect("a <body> tag").to_string())
 }
 

