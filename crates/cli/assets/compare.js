@@ -3,7 +3,7 @@
 // spread, the largest correlation changes, and the sides' mean matrices and their difference.
 (function () {
   "use strict";
-  const { el, section, fmt, table, heat } = vp;
+  const { COLORS, section, fmt, table, heat, siAxis, plot } = vp;
   const spread = (mean, sd, runs) =>
     mean === null ? "–" : fmt(mean, 1) + (sd === null ? "" : " ± " + fmt(sd, 1)) + (runs > 1 ? ` (${runs})` : "");
   const r = (v, sd) => (v === null ? "n/a" : v.toFixed(2) + (sd === null ? "" : " ± " + sd.toFixed(2)));
@@ -27,6 +27,18 @@
       (c.change >= 0 ? "+" : "") + c.change.toFixed(2), c.a, c.b, r(c.r_in_a, c.a_sd), r(c.r_in_b, c.b_sd),
       c.beyond_spread ? "beyond spread" : "",
     ])));
+    const timelines = D.exit_rates;
+    if (timelines[0].length + timelines[1].length) {
+      const s = section("Exit rate over time", "Each run's exits per second per interval (kvm_exit reasons summed, or the exits to userspace where the trace has no kvm_exit).");
+      const box = s.appendChild(document.createElement("div"));
+      box.className = "charts";
+      timelines.forEach((side, k) => side.forEach((x) => plot(box, `${"AB"[k]}: ${x.path}`, {
+        width: 380, height: 180,
+        axes: [{ label: "s" }, siAxis(x.counts + " /s")],
+        series: [{ label: "s" }, { label: "exits/s", stroke: COLORS[k] }],
+        legend: { show: false },
+      }, [x.t, x.per_s])));
+    }
     const M = D.matrices;
     for (const [title, rows, note] of [
       ["Correlation, A", M.a_mean, `Mean over ${D.a.length} run(s) (blue −1, white 0, red +1; grey: undefined).`],

@@ -603,11 +603,12 @@ pub struct CompareArgs {
     /// Rank (Spearman) instead of linear (Pearson) correlation.
     #[arg(long)]
     pub spearman: bool,
-    /// With --json: both sides' mean correlation matrices and their difference (B − A), whole.
+    /// With --json: both sides' mean correlation matrices and their difference (B − A), whole,
+    /// and each run's exit rate over time.
     #[arg(long)]
     pub matrix: bool,
-    /// Write one self-contained page: runs, rates with their spread, the largest changes, and
-    /// both sides' mean matrices and their difference as heatmaps.
+    /// Write one self-contained page: runs, rates with their spread, the largest changes, each
+    /// run's exit rate over time, and both sides' mean matrices and their difference as heatmaps.
     #[arg(long, value_name = "OUT")]
     pub html: Option<PathBuf>,
 }

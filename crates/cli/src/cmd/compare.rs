@@ -24,6 +24,44 @@ struct Run {
     /// nothing (the columns are made as their first event comes), rather than being unknown.
     traced: bool,
     matrix: Matrix,
+    exit_rate: Option<ExitRate>,
+}
+
+/// A run's exits per second over time (VrtProf Figure 4): every `kvm_exit` reason summed per
+/// interval, or where the trace has no `kvm_exit` (this kind of host) the exits to userspace.
+#[derive(Serialize, Clone)]
+struct ExitRate {
+    path: String,
+    /// "kvm_exit" or "userspace exits".
+    counts: &'static str,
+    /// Seconds from the run's first interval, at each interval's end.
+    t: Vec<f64>,
+    per_s: Vec<f64>,
+}
+
+impl ExitRate {
+    fn of(
+        path: &str,
+        table: &virtprof_analysis::intervals::IntervalTable,
+        features: &[(String, Vec<f64>)],
+    ) -> Option<Self> {
+        let sum = |prefix: &str| {
+            let mut columns = features.iter().filter(|(m, _)| m.starts_with(prefix)).peekable();
+            columns.peek()?;
+            let mut total = vec![0.0; table.rows()];
+            for (_, v) in columns {
+                total.iter_mut().zip(v).filter(|(_, x)| !x.is_nan()).for_each(|(t, x)| *t += x);
+            }
+            Some(total)
+        };
+        let (counts, per_s) = match sum("trace.exit.") {
+            Some(v) => ("kvm_exit", v),
+            None => ("userspace exits", sum("trace.userspace_exit.")?),
+        };
+        let first = *table.start_ns.first()?;
+        let t = table.end_ns.iter().map(|e| e.saturating_sub(first) as f64 / 1e9).collect();
+        Some(ExitRate { path: path.to_string(), counts, t, per_s })
+    }
 }
 
 impl Run {
@@ -40,8 +78,10 @@ impl Run {
             .map(|(name, v)| (name.clone(), v.iter().filter(|x| !x.is_nan()).sum::<f64>() / seconds))
             .collect();
         rates.extend(intervals.guest_rates.iter().cloned());
+        let path = path.display().to_string();
         Ok(Run {
-            path: path.display().to_string(),
+            exit_rate: ExitRate::of(&path, table, &features),
+            path,
             lost_events: intervals.lost_events,
             lost_events_text: intervals.lost_events_text,
             traced: rates.iter().any(|(m, _)| m.starts_with("trace.")),
@@ -72,6 +112,9 @@ struct Output {
     changes: Vec<ChangeOut>,
     #[serde(skip_serializing_if = "Option::is_none")]
     matrices: Option<Matrices>,
+    /// Each run's exits per second over time, per side (with --matrix or --html).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_rates: Option<[Vec<ExitRate>; 2]>,
 }
 
 /// A metric per second on each side: the mean over the runs that have it (null: none has it),
@@ -199,6 +242,7 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     let (a, b) = (load(paths_a)?, load(paths_b)?);
     let summary = |side: &[Run]| Summary::of(&side.iter().map(|r| r.matrix.clone()).collect::<Vec<_>>());
     let (sa, sb) = (summary(&a), summary(&b));
+    let whole = args.matrix || args.html.is_some();
     let out = Output {
         a: a.iter().map(|r| r.path.clone()).collect(),
         b: b.iter().map(|r| r.path.clone()).collect(),
@@ -206,7 +250,8 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<ExitCode> {
         b_lost_events: b.iter().map(|r| r.lost_events).collect(),
         rates: rates(&a, &b),
         changes: changes(&sa, &sb, args.top),
-        matrices: (args.matrix || args.html.is_some()).then(|| matrices(&sa, &sb)),
+        matrices: whole.then(|| matrices(&sa, &sb)),
+        exit_rates: whole.then(|| [&a, &b].map(|side| side.iter().filter_map(|r| r.exit_rate.clone()).collect())),
     };
     if let Some(path) = &args.html {
         let title = format!("{} vs {}", out.a.join(", "), out.b.join(", "));
@@ -293,6 +338,7 @@ mod tests {
             traced: rates.iter().any(|(m, _)| m.starts_with("trace.")),
             rates,
             matrix: Matrix { names: Vec::new(), values: Vec::new() },
+            exit_rate: None,
         }
     }
 

@@ -199,6 +199,14 @@ fn compare_lists_exit_metrics_among_the_top_changes() {
         assert!((sd - (x[0] - x[1]).abs() / 2f64.sqrt()).abs() <= 1e-9 * mean.abs(), "{side}: sd {sd} of {x:?}");
         assert_eq!(of(&both, &format!("{side}_runs")), 2);
     }
+    // With --matrix, each run's exit rate over time: one point per interval row.
+    for (side, rates) in ["a", "b"].iter().zip(both["exit_rates"].as_array().unwrap()) {
+        assert_eq!(rates.as_array().unwrap().len(), 2, "{side}: {rates}");
+        for r in rates.as_array().unwrap() {
+            assert_eq!(r["t"].as_array().unwrap().len(), r["per_s"].as_array().unwrap().len());
+            assert!(r["per_s"].as_array().unwrap().iter().any(|x| x.as_f64().unwrap() > 0.0), "{side}: {r}");
+        }
+    }
     let m = &both["matrices"];
     let n = m["names"].as_array().unwrap().len();
     assert!(n > 2, "{m}");
@@ -228,6 +236,8 @@ fn compare_lists_exit_metrics_among_the_top_changes() {
         Some(dom) => {
             assert!(dom.contains("data-ready=\"ok\""), "the page reported errors: {dom}");
             assert_eq!(dom.matches("class=\"heat\"").count(), 3, "A, B and their difference");
+            // Every run made exits (its phase markers at least): an exit-rate chart each.
+            assert!(dom.contains("data-charts=\"4\""), "{}", dom.split("<main").next().unwrap_or_default());
         }
         None => note(test, "SKIP (page rendering): no Chromium (scripts/test.sh installs it)"),
     }
