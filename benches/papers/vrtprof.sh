@@ -36,7 +36,8 @@ for w in $workloads; do
             [ "$side" = native ] && flag=--native
             # shellcheck disable=SC2086 # options are words
             sh "$root/scripts/workload-guest/run.sh" $flag ${RUN_ARGS:-} --seconds "$seconds" --interval 100ms \
-                -o "$out/$w-$side-$i.vprec" "$w" 2> "$out/$w-$side-$i.log" | tee "$out/$w-$side-$i.result"
+                -o "$out/$w-$side-$i.vprec" "$w" 2> "$out/$w-$side-$i.log" > "$out/$w-$side-$i.result" ||
+                echo "vrtprof.sh: $w ($side, run $i) failed: see $out/$w-$side-$i.log" >&2
             i=$((i + 1))
         done
     done
