@@ -34,6 +34,32 @@ const VMSTAT: [(&str, SeriesKind); 9] = [
 const NET_DEV: [(&str, usize, &str); 4] =
     [("rx_bytes", 0, "bytes"), ("rx_packets", 1, "events"), ("tx_bytes", 8, "bytes"), ("tx_packets", 9, "events")];
 
+/// Lines before the first `NAME:` line of /proc/interrupts (the CPU names) and /proc/net/dev.
+const INTERRUPTS_HEADER: usize = 1;
+const NET_DEV_HEADER: usize = 2;
+
+/// The `NAME: rest` lines of a /proc table after its `header` lines, names trimmed.
+fn labelled_lines(text: &str, header: usize) -> impl Iterator<Item = (&str, &str)> {
+    text.lines().skip(header).filter_map(|line| line.split_once(':').map(|(name, rest)| (name.trim(), rest)))
+}
+
+/// `out[k]` = the number in `words` at the k-th wanted column (columns ascending) times its
+/// scale; a column the line lacks or cannot parse leaves its slot as it was.
+fn read_columns<'a>(
+    mut words: impl Iterator<Item = &'a str>,
+    wanted: impl Iterator<Item = (usize, f64)>,
+    out: &mut [f64],
+) {
+    let mut next = 0;
+    for ((column, scale), slot) in wanted.zip(out) {
+        let Some(word) = words.nth(column - next) else { return };
+        next = column + 1;
+        if let Ok(value) = word.parse::<f64>() {
+            *slot = value * scale;
+        }
+    }
+}
+
 /// /proc/diskstats columns sent per disk: (series suffix, column after the name, scale to the
 /// unit, unit). Sectors are 512 bytes whatever the device's block size; time is in ms.
 const DISKSTATS: [(&str, usize, f64, &str); 5] = [
@@ -215,8 +241,7 @@ impl Collector {
 
     fn open_interrupts(&mut self) {
         let opened = ProcFile::open("/proc/interrupts").and_then(|mut f| {
-            let names: Vec<String> =
-                f.read()?.lines().skip(1).filter_map(|l| Some(l.split_once(':')?.0.trim().to_string())).collect();
+            let names: Vec<String> = labelled_lines(f.read()?, INTERRUPTS_HEADER).map(|(n, _)| n.into()).collect();
             Ok((f, names))
         });
         match opened {
@@ -250,8 +275,7 @@ impl Collector {
     /// Every interface there at the start (one that comes later is not followed).
     fn open_net(&mut self) {
         let opened = ProcFile::open("/proc/net/dev").and_then(|mut f| {
-            let names: Vec<String> =
-                f.read()?.lines().skip(2).filter_map(|l| Some(l.split_once(':')?.0.trim().to_string())).collect();
+            let names: Vec<String> = labelled_lines(f.read()?, NET_DEV_HEADER).map(|(n, _)| n.into()).collect();
             Ok((f, names))
         });
         match opened {
@@ -470,9 +494,8 @@ impl Collector {
         }
         if let Some((f, columns, _)) = self.interrupts.as_mut() {
             if let Ok(text) = f.read() {
-                for line in text.lines().skip(1) {
-                    let Some((name, rest)) = line.split_once(':') else { continue };
-                    let Some(&i) = columns.get(name.trim()) else { continue };
+                for (name, rest) in labelled_lines(text, INTERRUPTS_HEADER) {
+                    let Some(&i) = columns.get(name) else { continue };
                     // Per-CPU counts come first; the device's name follows them.
                     now[i] = rest.split_whitespace().map_while(|w| w.parse::<f64>().ok()).sum();
                 }
@@ -490,15 +513,10 @@ impl Collector {
         }
         if let Some((f, columns)) = self.net.as_mut() {
             if let Ok(text) = f.read() {
-                for line in text.lines().skip(2) {
-                    let Some((name, rest)) = line.split_once(':') else { continue };
-                    let Some(&at) = columns.get(name.trim()) else { continue };
-                    let v: Vec<f64> = rest.split_whitespace().map_while(|w| w.parse().ok()).collect();
-                    for (k, (_, column, _)) in NET_DEV.iter().enumerate() {
-                        if let Some(&value) = v.get(*column) {
-                            now[at + k] = value;
-                        }
-                    }
+                for (name, rest) in labelled_lines(text, NET_DEV_HEADER) {
+                    let Some(&at) = columns.get(name) else { continue };
+                    let wanted = NET_DEV.iter().map(|&(_, column, _)| (column, 1.0));
+                    read_columns(rest.split_whitespace(), wanted, &mut now[at..at + NET_DEV.len()]);
                 }
             }
         }
@@ -508,12 +526,8 @@ impl Collector {
                     // MAJOR MINOR NAME then the counts.
                     let mut words = line.split_whitespace().skip(2);
                     let Some(&at) = words.next().and_then(|name| columns.get(name)) else { continue };
-                    let v: Vec<f64> = words.map_while(|w| w.parse().ok()).collect();
-                    for (k, (_, column, scale, _)) in DISKSTATS.iter().enumerate() {
-                        if let Some(&value) = v.get(*column) {
-                            now[at + k] = value * scale;
-                        }
-                    }
+                    let wanted = DISKSTATS.iter().map(|&(_, column, scale, _)| (column, scale));
+                    read_columns(words, wanted, &mut now[at..at + DISKSTATS.len()]);
                 }
             }
         }
@@ -571,6 +585,20 @@ pub fn ptp_kvm() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn table_lines_give_names_and_the_wanted_columns_scaled() {
+        let net = "Inter-|   Receive\n face |bytes\n  eth0: 10 2 0 0 0 0 0 0 30 4 0\n    lo: 5 1\n";
+        let lines: Vec<_> = labelled_lines(net, NET_DEV_HEADER).collect();
+        assert_eq!(lines.iter().map(|l| l.0).collect::<Vec<_>>(), ["eth0", "lo"]);
+        let mut out = [f64::NAN; 4];
+        read_columns(lines[0].1.split_whitespace(), NET_DEV.iter().map(|c| (c.1, 2.0)), &mut out);
+        assert_eq!(out, [20.0, 4.0, 60.0, 8.0]);
+        // A short line sets what it has and leaves the rest.
+        let mut out = [-1.0; 4];
+        read_columns(lines[1].1.split_whitespace(), NET_DEV.iter().map(|c| (c.1, 1.0)), &mut out);
+        assert_eq!(out, [5.0, 1.0, -1.0, -1.0]);
+    }
 
     #[test]
     fn bytes_sent_over_loopback_are_counted_on_lo_and_disks_are_whole() {

@@ -32,6 +32,16 @@ impl Matrix {
         let j = self.names.iter().position(|n| n == b)?;
         Some(self.get(i, j))
     }
+
+    /// Where each of `names` is in this matrix, found once for lookups over many pairs.
+    fn positions<S: AsRef<str>>(&self, names: &[S]) -> Vec<Option<usize>> {
+        names.iter().map(|name| self.names.iter().position(|n| n == name.as_ref())).collect()
+    }
+
+    /// The value at two positions from `positions` (NaN where either name is absent).
+    fn at(&self, i: Option<usize>, j: Option<usize>) -> f64 {
+        i.zip(j).map_or(f64::NAN, |(i, j)| self.get(i, j))
+    }
 }
 
 /// Correlate every pair of `series` (name, values), over the rows where both are known.
@@ -149,10 +159,11 @@ impl Summary {
         names.sort();
         names.dedup();
         let n = names.len();
+        let positions: Vec<Vec<Option<usize>>> = runs.iter().map(|m| m.positions(&names)).collect();
         let mut pairs = vec![None; n * n];
         for i in 0..n {
             for j in i..n {
-                let spread = Spread::of(runs.iter().filter_map(|m| m.by_name(&names[i], &names[j])));
+                let spread = Spread::of(runs.iter().zip(&positions).map(|(m, at)| m.at(at[i], at[j])));
                 pairs[i * n + j] = spread;
                 pairs[j * n + i] = spread;
             }
@@ -200,11 +211,12 @@ pub fn differences(before: &Matrix, after: &Matrix) -> Vec<Change> {
     let mut names: Vec<&String> = before.names.iter().chain(&after.names).collect();
     names.sort();
     names.dedup();
+    let (in_before, in_after) = (before.positions(&names), after.positions(&names));
     let mut changes = Vec::new();
     for (i, a) in names.iter().enumerate() {
-        for b in &names[i + 1..] {
-            let get = |m: &Matrix| m.by_name(a, b).unwrap_or(f64::NAN);
-            let change = Change { a: (*a).clone(), b: (*b).clone(), before: get(before), after: get(after) };
+        for (j, b) in names.iter().enumerate().skip(i + 1) {
+            let (was, now) = (before.at(in_before[i], in_before[j]), after.at(in_after[i], in_after[j]));
+            let change = Change { a: (*a).clone(), b: (*b).clone(), before: was, after: now };
             if change.delta() != 0.0 {
                 changes.push(change);
             }

@@ -157,7 +157,10 @@ impl Drop for OutputFile {
 /// Write `bytes` as the whole of `path`.
 pub fn write_file(path: &Path, bytes: &[u8], privacy: Privacy) -> Result<(), OutputError> {
     let mut out = OutputFile::create(path, privacy)?;
-    out.write_all(bytes).map_err(|e| OutputError { action: "writing", path: path.to_path_buf(), source: e })?;
+    // The file itself, not `out`'s Write: that names the path in its errors, and OutputError
+    // names it again.
+    let file = out.file.as_mut().expect("an uncommitted output has its file");
+    file.write_all(bytes).map_err(OutputError::new("writing", path))?;
     out.commit()
 }
 
@@ -242,6 +245,12 @@ mod tests {
         let err =
             OutputError { action: "writing", path: "/x".into(), source: io::Error::from_raw_os_error(libc::ENOSPC) };
         assert!(err.is_disk_full());
+    }
+
+    #[test]
+    fn a_whole_file_on_a_full_device_names_the_path_once() {
+        let err = write_file(Path::new("/dev/full"), b"page", Privacy::Shared).unwrap_err();
+        assert_eq!(err.to_string(), "writing '/dev/full': No space left on device (os error 28)");
     }
 
     #[test]

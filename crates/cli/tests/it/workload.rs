@@ -117,6 +117,21 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     let lo = guest_total(&r, "net.lo.tx_bytes");
     assert!(lo >= requests * body, "lo sent {lo} bytes for {requests} responses of {body}");
 
+    // The other workloads natively (cheap): each did its work (an image missing a library or
+    // a tool's file fails here, as tcc's libtcc1.a once did) and the agent sent rows.
+    for name in ["build", "compress", "stress"] {
+        let rec = tmp.join(format!("{name}.vprec"));
+        let out = run_sh(&tmp, &["--native", "--seconds", "2", "-o", rec.to_str().unwrap(), name]);
+        let done = result(&out, name);
+        assert!(done["ops"].parse::<f64>().unwrap() >= 1.0, "{name}: {done:?}");
+        if name == "stress" {
+            for stressor in ["vm-bogo-ops", "hdd-bogo-ops"] {
+                assert!(done[stressor].parse::<f64>().unwrap() >= 1.0, "stress: {done:?}");
+            }
+        }
+        assert!(report_json(&rec)["guests"][0]["rows"].as_u64().unwrap() >= 1, "{name}: the agent sent no rows");
+    }
+
     // Nothing left behind: no run folder, no QEMU.
     let left: Vec<_> = std::fs::read_dir(&tmp)
         .unwrap()
