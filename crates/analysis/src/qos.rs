@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
 use crate::Names;
-use virtprof_model::vmm::VmOwner;
+use virtprof_model::vmm::{ThreadRole, VmOwner};
 use virtprof_model::{Pid, Tid, VcpuThread};
 
 /// A VM as discovery (or a recording's task list) knows it.
@@ -23,6 +23,20 @@ pub struct VmInfo {
     pub owner: VmOwner,
     /// Its vCPUs and their threads.
     pub vcpus: Vec<VcpuThread>,
+    /// The VMM's other threads that work for it (I/O threads, main loop, vhost workers).
+    pub others: Vec<VmmThread>,
+    /// Its vCPUs are emulated (QEMU TCG): scheduled like any, but they make no exits, so
+    /// exits and I/O accesses are unknown, not zero.
+    pub emulated: bool,
+}
+
+/// A VMM thread other than a vCPU, and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmThread {
+    /// Thread id.
+    pub tid: u32,
+    /// What it does for the VM.
+    pub role: ThreadRole,
 }
 
 /// One window of the table.
@@ -70,6 +84,44 @@ pub struct VmRow {
     pub exits_per_s: Option<f64>,
     /// Per vCPU.
     pub vcpus: Vec<VcpuRow>,
+    /// The VM's threads by role, vCPUs first: the work done for it inside and outside its
+    /// vCPUs (XenMon's Dom0 share, here the VMM's own threads).
+    pub roles: Vec<RoleRow>,
+}
+
+/// The threads of one role of a VM's VMM over a window.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoleRow {
+    /// `vcpu`, `io-thread`, `main-loop`, `vhost`, `worker` or `other`.
+    pub role: ThreadRole,
+    /// Threads of this role seen in the window.
+    pub threads: usize,
+    /// CPU time used, in CPUs (run time over the window's length).
+    pub cpus: f64,
+    /// Running, % of its threads' observed time.
+    pub running_pct: f64,
+    /// Runnable but waiting for a CPU.
+    pub waiting_pct: f64,
+    /// Blocked.
+    pub blocked_pct: f64,
+    /// Time running, ns (all its threads).
+    pub run_ns: u64,
+    /// Time waiting, ns.
+    pub wait_ns: u64,
+    /// Time blocked, ns.
+    pub blocked_ns: u64,
+    /// Executions (dispatches) of all its threads.
+    pub exec_count: u64,
+    /// Executions per second.
+    pub execs_per_s: f64,
+    /// Mean CPU time per execution.
+    pub cpu_per_exec_us: f64,
+    /// Mean wait per execution.
+    pub wait_per_exec_us: f64,
+    /// The VM's I/O accesses (its vCPUs' port and MMIO exits: the guest asking its devices)
+    /// per execution of this role: XenMon's I/O count per execution period (Fig. 7b). None
+    /// where the VM's I/O is unknown or the role did not run.
+    pub io_per_exec: Option<f64>,
 }
 
 /// One vCPU thread.
@@ -152,6 +204,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                 .iter()
                 .map(|&VcpuThread { index, tid: Tid(tid) }| vcpu_row(span, index, tid, cpu, seconds, kvm_exit, names))
                 .filter(|row| cpu.is_none() || row.run_ns + row.wait_ns + row.blocked_ns > 0)
+                .map(|row| if vm.emulated { VcpuRow { io_count: None, exits_per_s: None, ..row } } else { row })
                 .collect();
             let mean = |f: fn(&VcpuRow) -> f64| {
                 if vcpus.is_empty() {
@@ -160,7 +213,9 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                     vcpus.iter().map(f).sum::<f64>() / vcpus.len() as f64
                 }
             };
+            let io_count: Option<u64> = vcpus.iter().map(|v| v.io_count).sum();
             VmRow {
+                roles: role_rows(span, vm, cpu, seconds, io_count),
                 pid: vm.pid.0,
                 name: vm.name.clone(),
                 kind: vm.kind.clone(),
@@ -169,7 +224,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                 waiting_pct: mean(|v| v.waiting_pct),
                 blocked_pct: mean(|v| v.blocked_pct),
                 exec_count: vcpus.iter().map(|v| v.exec_count).sum(),
-                io_count: vcpus.iter().map(|v| v.io_count).sum(),
+                io_count,
                 exits_per_s: vcpus.iter().map(|v| v.exits_per_s).sum(),
                 vcpus,
             }
@@ -184,6 +239,44 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
         exits_source: if kvm_exit { "kvm_exit" } else { "evidence" }.into(),
         vms,
     }
+}
+
+/// A row per role that has threads, vCPUs first.
+fn role_rows(span: &Span, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Option<u64>) -> Vec<RoleRow> {
+    let threads: Vec<(ThreadRole, u32)> =
+        vm.vcpus.iter().map(|v| (ThreadRole::Vcpu, v.tid.0)).chain(vm.others.iter().map(|t| (t.role, t.tid))).collect();
+    ThreadRole::ALL
+        .into_iter()
+        .filter_map(|role| {
+            let tids: Vec<u32> = threads.iter().filter(|(r, _)| *r == role).map(|&(_, tid)| tid).collect();
+            if tids.is_empty() {
+                return None;
+            }
+            let (mut c, mut observed) = (Counters::default(), 0);
+            for &tid in &tids {
+                c.add(&span.thread(tid, cpu));
+                observed += span.thread(tid, None).observed_ns();
+            }
+            let pct = |ns: u64| if observed > 0 { 100.0 * ns as f64 / observed as f64 } else { 0.0 };
+            let per = |ns: u64| if c.execs > 0 { ns as f64 / c.execs as f64 / 1e3 } else { 0.0 };
+            Some(RoleRow {
+                role,
+                threads: tids.len(),
+                cpus: if seconds > 0.0 { c.run_ns as f64 / 1e9 / seconds } else { 0.0 },
+                running_pct: pct(c.run_ns),
+                waiting_pct: pct(c.wait_ns),
+                blocked_pct: pct(c.blocked_ns),
+                run_ns: c.run_ns,
+                wait_ns: c.wait_ns,
+                blocked_ns: c.blocked_ns,
+                exec_count: c.execs,
+                execs_per_s: if seconds > 0.0 { c.execs as f64 / seconds } else { 0.0 },
+                cpu_per_exec_us: per(c.run_ns),
+                wait_per_exec_us: per(c.wait_ns),
+                io_per_exec: io.filter(|_| c.execs > 0).map(|io| io as f64 / c.execs as f64),
+            })
+        })
+        .collect()
 }
 
 fn vcpu_row(

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde::Serialize;
 use virtprof_model::{Event, EventKind, Timestamp};
 
@@ -324,6 +324,8 @@ struct Thread {
     exec_start: Timestamp,
     /// When it entered its current state (not moved by accounting, unlike `since`).
     entered: Timestamp,
+    /// When it was last put on a run queue (woken, preempted or migrated while runnable).
+    queued: Timestamp,
     /// Unknown stretches not yet resolved: (bucket sequence number, cpu, ns).
     unresolved: Vec<(u64, u32, u64)>,
 }
@@ -343,6 +345,8 @@ pub struct SchedAccounting {
     options: SchedOptions,
     evidence_events: Vec<u16>,
     threads: FxHashMap<u32, Thread>,
+    /// Threads that emitted kvm events: vCPU threads, whatever they are named.
+    kvm_threads: FxHashSet<u32>,
     /// Closed buckets, oldest first, each with its sequence number.
     closed: VecDeque<(u64, Span)>,
     current: Option<(u64, Span)>,
@@ -369,6 +373,7 @@ impl SchedAccounting {
             options,
             evidence_events,
             threads: FxHashMap::default(),
+            kvm_threads: FxHashSet::default(),
             closed: VecDeque::new(),
             current: None,
             total: Span::default(),
@@ -409,6 +414,7 @@ impl SchedAccounting {
             cpu: 0,
             exec_start: ts,
             entered: ts,
+            queued: ts,
             unresolved: Vec::new(),
         });
     }
@@ -430,6 +436,12 @@ impl SchedAccounting {
     /// Threads accounted so far.
     pub fn tracked(&self) -> impl Iterator<Item = u32> + '_ {
         self.threads.keys().copied()
+    }
+
+    /// Threads seen running guest code (they emitted kvm events): vCPU threads, named so or
+    /// not, unlike other tracked threads (a VMM's I/O threads).
+    pub fn kvm_threads(&self) -> impl Iterator<Item = u32> + '_ {
+        self.kvm_threads.iter().copied()
     }
 
     /// The CPU thread `tid` last ran or waits on.
@@ -512,9 +524,13 @@ impl SchedAccounting {
         if matches!(e.kind, EventKind::SchedSwitch { next_tid, .. } if next_tid == e.tid) {
             return;
         }
-        self.transition(e.tid, State::Running, e.cpu, e.ts);
+        // Queued on this CPU, it ran from then: an idle CPU runs what is queued on it at once
+        // (from where accounting has reached, if a window closed since). Otherwise (woken
+        // unseen, or queued elsewhere) from this event.
+        let at = if t.state == State::Runnable && t.cpu == e.cpu { t.queued.max(t.since).min(e.ts) } else { e.ts };
+        self.transition(e.tid, State::Running, e.cpu, at);
         if let Some(t) = self.threads.get_mut(&e.tid) {
-            t.exec_start = e.ts;
+            t.exec_start = at;
         }
         self.count(e.tid, e.cpu, |c| {
             c.execs += 1;
@@ -524,6 +540,7 @@ impl SchedAccounting {
 
     /// A kvm event from a vCPU thread: it is running, on this CPU, now.
     fn kvm_event(&mut self, e: &Event, count: impl FnOnce(&mut Counters), reason: Option<ReasonKey>) {
+        self.kvm_threads.insert(e.tid);
         match self.threads.get(&e.tid).map(|t| t.state) {
             None => {
                 self.track(e.tid, e.ts);
@@ -592,6 +609,9 @@ impl SchedAccounting {
         if let Some(t) = self.threads.get_mut(&tid) {
             if t.state != state {
                 t.entered = ts;
+            }
+            if state == State::Runnable {
+                t.queued = ts;
             }
             t.state = state;
             t.cpu = cpu;
@@ -893,12 +913,23 @@ mod tests {
         a.track(9, 0);
         a.on_event(&switch(MS, 1, 9, 1, 0)); // sleeps
         a.on_event(&wakeup(5 * MS, 9, 1));
-        // No sched_switch into 9: its first kvm event shows it running.
+        // No sched_switch into 9: its first kvm event shows it running, and as it was queued
+        // on this CPU (idle: the handover the kernel leaves out), running since its wakeup.
         a.on_event(&pio(6 * MS, 1, 9));
         a.on_event(&switch(8 * MS, 1, 9, 1, 0));
         let t = a.finish(10 * MS).thread(9, None);
         assert_eq!((t.execs, t.inferred_execs, t.io), (1, 1, 1));
-        assert_eq!((t.run_ns, t.wait_ns, t.blocked_ns), (MS + 2 * MS, MS, 4 * MS + 2 * MS));
+        assert_eq!((t.run_ns, t.wait_ns, t.blocked_ns), (MS + 3 * MS, 0, 4 * MS + 2 * MS));
+
+        // Queued on CPU 0 but seen running on CPU 1 (moved unseen): running from the event.
+        let mut a = analyzer(100 * MS);
+        a.track(9, 0);
+        a.on_event(&switch(MS, 1, 9, 1, 0));
+        a.on_event(&wakeup(5 * MS, 9, 0));
+        a.on_event(&pio(6 * MS, 1, 9));
+        a.on_event(&switch(8 * MS, 1, 9, 1, 0));
+        let t = a.finish(10 * MS).thread(9, None);
+        assert_eq!((t.run_ns, t.wait_ns), (MS + 2 * MS, MS));
     }
 
     #[test]

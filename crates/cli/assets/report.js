@@ -57,6 +57,14 @@
       for (const vm of D.accounting.vms) for (const v of vm.vcpus)
         rows.push([`${vm.name} vCPU ${v.index}`, v.tid, fmt(v.running_pct, 1), fmt(v.waiting_pct, 1), fmt(v.blocked_pct, 1), fmt(v.exits, 0), fmt(v.exits_per_s, 0)]);
       s.append(table("grid", ["vCPU", "tid", "run %", "wait %", "blocked %", "exits", "exits/s"], rows));
+      const roles = [];
+      for (const vm of D.accounting.vms) for (const r of vm.roles)
+        roles.push([vm.name, r.role, r.threads, fmt(r.cpus, 2), fmt(r.running_pct, 1), fmt(r.waiting_pct, 1), fmt(r.blocked_pct, 1),
+          fmt(r.exec_count, 0), fmt(r.execs_per_s, 0), fmt(r.cpu_per_exec_us, 1), r.io_per_exec === null ? "unknown" : fmt(r.io_per_exec, 2)]);
+      if (roles.some((r) => r[1] !== "vcpu")) {
+        s.append(el("h3", {}, "Work for each VM by role: its vCPUs and the VMM's own threads (I/O thread, main loop, vhost worker)"));
+        s.append(table("grid", ["VM", "role", "threads", "CPUs", "run %", "wait %", "blocked %", "executions", "executions/s", "CPU µs / execution", "VM I/O / execution"], roles));
+      }
     }
     const box = el("div", { class: "charts" });
     s.append(box);

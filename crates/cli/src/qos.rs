@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use virtprof_model::units::printable;
 
-use virtprof_analysis::qos::{VcpuRow, VmInfo, VmRow, WindowReport};
-use virtprof_kvm::discover::vcpu_index;
-use virtprof_model::vmm::{VmOwner, VmmKind};
+use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, VmRow, VmmThread, WindowReport};
+use virtprof_kvm::discover::{emulated_vcpu_index, thread_role, vcpu_index, vhost_owner};
+use virtprof_model::vmm::{ThreadRole, VmOwner, VmmKind};
 use virtprof_model::{Pid, VcpuThread};
 use virtprof_sinks::table::Table;
 use virtprof_store::recording::VmIdentity;
@@ -45,6 +45,16 @@ impl HostTasks {
                     .filter(|(_, (p, _))| *p == pid)
                     .filter_map(|(tid, (_, comm))| Some(VcpuThread::new(vcpu_index(comm)?, *tid)))
                     .collect();
+                let mut emulated = false;
+                if vcpus.is_empty() {
+                    vcpus = self
+                        .threads
+                        .iter()
+                        .filter(|(_, (p, _))| *p == pid)
+                        .filter_map(|(tid, (_, comm))| Some(VcpuThread::new(emulated_vcpu_index(comm)?, *tid)))
+                        .collect();
+                    emulated = !vcpus.is_empty();
+                }
                 if vcpus.is_empty() {
                     let unnamed = self.threads.iter().filter(|(t, (p, _))| *p == pid && tracked.contains(t));
                     vcpus = unnamed
@@ -61,8 +71,23 @@ impl HostTasks {
                     let kind = virtprof_kvm::discover::vmm_kind(process_comm, &[]);
                     VmIdentity { pid, kind: kind.to_string(), name: format!("{kind}-{pid}"), owner: VmOwner::default() }
                 });
-                Some(VmInfo { pid: Pid(pid), name: id.name, kind: id.kind, owner: id.owner, vcpus })
+                let others = self.others(pid, &vcpus);
+                Some(VmInfo { pid: Pid(pid), name: id.name, kind: id.kind, owner: id.owner, vcpus, others, emulated })
             })
+            .collect()
+    }
+}
+
+impl HostTasks {
+    /// The threads of VMM `pid` that are not its `vcpus`, by role, and the vhost workers
+    /// serving it (threads of its own or, before Linux 6.4, kernel threads).
+    fn others(&self, pid: u32, vcpus: &[VcpuThread]) -> Vec<VmmThread> {
+        self.threads
+            .iter()
+            .filter(|(tid, (p, comm))| {
+                (*p == pid || vhost_owner(comm) == Some(pid)) && !vcpus.iter().any(|v| v.tid.0 == **tid)
+            })
+            .map(|(&tid, (_, comm))| VmmThread { tid, role: thread_role(pid, tid, comm) })
             .collect()
     }
 }
@@ -157,6 +182,27 @@ pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
     ]
 }
 
+/// A row under [`COLUMNS`] for a VM's threads of one role other than its vCPUs (`top`).
+pub fn role_cells(r: &RoleRow) -> [String; 14] {
+    let io = r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}"));
+    [
+        format!("  {} ×{}", r.role, r.threads),
+        String::new(),
+        String::new(),
+        pct(r.running_pct),
+        pct(r.waiting_pct),
+        pct(r.blocked_pct),
+        r.exec_count.to_string(),
+        format!("{:.1}", r.cpu_per_exec_us),
+        format!("{:.1}", r.wait_per_exec_us),
+        String::new(),
+        format!("{:.2} CPUs", r.cpus),
+        String::new(),
+        String::new(),
+        format!("io/exec {io}"),
+    ]
+}
+
 /// A count, or `-` where it is unknown.
 fn count_cell(count: Option<u64>) -> String {
     count.map_or_else(|| "-".to_string(), |n| n.to_string())
@@ -177,6 +223,47 @@ pub fn table(report: &WindowReport, vcpus: bool) -> Table {
         }
     }
     t
+}
+
+/// The work done for each VM by role (vCPUs, then the VMM's I/O threads, main loop, vhost
+/// workers, ...), or None where no VM has threads other than its vCPUs.
+pub fn roles_table(report: &WindowReport) -> Option<Table> {
+    if report.vms.iter().all(|vm| vm.roles.iter().all(|r| r.role == ThreadRole::Vcpu)) {
+        return None;
+    }
+    let mut t = Table::new([
+        "VM",
+        "ROLE",
+        "THREADS",
+        "CPUS",
+        "RUN%",
+        "WAIT%",
+        "BLK%",
+        "EXECS",
+        "EXECS/S",
+        "CPU/EX_US",
+        "WAIT/EX_US",
+        "IO/EXEC",
+    ]);
+    for vm in &report.vms {
+        for r in &vm.roles {
+            t.row([
+                printable(&format!("{} ({})", vm.name, vm.pid)).into_owned(),
+                r.role.to_string(),
+                r.threads.to_string(),
+                format!("{:.2}", r.cpus),
+                pct(r.running_pct),
+                pct(r.waiting_pct),
+                pct(r.blocked_pct),
+                r.exec_count.to_string(),
+                format!("{:.0}", r.execs_per_s),
+                format!("{:.1}", r.cpu_per_exec_us),
+                format!("{:.1}", r.wait_per_exec_us),
+                r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}")),
+            ]);
+        }
+    }
+    Some(t)
 }
 
 fn pct(v: f64) -> String {

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use virtprof_model::vmm::{VmOwner, VmmKind};
+use virtprof_model::vmm::{ThreadRole, VmOwner, VmmKind};
 
 use crate::remote::{list_kvm_fds, KvmFdKind};
 
@@ -108,6 +108,37 @@ pub fn vcpu_index(thread_comm: &str) -> Option<u32> {
         return digits(rest.trim_start());
     }
     digits(thread_comm.strip_prefix("vcpu")?)
+}
+
+/// The vCPU index of a QEMU thread emulating a vCPU without KVM (`CPU n/TCG`): a VM all the
+/// same, whose vCPUs are scheduled like any, but one that makes no exits.
+pub fn emulated_vcpu_index(thread_comm: &str) -> Option<u32> {
+    let index = thread_comm.strip_prefix("CPU ")?.strip_suffix("/TCG")?;
+    (!index.is_empty() && index.bytes().all(|b| b.is_ascii_digit())).then(|| index.parse().ok()).flatten()
+}
+
+/// The VMM process a vhost worker serves: the kernel names it `vhost-PID` after its owner
+/// (a thread of that process since Linux 6.4, a kernel thread before).
+pub fn vhost_owner(thread_comm: &str) -> Option<u32> {
+    thread_comm.strip_prefix("vhost-")?.parse().ok()
+}
+
+/// What thread `tid` (named `comm`) of VMM process `pid` does for its VM.
+pub fn thread_role(pid: u32, tid: u32, comm: &str) -> ThreadRole {
+    if vcpu_index(comm).is_some() || emulated_vcpu_index(comm).is_some() {
+        ThreadRole::Vcpu
+    } else if vhost_owner(comm).is_some() {
+        ThreadRole::Vhost
+    } else if tid == pid {
+        ThreadRole::MainLoop
+    } else if comm.starts_with("IO ") || ["_net", "_disk", "_block", "_virtio"].iter().any(|p| comm.starts_with(p)) {
+        // QEMU names an iothread `IO <object id>`; cloud-hypervisor its device threads.
+        ThreadRole::IoThread
+    } else if comm == "worker" {
+        ThreadRole::Worker
+    } else {
+        ThreadRole::Other
+    }
 }
 
 /// Inspect process `pid`: `Ok(None)` if it holds no KVM VM.
@@ -401,6 +432,24 @@ mod tests {
         for name in ["CPU 1/TCG", "vcpu", "vcpux", "fc_api", "qemu-system-x86", "CPU /KVM"] {
             assert_eq!(vcpu_index(name), None, "{name}");
         }
+    }
+
+    #[test]
+    fn vmm_threads_have_roles() {
+        let role = |tid, comm| thread_role(100, tid, comm);
+        assert_eq!(role(101, "CPU 0/KVM"), ThreadRole::Vcpu);
+        assert_eq!(role(101, "CPU 1/TCG"), ThreadRole::Vcpu);
+        assert_eq!(emulated_vcpu_index("CPU 1/TCG"), Some(1));
+        assert_eq!(emulated_vcpu_index("CPU /TCG"), None);
+        assert_eq!(role(100, "qemu-system-x86"), ThreadRole::MainLoop);
+        assert_eq!(role(102, "IO iothread0"), ThreadRole::IoThread);
+        assert_eq!(role(102, "_net1"), ThreadRole::IoThread);
+        assert_eq!(role(103, "vhost-100"), ThreadRole::Vhost);
+        assert_eq!(vhost_owner("vhost-100"), Some(100));
+        assert_eq!(vhost_owner("vhost-x"), None);
+        assert_eq!(role(104, "worker"), ThreadRole::Worker);
+        assert_eq!(role(105, "call_rcu"), ThreadRole::Other);
+        assert_eq!(role(106, "fc_api"), ThreadRole::Other);
     }
 
     #[test]

@@ -40,6 +40,55 @@ impl fmt::Display for VmmKind {
     }
 }
 
+/// What a VMM's thread does for its VM: XenMon's Dom0 work, in KVM terms, is split over these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize), serde(rename_all = "kebab-case"))]
+pub enum ThreadRole {
+    /// Runs a vCPU (QEMU `CPU n/KVM` or `CPU n/TCG`, Firecracker `fc_vcpu n`, `vcpuN`).
+    Vcpu,
+    /// A device I/O thread (QEMU `IO <id>` iothreads, cloud-hypervisor's `_net0`, `_disk0`).
+    IoThread,
+    /// The VMM's first thread: QEMU's main loop (device emulation without an iothread, the
+    /// network backends), Firecracker's event loop.
+    MainLoop,
+    /// A vhost worker serving the VM's queues in the kernel (`vhost-PID`).
+    Vhost,
+    /// A pool thread (QEMU `worker`: blocking disk I/O off the main loop).
+    Worker,
+    /// Anything else (`call_rcu`, `fc_api`, ...).
+    Other,
+}
+
+impl ThreadRole {
+    /// Every role, in the order tables list them.
+    pub const ALL: [ThreadRole; 6] = [
+        ThreadRole::Vcpu,
+        ThreadRole::IoThread,
+        ThreadRole::MainLoop,
+        ThreadRole::Vhost,
+        ThreadRole::Worker,
+        ThreadRole::Other,
+    ];
+
+    /// The stable name used in tables, JSON and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreadRole::Vcpu => "vcpu",
+            ThreadRole::IoThread => "io-thread",
+            ThreadRole::MainLoop => "main-loop",
+            ThreadRole::Vhost => "vhost",
+            ThreadRole::Worker => "worker",
+            ThreadRole::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for ThreadRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Who owns a VM beyond its VMM process: what fleet tools key VMs by. Every field is optional:
 /// each comes from where the host has it (the VMM's command line, its cgroup path), and none
 /// is guessed.

@@ -13,7 +13,7 @@ use virtprof_model::Loss;
 use crate::args::SchedArgs;
 use crate::exit::usage;
 use crate::pass::{recording_tasks, VcpuAccounting};
-use crate::qos::{log_rows, table, LOG_HEADER};
+use crate::qos::{log_rows, roles_table, table, LOG_HEADER};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// `sched --json`: the same `windows[]` as `top --once --json`.
@@ -117,6 +117,11 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "window {} ({:.3} s{cpu}; exits from {})", w.label, w.seconds, w.exits_source)?;
         table(w, true).write_text(&mut out)?;
         writeln!(out)?;
+        if let Some(roles) = roles_table(w) {
+            writeln!(out, "by role (IO/EXEC: the VM's I/O accesses per execution of the role)")?;
+            roles.write_text(&mut out)?;
+            writeln!(out)?;
+        }
     }
     let across =
         "each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short";

@@ -12,7 +12,8 @@ use virtprof_session::Session;
 
 use crate::qos::HostTasks;
 
-/// Run/wait/blocked accounting of a recording's vCPU threads. Named vCPU threads alive at
+/// Run/wait/blocked accounting of a recording's vCPU threads and the other threads of their
+/// VMMs. Named threads alive at
 /// the start are accounted from the first event; threads that appear later from their first
 /// event (before it they did not exist).
 pub struct VcpuAccounting {
@@ -27,7 +28,12 @@ pub struct VcpuAccounting {
 
 impl VcpuAccounting {
     pub fn new(recording: &Session, host: &HostTasks, options: SchedOptions, evidence: Vec<u16>) -> Self {
-        let named: Vec<u32> = host.vms(&[], &[]).iter().flat_map(|vm| vm.vcpus.iter().map(|v| v.tid.0)).collect();
+        // vCPU threads and the VMM's other threads (I/O threads, main loop, vhost workers).
+        let named: Vec<u32> = host
+            .vms(&[], &[])
+            .iter()
+            .flat_map(|vm| vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid)))
+            .collect();
         let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
         let at_start: HashSet<u32> =
             recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
@@ -68,11 +74,12 @@ impl VcpuAccounting {
 
     /// The VMs whose vCPU threads were seen (of `only`, when not empty), given the whole run.
     pub fn vms(&self, host: &HostTasks, total: &virtprof_analysis::sched::Span, only: &[u32]) -> Vec<VmInfo> {
-        let tracked: Vec<u32> = self.inner.tracked().collect();
+        let tracked: Vec<u32> = self.inner.kvm_threads().collect();
         // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
         let mut vms = host.vms(&tracked, only);
         for vm in &mut vms {
             vm.vcpus.retain(|v| total.thread(v.tid.0, None).observed_ns() > 0);
+            vm.others.retain(|t| total.thread(t.tid, None).observed_ns() > 0);
         }
         vms.retain(|vm| !vm.vcpus.is_empty());
         vms

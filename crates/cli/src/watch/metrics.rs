@@ -17,7 +17,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use virtprof_analysis::hist::Histogram;
-use virtprof_analysis::qos::{VcpuRow, VmInfo, WindowReport};
+use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, WindowReport};
 use virtprof_host::procfs::{clock_ticks_per_second, task_stat};
 
 use super::sampler::{Sampler, Snapshot};
@@ -113,7 +113,47 @@ impl VmmCpu {
     }
 }
 
+/// Per-role counters from the run window's role rows: name, help, unit, value.
+type RoleFamily = (&'static str, &'static str, Option<Unit>, fn(&RoleRow) -> f64);
+const ROLE_FAMILIES: [RoleFamily; 4] = [
+    (
+        "virtprof_vmm_thread_run",
+        "Time the VM's threads of this role (vcpu, io-thread, main-loop, vhost, worker, other) ran on a host CPU.",
+        Some(Unit::Seconds),
+        |r| r.run_ns as f64 / 1e9,
+    ),
+    (
+        "virtprof_vmm_thread_wait",
+        "Time the VM's threads of this role were runnable but waiting for a host CPU.",
+        Some(Unit::Seconds),
+        |r| r.wait_ns as f64 / 1e9,
+    ),
+    ("virtprof_vmm_thread_blocked", "Time the VM's threads of this role slept.", Some(Unit::Seconds), |r| {
+        r.blocked_ns as f64 / 1e9
+    }),
+    ("virtprof_vmm_thread_executions", "Times the VM's threads of this role were dispatched.", None, |r| {
+        r.exec_count as f64
+    }),
+];
+
 impl Scrape {
+    /// XenMon's accounting of the work done for each VM, inside and outside its vCPUs.
+    fn encode_roles(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let rows = || {
+            self.run().vms.iter().flat_map(|vm| {
+                vm.roles.iter().map(move |r| {
+                    let mut labels = vm_labels(&vm.name, &vm.kind, vm.pid);
+                    labels.push(("role", r.role.to_string()));
+                    (labels, r)
+                })
+            })
+        };
+        for (name, help, unit, field) in ROLE_FAMILIES {
+            counters(e, name, help, unit, rows().map(|(l, r)| (l, field(r))))?;
+        }
+        Ok(())
+    }
+
     /// Refresh `sampler` and gather one scrape.
     pub fn collect(sampler: &mut Sampler, vmm_cpu: &mut VmmCpu) -> anyhow::Result<Scrape> {
         let started = std::time::Instant::now();
@@ -276,6 +316,7 @@ impl Collector for Scrape {
                 .iter()
                 .filter_map(|vm| Some((vm_labels(&vm.name, &vm.kind, vm.pid), *self.vmm_cpu_s.get(&vm.pid)?))),
         )?;
+        self.encode_roles(e)?;
         self.encode_info(e)?;
         self.encode_energy(e)?;
         counters(

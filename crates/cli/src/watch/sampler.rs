@@ -241,7 +241,7 @@ impl Sampler {
         let unowned: Vec<u32> = match &self.source {
             Source::Trace(t) => t
                 .acc
-                .tracked()
+                .kvm_threads()
                 .filter(|tid| !self.host.threads.contains_key(tid) && !self.looked_for.contains(tid))
                 .collect(),
             Source::Polling(_) => Vec::new(),
@@ -263,14 +263,16 @@ impl Sampler {
         }
         self.stats.retain(|pid, _| found.iter().any(|v| v.pid == *pid));
         let tracked: Vec<u32> = match &self.source {
-            Source::Trace(t) => t.acc.tracked().collect(),
+            Source::Trace(t) => t.acc.kvm_threads().collect(),
             Source::Polling(_) => Vec::new(),
         };
-        self.vms = self.host.vms(&tracked, &self.only);
+        let previous = std::mem::replace(&mut self.vms, self.host.vms(&tracked, &self.only));
+        keep_exited_threads(&mut self.vms, &previous);
         if let Source::Trace(t) = &mut self.source {
             let tracked: std::collections::HashSet<u32> = t.acc.tracked().collect();
             for vm in &self.vms {
-                for tid in vm.vcpus.iter().map(|v| v.tid.0).filter(|tid| !tracked.contains(tid)) {
+                let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
+                for tid in threads.filter(|tid| !tracked.contains(tid)) {
                     if let Some((cpu, running)) = proc_state(vm.pid.0, tid) {
                         t.acc.track_from_proc(tid, now, cpu, running);
                     }
@@ -537,5 +539,22 @@ impl virtprof_analysis::Names for NoNames {
     }
     fn task(&self, _id: virtprof_model::StrId) -> String {
         String::new()
+    }
+}
+
+/// The most VMM threads other than vCPUs kept per VM once they have exited (QEMU's pool
+/// threads come and go): enough for any VMM, bounded against one that churns threads.
+const MAX_EXITED_VMM_THREADS: usize = 4096;
+
+/// Threads a VM's VMM had before and no longer lists stay in its rows (their time stays
+/// counted), so the run window's per-role figures never go down when a pool thread exits.
+fn keep_exited_threads(vms: &mut [VmInfo], previous: &[VmInfo]) {
+    for vm in vms {
+        let Some(old) = previous.iter().find(|o| o.pid == vm.pid) else { continue };
+        for t in &old.others {
+            if !vm.others.contains(t) && vm.others.len() < MAX_EXITED_VMM_THREADS {
+                vm.others.push(*t);
+            }
+        }
     }
 }

@@ -11,7 +11,8 @@ use ratatui::Frame;
 use virtprof_analysis::qos::{VmRow, WindowReport};
 
 use super::sampler::Snapshot;
-use crate::qos::{vcpu_cells, vm_cells, COLUMNS};
+use crate::qos::{role_cells, vcpu_cells, vm_cells, COLUMNS};
+use virtprof_model::vmm::ThreadRole;
 
 /// Smallest usable terminal.
 const MIN_SIZE: (u16, u16) = (60, 6);
@@ -233,6 +234,8 @@ fn table<'a>(window: &'a WindowReport, state: &ViewState) -> Table<'a> {
         rows.push(Row::new(vm_cells(vm)).style(Style::new().add_modifier(Modifier::BOLD)));
         if state.vcpu_rows {
             rows.extend(vm.vcpus.iter().map(|v| Row::new(vcpu_cells(v))));
+            let outside = vm.roles.iter().filter(|r| r.role != ThreadRole::Vcpu);
+            rows.extend(outside.map(|r| Row::new(role_cells(r)).style(Style::new().add_modifier(Modifier::ITALIC))));
         }
     }
     let widths = [28, 8, 4, 6, 6, 6, 7, 10, 11, 10, 23, 7, 8].map(Constraint::Length);
@@ -264,7 +267,7 @@ mod tests {
     use ratatui::backend::TestBackend;
     use ratatui::crossterm::event::KeyEvent;
     use ratatui::Terminal;
-    use virtprof_analysis::qos::{ReasonRate, VcpuRow};
+    use virtprof_analysis::qos::{ReasonRate, RoleRow, VcpuRow};
 
     use super::*;
 
@@ -307,6 +310,22 @@ mod tests {
             io_count: Some(3),
             exits_per_s: Some(137.0),
             vcpus: vec![vcpu(0, pid + 1, run)],
+            roles: vec![RoleRow {
+                role: ThreadRole::MainLoop,
+                threads: 1,
+                cpus: 0.25,
+                running_pct: 24.9,
+                waiting_pct: 20.0,
+                blocked_pct: 55.1,
+                run_ns: 250_000_000,
+                wait_ns: 200_000_000,
+                blocked_ns: 551_000_000,
+                exec_count: 7242,
+                execs_per_s: 7242.0,
+                cpu_per_exec_us: 34.5,
+                wait_per_exec_us: 27.6,
+                io_per_exec: None,
+            }],
         };
         let window = |label: &str| WindowReport {
             seconds: 1.0,
@@ -354,6 +373,14 @@ mod tests {
             assert!(row.contains(&vm["exec_count"].to_string()), "{row}");
         }
         assert!(text.contains(" vcpu0") && text.contains("KVM_EXIT_IO 3") && text.contains("4057"), "{text}");
+        let main_loop = text.lines().find(|l| l.contains("main-loop ×1")).expect("a main-loop row");
+        assert!(
+            main_loop.contains("24.9")
+                && main_loop.contains("7242")
+                && main_loop.contains("0.25 CPUs")
+                && main_loop.contains("io/exec -"),
+            "{main_loop}"
+        );
         assert!(text.contains("window 1s") && text.contains("exits from kvm-stats"), "{text}");
         assert!(text.contains("energy: cpu0 9.5 W 120 J 44.8 °C · cpu1") && text.contains("swaps/s 9.5"), "{text}");
     }

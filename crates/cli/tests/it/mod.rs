@@ -14,6 +14,7 @@ mod prometheus;
 mod record;
 mod reliability;
 mod report;
+mod roles;
 mod sched;
 mod serve;
 mod stats;

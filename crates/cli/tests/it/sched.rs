@@ -149,8 +149,9 @@ fn io_bound_vm_blocked_share_and_io_count_match_testvm() {
     assert!(execs.abs_diff(v.timeslices) <= 3, "execs {execs} vs schedstat timeslices {}: {row}", v.timeslices);
     let per_io = row["blocked_per_io_us"].as_f64().unwrap();
     assert!((3000.0..20000.0).contains(&per_io), "blocked per I/O {per_io} us with a 4 ms latency: {row}");
-    let vm = &sched["windows"][0]["vms"][0];
-    assert_eq!((vm["name"].as_str(), vm["kind"].as_str()), (Some("io"), Some("virtprof-testvm")));
+    // Other VMs on the host (a test's QEMU) may be in the recording too.
+    let vm = sched["windows"][0]["vms"].as_array().unwrap().iter().find(|v| v["name"] == "io").expect("the VM 'io'");
+    assert_eq!(vm["kind"].as_str(), Some("virtprof-testvm"));
     let _ = std::fs::remove_file(file);
 }
 

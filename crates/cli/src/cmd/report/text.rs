@@ -40,6 +40,10 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     if let Some(acc) = &r.accounting {
         writeln!(out, "\nvCPU accounting over the run ({:.3} s; exits from {}):", acc.seconds, acc.exits_source)?;
         crate::qos::table(acc, true).write_text(&mut *out)?;
+        if let Some(roles) = crate::qos::roles_table(acc) {
+            writeln!(out, "\nWork for each VM by role (IO/EXEC: the VM's I/O accesses per execution of the role):")?;
+            roles.write_text(&mut *out)?;
+        }
     }
     if let Some(iv) = &r.intervals {
         print_intervals(iv, out)?;
