@@ -21,7 +21,11 @@
 #   --net N         the guest's network: user (QEMU user networking, default) or tap (a tap
 #                   device on this host, with vhost-net where /dev/vhost-net exists)
 #   --record ARGS   more arguments for `virtprof record` (e.g. "--counters task-clock")
+#   --connections N web: wrk's open connections (default 16), the load's step
 #
+# WG_PLACE: a command run once the guest is ready, before the recording, with QEMU's pid as its
+# argument (to pin or weigh its threads; its failure ends the run). WG_LOAD_CPUS: the host
+# CPUs the load generator runs on (taskset -c).
 # Prints the workload's own result line (WG-RESULT name=... seconds=... ops=... unit=...), what
 # the recording is checked against, and exits with the workload's status (2: bad usage). The
 # agent link is vsock where this host has /dev/vhost-vsock, else virtio-serial; the network
@@ -99,7 +103,7 @@ case ${1:-} in
         ;;
 esac
 
-native=0 nested=0 seconds=10 interval=100ms out= accel= memory=1G net=user record_args= workload=
+native=0 nested=0 seconds=10 interval=100ms out= accel= memory=1G net=user record_args= workload= connections=16
 while [ $# -gt 0 ]; do
     case $1 in
         --native) native=1 ;;
@@ -111,6 +115,7 @@ while [ $# -gt 0 ]; do
         -o) out=${2:?-o FILE}; shift ;;
         --accel) accel=${2:?--accel kvm|tcg}; shift ;;
         --record) record_args=${2:?--record ARGS}; shift ;;
+        --connections) connections=${2:?--connections N}; shift ;;
         -h | --help) sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1' (see --help)" ;;
         *) [ -z "$workload" ] || die "one workload at a time ('$workload', then '$1')"; workload=$1 ;;
@@ -124,6 +129,7 @@ case $workload in
 esac
 case $seconds in '' | *[!0-9]* | 0) die "--seconds takes a whole number of seconds above 0, not '$seconds'" ;; esac
 case $net in user | tap) ;; *) die "--net takes user or tap, not '$net'" ;; esac
+case $connections in '' | *[!0-9]* | 0) die "--connections takes a whole number above 0, not '$connections'" ;; esac
 side=guest
 [ "$native" = 1 ] && side=native
 [ "$nested" = 1 ] && side=nested
@@ -255,6 +261,10 @@ if [ "$native" = 0 ]; then
     case $workload in
         web | iperf) tell "start $workload" "$workload" 60 || die "the guest could not start $workload" ;;
     esac
+    if [ -n "${WG_PLACE:-}" ]; then
+        # shellcheck disable=SC2086 # a command and its words
+        $WG_PLACE "$qemu" || die "WG_PLACE ($WG_PLACE $qemu) failed"
+    fi
 else
     # --- natively: the guest's root with this host's kernel ---
     server=127.0.0.1 web_target=$web_port iperf_target=$iperf_port
@@ -273,9 +283,13 @@ else
 fi
 
 # The load: run by `virtprof record` as its command, so the recording spans it exactly.
+threads=2
+[ "$connections" -lt 2 ] && threads=1
+pin=
+[ -n "${WG_LOAD_CPUS:-}" ] && pin="taskset -c $WG_LOAD_CPUS"
 case $workload in
     # A stuck guest must not hold the load generator (iperf3 waits on a silent peer for ever).
-    web) load="timeout -k 5 $((seconds + 60)) sh $0 --_root $wg $run wrk -t 2 -c 16 -d ${seconds}s http://$server:$web_target/index.html" ;;
+    web) load="timeout -k 5 $((seconds + 60)) $pin sh $0 --_root $wg $run wrk -t $threads -c $connections -d ${seconds}s http://$server:$web_target/index.html" ;;
     iperf) load="timeout -k 5 $((seconds + 60)) sh $0 --_root $wg $run iperf3 -c $server -p $iperf_target -t $seconds -J" ;;
     *)
         if [ "$native" = 1 ]; then
@@ -310,7 +324,11 @@ fi
 grep -av WG-RESULT "$run/load.out" >&2 || true
 case $workload in
     web)
-        awk '/requests in/ { n = $1; s = $4 } END { if (n) printf "WG-RESULT name=web seconds=%.2f ops=%d unit=requests\n", s, n }' \
+        # wrk: "Latency 805.21us ..." (us, ms or s) and "N requests in S, ...".
+        awk '/^ *Latency/ { v = $2; k = 1; if (v ~ /ms$/) k = 1000; else if (v ~ /us$/) k = 1; else if (v ~ /s$/) k = 1e6
+                gsub(/[a-z]/, "", v); lat = v * k }
+            /requests in/ { n = $1; s = $4 }
+            END { if (n) printf "WG-RESULT name=web seconds=%.2f ops=%d unit=requests latency_avg_us=%.1f\n", s, n, lat }' \
             "$run/load.out"
         ;;
     iperf)

@@ -160,6 +160,10 @@ fn serve_counts_a_vms_port_writes_exactly_and_its_exits_as_kvm_does() {
     assert_eq!((info.1["vmm"].as_str(), info.1["pid"].as_str(), info.2), ("virtprof-testvm", pid.as_str(), 1.0));
     let run = value(&s, "virtprof_vcpu_run_seconds_total", "serve-gt", &all).unwrap();
     assert!(run > 0.5, "ran {run} s in 4 s of compute");
+    // By role: the vCPU role is the vCPUs' own figure; the VMM's first thread is its main loop.
+    let role = |name: &str, r: &str| value(&s, name, "serve-gt", &|l| l["role"] == r);
+    assert_eq!(role("virtprof_vmm_thread_run_seconds_total", "vcpu"), Some(run), "{text}");
+    assert!(role("virtprof_vmm_thread_executions_total", "main-loop").is_some(), "{text}");
     let io_exits =
         s.iter().find(|(n, l, _)| n == "virtprof_exit_duration_seconds_count" && l["reason"] == "KVM_EXIT_IO");
     assert!(io_exits.is_some_and(|(_, _, n)| *n >= writes as f64), "every port write timed");

@@ -107,6 +107,8 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     let web = result(&out, "web natively");
     let requests: f64 = web["ops"].parse().unwrap();
     assert!(requests >= 100.0, "{web:?}");
+    let latency: f64 = web["latency_avg_us"].parse().unwrap();
+    assert!(latency > 0.0 && latency < 3e6, "wrk's mean response time: {web:?}");
     let r = report_json(&rec);
     assert_eq!(r["guests"][0]["kernel"], uname.trim(), "natively, the agent is on this host");
     let body = std::fs::metadata(
@@ -153,6 +155,7 @@ fn workload_usage_errors_exit_2_and_say_what_to_do() {
         (&[][..], "which workload?"),
         (&["--seconds", "0", "web"][..], "--seconds takes a whole number"),
         (&["--native", "--nested", "web"][..], "--native or --nested, not both"),
+        (&["--connections", "0", "web"][..], "--connections takes a whole number above 0"),
         (&["--bogus", "web"][..], "unknown option '--bogus'"),
     ] {
         let out = run_sh(&tmp, args);

@@ -1,0 +1,82 @@
+#!/bin/sh
+# XenMon (seed 001), the Dom0 CPU-allocation study (Figs. 3-9) in KVM terms: the web server
+# (lighttpd) in the workload guest, its network I/O done by the VMM's own threads (QEMU's main
+# loop runs the virtio-net backend; the disk is on an iothread), the load generator (wrk)
+# stepping its load. Four allocations of the VMM's I/O side relative to the vCPUs, as the
+# paper's BVT weights of Dom0 to Dom1 (Conf_0.5, Conf_Equal, Conf_2, Conf_10): every QEMU
+# thread on one host CPU, the vCPU threads in one cgroup and every other QEMU thread in
+# another, cpu.shares in that ratio; wrk on the other CPU. Per configuration and load step:
+# throughput and response time (wrk's), and XenMon's metrics for the vCPUs and for the work
+# done outside them (`virtprof sched`'s roles), with the I/O count per execution period of the
+# I/O side: the guest's network packets (its agent's counts) per main-loop execution.
+#
+#   sh benches/papers/xenmon.sh [OUT]      (default target/papers/xenmon)
+#
+# RATIOS (default "0.5 1 2 10"), CONNECTIONS (wrk's open connections, the load steps; default
+# "1 4 16 64"), SECONDS_EACH (default 8), RUNS (default 1). What this host cannot give is said,
+# never made up: without VMX/SVM the guest runs under QEMU TCG, so its vCPUs make no exits and
+# KVM's I/O count is unknown (the packet count stands in); wrk is closed-loop (it steps open
+# connections, not a request rate); cgroup v1 `cpu.shares` (or v2 `cpu.weight`) is CFS's
+# proportional share, not BVT's.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=${1:-$root/target/papers/xenmon}
+ratios=${RATIOS:-0.5 1 2 10} steps=${CONNECTIONS:-1 4 16 64}
+seconds=${SECONDS_EACH:-8} runs=${RUNS:-1}
+virtprof=${VIRTPROF:-$root/target/debug/virtprof}
+mkdir -p "$out"
+[ "$(nproc)" -ge 2 ] || { echo "xenmon.sh: needs 2 CPUs (QEMU on one, wrk on the other)" >&2; exit 2; }
+cpu_root=/sys/fs/cgroup/cpu
+[ -w "$cpu_root/cgroup.procs" ] || cpu_root=
+[ -n "$cpu_root" ] || { echo "xenmon.sh: needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu" >&2; exit 2; }
+grep -qwE 'vmx|svm' /proc/cpuinfo ||
+    echo "xenmon.sh: no VMX/SVM here: the guest runs under QEMU TCG; exits and KVM's I/O count are unknown" >&2
+
+# The placement, run by run.sh once the guest serves: QEMU on the last CPU, its vCPU threads in
+# one group and the rest (main loop, iothread, pool: threads made later join their maker's,
+# the main loop's) in the other, weighted RATIO : 1.
+place=$out/place.sh
+cat > "$place" <<'EOF'
+#!/bin/sh
+set -eu
+pid=$1 base=/sys/fs/cgroup/cpu/virtprof-xenmon
+cpu=$(($(nproc) - 1))
+mkdir -p "$base/vcpu" "$base/io"
+echo 1024 > "$base/vcpu/cpu.shares"
+awk -v r="$XENMON_RATIO" 'BEGIN { printf "%d\n", r * 1024 }' > "$base/io/cpu.shares"
+for task in /proc/"$pid"/task/*; do
+    tid=${task##*/}
+    taskset -p -c "$cpu" "$tid" > /dev/null
+    case $(cat "$task/comm") in
+        CPU*) echo "$tid" > "$base/vcpu/tasks" ;;
+        *) echo "$tid" > "$base/io/tasks" ;;
+    esac
+done
+EOF
+# The groups go when the study ends, however it ends (their threads are gone by then).
+trap 'rmdir /sys/fs/cgroup/cpu/virtprof-xenmon/vcpu /sys/fs/cgroup/cpu/virtprof-xenmon/io /sys/fs/cgroup/cpu/virtprof-xenmon 2> /dev/null || true' EXIT
+
+last=$(($(nproc) - 2))
+for ratio in $ratios; do
+    for c in $steps; do
+        i=1
+        while [ "$i" -le "$runs" ]; do
+            name=conf$ratio-c$c-$i
+            echo "xenmon.sh: I/O side : vCPUs = $ratio : 1, $c connections, run $i" >&2
+            XENMON_RATIO=$ratio WG_PLACE="sh $place" WG_LOAD_CPUS=0-$last \
+                sh "$root/scripts/workload-guest/run.sh" --net tap --connections "$c" --seconds "$seconds" \
+                --interval 100ms -o "$out/$name.vprec" web 2> "$out/$name.log" > "$out/$name.result" ||
+                echo "xenmon.sh: $name failed: see $out/$name.log" >&2
+            if [ -s "$out/$name.vprec" ]; then
+                "$virtprof" sched --json "$out/$name.vprec" > "$out/$name.sched.json" 2>> "$out/$name.log" || true
+                "$virtprof" report --json "$out/$name.vprec" > "$out/$name.report.json" 2>> "$out/$name.log" || true
+            fi
+            i=$((i + 1))
+        done
+    done
+done
+
+echo "## XenMon in KVM terms, $(date -u +%Y-%m-%d): QEMU's threads on one host CPU, I/O side : vCPUs by cpu.shares"
+echo
+python3 "$here/xenmon_table.py" "$out" "$ratios" "$steps"

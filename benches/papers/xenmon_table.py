@@ -1,0 +1,114 @@
+"""The XenMon study's table from its runs (benches/papers/xenmon.sh writes them).
+
+    python3 benches/papers/xenmon_table.py OUT "RATIOS" "CONNECTIONS"
+
+Per configuration (I/O side : vCPUs) and load step, the mean over runs of: wrk's throughput
+(± its standard deviation over the runs)
+and response time; the vCPUs' and the I/O side's CPU use (% of the one host CPU they share,
+XenMon's Fig. 4), their waiting and blocked shares (Figs. 5, 6: the vCPUs' mean, and the main
+loop's, which does the I/O side's network work), executions per second and CPU time per
+execution of the main loop (Figs. 8, 9), and the guest's network packets per main-loop
+execution (the stand-in for XenMon's page flips per Dom0 execution, Fig. 7b).
+"""
+
+import glob
+import json
+import statistics
+import sys
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def result(path):
+    with open(path) as f:
+        for line in f:
+            if line.startswith("WG-RESULT"):
+                return dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
+    return None
+
+
+def run_row(base):
+    kv, sched, report = result(base + ".result"), load(base + ".sched.json"), load(base + ".report.json")
+    if not kv or not sched or not report:
+        return None
+    vm = next((v for v in sched["windows"][-1]["vms"] if v["kind"] == "qemu"), None)
+    if vm is None:
+        return None
+    roles = {r["role"]: r for r in vm["roles"]}
+    vcpu, main = roles.get("vcpu"), roles.get("main-loop")
+    if not vcpu or not main:
+        return None
+    io_side_cpus = sum(r["cpus"] for r in vm["roles"] if r["role"] != "vcpu")
+    packets = None
+    for guest in report.get("guests") or []:
+        names = ("net.eth0.rx_packets", "net.eth0.tx_packets")
+        packets = sum(m["total"] for m in guest["metrics"] if m["metric"] in names)
+    return {
+        "rps": float(kv["ops"]) / float(kv["seconds"]),
+        "latency_ms": float(kv["latency_avg_us"]) / 1000 if "latency_avg_us" in kv else None,
+        "vcpu_cpu": 100 * vcpu["cpus"],
+        "io_cpu": 100 * io_side_cpus,
+        "vcpu_wait": vcpu["waiting_pct"],
+        "vcpu_blocked": vcpu["blocked_pct"],
+        "main_wait": main["waiting_pct"],
+        "main_blocked": main["blocked_pct"],
+        "main_execs": main["execs_per_s"],
+        "main_us": main["cpu_per_exec_us"],
+        "vcpu_execs": vcpu["execs_per_s"],
+        "packets_s": packets / float(kv["seconds"]) if packets is not None else None,
+        "packets_exec": packets / main["exec_count"] if packets is not None and main["exec_count"] else None,
+        "lost": sched["lost_events"],
+    }
+
+
+def mean(rows, key):
+    values = [r[key] for r in rows if r[key] is not None]
+    return statistics.mean(values) if values else None
+
+
+def cell(value, places=1):
+    return "-" if value is None else f"{value:,.{places}f}"
+
+
+COLUMNS = [
+    ("req/s", "rps", 0),
+    ("latency ms", "latency_ms", 2),
+    ("vCPUs CPU %", "vcpu_cpu", 1),
+    ("I/O side CPU %", "io_cpu", 1),
+    ("vCPU wait %", "vcpu_wait", 1),
+    ("vCPU blocked %", "vcpu_blocked", 1),
+    ("main loop wait %", "main_wait", 1),
+    ("main loop blocked %", "main_blocked", 1),
+    ("vCPU exec/s", "vcpu_execs", 0),
+    ("main loop exec/s", "main_execs", 0),
+    ("main loop µs/exec", "main_us", 1),
+    ("packets/s", "packets_s", 0),
+    ("packets per main-loop exec", "packets_exec", 2),
+]
+
+
+def main():
+    out, ratios, steps = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+    print("| I/O : vCPU | connections | runs | " + " | ".join(c[0] for c in COLUMNS) + " | lost events |")
+    print("|---" * (len(COLUMNS) + 4) + "|")
+    for ratio in ratios:
+        for step in steps:
+            bases = sorted(p[: -len(".result")] for p in glob.glob(f"{out}/conf{ratio}-c{step}-*.result"))
+            rows = [r for r in map(run_row, bases) if r]
+            if not rows:
+                print(f"| {ratio} | {step} | 0 | (every run failed: see its log) |")
+                continue
+            cells = [cell(mean(rows, key), places) for _, key, places in COLUMNS]
+            if len(rows) > 1:
+                cells[0] += f" ± {statistics.stdev(r['rps'] for r in rows):,.0f}"
+            print(f"| {ratio} | {step} | {len(rows)} | " + " | ".join(cells) + f" | {sum(r['lost'] for r in rows)} |")
+
+
+if __name__ == "__main__":
+    main()
