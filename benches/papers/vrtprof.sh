@@ -9,7 +9,9 @@
 #   sh benches/papers/vrtprof.sh [OUT]      (default target/papers/vrtprof)
 #
 # RUNS (default 3), SECONDS_EACH (default 10), WORKLOADS (default "stress sqlite compress build
-# web"), RUN_ARGS (more run.sh options, e.g. "--nested"). What this host cannot give is said,
+# web"), RUN_ARGS (more run.sh options, e.g. "--nested": the guest is L2 on kvm_amd, the native
+# side runs in L1). Run again into the same OUT, it keeps the runs that succeeded and does the
+# rest. What this host cannot give is said,
 # never made up: the paper's hardware events need a PMU (none here: the host's and the guest's
 # cycles/instructions are refused with the kernel's reason), and without VMX/SVM the guest runs
 # under QEMU TCG, which emulates every instruction: its differences from native are emulation's
@@ -32,12 +34,20 @@ for w in $workloads; do
     for side in native guest; do
         i=1
         while [ "$i" -le "$runs" ]; do
-            flag=
+            flag= run=$out/$w-$side-$i
             [ "$side" = native ] && flag=--native
+            # Done before (a study run again after a failure): kept.
+            if [ -s "$run.vprec" ] && grep -q WG-RESULT "$run.result" 2>/dev/null; then
+                i=$((i + 1))
+                continue
+            fi
             # shellcheck disable=SC2086 # options are words
-            sh "$root/scripts/workload-guest/run.sh" $flag ${RUN_ARGS:-} --seconds "$seconds" --interval 100ms \
-                -o "$out/$w-$side-$i.vprec" "$w" 2> "$out/$w-$side-$i.log" > "$out/$w-$side-$i.result" ||
-                echo "vrtprof.sh: $w ($side, run $i) failed: see $out/$w-$side-$i.log" >&2
+            if ! sh "$root/scripts/workload-guest/run.sh" $flag ${RUN_ARGS:-} --seconds "$seconds" --interval 100ms \
+                -o "$run.vprec" "$w" 2> "$run.log" > "$run.result" || ! grep -q WG-RESULT "$run.result"; then
+                # A failed run's recording is not one of the side's runs.
+                [ -e "$run.vprec" ] && mv "$run.vprec" "$run.vprec.failed"
+                echo "vrtprof.sh: $w ($side, run $i) failed: see $run.log and $run.result" >&2
+            fi
             i=$((i + 1))
         done
     done

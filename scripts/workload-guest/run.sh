@@ -12,7 +12,8 @@
 #   --native        run it on this host instead of in a guest
 #   --nested        run it in a guest of the nested-SVM bed's L1 (a real kvm_amd host under
 #                   QEMU TCG, scripts/nested-svm/bed.sh): the guest is L2 under QEMU-KVM, its
-#                   agent on vsock, and L1 records; -o FILE comes back to this host
+#                   agent on vsock, and L1 records; -o FILE comes back to this host. With
+#                   --native: natively in L1 (the native side of a study on kvm_amd)
 #   --seconds N     how long the workload runs (default 10)
 #   --interval T    the recording's and the agent's interval (default 100ms)
 #   -o FILE         the recording (default wg-WORKLOAD-guest|native.vprec here)
@@ -79,11 +80,12 @@ tell() {
 }
 # The guest's root with this host's kernel: /proc, /dev and the run's data bound in and a
 # tmpfs on /tmp (the root may be read-only: the bed's L1 reads it from the host), in a mount
-# namespace of its own (the mounts go when the command ends).
+# namespace of its own (the mounts go when the command ends), with a PATH of its own (L1's
+# lacks sbin).
 in_root() {
     unshare -m sh -c "mount --bind /proc '$wg/root/proc' && mount --bind /dev '$wg/root/dev' &&
         mount --bind '$run/data' '$wg/root/data' && mount -t tmpfs tmp '$wg/root/tmp' &&
-        TMPDIR=/tmp exec chroot '$wg/root' \"\$@\"" sh "$@"
+        TMPDIR=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin exec chroot '$wg/root' \"\$@\"" sh "$@"
 }
 
 # The command `virtprof record` runs for a workload inside the guest or the root: it runs the
@@ -133,7 +135,7 @@ case $connections in '' | *[!0-9]* | 0) die "--connections takes a whole number 
 side=guest
 [ "$native" = 1 ] && side=native
 [ "$nested" = 1 ] && side=nested
-[ "$native$nested" = 11 ] && die "--native or --nested, not both"
+[ "$native$nested" = 11 ] && side=nested-native
 out=${out:-wg-$workload-$side.vprec}
 [ -x "$virtprof" ] || die "no virtprof binary at $virtprof (cargo build, or set VIRTPROF)"
 [ "$(id -u)" = 0 ] || die "needs root (virtprof record traces the host; --native uses chroot and mount namespaces)"
@@ -149,21 +151,28 @@ fi
 
 if [ "$nested" = 1 ]; then
     # This script again, inside L1: the guest and this root read from the host's (shared
-    # read-only at /host), the recording written to the bed's /out. L1 keeps the TSC as its
-    # clocksource so that KVM pairs clocks for the guest's ptp_kvm.
+    # read-only at /host), the recording written to the bed's /out, a folder of this run's
+    # own (the bed empties /out before running a broken attempt again: never the caller's
+    # folder), moved to -o when done. L1 keeps the TSC as its clocksource so that KVM pairs
+    # clocks for the guest's ptp_kvm.
     mkdir -p "$(dirname "$out")"
     job=$(mktemp "${TMPDIR:-/tmp}/wg-job.XXXXXX")
+    bed_out=$(mktemp -d "$(dirname "$out")/.wg-bed-out.XXXXXX")
     more=
     [ -n "$record_args" ] && more="--record '$record_args'"
-    trap 'rm -f "$job"' EXIT
+    [ "$native" = 1 ] && more="$more --native"
+    [ "$workload" = web ] && more="$more --connections $connections"
+    trap 'rm -rf "$job" "$bed_out"' EXIT
     cat > "$job" <<EOF
 export WG_DIR=/host$(realpath "$wg") VIRTPROF=/usr/bin/virtprof TMPDIR=/tmp
 hang-guard $((seconds + 600)) sh /host$here/run.sh --memory 768M --net $net --seconds $seconds --interval $interval \
     $more -o /out/$(basename "$out") $workload
 EOF
-    BED_OUT=$(realpath -m "$(dirname "$out")") BED_APPEND="clocksource=tsc tsc=reliable" VIRTPROF=$virtprof \
-        bash "$root/scripts/nested-svm/bed.sh" run -t $((seconds + 900)) "$job"
-    exit
+    status=0
+    BED_OUT=$bed_out BED_APPEND="clocksource=tsc tsc=reliable" VIRTPROF=$virtprof \
+        bash "$root/scripts/nested-svm/bed.sh" run -t $((seconds + 900)) "$job" || status=$?
+    [ -e "$bed_out/$(basename "$out")" ] && mv "$bed_out/$(basename "$out")" "$out"
+    exit $status
 fi
 
 run=$(mktemp -d "${TMPDIR:-/tmp}/wg-run.XXXXXX")
@@ -279,6 +288,16 @@ else
         web) in_root lighttpd -D -f /data/lighttpd.conf > "$run/server.log" 2>&1 & pids="$pids $!" ;;
         iperf) in_root iperf3 -s -p "$iperf_port" > "$run/server.log" 2>&1 & pids="$pids $!" ;;
     esac
+    # The server listening (slow to start in an emulated L1), or 60 s passed.
+    case $workload in web) port=$web_port ;; iperf) port=$iperf_port ;; *) port= ;; esac
+    if [ -n "$port" ]; then
+        hex=$(printf '%04X' "$port") waited=0
+        until cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | grep -Eq ":$hex 0+:0000 0A"; do
+            [ "$waited" -ge 600 ] && { cat "$run/server.log" >&2; die "the $workload server is not listening on $port after 60s"; }
+            sleep 0.1
+            waited=$((waited + 1))
+        done
+    fi
     sleep 1
 fi
 

@@ -3,6 +3,7 @@
 //! and exits per second with the top reasons. The same rows serve `virtprof top` (live, its
 //! JSON and CSV log) and `virtprof sched` (recordings).
 
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
@@ -245,23 +246,31 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
 fn role_rows(span: &Span, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Option<u64>) -> Vec<RoleRow> {
     let threads: Vec<(ThreadRole, u32)> =
         vm.vcpus.iter().map(|v| (ThreadRole::Vcpu, v.tid.0)).chain(vm.others.iter().map(|t| (t.role, t.tid))).collect();
+    // One walk over the span's (thread, CPU) entries, not one per thread: a VMM may have
+    // thousands of threads.
+    let role_of: FxHashMap<u32, ThreadRole> = threads.iter().map(|&(role, tid)| (tid, role)).collect();
+    let mut sums: FxHashMap<ThreadRole, (Counters, u64)> = FxHashMap::default();
+    for (&(tid, on), counters) in &span.counters {
+        let Some(&role) = role_of.get(&tid) else { continue };
+        let (c, observed) = sums.entry(role).or_insert_with(|| (Counters::default(), 0));
+        *observed += counters.observed_ns();
+        if cpu.is_none_or(|want| want == on) {
+            c.add(counters);
+        }
+    }
     ThreadRole::ALL
         .into_iter()
         .filter_map(|role| {
-            let tids: Vec<u32> = threads.iter().filter(|(r, _)| *r == role).map(|&(_, tid)| tid).collect();
-            if tids.is_empty() {
+            let count = threads.iter().filter(|(r, _)| *r == role).count();
+            if count == 0 {
                 return None;
             }
-            let (mut c, mut observed) = (Counters::default(), 0);
-            for &tid in &tids {
-                c.add(&span.thread(tid, cpu));
-                observed += span.thread(tid, None).observed_ns();
-            }
+            let (c, observed) = sums.get(&role).copied().unwrap_or_default();
             let pct = |ns: u64| if observed > 0 { 100.0 * ns as f64 / observed as f64 } else { 0.0 };
             let per = |ns: u64| if c.execs > 0 { ns as f64 / c.execs as f64 / 1e3 } else { 0.0 };
             Some(RoleRow {
                 role,
-                threads: tids.len(),
+                threads: count,
                 cpus: if seconds > 0.0 { c.run_ns as f64 / 1e9 / seconds } else { 0.0 },
                 running_pct: pct(c.run_ns),
                 waiting_pct: pct(c.wait_ns),
@@ -328,5 +337,70 @@ fn vcpu_row(
             .take(TOP_REASONS)
             .map(|(key, n)| ReasonRate { reason: key.name(names), per_s: rate(n) })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TestNames;
+
+    fn counters(run_ns: u64, wait_ns: u64, blocked_ns: u64, execs: u64, io: u64) -> Counters {
+        Counters { run_ns, wait_ns, blocked_ns, execs, io, ..Counters::default() }
+    }
+
+    fn vm(emulated: bool) -> VmInfo {
+        VmInfo {
+            pid: Pid(100),
+            name: "web".into(),
+            kind: "qemu".into(),
+            owner: VmOwner::default(),
+            vcpus: vec![VcpuThread::new(0, 101)],
+            others: vec![
+                VmmThread { tid: 100, role: ThreadRole::MainLoop },
+                VmmThread { tid: 102, role: ThreadRole::IoThread },
+                VmmThread { tid: 103, role: ThreadRole::Worker },
+                VmmThread { tid: 104, role: ThreadRole::Worker },
+            ],
+            emulated,
+        }
+    }
+
+    #[test]
+    fn a_vms_threads_are_summed_by_role_with_its_io_per_execution() {
+        let mut span = Span { start_ns: 0, end_ns: 1_000_000_000, ..Span::default() };
+        span.counters.insert((101, 0), counters(600_000_000, 100_000_000, 300_000_000, 40, 80));
+        span.counters.insert((100, 0), counters(100_000_000, 50_000_000, 700_000_000, 10, 0));
+        span.counters.insert((100, 1), counters(100_000_000, 0, 50_000_000, 10, 0));
+        span.counters.insert((103, 1), counters(10_000_000, 0, 490_000_000, 2, 0));
+        span.counters.insert((104, 1), counters(30_000_000, 0, 470_000_000, 2, 0));
+        span.counters.insert((999, 0), counters(900_000_000, 0, 0, 1, 0)); // another process
+        let report = window_report(&span, "run", &[vm(false)], &TestNames, None);
+        let roles = &report.vms[0].roles;
+        let names: Vec<_> = roles.iter().map(|r| (r.role, r.threads)).collect();
+        assert_eq!(
+            names,
+            [(ThreadRole::Vcpu, 1), (ThreadRole::IoThread, 1), (ThreadRole::MainLoop, 1), (ThreadRole::Worker, 2)]
+        );
+        let main = &roles[2];
+        assert_eq!(
+            (main.run_ns, main.wait_ns, main.blocked_ns, main.exec_count),
+            (200_000_000, 50_000_000, 750_000_000, 20)
+        );
+        assert!((main.cpus - 0.2).abs() < 1e-9 && (main.running_pct - 20.0).abs() < 1e-9);
+        // The VM's 80 I/O accesses over the main loop's 20 executions.
+        assert_eq!(main.io_per_exec, Some(4.0));
+        // An I/O thread that never ran: no executions, so no I/O per execution.
+        assert_eq!((roles[1].exec_count, roles[1].io_per_exec), (0, None));
+        let workers = &roles[3];
+        assert_eq!((workers.run_ns, workers.exec_count), (40_000_000, 4));
+        // Only CPU 1: the main loop's time there, its shares still of all its time.
+        let on_1 = window_report(&span, "run", &[vm(false)], &TestNames, Some(1));
+        assert_eq!(on_1.vms[0].roles[2].run_ns, 100_000_000);
+        assert!((on_1.vms[0].roles[2].running_pct - 10.0).abs() < 1e-9);
+        // Emulated vCPUs make no exits: the VM's I/O is unknown, never 0.
+        let tcg = window_report(&span, "run", &[vm(true)], &TestNames, None);
+        assert_eq!((tcg.vms[0].io_count, tcg.vms[0].exits_per_s), (None, None));
+        assert!(tcg.vms[0].roles.iter().all(|r| r.io_per_exec.is_none()));
     }
 }

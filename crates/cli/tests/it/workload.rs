@@ -154,7 +154,6 @@ fn workload_usage_errors_exit_2_and_say_what_to_do() {
         (&["nginx"][..], "unknown workload 'nginx'"),
         (&[][..], "which workload?"),
         (&["--seconds", "0", "web"][..], "--seconds takes a whole number"),
-        (&["--native", "--nested", "web"][..], "--native or --nested, not both"),
         (&["--connections", "0", "web"][..], "--connections takes a whole number above 0"),
         (&["--bogus", "web"][..], "unknown option '--bogus'"),
     ] {
@@ -211,5 +210,16 @@ fn on_kvm_amd_a_real_workload_in_an_l2_guest_is_recorded_with_its_exits_and_rows
     assert!(exits > 0, "{totals}");
     assert!(totals["heavyweight"].is_u64(), "light and heavy told apart: {totals}");
     note(test, format!("iperf3 {bytes} bytes in L2, eth0 {rx}; {exits} exits of L2 in L1's recording: {totals}"));
+
+    // The native side of a study there: the web server natively in L1 (its own PATH in the
+    // root: L1's has no sbin, where lighttpd is), the agent on L1's loopback.
+    let rec = tmp.join("out/web-l1.vprec");
+    let out = run_sh(&tmp, &["--nested", "--native", "--seconds", "3", "-o", rec.to_str().unwrap(), "web"]);
+    let web = result(&out, "web natively in L1");
+    assert!(web["ops"].parse::<f64>().unwrap() >= 1.0, "{web:?}");
+    let r = report_json(&rec);
+    assert!(r["guests"][0]["rows"].as_u64().unwrap() >= 1, "L1's own agent sent rows");
+    let left: Vec<_> = std::fs::read_dir(tmp.join("out")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 2, "only the two recordings come back (no bed folder left): {left:?}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
