@@ -13,7 +13,8 @@
 #   sh benches/papers/xenmon.sh [OUT]      (default target/papers/xenmon)
 #
 # RATIOS (default "0.5 1 2 10"), CONNECTIONS (wrk's open connections, the load steps; default
-# "1 4 16 64"), SECONDS_EACH (default 8), RUNS (default 1). What this host cannot give is said,
+# "1 4 16 64"), SECONDS_EACH (default 8), RUNS (default 1). Run again into the same OUT, it
+# keeps the runs that succeeded and does the rest. What this host cannot give is said,
 # never made up: without VMX/SVM the guest runs under QEMU TCG, so its vCPUs make no exits and
 # KVM's I/O count is unknown (the packet count stands in); wrk is closed-loop (it steps open
 # connections, not a request rate); cgroup v1 `cpu.shares` (or v2 `cpu.weight`) is CFS's
@@ -63,6 +64,11 @@ for ratio in $ratios; do
         i=1
         while [ "$i" -le "$runs" ]; do
             name=conf$ratio-c$c-$i
+            # Done before (the study run again with more RUNS, or after a failure): kept.
+            if [ -s "$out/$name.sched.json" ] && grep -q WG-RESULT "$out/$name.result" 2>/dev/null; then
+                i=$((i + 1))
+                continue
+            fi
             echo "xenmon.sh: I/O side : vCPUs = $ratio : 1, $c connections, run $i" >&2
             XENMON_RATIO=$ratio WG_PLACE="sh $place" WG_LOAD_CPUS=0-$last \
                 sh "$root/scripts/workload-guest/run.sh" --net tap --connections "$c" --seconds "$seconds" \
