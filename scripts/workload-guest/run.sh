@@ -83,7 +83,9 @@ tell() {
 # namespace of its own (the mounts go when the command ends), with a PATH of its own (L1's
 # lacks sbin).
 in_root() {
-    unshare -m sh -c "mount --bind /proc '$wg/root/proc' && mount --bind /dev '$wg/root/dev' &&
+    # exec: started in the background, the server is then the very process the cleanup stops
+    # (a subshell around it would be stopped instead, and the server left running).
+    exec unshare -m sh -c "mount --bind /proc '$wg/root/proc' && mount --bind /dev '$wg/root/dev' &&
         mount --bind '$run/data' '$wg/root/data' && mount -t tmpfs tmp '$wg/root/tmp' &&
         TMPDIR=/tmp PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin exec chroot '$wg/root' \"\$@\"" sh "$@"
 }

@@ -144,6 +144,10 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     assert!(left.is_empty(), "left behind: {left:?}");
     let qemus = Command::new("pgrep").args(["-f", "name wg-"]).output().unwrap();
     assert!(qemus.stdout.is_empty(), "QEMU left running: {}", String::from_utf8_lossy(&qemus.stdout));
+    // The native servers too (they were once left running: stopped was the subshell around them).
+    let servers =
+        Command::new("pgrep").args(["-f", "lighttpd -D -f /data/lighttpd.conf|iperf3 -s -p"]).output().unwrap();
+    assert!(servers.stdout.is_empty(), "servers left running: {}", String::from_utf8_lossy(&servers.stdout));
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
