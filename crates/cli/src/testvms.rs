@@ -59,6 +59,13 @@ impl TestVms {
                     }
                     // testvm's own message says what to fix (no /dev/kvm, no permission, ...).
                     let reason = stderr.trim().lines().last().unwrap_or("no message").trim_start_matches("virtprof: ");
+                    if status.success() {
+                        anyhow::bail!(
+                            "a {} test VM ended before all {count} had started (found {}): the host is too loaded to start them within their run",
+                            self.what,
+                            vmms.len()
+                        );
+                    }
                     return Err(usage(format!("a {} test VM failed to start ({status}): {reason}", self.what)));
                 }
             }

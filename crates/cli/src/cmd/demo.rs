@@ -30,7 +30,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let delay = watch::delay(args.watch.delay)?;
     watch::check_terminal(args.watch.once)?;
     virtprof_kvm::launcher::check_kvm()?;
-    let duration = format!("{}ms", duration_ns / 1_000_000);
+    // The VMs outlive the demo by the time they may take to start (`wait_for_vmms` waits 10 s):
+    // on a loaded host the first could otherwise end before the last has started. The demo
+    // stops them when it ends.
+    let duration = format!("{}ms", duration_ns / 1_000_000 + 10_000);
     let mut vms = TestVms::new("demo");
     for (name, testvm_args) in VMS {
         vms.start(&[testvm_args, &["--name", name, "--duration", &duration]].concat())?;
