@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use virtprof_model::{Event, EventKind, Timestamp};
 
@@ -328,6 +328,8 @@ struct Thread {
     queued: Timestamp,
     /// Unknown stretches not yet resolved: (bucket sequence number, cpu, ns).
     unresolved: Vec<(u64, u32, u64)>,
+    /// It emitted kvm events: a vCPU thread, whatever it is named.
+    runs_guest: bool,
 }
 
 /// Bucket width and how many closed buckets to keep.
@@ -345,8 +347,6 @@ pub struct SchedAccounting {
     options: SchedOptions,
     evidence_events: Vec<u16>,
     threads: FxHashMap<u32, Thread>,
-    /// Threads that emitted kvm events: vCPU threads, whatever they are named.
-    kvm_threads: FxHashSet<u32>,
     /// Closed buckets, oldest first, each with its sequence number.
     closed: VecDeque<(u64, Span)>,
     current: Option<(u64, Span)>,
@@ -373,7 +373,6 @@ impl SchedAccounting {
             options,
             evidence_events,
             threads: FxHashMap::default(),
-            kvm_threads: FxHashSet::default(),
             closed: VecDeque::new(),
             current: None,
             total: Span::default(),
@@ -416,6 +415,7 @@ impl SchedAccounting {
             entered: ts,
             queued: ts,
             unresolved: Vec::new(),
+            runs_guest: false,
         });
     }
 
@@ -441,7 +441,7 @@ impl SchedAccounting {
     /// Threads seen running guest code (they emitted kvm events): vCPU threads, named so or
     /// not, unlike other tracked threads (a VMM's I/O threads).
     pub fn kvm_threads(&self) -> impl Iterator<Item = u32> + '_ {
-        self.kvm_threads.iter().copied()
+        self.threads.iter().filter(|(_, t)| t.runs_guest).map(|(&tid, _)| tid)
     }
 
     /// The CPU thread `tid` last ran or waits on.
@@ -540,7 +540,6 @@ impl SchedAccounting {
 
     /// A kvm event from a vCPU thread: it is running, on this CPU, now.
     fn kvm_event(&mut self, e: &Event, count: impl FnOnce(&mut Counters), reason: Option<ReasonKey>) {
-        self.kvm_threads.insert(e.tid);
         match self.threads.get(&e.tid).map(|t| t.state) {
             None => {
                 self.track(e.tid, e.ts);
@@ -552,6 +551,9 @@ impl SchedAccounting {
             }
             // Blocked or runnable threads were made running by `infer_switch_in`.
             Some(_) => {}
+        }
+        if let Some(t) = self.threads.get_mut(&e.tid) {
+            t.runs_guest = true;
         }
         self.count(e.tid, e.cpu, count);
         if let (Some(reason), Some((_, span))) = (reason, self.current.as_mut()) {

@@ -76,9 +76,7 @@ impl HostTasks {
             })
             .collect()
     }
-}
 
-impl HostTasks {
     /// The threads of VMM `pid` that are not its `vcpus`, by role, and the vhost workers
     /// serving it (threads of its own or, before Linux 6.4, kernel threads).
     fn others(&self, pid: u32, vcpus: &[VcpuThread]) -> Vec<VmmThread> {
@@ -184,7 +182,7 @@ pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
 
 /// A row under [`COLUMNS`] for a VM's threads of one role other than its vCPUs (`top`).
 pub fn role_cells(r: &RoleRow) -> [String; 14] {
-    let io = r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}"));
+    let io = io_per_exec_cell(r);
     [
         format!("  {} ×{}", r.role, r.threads),
         String::new(),
@@ -259,11 +257,16 @@ pub fn roles_table(report: &WindowReport) -> Option<Table> {
                 format!("{:.0}", r.execs_per_s),
                 format!("{:.1}", r.cpu_per_exec_us),
                 format!("{:.1}", r.wait_per_exec_us),
-                r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}")),
+                io_per_exec_cell(r),
             ]);
         }
     }
     Some(t)
+}
+
+/// The VM's I/O accesses per execution of a role; "-" where exits are unseen (emulated).
+fn io_per_exec_cell(r: &RoleRow) -> String {
+    r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}"))
 }
 
 fn pct(v: f64) -> String {

@@ -42,9 +42,11 @@ const DURATION_BOUNDS_NS: [u64; 16] = [
     100_000_000,
 ];
 
-/// The per-vCPU counters taken straight from `top`'s row: name, help, unit, value.
-type VcpuFamily = (&'static str, &'static str, Option<Unit>, fn(&VcpuRow) -> f64);
-const VCPU_FAMILIES: [VcpuFamily; 4] = [
+/// A counter family read straight off one kind of `top` row: name, help, unit, value.
+type Family<Row> = (&'static str, &'static str, Option<Unit>, fn(&Row) -> f64);
+
+/// The per-vCPU counters.
+const VCPU_FAMILIES: [Family<VcpuRow>; 4] = [
     ("virtprof_vcpu_run", "Time the vCPU thread ran on a host CPU.", Some(Unit::Seconds), |v| v.run_ns as f64 / 1e9),
     (
         "virtprof_vcpu_wait",
@@ -113,9 +115,8 @@ impl VmmCpu {
     }
 }
 
-/// Per-role counters from the run window's role rows: name, help, unit, value.
-type RoleFamily = (&'static str, &'static str, Option<Unit>, fn(&RoleRow) -> f64);
-const ROLE_FAMILIES: [RoleFamily; 4] = [
+/// The per-role counters (XenMon's accounting of the work done for a VM outside its vCPUs).
+const ROLE_FAMILIES: [Family<RoleRow>; 4] = [
     (
         "virtprof_vmm_thread_run",
         "Time the VM's threads of this role (vcpu, io-thread, main-loop, vhost, worker, other) ran on a host CPU.",
@@ -148,10 +149,7 @@ impl Scrape {
                 })
             })
         };
-        for (name, help, unit, field) in ROLE_FAMILIES {
-            counters(e, name, help, unit, rows().map(|(l, r)| (l, field(r))))?;
-        }
-        Ok(())
+        families(e, &ROLE_FAMILIES, rows)
     }
 
     /// Refresh `sampler` and gather one scrape.
@@ -254,6 +252,18 @@ fn counters(
     family(e, MetricType::Counter, name, help, unit, rows)
 }
 
+/// One counter family per entry of `table`, each over the labelled rows `rows` yields.
+fn families<'r, Row: 'r, Rows: Iterator<Item = (Labels, &'r Row)>>(
+    e: &mut DescriptorEncoder,
+    table: &[Family<Row>],
+    rows: impl Fn() -> Rows,
+) -> fmt::Result {
+    for (name, help, unit, field) in table {
+        counters(e, name, help, unit.clone(), rows().map(|(l, r)| (l, field(r))))?;
+    }
+    Ok(())
+}
+
 fn gauges(
     e: &mut DescriptorEncoder,
     name: &str,
@@ -277,9 +287,7 @@ impl Collector for Scrape {
             })
         };
         let e = &mut encoder;
-        for (name, help, unit, field) in VCPU_FAMILIES {
-            counters(e, name, help, unit, vcpus().map(|(l, (_, v))| (l, field(v))))?;
-        }
+        families(e, &VCPU_FAMILIES, || vcpus().map(|(l, (_, v))| (l, v)))?;
         counters(
             e,
             "virtprof_vcpu_io",
