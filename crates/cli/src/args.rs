@@ -908,7 +908,8 @@ pub struct BalanceArgs {
     /// --replay: cores to simulate (default: one per vCPU).
     #[arg(long, value_name = "N", requires = "replay")]
     pub cores: Option<usize>,
-    /// Swap core pairs this often whatever the policy says (the overhead experiment).
+    /// Swap core pairs this often instead of following the policy (the overhead experiment;
+    /// 0 places the vCPUs one a core and keeps them there: its baseline).
     #[arg(long, value_name = "HZ")]
     pub force_hz: Option<f64>,
     /// Trace sched_switch and check that every moved thread runs on its new core.

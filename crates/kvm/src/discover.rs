@@ -148,6 +148,18 @@ pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredV
         return Ok(None);
     }
     let vcpu_fds = fds.iter().filter(|f| matches!(f.kind, KvmFdKind::Vcpu(_))).count();
+    Ok(Some(describe(proc_root, pid, u32::try_from(vcpu_fds).unwrap_or(u32::MAX), vcpu_index)))
+}
+
+/// Process `pid` as a VM whose vCPUs QEMU emulates without KVM (threads `CPU n/TCG`), or
+/// None. Such a VM has no exits to count, but its vCPU threads run, wait and move like any.
+pub fn inspect_emulated(proc_root: &Path, pid: u32) -> Option<DiscoveredVm> {
+    let vm = describe(proc_root, pid, 0, emulated_vcpu_index);
+    (!vm.vcpus.is_empty()).then_some(vm)
+}
+
+/// What `/proc` says of VMM `pid`, its vCPU threads being those `index_of` names.
+fn describe(proc_root: &Path, pid: u32, vcpu_fds: u32, index_of: fn(&str) -> Option<u32>) -> DiscoveredVm {
     let dir = proc_root.join(pid.to_string());
     let comm = virtprof_host::procfs::read_trimmed(&dir.join("comm"));
     let argv: Vec<String> = fs::read(dir.join("cmdline"))
@@ -159,17 +171,17 @@ pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredV
     let kind = vmm_kind(&comm, &argv);
     let mut vcpus: Vec<VcpuThread> = threads(proc_root, pid)
         .into_iter()
-        .filter_map(|(tid, name)| Some(VcpuThread { index: vcpu_index(&name)?, tid }))
+        .filter_map(|(tid, name)| Some(VcpuThread { index: index_of(&name)?, tid }))
         .collect();
     vcpus.sort_by_key(|v| (v.index, v.tid));
-    Ok(Some(DiscoveredVm {
+    DiscoveredVm {
         pid,
         kind,
         name: vm_name(kind, &argv, pid),
         owner: crate::owner::owner(proc_root, pid, kind, &argv),
-        vcpu_fds: u32::try_from(vcpu_fds).unwrap_or(u32::MAX),
+        vcpu_fds,
         vcpus,
-    }))
+    }
 }
 
 /// The threads of `pid`: (tid, comm).

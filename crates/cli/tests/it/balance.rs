@@ -403,3 +403,107 @@ fn usage_errors_exit_2_with_a_way_out() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("run.vpr"), "the defaults load as --weights");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A QEMU guest whose two vCPUs QEMU emulates (TCG, threads `CPU n/TCG`), killed on drop.
+struct EmulatedGuest(Child);
+
+impl EmulatedGuest {
+    /// Booting a kernel keeps both vCPU threads busy for seconds; with no init it then panics.
+    fn boot(kernel: &std::path::Path) -> EmulatedGuest {
+        let child = std::process::Command::new("qemu-system-x86_64")
+            .args(["-accel", "tcg", "-smp", "2", "-m", "256", "-nographic", "-nodefaults", "-no-reboot"])
+            .args(["-name", "bal-tcg,debug-threads=on", "-serial", "null", "-kernel"])
+            .arg(kernel.join("vmlinuz"))
+            .args(["-append", "console=ttyS0 rdinit=/nonexistent"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Its vCPU threads are named as QEMU starts them.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while vcpu_threads(child.id()) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        EmulatedGuest(child)
+    }
+}
+
+fn vcpu_threads(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim().ends_with("/TCG")))
+        .count()
+}
+
+impl Drop for EmulatedGuest {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn an_emulated_guests_vcpus_are_swapped_at_the_forced_rate_with_the_policy_out_of_it() {
+    let test = "an_emulated_guests_vcpus_are_swapped_at_the_forced_rate_with_the_policy_out_of_it";
+    if !have_tracefs(test) || !two_cpus(test) {
+        return;
+    }
+    let Some(kernel) = super::util::debian_kernel(test) else { return };
+    let guest = EmulatedGuest::boot(&kernel);
+    let pid = guest.0.id().to_string();
+    let balance = |hz: &str| {
+        let out = virtprof()
+            .args([
+                "balance",
+                "--vm",
+                &pid,
+                "--cpus",
+                "0,1",
+                "--force-hz",
+                hz,
+                "--duration",
+                "2s",
+                "--verify",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "--force-hz {hz}: {}", String::from_utf8_lossy(&out.stderr));
+        json(&out)
+    };
+
+    let r = balance("20");
+    assert_eq!(r["targets"].as_array().unwrap().len(), 2, "{}", r["targets"]);
+    // Every swap is a forced one (case 0): the policy decides nothing in the experiment, and
+    // every tick that fell due was either carried out or counted as missed.
+    let swaps = r["swaps"].as_array().unwrap();
+    assert!(swaps.iter().all(|s| s["case"] == 0), "{}", r["swaps"]);
+    let (due, missed) = (r["forced_due"].as_u64().unwrap(), r["forced_missed"].as_u64().unwrap());
+    assert_eq!(swaps.len() as u64 + missed, due, "{r}");
+    assert!((39..=41).contains(&due), "2 s at 20 Hz: {due} ticks due");
+    // The sched trace saw every placement land where it was meant to.
+    let v = &r["verify"];
+    assert_eq!(v["lost_events"], 0, "{v}");
+    assert_eq!(v["placements"].as_u64().unwrap(), 2 + 2 * swaps.len() as u64, "{v}");
+    assert_eq!(v["wrong_cpu"], 0, "{v}");
+    assert!(v["observed"].as_u64().unwrap() > 0, "{v}");
+    // The CPUs' busy time covers the vCPUs' run time; what else ran is said, charged nowhere.
+    let core_time = r["core_time"].as_array().unwrap();
+    let busy: f64 = core_time.iter().map(|c| c["busy_s"].as_f64().unwrap()).sum();
+    let vcpu: f64 = core_time.iter().map(|c| c["vcpu_s"].as_f64().unwrap()).sum();
+    // /proc/stat counts in 10 ms ticks: a tick per CPU at each end of the run.
+    assert!(vcpu > 0.0 && vcpu <= busy + 0.04 && busy <= 4.04, "vCPUs {vcpu} s, CPUs busy {busy} s");
+    // What an emulated VM cannot show is said, not zero.
+    let unavailable = r["unavailable_metrics"].to_string();
+    assert!(unavailable.contains("kvm.exits"), "{unavailable}");
+
+    // 0 Hz: placed one a core and kept there (the experiment's baseline).
+    let r = balance("0");
+    assert_eq!(r["swap_count"], 0, "{r}");
+    let mut cpus: Vec<u64> = r["final_cpus"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap()).collect();
+    cpus.sort_unstable();
+    assert_eq!(cpus, [0, 1]);
+    assert_eq!(r["verify"]["wrong_cpu"], 0, "{}", r["verify"]);
+    drop(guest);
+}

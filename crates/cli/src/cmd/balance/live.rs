@@ -135,6 +135,23 @@ pub struct RunResult {
     pub unavailable_metrics: Vec<String>,
     /// The sched-trace check (`--verify`).
     pub verify: Option<Verification>,
+    /// Per core, how much of its busy time the vCPUs charged to it account for.
+    pub core_time: Vec<CoreTime>,
+}
+
+/// A core's busy time against the run time of the vCPUs charged to it. A core's energy
+/// counts only its vCPUs: host threads (a VMM's I/O, a load generator, this balancer) and
+/// guests not balanced run on it unaccounted, and this says how much.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoreTime {
+    /// The host CPU.
+    pub cpu: u32,
+    /// Its non-idle time over the run (/proc/stat user, nice, system, irq, softirq); None
+    /// where this CPU has no /proc/stat line.
+    pub busy_s: Option<f64>,
+    /// Run time of the vCPUs while the ledger had them on this core (a vCPU moved within a
+    /// period is charged to where it ended it, as its energy is).
+    pub vcpu_s: f64,
 }
 
 /// Where a vCPU's numbers are in the sampler's row.
@@ -201,7 +218,9 @@ pub fn run_observed(
         cases: [0; 7],
         unavailable_metrics,
         verify: None,
+        core_time: config.cpus.iter().map(|&cpu| CoreTime { cpu, busy_s: None, vcpu_s: 0.0 }).collect(),
     };
+    let busy_columns = busy_columns(sampler.series(), &config.cpus);
     let seconds = |ns: u64| (ns - t0) as f64 / 1e9;
     let mut carry_out = |swaps: Vec<Swap>,
                          case_of: &dyn Fn(&Swap) -> u8,
@@ -251,6 +270,15 @@ pub fn run_observed(
         if now >= next_period || stopping {
             sampler.sample(&mut row);
             let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
+            for (a, &core) in activities.iter().zip(ledger.core_of()) {
+                result.core_time[core].vcpu_s += a.run_ns as f64 / 1e9;
+            }
+            for (time, at) in result.core_time.iter_mut().zip(&busy_columns) {
+                if let Some(at) = at {
+                    let busy_ns: f64 = at.iter().map(|&i| if row[i].is_finite() { row[i].max(0.0) } else { 0.0 }).sum();
+                    *time.busy_s.get_or_insert(0.0) += busy_ns / 1e9;
+                }
+            }
             observe(&activities);
             let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();
             ledger.account(&vcpu_j, period_s);
@@ -351,6 +379,20 @@ fn open_sampler(
         .cloned()
         .collect();
     Ok((sampler, columns, unavailable))
+}
+
+/// Where each of `cpus`' busy-time fields are in the sampler's row (None: no /proc/stat line).
+fn busy_columns(series: &[virtprof_model::interval::Series], cpus: &[u32]) -> Vec<Option<Vec<usize>>> {
+    const BUSY: [&str; 5] = ["stat.user_ns", "stat.nice_ns", "stat.system_ns", "stat.irq_ns", "stat.softirq_ns"];
+    cpus.iter()
+        .map(|&cpu| {
+            let at: Vec<usize> = BUSY
+                .iter()
+                .filter_map(|m| series.iter().position(|s| s.entity == Entity::Cpu(cpu) && s.metric == *m))
+                .collect();
+            (at.len() == BUSY.len()).then_some(at)
+        })
+        .collect()
 }
 
 fn activity(columns: &Columns, row: &[f64]) -> Activity {

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use virtprof_analysis::balancer::Policy;
-use virtprof_kvm::discover::Discovery;
+use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_model::units::{duration_ns, format_duration};
 
 use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs, CpuList};
@@ -63,7 +63,9 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
         cpus,
         period_ns,
         duration_ns,
-        policy: Policy::Thermal { k: args.k },
+        // Forced swaps are the overhead experiment: the policy stays out of it (at 0 Hz the
+        // placement is kept, the experiment's baseline).
+        policy: if args.force_hz.is_some() { Policy::Fixed } else { Policy::Thermal { k: args.k } },
         forced_hz,
         actuate: !args.dry_run,
         verify: args.verify.then_some(args.buffer_size_kb),
@@ -72,12 +74,15 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     };
     if !args.json {
         eprintln!(
-            "virtprof balance: {} vCPUs of {} VMs over CPUs {:?}, period {}, k {}{} (Ctrl-C stops)",
+            "virtprof balance: {} vCPUs of {} VMs over CPUs {:?}, period {}, {}{} (Ctrl-C stops)",
             targets.len(),
             vms.len(),
             config.cpus,
             format_duration(args.period),
-            args.k,
+            match args.force_hz {
+                Some(hz) => format!("swapped by force at {hz} Hz"),
+                None => format!("k {}", args.k),
+            },
             if args.dry_run { ", dry run" } else { "" }
         );
     }
@@ -85,17 +90,31 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     output::run(&result, &config, args.json, args.html.as_deref())
 }
 
-/// The VMs to balance: those given, or every VM found; each with its vCPU threads.
-fn find_vms(only: &[u32]) -> anyhow::Result<Vec<virtprof_kvm::discover::DiscoveredVm>> {
+/// The VMs to balance: those given, or every KVM VM found; each with its vCPU threads. A VM
+/// named with `--vm` may also be one QEMU emulates (TCG): its vCPU threads move the same way.
+fn find_vms(only: &[u32]) -> anyhow::Result<Vec<DiscoveredVm>> {
+    let proc_root = Path::new("/proc");
+    let mut emulated = Vec::new();
     for &pid in only {
-        if virtprof_kvm::discover::inspect(Path::new("/proc"), pid).ok().flatten().is_none() {
-            return Err(usage(format!(
-                "--vm {pid}: no such process holding a KVM VM (list VMs with `virtprof top --once`; run as root)"
-            )));
+        if virtprof_kvm::discover::inspect(proc_root, pid).ok().flatten().is_some() {
+            continue;
+        }
+        match virtprof_kvm::discover::inspect_emulated(proc_root, pid) {
+            Some(vm) => emulated.push(vm),
+            None => {
+                return Err(usage(format!(
+                    "--vm {pid}: no such process holding a KVM VM or emulating vCPUs (list VMs with `virtprof top --once`; run as root)"
+                )))
+            }
         }
     }
-    let vms: Vec<_> =
-        Discovery::new("/proc", only.to_vec()).scan().into_iter().filter(|vm| !vm.vcpus.is_empty()).collect();
+    let kvm_pids: Vec<u32> = only.iter().copied().filter(|pid| !emulated.iter().any(|vm| vm.pid == *pid)).collect();
+    let mut vms: Vec<_> = if only.is_empty() || !kvm_pids.is_empty() {
+        Discovery::new("/proc", kvm_pids).scan().into_iter().filter(|vm| !vm.vcpus.is_empty()).collect()
+    } else {
+        Vec::new()
+    };
+    vms.extend(emulated);
     if vms.is_empty() {
         return Err(usage(
             "no VM with vCPU threads found (start one, e.g. `virtprof testvm --workload compute --duration 60s &`)",

@@ -9,7 +9,7 @@ use virtprof_analysis::balancer::{gap_bound_seen_j, Policy};
 
 use super::bench::BenchResult;
 use super::calibrate::Fit;
-use super::live::{RunConfig, RunResult};
+use super::live::{CoreTime, RunConfig, RunResult};
 use super::replay::Replay;
 use virtprof_sinks::html as page;
 
@@ -115,22 +115,40 @@ fn run_text(r: &RunReport<'_>) -> String {
         round(r.period_s * 1000.0),
         match r.policy {
             Policy::Thermal { k } => format!(", k {k}"),
+            Policy::Fixed if r.forced_hz > 0.0 => format!(", swapped by force at {} Hz", r.forced_hz),
             Policy::Fixed => ", mapping kept".into(),
         }
     );
-    let _ = writeln!(s, "\n{:>5} {:>12} {:>9} {:>11} {:>9}", "CPU", "energy J", "mean W", "last J", "temp °C");
-    for c in &r.cores {
-        let _ = writeln!(s, "{:>5} {:>12.2} {:>9.2} {:>11.3} {:>9.1}", c.cpu, c.total_j, c.mean_w, c.last_j, c.temp_c);
-    }
     let _ = writeln!(
         s,
-        "\ngap {:.3} J (largest {:.3} J; seed bound {:.3} J)   swaps {} ({:.2}/s{})",
+        "\n{:>5} {:>12} {:>9} {:>11} {:>9} {:>8}",
+        "CPU", "energy J", "mean W", "last J", "temp °C", "busy s"
+    );
+    for (c, time) in r.cores.iter().zip(&run.core_time) {
+        let busy = time.busy_s.map_or_else(|| "?".into(), |b| format!("{b:.2}"));
+        let _ = writeln!(
+            s,
+            "{:>5} {:>12.2} {:>9.2} {:>11.3} {:>9.1} {busy:>8}",
+            c.cpu, c.total_j, c.mean_w, c.last_j, c.temp_c
+        );
+    }
+    let _ = writeln!(s, "{}", coverage_text(&run.core_time));
+    let bound = match r.policy {
+        Policy::Thermal { .. } => format!("; seed bound {:.3} J", r.bound_j),
+        Policy::Fixed => String::new(),
+    };
+    let _ = writeln!(
+        s,
+        "\ngap {:.3} J (largest {:.3} J{bound})   swaps {} ({:.2}/s{})",
         r.gap_j,
         r.max_gap_j,
-        r.bound_j,
         r.swap_count,
         r.swaps_per_s,
-        if r.forced_hz > 0.0 { format!(", forced at {} Hz", r.forced_hz) } else { String::new() }
+        if r.forced_hz > 0.0 || r.policy == Policy::Fixed {
+            format!(", forced at {} Hz", r.forced_hz)
+        } else {
+            String::new()
+        }
     );
     if run.forced_missed > 0 || run.late_periods > 0 {
         let _ = writeln!(
@@ -139,8 +157,10 @@ fn run_text(r: &RunReport<'_>) -> String {
             run.forced_missed, run.forced_due, run.late_periods
         );
     }
-    let cases: Vec<String> = run.cases.iter().enumerate().map(|(i, n)| format!("{}:{n}", i + 1)).collect();
-    let _ = writeln!(s, "decisions by seed case: {}", cases.join(" "));
+    if let Policy::Thermal { .. } = r.policy {
+        let cases: Vec<String> = run.cases.iter().enumerate().map(|(i, n)| format!("{}:{n}", i + 1)).collect();
+        let _ = writeln!(s, "decisions by seed case: {}", cases.join(" "));
+    }
     let now: Vec<String> = run
         .targets
         .iter()
@@ -165,6 +185,24 @@ fn run_text(r: &RunReport<'_>) -> String {
         }
     }
     s
+}
+
+/// How much of the balanced CPUs' busy time the per-core energy covers: vCPUs are charged to
+/// the core they end a period on, so the split between cores is approximate under fast swaps;
+/// the total is not.
+fn coverage_text(cores: &[CoreTime]) -> String {
+    let vcpu_s: f64 = cores.iter().map(|c| c.vcpu_s).sum();
+    match cores.iter().map(|c| c.busy_s).sum::<Option<f64>>() {
+        Some(busy_s) if busy_s > 0.0 => format!(
+            "CPUs busy {busy_s:.2} s, vCPUs ran {vcpu_s:.2} s ({:.0} %): a core's energy is its vCPUs' alone; \
+             the other {:.2} s (host threads, guests not balanced, this balancer) is charged to no core",
+            100.0 * vcpu_s / busy_s,
+            (busy_s - vcpu_s).max(0.0)
+        ),
+        _ => format!(
+            "vCPUs ran {vcpu_s:.2} s; the CPUs' busy time is unknown (no /proc/stat lines), so what else ran on them is too"
+        ),
+    }
 }
 
 pub fn replay(r: &Replay, json: bool, html: Option<&Path>) -> anyhow::Result<ExitCode> {
