@@ -507,3 +507,28 @@ fn an_emulated_guests_vcpus_are_swapped_at_the_forced_rate_with_the_policy_out_o
     assert_eq!(r["verify"]["wrong_cpu"], 0, "{}", r["verify"]);
     drop(guest);
 }
+
+#[test]
+fn vms_that_exit_while_swapped_a_thousand_times_a_second_end_the_run_cleanly() {
+    let test = "vms_that_exit_while_swapped_a_thousand_times_a_second_end_the_run_cleanly";
+    let Some(_lock) = have_kvm(test) else { return };
+    if !two_cpus(test) {
+        return;
+    }
+    // Swapping at 1000 Hz, a swap is under way when the VMs' threads exit: the run ends with
+    // its report, not an error about a thread it could not pin.
+    let (_vms, pids) = HotAndCold::start(2);
+    let mut cmd = virtprof();
+    cmd.args(["balance", "--cpus", "0,1", "--force-hz", "1000", "--json"]);
+    for pid in &pids {
+        cmd.args(["--vm", &pid.to_string()]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = json(&out);
+    assert!(r["swap_count"].as_u64().unwrap() > 100, "{}", r["swap_count"]);
+    // Every listed move is of a thread that was there to move.
+    for s in r["swaps"].as_array().unwrap() {
+        assert!(s["moved"].as_array().unwrap().len() <= 2, "{s}");
+    }
+}

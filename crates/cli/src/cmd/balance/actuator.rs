@@ -16,13 +16,21 @@ impl Actuator {
     }
 
     /// Move thread `tid` to `cpu`, remembering its affinity the first time it is moved.
-    pub fn set(&mut self, tid: u32, cpu: u32) -> anyhow::Result<()> {
+    /// `Ok(false)`: the thread has exited (its VM is shutting down), nothing moved.
+    pub fn set(&mut self, tid: u32, cpu: u32) -> anyhow::Result<bool> {
+        let gone = |e: &std::io::Error| e.raw_os_error() == Some(libc::ESRCH);
         if !self.original.iter().any(|(t, _)| *t == tid) {
-            let before = affinity::get(tid)
-                .map_err(|e| anyhow::anyhow!("reading the CPU affinity of vCPU thread {tid}: {e}"))?;
-            self.original.push((tid, before));
+            match affinity::get(tid) {
+                Ok(before) => self.original.push((tid, before)),
+                Err(e) if gone(&e) => return Ok(false),
+                Err(e) => anyhow::bail!("reading the CPU affinity of vCPU thread {tid}: {e}"),
+            }
         }
-        affinity::set(tid, &[cpu]).map_err(|e| anyhow::anyhow!("pinning vCPU thread {tid} to CPU {cpu}: {e}"))
+        match affinity::set(tid, &[cpu]) {
+            Ok(()) => Ok(true),
+            Err(e) if gone(&e) => Ok(false),
+            Err(e) => anyhow::bail!("pinning vCPU thread {tid} to CPU {cpu}: {e}"),
+        }
     }
 }
 

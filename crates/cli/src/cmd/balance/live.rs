@@ -183,12 +183,16 @@ pub fn run_observed(
     let t0 = monotonic_ns();
     let mut actuator = config.actuate.then(Actuator::new);
     // Move `tid` to `cpu` (when actuating), noting when its own affinity call began and ended.
-    let mut place = |actuator: &mut Option<Actuator>, tid: u32, cpu: u32| -> anyhow::Result<()> {
-        let Some(a) = actuator else { return Ok(()) };
+    // False: the thread has exited and moved nowhere (its VM is going; the run ends at the
+    // next period's check). A dry run moves nothing and says every move was made.
+    let mut place = |actuator: &mut Option<Actuator>, tid: u32, cpu: u32| -> anyhow::Result<bool> {
+        let Some(a) = actuator else { return Ok(true) };
         let start_ns = monotonic_ns();
-        a.set(tid, cpu)?;
-        placements.push(Placement { tid, cpu, start_ns, done_ns: monotonic_ns() });
-        Ok(())
+        let moved = a.set(tid, cpu)?;
+        if moved {
+            placements.push(Placement { tid, cpu, start_ns, done_ns: monotonic_ns() });
+        }
+        Ok(moved)
     };
     for (&tid, &core) in tids.iter().zip(&core_of) {
         place(&mut actuator, tid, config.cpus[core])?;
@@ -232,8 +236,9 @@ pub fn run_observed(
                 swap.to_cold.iter().map(|v| (v, swap.pair.cold)).chain(swap.to_hot.iter().map(|v| (v, swap.pair.hot)))
             {
                 let cpu = config.cpus[core];
-                place(&mut actuator, tids[v], cpu)?;
-                moved.push((tids[v], cpu));
+                if place(&mut actuator, tids[v], cpu)? {
+                    moved.push((tids[v], cpu));
+                }
             }
             let done_ns = monotonic_ns();
             result.swaps.push(SwapRow {
