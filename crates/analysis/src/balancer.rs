@@ -63,11 +63,25 @@ impl Ledger {
     /// Book one period of `period_s` seconds in which vCPU `v` consumed `vcpu_j[v]` joules
     /// on the core it was mapped to.
     pub fn account(&mut self, vcpu_j: &[f64], period_s: f64) {
+        self.account_split(vcpu_j, &[], period_s);
+    }
+
+    /// [`Ledger::account`] for vCPUs that moved within the period: `shares[v]` lists the
+    /// cores vCPU `v` ran on and the fraction of its run time on each (summing to 1); a vCPU
+    /// without shares is charged to the core it is mapped to now.
+    pub fn account_split(&mut self, vcpu_j: &[f64], shares: &[Vec<(usize, f64)>], period_s: f64) {
         for core in &mut self.cores {
             core.last_j = 0.0;
         }
         for (v, &j) in vcpu_j.iter().enumerate() {
-            self.cores[self.core_of[v]].last_j += j;
+            match shares.get(v).filter(|s| !s.is_empty()) {
+                Some(split) => {
+                    for &(core, fraction) in split {
+                        self.cores[core].last_j += j * fraction;
+                    }
+                }
+                None => self.cores[self.core_of[v]].last_j += j,
+            }
         }
         for core in &mut self.cores {
             core.total_j += core.last_j;
@@ -220,6 +234,15 @@ mod tests {
         assert_eq!((l.cores()[0].total_j, l.cores()[1].total_j), (4.0, 3.5));
         assert_eq!(l.gap_j(), 0.5);
         assert!(l.cores()[0].temp_c > l.cores()[1].temp_c, "the hotter core warms more");
+    }
+
+    #[test]
+    fn a_vcpu_that_moved_within_a_period_is_charged_to_every_core_it_ran_on() {
+        let mut l = Ledger::new(vec![0, 1], 2, Thermal::default());
+        // vCPU 0 ran a quarter of its time on core 1 before moving back; vCPU 1 has no split.
+        l.account_split(&[4.0, 2.0], &[vec![(1, 0.25), (0, 0.75)], vec![]], 1.0);
+        assert_eq!((l.cores()[0].last_j, l.cores()[1].last_j), (3.0, 3.0));
+        assert_eq!(l.gap_j(), 0.0);
     }
 
     #[test]

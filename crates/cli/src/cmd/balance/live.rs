@@ -149,8 +149,8 @@ pub struct CoreTime {
     /// Its non-idle time over the run (/proc/stat user, nice, system, irq, softirq); None
     /// where this CPU has no /proc/stat line.
     pub busy_s: Option<f64>,
-    /// Run time of the vCPUs while the ledger had them on this core (a vCPU moved within a
-    /// period is charged to where it ended it, as its energy is).
+    /// Run time of the vCPUs while they were on this core (read at every move, as their
+    /// energy is split).
     pub vcpu_s: f64,
 }
 
@@ -226,15 +226,19 @@ pub fn run_observed(
     };
     let busy_columns = busy_columns(sampler.series(), &config.cpus);
     let seconds = |ns: u64| (ns - t0) as f64 / 1e9;
+    let mut split = RunSplit::new(&result.targets, config.cpus.len());
     let mut carry_out = |swaps: Vec<Swap>,
                          case_of: &dyn Fn(&Swap) -> u8,
-                         result: &mut RunResult|
+                         result: &mut RunResult,
+                         split: &mut RunSplit|
      -> anyhow::Result<()> {
         for swap in swaps {
             let mut moved = Vec::new();
             for (&v, core) in
                 swap.to_cold.iter().map(|v| (v, swap.pair.cold)).chain(swap.to_hot.iter().map(|v| (v, swap.pair.hot)))
             {
+                let from = if core == swap.pair.cold { swap.pair.hot } else { swap.pair.cold };
+                split.leaving(v, from);
                 let cpu = config.cpus[core];
                 if place(&mut actuator, tids[v], cpu)? {
                     moved.push((tids[v], cpu));
@@ -262,7 +266,7 @@ pub fn run_observed(
                     ledger.swap(PairDecision { hot: 2 * p, cold: 2 * p + 1, decision: forced })
                 })
                 .collect();
-            carry_out(swaps, &|_| 0, &mut result)?;
+            carry_out(swaps, &|_| 0, &mut result, &mut split)?;
             // A late wake-up skips the swaps it missed rather than bunching them.
             let mut due = 0;
             while next_forced <= now {
@@ -275,8 +279,15 @@ pub fn run_observed(
         if now >= next_period || stopping {
             sampler.sample(&mut row);
             let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
-            for (a, &core) in activities.iter().zip(ledger.core_of()) {
-                result.core_time[core].vcpu_s += a.run_ns as f64 / 1e9;
+            let shares = split.shares(ledger.core_of());
+            for ((a, share), &core) in activities.iter().zip(&shares).zip(ledger.core_of()) {
+                let run_s = a.run_ns as f64 / 1e9;
+                if share.is_empty() {
+                    result.core_time[core].vcpu_s += run_s;
+                }
+                for &(core, fraction) in share {
+                    result.core_time[core].vcpu_s += run_s * fraction;
+                }
             }
             for (time, at) in result.core_time.iter_mut().zip(&busy_columns) {
                 if let Some(at) = at {
@@ -286,14 +297,14 @@ pub fn run_observed(
             }
             observe(&activities);
             let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();
-            ledger.account(&vcpu_j, period_s);
+            ledger.account_split(&vcpu_j, &shares, period_s);
             let decisions = ledger.decide(config.policy);
             for d in &decisions {
                 result.cases[usize::from(d.decision.case - 1)] += 1;
             }
             let swaps = if stopping { Vec::new() } else { ledger.apply(&decisions) };
             let case_of = |s: &Swap| s.pair.decision.case;
-            carry_out(swaps, &case_of, &mut result)?;
+            carry_out(swaps, &case_of, &mut result, &mut split)?;
             result.periods.push(PeriodRow {
                 t_s: seconds(now),
                 vcpu_j,
@@ -345,6 +356,60 @@ pub fn run_observed(
         result.verify = Some(t.finish(&placements)?);
     }
     Ok(result)
+}
+
+/// Where each vCPU's run time of the current period went, core by core. Its thread's
+/// schedstat is read whenever it moves: charging a whole period to the core a vCPU ends it on
+/// aliases with the swap rate (at an even number of swaps per period a vCPU would never be
+/// charged to its other core, and the per-core gap would be as if it never moved).
+struct RunSplit {
+    schedstat: Vec<std::path::PathBuf>,
+    /// Each vCPU's run time (ns) at its last read; None where it could not be read.
+    last: Vec<Option<u64>>,
+    /// ns each vCPU ran on each core this period, as far as read.
+    ran: Vec<Vec<u64>>,
+}
+
+impl RunSplit {
+    fn new(targets: &[Target], cores: usize) -> RunSplit {
+        let schedstat: Vec<std::path::PathBuf> =
+            targets.iter().map(|t| format!("/proc/{}/task/{}/schedstat", t.pid, t.tid).into()).collect();
+        let last = schedstat.iter().map(|p| run_ns(p)).collect();
+        RunSplit { schedstat, last, ran: vec![vec![0; cores]; targets.len()] }
+    }
+
+    /// vCPU `v` leaves core `from`: what it ran since the last read was there.
+    fn leaving(&mut self, v: usize, from: usize) {
+        let now = run_ns(&self.schedstat[v]);
+        if let (Some(now), Some(last)) = (now, self.last[v]) {
+            self.ran[v][from] += now.saturating_sub(last);
+        }
+        self.last[v] = now.or(self.last[v]);
+    }
+
+    /// At a period's end, with each vCPU on `core_of[v]`: the share of its period's run time
+    /// on each core (empty where nothing was read: charged where it is), and a new period.
+    fn shares(&mut self, core_of: &[usize]) -> Vec<Vec<(usize, f64)>> {
+        (0..self.ran.len())
+            .map(|v| {
+                self.leaving(v, core_of[v]);
+                let total: u64 = self.ran[v].iter().sum();
+                let split = if total == 0 {
+                    Vec::new()
+                } else {
+                    let ran = self.ran[v].iter().enumerate().filter(|(_, &ns)| ns > 0);
+                    ran.map(|(core, &ns)| (core, ns as f64 / total as f64)).collect()
+                };
+                self.ran[v].fill(0);
+                split
+            })
+            .collect()
+    }
+}
+
+/// The run time (ns) in a thread's schedstat, if it is there.
+fn run_ns(schedstat: &std::path::Path) -> Option<u64> {
+    std::fs::read_to_string(schedstat).ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// The sampler over the targets' VMs, where each target's columns are, and the weighted

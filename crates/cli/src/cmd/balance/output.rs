@@ -187,9 +187,7 @@ fn run_text(r: &RunReport<'_>) -> String {
     s
 }
 
-/// How much of the balanced CPUs' busy time the per-core energy covers: vCPUs are charged to
-/// the core they end a period on, so the split between cores is approximate under fast swaps;
-/// the total is not.
+/// How much of the balanced CPUs' busy time the per-core energy covers.
 fn coverage_text(cores: &[CoreTime]) -> String {
     let vcpu_s: f64 = cores.iter().map(|c| c.vcpu_s).sum();
     match cores.iter().map(|c| c.busy_s).sum::<Option<f64>>() {
