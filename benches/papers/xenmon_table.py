@@ -12,25 +12,12 @@ execution (the stand-in for XenMon's page flips per Dom0 execution, Fig. 7b).
 """
 
 import glob
-import json
 import statistics
 import sys
 
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+from study import load, result
 
 
-def result(path):
-    with open(path) as f:
-        for line in f:
-            if line.startswith("WG-RESULT"):
-                return dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
-    return None
 
 
 def run_row(base):

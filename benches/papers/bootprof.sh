@@ -1,0 +1,84 @@
+#!/bin/sh
+# Boot profiling (seed 003), Fig. 3, Tables 1-2, Figs. 5-7 on a real kvm_amd host: the
+# nested-SVM bed's L1 boots a real Linux guest (Debian's kernel, L2 under QEMU-KVM) under
+# `virtprof record --events kvm`, and `virtprof boot --recording` samples each boot from the
+# hypervisor's kvm_exit/kvm_entry timeline, the hypervisor realm measured. Boots alternate
+# between the control and the ballooned guest: the same initramfs loads a small module
+# (scripts/boot-balloon) whose init busy-waits BALLOON_MS in the kernel's delay loop (0 in the
+# control), the seed's ballooned symbol. Per boot: realms, the top symbols with realm,
+# fraction and rank, the ballooned symbol's fraction and the boot's length, per-symbol time
+# profiles; across runs, how stable each rank is.
+#
+#   sh benches/papers/bootprof.sh [OUT]      (default target/papers/bootprof)
+#
+# RUNS (default 3) boots of each kind, BALLOON_MS (default 10000), RATE (samples per second,
+# default 10000). Run again into the same OUT, it keeps the boots it has and does the rest.
+# VIRTPROF: the binary (default target/release/virtprof, built when missing).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$(realpath -m "${1:-$root/target/papers/bootprof}")
+runs=${RUNS:-3} balloon_ms=${BALLOON_MS:-10000} rate=${RATE:-10000}
+virtprof=${VIRTPROF:-$root/target/release/virtprof}
+mkdir -p "$out"
+[ -x "$virtprof" ] || cargo build --release -q -p virtprof-cli --manifest-path "$root/Cargo.toml"
+balloon=$(sh "$root/scripts/boot-balloon/build.sh")
+kernel=$root/target/debian-kernel
+bash "$root/scripts/debian-kernel/fetch.sh" "$kernel" > /dev/null
+bed_kernel=$(basename "$(ls "$root"/target/nested-svm/linux-image-*.deb | head -1)" | sed 's/^linux-image-\([^_]*\)_.*/\1/')
+[ "$(cat "$kernel/version")" = "$bed_kernel" ] ||
+    { echo "bootprof.sh: the System.map is of $(cat "$kernel/version"), the bed boots $bed_kernel (refetch both)" >&2; exit 2; }
+
+# The boots still to do, control and balloon alternating (which comes first, by run).
+todo=
+i=1
+while [ "$i" -le "$runs" ]; do
+    pair="control-$i balloon-$i"
+    [ $((i % 2)) = 0 ] && pair="balloon-$i control-$i"
+    for name in $pair; do
+        grep -q L2-INIT-MARKER "$out/$name.console" 2> /dev/null && [ -s "$out/$name.vprec" ] || todo="$todo $name"
+    done
+    i=$((i + 1))
+done
+
+# One L1 boot per L2 boot: emulated SVM now and then breaks L1 itself (a panic, a reset), and
+# the bed then runs the job again from the start, so a job of one boot loses only that boot.
+# In L1 the boot is recorded whole; an L2 that ends before its marker is booted again, three
+# times at most.
+for name in $todo; do
+    ms=0
+    case $name in balloon-*) ms=$balloon_ms ;; esac
+    job=$(mktemp "${TMPDIR:-/tmp}/bootprof-job.XXXXXX")
+    bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
+    trap 'rm -rf "$job" "$bed_out"' EXIT
+    cat > "$job" <<EOF
+attempt=1
+while :; do
+    L2_INITRD=/host$balloon/balloon-initrd.gz L2_APPEND="rdinit=/balloon-init balloon_ms=$ms" \
+        hang-guard 900 virtprof record -o /out/$name.vprec --events kvm -- l2-boot > /out/$name.console 2> /out/$name.log
+    grep -q L2-INIT-MARKER /out/$name.console && break
+    [ \$attempt -ge 3 ] && { echo "$name: L2 did not reach its marker in 3 boots"; rm -f /out/$name.vprec; break; }
+    attempt=\$((attempt + 1))
+done
+EOF
+    echo "bootprof.sh: $name: booting L2 in the nested-SVM bed (balloon $ms ms)" >&2
+    BED_OUT=$bed_out VIRTPROF=$virtprof bash "$root/scripts/nested-svm/bed.sh" run -t 1800 "$job" > "$out/$name.bed.log" 2>&1 ||
+        echo "bootprof.sh: $name failed in the bed: see $out/$name.bed.log" >&2
+    for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
+    rm -rf "$job" "$bed_out"
+done
+
+# Each boot's profile from its recording; the symbols of Figs. 5-7 followed over time.
+for rec in "$out"/*.vprec; do
+    [ -e "$rec" ] || continue
+    base=${rec%.vprec}
+    [ -s "$base.boot.json" ] && [ "$base.boot.json" -nt "$rec" ] && continue
+    "$virtprof" boot --recording "$rec" --system-map "$kernel/System.map" --rate "$rate" --top 40 \
+        --symbol delay_tsc --symbol read_pci_config --symbol native_write_msr \
+        --json --html "$base.boot.html" > "$base.boot.json" 2> "$base.boot.err" ||
+        { echo "bootprof.sh: boot --recording $rec failed: $(cat "$base.boot.err")" >&2; rm -f "$base.boot.json"; }
+done
+
+echo "## Boot profiling (seed 003) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d): $runs boots each, balloon $balloon_ms ms, $rate samples/s"
+echo
+python3 "$here/bootprof_table.py" "$out" "$runs"
