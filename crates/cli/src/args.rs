@@ -881,7 +881,8 @@ EXAMPLES:
 pub struct BalanceArgs {
     #[command(subcommand)]
     pub action: Option<BalanceAction>,
-    /// Balance the vCPUs of this VMM process (repeatable; default: every VM found).
+    /// Balance the vCPUs of this VMM process, KVM or QEMU TCG (repeatable; default: every
+    /// KVM VM found).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Host CPUs to balance over (default: every online CPU).

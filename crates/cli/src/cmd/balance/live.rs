@@ -238,11 +238,14 @@ pub fn run_observed(
                 swap.to_cold.iter().map(|v| (v, swap.pair.cold)).chain(swap.to_hot.iter().map(|v| (v, swap.pair.hot)))
             {
                 let from = if core == swap.pair.cold { swap.pair.hot } else { swap.pair.cold };
-                split.leaving(v, from);
                 let cpu = config.cpus[core];
                 if place(&mut actuator, tids[v], cpu)? {
                     moved.push((tids[v], cpu));
                 }
+                // Read after the move: a running thread's schedstat is brought up to date when
+                // it is migrated off its CPU, and is stale by up to a tick before (the stale
+                // part would be charged to the core it moves to).
+                split.leaving(v, from);
             }
             let done_ns = monotonic_ns();
             result.swaps.push(SwapRow {
@@ -378,7 +381,9 @@ impl RunSplit {
         RunSplit { schedstat, last, ran: vec![vec![0; cores]; targets.len()] }
     }
 
-    /// vCPU `v` leaves core `from`: what it ran since the last read was there.
+    /// vCPU `v` has left core `from`: what it ran since the last read was there. At a
+    /// period's end a running thread's figure may lag by a tick; the lag is read with the next
+    /// move off the same core, so it shifts between periods, never between cores.
     fn leaving(&mut self, v: usize, from: usize) {
         let now = run_ns(&self.schedstat[v]);
         if let (Some(now), Some(last)) = (now, self.last[v]) {
