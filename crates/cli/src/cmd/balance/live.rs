@@ -294,7 +294,7 @@ pub fn run_observed(
             }
             for (time, at) in result.core_time.iter_mut().zip(&busy_columns) {
                 if let Some(at) = at {
-                    let busy_ns: f64 = at.iter().map(|&i| if row[i].is_finite() { row[i].max(0.0) } else { 0.0 }).sum();
+                    let busy_ns: f64 = at.iter().map(|&i| counted(&row, i)).sum();
                     *time.busy_s.get_or_insert(0.0) += busy_ns / 1e9;
                 }
             }
@@ -470,8 +470,17 @@ fn busy_columns(series: &[virtprof_model::interval::Series], cpus: &[u32]) -> Ve
         .collect()
 }
 
+/// A sampled delta as counted: an unreadable (NaN) or negative figure counts nothing.
+fn counted(row: &[f64], at: usize) -> f64 {
+    if row[at].is_finite() {
+        row[at].max(0.0)
+    } else {
+        0.0
+    }
+}
+
 fn activity(columns: &Columns, row: &[f64]) -> Activity {
-    let value = |at: usize| if row[at].is_finite() { row[at].max(0.0) } else { 0.0 };
+    let value = |at: usize| counted(row, at);
     Activity {
         run_ns: columns.run_ns.map_or(0, |at| saturating_u64(value(at))),
         events: columns.events.iter().map(|(m, at)| (m.clone(), value(*at))).collect(),
