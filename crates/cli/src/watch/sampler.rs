@@ -1,8 +1,9 @@
 //! Where `top`'s numbers come from. With tracefs: sched and kvm events from a private
 //! instance, decoded and accounted as they arrive, plus the KVM stats fds for exact exit
 //! counts. Without (or with `--no-trace`): schedstat and KVM stats polled each refresh, which
-//! gives run, wait and executions exactly but blocked time only as the remainder, and no
-//! allocation, I/O from the trace, or reasons.
+//! gives wait and executions exactly, run time as schedstat's plus the host's steal share (see
+//! [`HostCpu`]), blocked time only as the remainder, and no allocation, I/O from the trace, or
+//! reasons.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
@@ -14,6 +15,7 @@ use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{Counters, SchedAccounting, SchedOptions, Span};
 use virtprof_host::monotonic_ns;
 use virtprof_host::Schedstat;
+use virtprof_interval::procstat::ProcStat;
 use virtprof_kvm::discover::{threads, Discovery};
 use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_model::units::saturating_u64;
@@ -76,8 +78,54 @@ pub struct Snapshot {
 
 /// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).
 type StatsSample = BTreeMap<(u32, u32), (u64, u64)>;
-/// tid → (cpu, schedstat).
-type PollSample = BTreeMap<u32, (u32, Schedstat)>;
+/// Every polled vCPU thread at one refresh, and the host's CPU time then.
+#[derive(Clone, Default)]
+struct PollSample {
+    /// tid → (cpu, schedstat).
+    threads: BTreeMap<u32, (u32, Schedstat)>,
+    host: HostCpu,
+}
+
+/// This host's CPU time over all CPUs from `/proc/stat`, in ns: busy (user, nice, system, irq,
+/// softirq) and stolen by its own hypervisor. Where the kernel accounts steal
+/// (`CONFIG_PARAVIRT_TIME_ACCOUNTING`), schedstat's run time leaves it out, while a thread
+/// that was on a CPU when its hypervisor took the CPU did not block: without this, a compute
+/// vCPU on a cloud VM with 10 % steal shows 10 % "blocked". Steal is charged to threads in
+/// proportion to their run time (a halted CPU is not runnable on the host, so it accrues
+/// almost none), which is what a trace's timestamps see too.
+#[derive(Clone, Copy, Default)]
+struct HostCpu {
+    busy_ns: f64,
+    steal_ns: f64,
+}
+
+impl HostCpu {
+    fn read(stat: &mut Option<ProcStat>) -> HostCpu {
+        let mut host = HostCpu::default();
+        let read = stat.as_mut().map(|s| {
+            s.read(|_, v| {
+                // user, nice, system, irq, softirq; then steal (see procstat::FIELDS).
+                host.busy_ns += v[0] + v[1] + v[2] + v[5] + v[6];
+                host.steal_ns += v[7];
+            })
+        });
+        if !matches!(read, Some(Ok(()))) {
+            return HostCpu::default();
+        }
+        host
+    }
+
+    /// Steal per nanosecond of busy time between `self` and a later reading (0 when unknown).
+    fn steal_per_busy_ns(self, later: HostCpu) -> f64 {
+        let busy = later.busy_ns - self.busy_ns;
+        let steal = later.steal_ns - self.steal_ns;
+        if busy > 0.0 && steal > 0.0 {
+            steal / busy
+        } else {
+            0.0
+        }
+    }
+}
 
 /// A sample and when it was taken (monotonic ns).
 type Timed<T> = (u64, T);
@@ -184,6 +232,14 @@ struct TraceSource {
 
 struct PollSource {
     history: History<PollSample>,
+    /// `/proc/stat`, kept open (None where it cannot be read: no steal share then).
+    stat: Option<ProcStat>,
+}
+
+impl PollSource {
+    fn new() -> PollSource {
+        PollSource { history: History::new(), stat: ProcStat::open().ok() }
+    }
 }
 
 impl Sampler {
@@ -191,14 +247,11 @@ impl Sampler {
     /// reason is returned for the user); with `durations`, exits are timed too.
     pub fn start(only: Vec<u32>, no_trace: bool, durations: bool) -> anyhow::Result<(Sampler, Option<String>)> {
         let (source, why_polling) = if no_trace {
-            (Source::Polling(PollSource { history: History::new() }), Some("--no-trace".to_string()))
+            (Source::Polling(PollSource::new()), Some("--no-trace".to_string()))
         } else {
             match TraceSource::start(durations) {
                 Ok(t) => (Source::Trace(Box::new(t)), None),
-                Err(e) => (
-                    Source::Polling(PollSource { history: History::new() }),
-                    Some(format!("tracing unavailable ({e:#})")),
-                ),
+                Err(e) => (Source::Polling(PollSource::new()), Some(format!("tracing unavailable ({e:#})"))),
             }
         };
         let mut sampler = Sampler {
@@ -481,34 +534,38 @@ impl PollSource {
     /// slow /proc scan before it would otherwise count as blocked time).
     fn poll(&mut self, vms: &[VmInfo]) {
         let now = monotonic_ns();
-        let mut sample = BTreeMap::new();
+        let mut sample = PollSample { host: HostCpu::read(&mut self.stat), ..Default::default() };
         for vm in vms {
             for tid in vm.vcpus.iter().map(|v| v.tid.0) {
                 let base = format!("/proc/{}/task/{tid}", vm.pid);
                 let stat = std::fs::read_to_string(format!("{base}/schedstat")).ok();
                 if let Some(s) = stat.as_deref().and_then(Schedstat::parse) {
                     let cpu = proc_state(vm.pid.0, tid).map_or(0, |(cpu, _)| cpu);
-                    sample.insert(tid, (cpu, s));
+                    sample.threads.insert(tid, (cpu, s));
                 }
             }
         }
         self.history.push(now, sample);
     }
 
-    /// Counters over the last `ns` from schedstat deltas: run and wait exactly, executions
-    /// from timeslices, blocked as the remainder of the window.
+    /// Counters over the last `ns` from schedstat deltas: wait exactly, run with its share
+    /// of the host's steal ([`HostCpu`]), executions from timeslices, blocked as the remainder
+    /// of the window.
     fn span(&self, ns: u64) -> Span {
         let from = self.history.recent.back().map_or(0, |(end, _)| end.saturating_sub(ns));
         let Some(((start, earliest), (end, latest))) = self.history.window(from) else { return Span::default() };
         let mut span = Span { start_ns: *start, end_ns: *end, ..Default::default() };
-        for (tid, (cpu, now)) in latest {
-            let then = earliest.get(tid).map_or_else(Schedstat::default, |(_, s)| *s);
+        let steal_per_busy_ns = earliest.host.steal_per_busy_ns(latest.host);
+        let window = end - start;
+        for (tid, (cpu, now)) in &latest.threads {
+            let then = earliest.threads.get(tid).map_or_else(Schedstat::default, |(_, s)| *s);
             let d = now.since(then);
-            let window = end - start;
+            let stolen = saturating_u64(d.run_ns as f64 * steal_per_busy_ns);
+            let run_ns = (d.run_ns + stolen).min(window.saturating_sub(d.wait_ns));
             let c = Counters {
-                run_ns: d.run_ns,
+                run_ns,
                 wait_ns: d.wait_ns,
-                blocked_ns: window.saturating_sub(d.run_ns + d.wait_ns),
+                blocked_ns: window.saturating_sub(run_ns + d.wait_ns),
                 execs: d.timeslices,
                 ..Default::default()
             };
@@ -556,5 +613,44 @@ fn keep_exited_threads(vms: &mut [VmInfo], previous: &[VmInfo]) {
                 vm.others.push(*t);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(run_ns: u64, wait_ns: u64, busy_ns: f64, steal_ns: f64) -> PollSample {
+        PollSample {
+            threads: BTreeMap::from([(7, (0, Schedstat { run_ns, wait_ns, timeslices: 1 }))]),
+            host: HostCpu { busy_ns, steal_ns },
+        }
+    }
+
+    /// One second polled: (run, wait, blocked) of a thread whose schedstat moved by
+    /// `run_ns`/`wait_ns` while the host was busy `busy_ns` and lost `steal_ns` to steal.
+    fn one_second(run_ns: u64, wait_ns: u64, busy_ns: f64, steal_ns: f64) -> (u64, u64, u64) {
+        let mut poll = PollSource { history: History::new(), stat: None };
+        poll.history.push(1_000_000_000, sample(0, 0, 0.0, 0.0));
+        poll.history.push(2_000_000_000, sample(run_ns, wait_ns, busy_ns, steal_ns));
+        let c = poll.span(1_000_000_000).counters[&(7, 0)];
+        (c.run_ns, c.wait_ns, c.blocked_ns)
+    }
+
+    #[test]
+    fn a_compute_thread_under_host_steal_runs_rather_than_blocks() {
+        // The host lost 0.16 s to steal in 1.6 s busy, so 0.08 s of the thread's 0.8 s on a
+        // CPU (as schedstat counts it, steal left out) was stolen: it ran 0.88 s.
+        assert_eq!(one_second(800_000_000, 100_000_000, 1.6e9, 0.16e9), (880_000_000, 100_000_000, 20_000_000));
+    }
+
+    #[test]
+    fn without_steal_figures_schedstat_run_time_is_kept() {
+        assert_eq!(one_second(800_000_000, 100_000_000, 0.0, 0.0), (800_000_000, 100_000_000, 100_000_000));
+    }
+
+    #[test]
+    fn the_steal_share_never_makes_run_and_wait_exceed_the_window() {
+        assert_eq!(one_second(900_000_000, 100_000_000, 1.0e9, 1.0e9), (900_000_000, 100_000_000, 0));
     }
 }

@@ -450,6 +450,9 @@ fn an_emulated_guests_vcpus_are_swapped_at_the_forced_rate_with_the_policy_out_o
         return;
     }
     let Some(kernel) = super::util::debian_kernel(test) else { return };
+    // A TCG guest takes every CPU it can: the other tests that run VMs must wait (their
+    // figures would be skewed, and so would its own).
+    let _vms = super::util::vm_lock();
     let guest = EmulatedGuest::boot(&kernel);
     let pid = guest.0.id().to_string();
     let balance = |hz: &str| {
