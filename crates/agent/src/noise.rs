@@ -9,7 +9,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use virtprof_host::osnoise::{run_periods, Clock, LoopConfig};
+use virtprof_host::osnoise::{run_periods, Clock, LoopConfig, Probe};
 use virtprof_model::guest::NoiseBatch;
 
 /// Periods buffered between the loops and the serving loop (a host that reads slowly, or
@@ -27,6 +27,8 @@ pub struct NoiseConfig {
     pub period_ns: u64,
     /// Measuring part of each period (the rest is left to the guest).
     pub runtime_ns: u64,
+    /// Run between every two reads (each step one VM exit).
+    pub probe: Probe,
 }
 
 /// The running loops.
@@ -70,6 +72,7 @@ impl NoiseLoops {
                 stop_single_ns: None,
                 stop_total_ns: None,
                 capacity: NoiseBatch::MAX_SAMPLES,
+                probe: config.probe,
             };
             let (tx, stop, since) = (tx.clone(), Arc::clone(&stop), Arc::clone(&since));
             let threshold_ns = config.threshold_ns;
@@ -149,8 +152,13 @@ mod tests {
     #[test]
     fn loops_hand_on_periods_with_samples_inside_their_windows() {
         let cpu = virtprof_host::affinity::allowed_cpus()[0];
-        let config =
-            NoiseConfig { cpus: vec![cpu], threshold_ns: 1_000, period_ns: 50_000_000, runtime_ns: 20_000_000 };
+        let config = NoiseConfig {
+            cpus: vec![cpu],
+            threshold_ns: 1_000,
+            period_ns: 50_000_000,
+            runtime_ns: 20_000_000,
+            probe: Probe::None,
+        };
         let loops = NoiseLoops::start(&config).unwrap();
         let mut got = Vec::new();
         while got.len() < 3 {
@@ -175,7 +183,13 @@ mod tests {
     #[test]
     fn periods_dropped_before_a_restart_are_not_counted_after_it() {
         let cpu = virtprof_host::affinity::allowed_cpus()[0];
-        let config = NoiseConfig { cpus: vec![cpu], threshold_ns: 1_000, period_ns: 2_000_000, runtime_ns: 1_000_000 };
+        let config = NoiseConfig {
+            cpus: vec![cpu],
+            threshold_ns: 1_000,
+            period_ns: 2_000_000,
+            runtime_ns: 1_000_000,
+            probe: Probe::None,
+        };
         let loops = NoiseLoops::start(&config).unwrap();
         // Nobody takes: the queue fills and later periods are dropped.
         std::thread::sleep(std::time::Duration::from_millis(3 * QUEUED_PERIODS as u64 * 2));
@@ -191,7 +205,13 @@ mod tests {
 
     #[test]
     fn a_cpu_not_allowed_is_refused() {
-        let config = NoiseConfig { cpus: vec![100_000], threshold_ns: 1_000, period_ns: 1_000_000, runtime_ns: 1 };
+        let config = NoiseConfig {
+            cpus: vec![100_000],
+            threshold_ns: 1_000,
+            period_ns: 1_000_000,
+            runtime_ns: 1,
+            probe: Probe::None,
+        };
         let e = NoiseLoops::start(&config).err().unwrap();
         assert!(e.to_string().contains("CPU 100000"), "{e}");
     }

@@ -371,6 +371,8 @@ pub struct PeriodSummary {
     pub available_pct: f64,
     /// Longest sample.
     pub max_single_ns: u64,
+    /// Shortest sample (None: no samples). With a probe, the cheapest exit seen from inside.
+    pub min_single_ns: Option<u64>,
     /// Samples.
     pub samples: u64,
     /// Interference occurrences per class.
@@ -385,6 +387,7 @@ pub fn summarize(runtime_ns: u64, samples: &[Sample]) -> PeriodSummary {
     for s in samples {
         p.noise_ns += s.len_ns;
         p.max_single_ns = p.max_single_ns.max(s.len_ns);
+        p.min_single_ns = Some(p.min_single_ns.map_or(s.len_ns, |m| m.min(s.len_ns)));
         p.counts.add(&s.counts);
         p.noise_ns_by_class.add(&s.ns);
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use virtprof_host::osnoise::Probe;
 
 const EXAMPLES: &str = "\
 EXAMPLES:
@@ -142,6 +143,20 @@ pub struct AgentArgs {
     /// uses) so the host can check the clock alignment against its kvm_pio events (root).
     #[arg(long, value_name = "PORT", value_parser = io_port)]
     pub marker_port: Option<u16>,
+    /// With --noise: run this between every two clock reads, so each step is one VM exit
+    /// timed from inside: `cpuid` (lightweight under KVM) or `inb:PORT` (an I/O port the VMM
+    /// emulates: heavyweight; root).
+    #[arg(long, value_name = "cpuid|inb:PORT", value_parser = probe, requires = "noise")]
+    pub noise_probe: Option<Probe>,
+}
+
+/// A noise-loop probe: `cpuid` or `inb:PORT`.
+pub fn probe(s: &str) -> Result<Probe, String> {
+    match s.strip_prefix("inb:") {
+        _ if s == "cpuid" => Ok(Probe::Cpuid),
+        Some(port) => io_port(port).map(Probe::Inb),
+        None => Err(format!("'{s}': cpuid, or inb:PORT (e.g. inb:0x3fd)")),
+    }
 }
 
 /// An I/O port: decimal or 0x hex, 0–65535.
@@ -1117,6 +1132,11 @@ pub struct NoiseArgs {
     /// --testvm: inject heavyweight exits at this rate (the VMM kicks the vCPU thread).
     #[arg(long, value_name = "HZ", default_value_t = 0)]
     pub inject_hz: u32,
+    /// In a VM: run this between every two clock reads, so each sample is one VM exit timed
+    /// from inside: `cpuid` (lightweight under KVM) or `inb:PORT` (a port the VMM emulates:
+    /// heavyweight; root). Samples then count exits, and min/average their cost.
+    #[arg(long, value_name = "cpuid|inb:PORT", value_parser = probe, conflicts_with_all = ["testvm", "host_recording"])]
+    pub probe: Option<Probe>,
 }
 
 /// The loop's clock.

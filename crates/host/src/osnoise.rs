@@ -3,6 +3,10 @@
 //! clock in a tight loop. A step between two reads longer than the threshold is a noise
 //! sample: the thread was kept from running for that long. Nothing is allocated or logged
 //! inside the loop; samples go into a buffer sized up front, handed on after each period.
+//!
+//! In a VM the loop can also run a [`Probe`] between its reads, an instruction that always
+//! exits to the hypervisor (seed 004's CPUID and I/O-port loops): every step is then one exit,
+//! timed from inside the guest.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -32,6 +36,53 @@ impl Clock {
             Clock::Tsc | Clock::MonoRaw => mono_raw_ns(),
         }
     }
+}
+
+/// An instruction run between every two clock reads, so that each step is one VM exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Probe {
+    /// Nothing: the plain noise loop.
+    #[default]
+    None,
+    /// CPUID leaf 0: intercepted by every x86 hypervisor and handled in its kernel (a
+    /// lightweight exit under KVM).
+    Cpuid,
+    /// A one-byte IN from this port, made by the kernel through `/dev/port`: emulated by the
+    /// VMM in user space (a heavyweight exit under KVM, for ports no in-kernel device claims).
+    /// Needs root.
+    Inb(u16),
+}
+
+impl std::fmt::Display for Probe {
+    /// As the command line takes it: `none`, `cpuid`, `inb:0x3fd`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Probe::None => write!(f, "none"),
+            Probe::Cpuid => write!(f, "cpuid"),
+            Probe::Inb(port) => write!(f, "inb:{port:#x}"),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpuid() {
+    // The result is not wanted, only the exit; black_box keeps the instruction.
+    std::hint::black_box(core::arch::x86_64::__cpuid(0));
+}
+
+/// `/dev/port` opened for an IN probe. The kernel makes the IN at CPL0 for a one-byte pread:
+/// that needs no per-thread I/O bitmap (`ioperm`), which kernels without
+/// CONFIG_X86_IOPL_IOPERM lack and one emulated nested bed here gets wrong (a user-mode IN
+/// faults there); the price is a system call in every step.
+fn open_port(port: u16) -> std::io::Result<std::fs::File> {
+    std::fs::File::open("/dev/port").map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!(
+                "/dev/port for the inb:{port:#x} probe: {e} (needs root or CAP_SYS_RAWIO, and an x86 kernel with CONFIG_DEVPORT)"
+            ),
+        )
+    })
 }
 
 /// Ask every loop of `virtprof noise` to stop at its next read.
@@ -65,6 +116,8 @@ pub struct LoopConfig {
     pub stop_total_ns: Option<u64>,
     /// Sample buffer size (per period when streaming, per run otherwise).
     pub capacity: usize,
+    /// Run between every two reads.
+    pub probe: Probe,
 }
 
 /// One period as the loop hands it on (times in clock units until converted).
@@ -202,15 +255,42 @@ pub fn run_periods(
     if config.fifo > 0 {
         set_fifo(config.fifo)?;
     }
-    // One monomorphized loop per clock: the read is inlined, not an indirect call.
-    let result = match config.clock {
-        Clock::Tsc => measure(config, ticks_per_ns, stop, on_period, tsc),
-        Clock::MonoRaw => measure(config, ticks_per_ns, stop, on_period, mono_raw_ns),
-        Clock::Mono => measure(config, ticks_per_ns, stop, on_period, crate::monotonic_ns),
+    let result = match config.probe {
+        Probe::None => on_clock(config, ticks_per_ns, stop, on_period, || {}),
+        #[cfg(target_arch = "x86_64")]
+        Probe::Cpuid => on_clock(config, ticks_per_ns, stop, on_period, cpuid),
+        Probe::Inb(port) => {
+            use std::os::unix::fs::FileExt;
+            let dev = open_port(port)?;
+            on_clock(config, ticks_per_ns, stop, on_period, move || {
+                // A failed read is still an exit taken (or none): the step says which.
+                let _ = dev.read_at(&mut [0u8], u64::from(port));
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Probe::Cpuid => {
+            return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "the CPUID probe is x86 only"))
+        }
     };
     // SAFETY: gettid has no preconditions.
     let tid = u32::try_from(unsafe { libc::gettid() }).unwrap_or(0);
     Ok((tid, result))
+}
+
+/// One monomorphized loop per clock and probe: the read and the probe are inlined, not
+/// indirect calls.
+fn on_clock(
+    config: LoopConfig,
+    ticks_per_ns: f64,
+    stop: &AtomicBool,
+    on_period: &mut dyn FnMut(Period),
+    probe: impl Fn(),
+) -> u64 {
+    match config.clock {
+        Clock::Tsc => measure(config, ticks_per_ns, stop, on_period, tsc, probe),
+        Clock::MonoRaw => measure(config, ticks_per_ns, stop, on_period, mono_raw_ns, probe),
+        Clock::Mono => measure(config, ticks_per_ns, stop, on_period, crate::monotonic_ns, probe),
+    }
 }
 
 fn measure(
@@ -219,6 +299,7 @@ fn measure(
     stop: &AtomicBool,
     on_period: &mut dyn FnMut(Period),
     read: impl Fn() -> u64,
+    probe: impl Fn(),
 ) -> u64 {
     let to_ticks = |ns: u64| saturating_u64(ns as f64 * ticks_per_ns);
     let threshold = to_ticks(config.threshold_ns);
@@ -238,6 +319,7 @@ fn measure(
         let (mut prev, mut total, mut iterations, mut dropped) = (first, 0u64, 0u64, 0u64);
         samples.clear();
         loop {
+            probe();
             let t = read();
             let step = t.wrapping_sub(prev);
             iterations += 1;
@@ -305,5 +387,71 @@ pub fn convert(r: &mut LoopResult, map: Option<&TscMap>) {
     }
     if r.min_step_ns != u64::MAX {
         r.min_step_ns = map.len_ns(r.min_step_ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 20 ms of one period on this thread's first allowed CPU, with no threshold.
+    fn every_step(probe: Probe) -> std::io::Result<LoopResult> {
+        let cpu = crate::affinity::allowed_cpus()[0];
+        let t0 = Clock::MonoRaw.base_ns();
+        let config = LoopConfig {
+            cpu,
+            clock: Clock::MonoRaw,
+            threshold_ns: 0,
+            t0_ns: t0,
+            period_ns: 20_000_000,
+            runtime_ns: 20_000_000,
+            periods: 1,
+            fifo: 0,
+            stop_single_ns: None,
+            stop_total_ns: None,
+            capacity: 1 << 16,
+            probe,
+        };
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| s.spawn(|| run_periods_into(config, &stop)).join().unwrap())
+    }
+
+    fn run_periods_into(config: LoopConfig, stop: &AtomicBool) -> std::io::Result<LoopResult> {
+        let mut r = LoopResult::default();
+        run_periods(config, 1.0, stop, &mut |p| {
+            r.periods.push((p.start, p.end, p.iterations));
+            r.samples.extend_from_slice(p.samples);
+            r.dropped += p.dropped;
+        })?;
+        Ok(r)
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn with_a_probe_every_step_holds_one_and_is_kept_or_counted() {
+        // With no threshold every step is a sample; whatever CPUID costs here, each
+        // iteration ran it once and none is lost from the count.
+        let r = every_step(Probe::Cpuid).unwrap();
+        let iterations = r.periods[0].2;
+        assert!(iterations > 0);
+        assert_eq!(r.samples.len() as u64 + r.dropped, iterations, "{} samples", r.samples.len());
+        let (start, end, _) = r.periods[0];
+        let within: u64 = r.samples.iter().map(|s| s.1).sum();
+        assert!(within <= end - start, "the steps tile the window: {within} of {}", end - start);
+    }
+
+    #[test]
+    fn an_inb_probe_without_dev_port_says_what_is_missing() {
+        if std::path::Path::new("/dev/port").exists() {
+            return;
+        }
+        let e = every_step(Probe::Inb(0x80)).unwrap_err().to_string();
+        assert!(e.contains("/dev/port") && e.contains("CONFIG_DEVPORT"), "{e}");
+    }
+
+    #[test]
+    fn probes_print_as_the_command_line_takes_them() {
+        let names: Vec<String> = [Probe::None, Probe::Cpuid, Probe::Inb(0x3fd)].iter().map(Probe::to_string).collect();
+        assert_eq!(names, ["none", "cpuid", "inb:0x3fd"]);
     }
 }

@@ -114,6 +114,9 @@ pub struct NoiseSummary {
     pub noise_ns: u64,
     /// The longest.
     pub max_single_ns: u64,
+    /// The shortest (None: no samples).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub min_single_ns: Option<u64>,
     /// Samples seen but not sent.
     pub dropped_samples: u64,
 }
@@ -127,6 +130,7 @@ impl NoiseSummary {
             samples: b.samples.len() as u64,
             noise_ns: b.noise_ns(),
             max_single_ns: b.samples.iter().map(|s| s.1).max().unwrap_or(0),
+            min_single_ns: b.samples.iter().map(|s| s.1).min(),
             dropped_samples: b.dropped,
         }
     }
@@ -138,6 +142,10 @@ impl NoiseSummary {
         self.samples += o.samples;
         self.noise_ns += o.noise_ns;
         self.max_single_ns = self.max_single_ns.max(o.max_single_ns);
+        self.min_single_ns = match (self.min_single_ns, o.min_single_ns) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.dropped_samples += o.dropped_samples;
     }
 

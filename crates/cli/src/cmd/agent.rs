@@ -86,7 +86,8 @@ fn noise_config(args: &AgentArgs) -> anyhow::Result<Option<NoiseConfig>> {
     if let Some(cpu) = cpus.0.iter().find(|c| !allowed.contains(c)) {
         return Err(usage(format!("--noise: CPU {cpu} is not one this agent may run on (allowed: {allowed:?})")));
     }
-    Ok(Some(NoiseConfig { cpus: cpus.0.clone(), threshold_ns, period_ns, runtime_ns }))
+    let probe = args.noise_probe.unwrap_or_default();
+    Ok(Some(NoiseConfig { cpus: cpus.0.clone(), threshold_ns, period_ns, runtime_ns, probe }))
 }
 
 /// A token file's first line (a secret: read with a size limit, never echoed).

@@ -161,6 +161,10 @@ fn noise_usage_errors_exit_2() {
         (&["noise", "--period", "1s", "--runtime", "2s"], "longer than --period"),
         (&["noise", "--testvm", "--hist"], "drop them with --testvm"),
         (&["noise", "--no-trace", "--stop-single", "1ms"], "cannot be used with"),
+        (&["noise", "--probe", "rdtsc"], "cpuid, or inb:PORT"),
+        (&["noise", "--probe", "inb:0x10000"], "0x10000"),
+        (&["noise", "--probe", "cpuid", "--testvm"], "cannot be used with"),
+        (&["agent", "--noise-probe", "cpuid"], "--noise"),
     ] {
         let out = virtprof().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");

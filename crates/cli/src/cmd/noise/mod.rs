@@ -22,7 +22,7 @@ use virtprof_trace::decode::Decoder;
 
 use crate::args::{NoiseArgs, NoiseClock};
 use crate::exit::usage;
-use virtprof_host::osnoise::{self as measure, Clock, LoopConfig, LoopResult, TscMap};
+use virtprof_host::osnoise::{self as measure, Clock, LoopConfig, LoopResult, Probe, TscMap};
 
 /// Settings common to both modes, validated.
 pub struct Settings {
@@ -43,6 +43,8 @@ pub struct Settings {
     pub trace: bool,
     /// Where a stop's trace snapshot goes.
     pub snapshot: PathBuf,
+    /// Run between every two clock reads.
+    pub probe: Probe,
 }
 
 /// What `noise` measures.
@@ -153,6 +155,7 @@ fn settings(args: &NoiseArgs) -> anyhow::Result<Settings> {
         fifo: args.fifo.unwrap_or(0),
         trace: !args.no_trace,
         snapshot: args.snapshot.clone(),
+        probe: args.probe.unwrap_or_default(),
     })
 }
 
@@ -219,6 +222,8 @@ pub struct NoiseReport {
     pub bucket_ns: u64,
     /// Was a trace recorded (else nothing is attributed)?
     pub traced: bool,
+    /// What ran between every two reads (`--probe`; null: nothing).
+    pub probe: Option<String>,
     /// Events the kernel lacks (their causes fall into hw / virtualization).
     pub missing_events: Vec<String>,
     pub lost_events: u64,
@@ -277,6 +282,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
         stop_single_ns: s.stop_single_ns,
         stop_total_ns: s.stop_total_ns,
         capacity: 1 << 20,
+        probe: s.probe,
     };
     steal_at.push(read_steal(&mut procstat));
     let results: Vec<anyhow::Result<LoopResult>> = std::thread::scope(|scope| {
@@ -396,6 +402,7 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
         runtime_ns: s.runtime_ns,
         bucket_ns: s.bucket_ns,
         traced,
+        probe: (s.probe != Probe::None).then(|| s.probe.to_string()),
         missing_events,
         lost_events,
         own_cpus,

@@ -93,6 +93,16 @@ pub fn table(r: &NoiseReport) -> String {
             t.samples
         );
     }
+    if let Some(probe) = &r.probe {
+        let _ = writeln!(s, "probe {probe} between every two reads: each sample is one exit timed from inside");
+        for c in &r.cpus {
+            let t = &c.total;
+            let average =
+                if t.samples == 0 { "-".to_string() } else { format!("{:.2}", us(t.noise_ns) / t.samples as f64) };
+            let min = t.min_single_ns.map_or_else(|| "-".to_string(), |m| format!("{:.2}", us(m)));
+            let _ = writeln!(s, "{:>4}  {} exits, average {average} us, min {min} us", c.cpu, t.samples);
+        }
+    }
     let _ = writeln!(s, "noise time by cause (us):");
     for c in &r.cpus {
         let n = &c.total.noise_ns_by_class;
@@ -119,7 +129,8 @@ pub fn table(r: &NoiseReport) -> String {
     }
     let loops: Vec<String> = r.cpus.iter().map(|c| format!("CPU {} {:.0} ns", c.cpu, c.loop_ns)).collect();
     let _ = writeln!(s, "loop period: {} (a gap must exceed the threshold to count)", loops.join(", "));
-    for c in r.cpus.iter().filter(|c| c.loop_ns * 2.0 > r.threshold_ns as f64) {
+    // With a probe every step is meant to be a sample.
+    for c in r.cpus.iter().filter(|c| r.probe.is_none() && c.loop_ns * 2.0 > r.threshold_ns as f64) {
         let _ = writeln!(
             s,
             "warning: CPU {}'s loop period ({:.0} ns) is over half the threshold: the loop's own steps count as noise; raise --threshold",

@@ -1,0 +1,166 @@
+#!/bin/sh
+# osnoise for VMs (seed 004), Tables 1-2, Fig. 17, Figs. 22-24 on a real kvm_amd host: the
+# nested-SVM bed's L1 runs a real Linux guest (Debian's kernel, L2 under QEMU-KVM, 2 CPUs,
+# ptp_kvm and vsock) whose `virtprof` measures from inside while L1's `virtprof record` traces.
+#
+#   probes       one L2 boot. Table 2: `noise --probe cpuid` and `--probe inb:0x3fd` on L2's
+#                CPU 1 (each step between two clock reads one exit) with L1 not tracing, then
+#                again while L1 records. Table 1: `agent --noise 1 --noise-probe ...` while L1
+#                records it: the exits timed from inside, beside L1's kvm_exit->kvm_entry.
+#   untuned/...  Figs. 17, 22-24: the plain noise loop (`agent --noise 1`) on L2's CPU 1 while
+#                L1 records, in four setups: no tuning; guest isolation (L2 isolcpus=1); host
+#                isolation (L1 isolcpus=1, L2's CPU 1 thread alone on L1's CPU 1, its other
+#                threads on CPU 0); both.
+#
+#   sh benches/papers/osnoise.sh [OUT]      (default target/papers/osnoise)
+#
+# One L1 boot per job, so a broken emulated L1 costs one job; run again into the same OUT, it
+# keeps the jobs it has and does the rest. VIRTPROF: the binary (default target/release/virtprof,
+# built when missing). SECONDS_TRACED (default 10): how long L1 records each noise setup.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=$(realpath -m "${1:-$root/target/papers/osnoise}")
+traced=${SECONDS_TRACED:-10}
+virtprof=${VIRTPROF:-$root/target/release/virtprof}
+mkdir -p "$out"
+[ -x "$virtprof" ] || cargo build --release -q -p virtprof-cli --manifest-path "$root/Cargo.toml"
+
+# L2's initramfs: virtprof, busybox and the job script below, with the vsock and PTP modules.
+l2job=$(mktemp "${TMPDIR:-/tmp}/osnoise-l2.XXXXXX")
+initrd=$out/.l2.cpio
+trap 'rm -f "$l2job" "$initrd"' EXIT
+cat > "$l2job" <<'L2'
+#!/tmp/busybox sh
+# In L2: what the kernel command line's l2_mode= asks for. Each JSON document sits between
+# L2-JSON-BEGIN NAME and L2-JSON-END NAME; L2-PHASE lines tell L1 what comes next.
+b=/tmp/busybox
+mode=$($b sed -n 's/.*l2_mode=\([a-z]*\).*/\1/p' /proc/cmdline)
+json() {
+    name=$1
+    shift
+    echo "L2-JSON-BEGIN $name"
+    /virtprof "$@"
+    echo "L2-JSON-END $name"
+}
+agent() {
+    echo "L2-PHASE agent-$1"
+    shift
+    /virtprof agent --listen vsock:9478 --sessions 1 --interval 100ms --noise 1 "$@" > /dev/null
+}
+probe_loop() {
+    json "$1-$2" noise --probe "$2" --no-trace --cpus 1 --duration 3s --period 1s --threshold 1us --json
+}
+case $mode in
+probes)
+    for p in cpuid inb:0x3fd; do probe_loop untraced "$p"; done
+    agent cpuid --noise-probe cpuid --noise-period 500ms --noise-runtime 50ms --noise-threshold 1us
+    agent inb --noise-probe inb:0x3fd --noise-period 500ms --noise-runtime 50ms --noise-threshold 1us
+    echo "L2-PHASE traced"
+    # L1 starts recording when it reads the line above; its start-up is given time.
+    $b sleep 15
+    for p in cpuid inb:0x3fd; do probe_loop traced "$p"; done
+    ;;
+noise)
+    agent noise --noise-period 1s --noise-runtime 900ms --noise-threshold 5us
+    ;;
+esac
+echo "L2-PHASE done"
+L2
+FILES="/bin/busybox:tmp/busybox $l2job:tmp/l2job.sh" MODULES="virtio_pci vmw_vsock_virtio_transport ptp_kvm" \
+    bash "$root/scripts/debian-kernel/guest-initrd.sh" "$virtprof" "$initrd" 2> /dev/null
+
+# In L1, for each L2 boot: boot it, follow its console, record what each phase needs.
+l1_helpers='
+wait_line() { # FILE PATTERN [COUNT]: until PATTERN shows COUNT times (L2 gone: give up)
+    for i in $(seq 600); do
+        [ "$(grep -c "$2" "$1")" -ge "${3:-1}" ] && return 0
+        kill -0 "$l2" 2> /dev/null || return 1
+        sleep 1
+    done
+    return 1
+}
+boot_l2() { # NAME MODE GUEST_APPEND HOST_ISOLATED
+    console=/out/$1.console
+    qemu-system-x86_64 -enable-kvm -cpu host -m 512M -smp 2 -nographic -no-reboot -nodefaults \
+        -serial stdio -net none -name l2guest,debug-threads=on -device vhost-vsock-pci,guest-cid=3 \
+        -kernel /bed/l2/vmlinuz -initrd /host'"$initrd"' \
+        -append "console=ttyS0 panic=-1 quiet l2_mode=$2 $3 -- /tmp/busybox sh /tmp/l2job.sh" > "$console" 2>&1 &
+    l2=$!
+    for i in $(seq 60); do grep -q "^CPU 1/KVM$" /proc/$l2/task/*/comm 2> /dev/null && break; sleep 1; done
+    vcpu1=$(grep -l "^CPU 1/KVM$" /proc/$l2/task/*/comm | cut -d/ -f5)
+    echo "$vcpu1" > /out/$1.vcpu1.tid
+    if [ "$4" = yes ]; then
+        # Host isolation: every QEMU thread on CPU 0, the one running L2 CPU 1 alone on CPU 1.
+        for t in /proc/$l2/task/*; do taskset -p 1 "${t##*/}" > /dev/null; done
+        taskset -p 2 "$vcpu1" > /dev/null
+    fi
+}
+record_phase() { # NAME PHASE [LISTENING_COUNT]: record the agent of that phase
+    wait_line "$console" "L2-PHASE $2" || hang-guard --broken "L2 never reached $2"
+    wait_line "$console" "listening on" "${3:-1}" || hang-guard --broken "L2 agent of $2 did not start"
+    hang-guard 300 virtprof record -o /out/$1.vprec -d '"$traced"'s --agent vsock:3:9478 --agent-wait 120s \
+        2> /out/$1.record.log
+}
+end_l2() {
+    wait_line "$console" "L2-PHASE done" || true
+    for i in $(seq 60); do kill -0 $l2 2> /dev/null || break; sleep 1; done
+    kill $l2 2> /dev/null || true
+    wait || true
+}
+'
+
+# One L1 boot: $1 job name, $2 L1's extra command line, $3 the job's own lines.
+run_job() {
+    [ -s "$out/$1.done" ] && return 0
+    job=$(mktemp "${TMPDIR:-/tmp}/osnoise-job.XXXXXX")
+    bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
+    { echo "set -e"; echo "$l1_helpers"; echo "$3"; echo "date > /out/$1.done"; } > "$job"
+    echo "osnoise.sh: $1: L1 boot (append '$2')" >&2
+    BED_OUT=$bed_out BED_APPEND="clocksource=tsc tsc=reliable $2" VIRTPROF=$virtprof \
+        bash "$root/scripts/nested-svm/bed.sh" run -t 2400 "$job" > "$out/$1.bed.log" 2>&1 ||
+        echo "osnoise.sh: $1 failed in the bed: see $out/$1.bed.log" >&2
+    for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
+    rm -rf "$job" "$bed_out"
+}
+
+run_job probes "" '
+boot_l2 probes probes "" no
+record_phase agent-cpuid agent-cpuid 1
+record_phase agent-inb agent-inb 2
+wait_line "$console" "L2-PHASE traced" || hang-guard --broken "L2 never reached its traced probes"
+hang-guard 300 virtprof record -o /out/probes-traced.vprec -d 40s 2> /out/probes-traced.record.log
+end_l2
+'
+run_job host-untuned "" '
+boot_l2 untuned noise "" no
+record_phase untuned agent-noise
+end_l2
+boot_l2 guest-isolated noise "isolcpus=1" no
+record_phase guest-isolated agent-noise
+end_l2
+'
+run_job host-isolated "isolcpus=1" '
+boot_l2 host-isolated noise "" yes
+record_phase host-isolated agent-noise
+end_l2
+boot_l2 both-isolated noise "isolcpus=1" yes
+record_phase both-isolated agent-noise
+end_l2
+'
+
+# What virtprof makes of each recording.
+for rec in "$out"/*.vprec; do
+    [ -e "$rec" ] || continue
+    base=${rec%.vprec}
+    [ -s "$base.exits.json" ] && [ "$base.exits.json" -nt "$rec" ] && continue
+    "$virtprof" exits --json --vcpu 1 "$rec" > "$base.exits.json" 2> "$base.exits.err" || rm -f "$base.exits.json"
+    case $(basename "$base") in
+    probes-traced) ;;
+    *) "$virtprof" noise --host-recording "$rec" --json > "$base.noise.json" 2> "$base.noise.err" || rm -f "$base.noise.json" ;;
+    esac
+done
+
+echo "## osnoise for VMs (seed 004) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d)"
+echo
+python3 "$here/osnoise_table.py" "$out"
