@@ -46,11 +46,10 @@ impl NoiseLoops {
     /// the calling thread off them where it can: the agent's own work must not be the noise
     /// it measures.
     pub fn start(config: &NoiseConfig) -> std::io::Result<NoiseLoops> {
-        let allowed = virtprof_host::affinity::allowed_cpus();
-        if let Some(cpu) = config.cpus.iter().find(|c| !allowed.contains(c)) {
+        if let Some(cpu) = config.cpus.iter().find(|&&c| !virtprof_host::affinity::can_pin(c)) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
-                format!("CPU {cpu} is not one this process may run on (allowed: {allowed:?})"),
+                format!("CPU {cpu}: this process cannot pin a thread there (not online, or outside its cpuset)"),
             ));
         }
         let (tx, periods) = sync_channel(QUEUED_PERIODS);

@@ -43,6 +43,13 @@ pub fn allowed_cpus() -> Vec<u32> {
     get(0).unwrap_or_default()
 }
 
+/// Whether a thread of this process can be pinned to `cpu`. A CPU outside the process's own
+/// mask may still be one: `isolcpus=` takes a CPU out of every task's default mask, and that
+/// CPU is just where a noise loop is meant to run.
+pub fn can_pin(cpu: u32) -> bool {
+    std::thread::scope(|s| s.spawn(|| set(0, &[cpu]).is_ok()).join().unwrap_or(false))
+}
+
 /// Ask for SCHED_FIFO priority 1 for the calling thread: a sampler or actuator that wakes late
 /// blurs its intervals, while the few microseconds it runs per wake-up cost the same either
 /// way. Busy vCPU threads otherwise delay its wake-ups by whole scheduler slices. Without the
@@ -84,6 +91,21 @@ mod tests {
         assert_eq!(pinned, all[..1]);
         assert_eq!(released, all);
         assert!(set(0, &[u32::MAX]).is_err());
+    }
+
+    #[test]
+    fn a_cpu_outside_the_mask_is_still_one_to_pin_to_and_the_mask_stays() {
+        // As isolcpus= leaves it: the process's mask lacks a CPU it may still be pinned to.
+        let all = get(0).unwrap();
+        let handle = std::thread::spawn(move || {
+            set(0, &all[..1]).unwrap();
+            let pinnable: Vec<bool> = all.iter().map(|&c| can_pin(c)).collect();
+            (pinnable, get(0).unwrap(), can_pin(4096), all)
+        });
+        let (pinnable, mask, beyond, all) = handle.join().unwrap();
+        assert!(pinnable.iter().all(|&p| p), "{all:?}: {pinnable:?}");
+        assert_eq!(mask, all[..1], "the caller's own mask is not touched");
+        assert!(!beyond);
     }
 
     #[test]

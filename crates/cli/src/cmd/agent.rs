@@ -82,9 +82,11 @@ fn noise_config(args: &AgentArgs) -> anyhow::Result<Option<NoiseConfig>> {
             format_duration_ns(period_ns)
         )));
     }
-    let allowed = virtprof_host::affinity::allowed_cpus();
-    if let Some(cpu) = cpus.0.iter().find(|c| !allowed.contains(c)) {
-        return Err(usage(format!("--noise: CPU {cpu} is not one this agent may run on (allowed: {allowed:?})")));
+    // An isolcpus= CPU is in no task's default mask, yet pinning there is the point.
+    if let Some(cpu) = cpus.0.iter().find(|&&c| !virtprof_host::affinity::can_pin(c)) {
+        return Err(usage(format!(
+            "--noise: CPU {cpu}: this agent cannot pin a thread there (not online, or outside its cpuset)"
+        )));
     }
     let probe = args.noise_probe.unwrap_or_default();
     Ok(Some(NoiseConfig { cpus: cpus.0.clone(), threshold_ns, period_ns, runtime_ns, probe }))

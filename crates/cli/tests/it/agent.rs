@@ -488,7 +488,7 @@ fn an_agent_on_this_host_sends_its_application_counters_and_a_lost_agent_is_a_re
         (vec!["agent", "--listen", "udp:1"], "unknown transport"),
         (vec!["record", "-o", "/tmp/x.vprec", "--agent", "tcp:127.0.0.1:1"], "--agent-token-file"),
         (vec!["record", "-o", "/tmp/x.vprec", "--agent", "vsock:3:1", "--clock", "local"], "mono"),
-        (vec!["agent", "--noise", "4096"], "CPU 4096 is not one this agent may run on"),
+        (vec!["agent", "--noise", "4096"], "CPU 4096: this agent cannot pin a thread there"),
         (vec!["agent", "--noise", "0", "--noise-period", "1s", "--noise-runtime", "2s"], "--noise-runtime 2s"),
         (vec!["noise", "--host-recording", rec.to_str().unwrap()], "no guest noise samples"),
     ] {
