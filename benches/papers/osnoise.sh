@@ -16,12 +16,13 @@
 #
 # One L1 boot per job, so a broken emulated L1 costs one job; run again into the same OUT, it
 # keeps the jobs it has and does the rest. VIRTPROF: the binary (default target/release/virtprof,
-# built when missing). SECONDS_TRACED (default 10): how long L1 records each noise setup.
+# built when missing). SECONDS_TRACED (default 10): how long L1 records each noise setup;
+# RUNS (default 3): runs of each setup.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=$(realpath -m "${1:-$root/target/papers/osnoise}")
-traced=${SECONDS_TRACED:-10}
+traced=${SECONDS_TRACED:-10} runs=${RUNS:-3}
 virtprof=${VIRTPROF:-$root/target/release/virtprof}
 mkdir -p "$out"
 [ -x "$virtprof" ] || cargo build --release -q -p virtprof-cli --manifest-path "$root/Cargo.toml"
@@ -132,22 +133,27 @@ wait_line "$console" "L2-PHASE traced" || hang-guard --broken "L2 never reached 
 hang-guard 300 virtprof record -o /out/probes-traced.vprec -d 40s 2> /out/probes-traced.record.log
 end_l2
 '
-run_job host-untuned "" '
-boot_l2 untuned noise "" no
-record_phase untuned agent-noise
+# The four noise setups, RUNS times each (one L1 boot per run and host tuning).
+i=1
+while [ "$i" -le "$runs" ]; do
+    run_job "host-untuned-$i" "" "
+boot_l2 untuned-$i noise '' no
+record_phase untuned-$i agent-noise
 end_l2
-boot_l2 guest-isolated noise "isolcpus=1" no
-record_phase guest-isolated agent-noise
+boot_l2 guest-isolated-$i noise isolcpus=1 no
+record_phase guest-isolated-$i agent-noise
 end_l2
-'
-run_job host-isolated "isolcpus=1" '
-boot_l2 host-isolated noise "" yes
-record_phase host-isolated agent-noise
+"
+    run_job "host-isolated-$i" "isolcpus=1" "
+boot_l2 host-isolated-$i noise '' yes
+record_phase host-isolated-$i agent-noise
 end_l2
-boot_l2 both-isolated noise "isolcpus=1" yes
-record_phase both-isolated agent-noise
+boot_l2 both-isolated-$i noise isolcpus=1 yes
+record_phase both-isolated-$i agent-noise
 end_l2
-'
+"
+    i=$((i + 1))
+done
 
 # What virtprof makes of each recording.
 for rec in "$out"/*.vprec; do
@@ -163,4 +169,4 @@ done
 
 echo "## osnoise for VMs (seed 004) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d)"
 echo
-python3 "$here/osnoise_table.py" "$out"
+python3 "$here/osnoise_table.py" "$out" "$runs"

@@ -1,6 +1,6 @@
 """The osnoise-for-VMs study's tables from its runs (benches/papers/osnoise.sh writes them).
 
-    python3 benches/papers/osnoise_table.py OUT
+    python3 benches/papers/osnoise_table.py OUT [RUNS]
 
 Table 1: exits timed from inside L2 (`agent --noise-probe`, each step between two clock reads
 one exit; OUT/agent-{cpuid,inb}.noise.json) beside L1's kvm_exit->kvm_entry of the same vCPU
@@ -89,10 +89,10 @@ def table1(out):
         # Samples are named by the exit in them: a heavyweight one by its way out to the VMM.
         named = {"cpuid": "cpuid", "inb": "KVM_EXIT_IO"}[name]
         explained = cpu.get("exit_reasons", {}).get(named, 0)
-        unexplained = cpu.get("by_cause", {}).get("unexplained", {}).get("samples", 0)
+        outside = cpu.get("outside_trace_samples", 0)
         bound = f"±{us(guest['median_bound_ns'])} (max ±{us(guest['max_bound_ns'])})"
         print(f"| {label} | {n}, {avg} ns, {mn} ns | {inside} | {by_host} | {explained} of {s['samples']} "
-              f"({unexplained} with no host event) | {bound} |")
+              f"({outside} before the trace began) | {bound} |")
     print()
 
 
@@ -116,58 +116,88 @@ def table2(out):
     print()
 
 
-def fig17(out):
+def runs_of(out, name, runs):
+    """(run, OUT/NAME-RUN.noise.json's CPU, OUT/NAME-RUN.exits.json) of the runs that have both."""
+    got = []
+    for i in range(1, runs + 1):
+        cpu, _ = cpu_noise(out, f"{name}-{i}")
+        exits = exits_of(out, f"{name}-{i}")
+        if cpu and exits:
+            got.append((i, cpu, exits))
+    return got
+
+
+def spread(values, fmt="{:.1f}"):
+    """Median and range of VALUES as text."""
+    v = sorted(values)
+    if not v:
+        return "-"
+    median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    return fmt.format(median) + (f" ({fmt.format(v[0])}–{fmt.format(v[-1])})" if len(v) > 1 else "")
+
+
+def fig17(out, runs):
     print("### Fig. 17: lightweight and heavyweight exits of the vCPU running the noise loop")
     print()
-    print("| setup | exits | lightweight | heavyweight | top reasons |")
-    print("|---|---|---|---|---|")
+    print("Median (range) over the runs of each setup; every exit of L2's CPU 1 while L1 recorded.")
+    print()
+    print("| setup | runs | exits | lightweight % | heavyweight % | top reasons (first run) |")
+    print("|---|---|---|---|---|---|")
     for name, label in SETUPS:
-        e = exits_of(out, name)
-        if not e:
-            print(f"| {label} | (no run) | | | |")
+        got = runs_of(out, name, runs)
+        if not got:
+            print(f"| {label} | 0 | | | | |")
             continue
-        t = e["totals"]
-        n = max(t["exits"], 1)
-        heavy = "unknown" if t.get("heavyweight") is None else f"{t['heavyweight']} ({100 * t['heavyweight'] / n:.1f} %)"
-        top = ", ".join(f"{r['reason']} {r['count']}" for r in e["by_reason"][:4])
-        print(f"| {label} | {t['exits']} | {t['lightweight']} ({100 * t['lightweight'] / n:.1f} %) | {heavy} | {top} |")
+        totals = [e["totals"] for _, _, e in got]
+        light = [100 * t["lightweight"] / max(t["exits"], 1) for t in totals]
+        heavy = [100 * t["heavyweight"] / max(t["exits"], 1) for t in totals if t.get("heavyweight") is not None]
+        top = ", ".join(f"{r['reason']} {r['count']}" for r in got[0][2]["by_reason"][:4])
+        print(f"| {label} | {len(got)} | {spread([t['exits'] for t in totals], '{:.0f}')} | {spread(light)} "
+              f"| {spread(heavy) if heavy else 'unknown'} | {top} |")
     print()
 
 
-def figs22_24(out):
+def figs22_24(out, runs):
     print("### Figs. 22-24: steal and hypervisor noise on L2's CPU 1 by setup")
     print()
-    print("| setup | measured s | noise µs (% avail) | max single µs | steal µs (host trace) | hypervisor µs "
-          "(light / heavy) | explained % | who took the CPU (µs) |")
+    print("Median (range) over the runs; ms over about 10 s of the noise loop (900 ms of every 1 s).")
+    print()
+    print("| setup | noise ms | % available | max single ms | steal ms (host trace) | hypervisor ms | "
+          "explained % | who took the vCPU's CPU (ms, all runs) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, label in SETUPS:
-        cpu, _ = cpu_noise(out, name)
-        if cpu is None:
+        got = runs_of(out, name, runs)
+        if not got:
             print(f"| {label} | (no run) | | | | | | |")
             continue
-        s, by = cpu, cpu.get("by_cause", {})
-        light, heavy = by.get("hyp_lw", {}).get("ns", 0), by.get("hyp_hw", {}).get("ns", 0)
-        who = ", ".join(f"{k} {v / 1000:.0f}" for k, v in sorted(cpu.get("preemptors", {}).items(),
-                                                                   key=lambda kv: -kv[1])[:3]) or "-"
-        print(f"| {label} | {s['measured_ns'] / 1e9:.2f} | {us(s['noise_ns'])} ({cpu['available_pct']:.3f} %) "
-              f"| {us(s['max_single_ns'])} | {us(cpu['host_steal_ns'])} | {us(light + heavy)} ({us(light)} / {us(heavy)}) "
-              f"| {cpu['explained_pct']:.1f} | {who} |")
+        cpus = [c for _, c, _ in got]
+        hyp = [sum(c["by_cause"].get(k, {}).get("ns", 0) for k in ("hyp_lw", "hyp_hw", "hyp")) / 1e6 for c in cpus]
+        who = {}
+        for c in cpus:
+            for k, v in c.get("preemptors", {}).items():
+                who[k] = who.get(k, 0) + v
+        top = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(who.items(), key=lambda kv: -kv[1])[:4]) or "-"
+        print(f"| {label} | {spread([c['noise_ns'] / 1e6 for c in cpus])} | {spread([c['available_pct'] for c in cpus])} "
+              f"| {spread([c['max_single_ns'] / 1e6 for c in cpus], '{:.2f}')} | {spread([c['host_steal_ns'] / 1e6 for c in cpus])} "
+              f"| {spread(hyp)} | {spread([c['explained_pct'] for c in cpus])} | {top} |")
+    print()
+    print("What explains the samples, by run:")
     print()
     for name, label in SETUPS:
-        cpu, _ = cpu_noise(out, name)
-        if cpu:
-            causes = ", ".join(f"{k} {v['samples']} samples {v['ns'] / 1000:.0f} µs" for k, v in cpu["by_cause"].items())
+        for i, cpu, _ in runs_of(out, name, runs):
+            causes = ", ".join(f"{k} {v['samples']} samples {v['ns'] / 1e6:.1f} ms" for k, v in cpu["by_cause"].items())
             reasons = ", ".join(f"{k} {v}" for k, v in sorted(cpu["exit_reasons"].items(), key=lambda kv: -kv[1])[:5])
-            print(f"- {label}: {causes}; exits explaining samples: {reasons or 'none'}")
+            print(f"- {label}, run {i}: {causes}; exits in samples: {reasons or 'none'}")
     print()
 
 
 def main():
     out = sys.argv[1]
+    runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     table1(out)
     table2(out)
-    fig17(out)
-    figs22_24(out)
+    fig17(out, runs)
+    figs22_24(out, runs)
 
 
 if __name__ == "__main__":

@@ -48,9 +48,20 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let analysis = analyse(&mut recording, want)?;
             let (first, _) = analysis.span_ns.unwrap_or((0, 0));
             let table = analysis.table.as_ref();
-            let origin_ns = table.and_then(|t| t.start_ns.first().copied()).map_or(first, |s| s.min(first));
             let guests: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
             let guest_noise: Vec<_> = recording.guests.iter().flat_map(|g| g.placed_noise()).collect();
+            // Time 0 is the earliest thing drawn: an agent's first row or noise period can begin
+            // before the trace does, and Perfetto takes no negative times.
+            let origin_ns = [
+                Some(first),
+                table.and_then(|t| t.start_ns.first().copied()),
+                guests.iter().filter_map(|l| l.rows.first().map(|r| r.start_ns)).min(),
+                guest_noise.iter().filter_map(|n| n.samples.iter().map(|s| s.0).min()).min(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(first);
             let guest_traces = match &args.guest {
                 Some(path) => vec![guest_machine(&recording, path)?],
                 None => Vec::new(),

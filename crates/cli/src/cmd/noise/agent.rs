@@ -58,6 +58,8 @@ pub struct CpuNoise {
     pub available_pct: f64,
     /// Samples that could not be placed on the host's clock (no clock point).
     pub unplaced_samples: u64,
+    /// Samples placed before the trace's first event or after its last: not explained.
+    pub outside_trace_samples: u64,
     /// The guest's own steal for that CPU over the whole recording (/proc/stat, 10 ms ticks).
     pub guest_steal_ns: Option<u64>,
     /// The host's account of the samples.
@@ -109,7 +111,12 @@ pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseRepor
         candidates.iter().flat_map(|(_, fits)| fits.iter().flat_map(|(_, t)| t.iter().map(|&(_, tid)| tid))).collect();
     // The vCPU threads' events and host interrupts: the rest of a long recording is skipped.
     let mut events = Vec::new();
+    // What the trace covers: a sample outside it (the agent's first period began before the
+    // trace did, or its last ended after) has no host events to explain it, which is not the
+    // same as a host that saw nothing.
+    let mut span = (u64::MAX, 0u64);
     let mut keep = |e: &Event, _: &dyn Names| {
+        span = (span.0.min(e.ts), span.1.max(e.ts));
         let wanted = match e.kind {
             EventKind::SchedSwitch { prev_tid, next_tid, .. } => tids.contains(&prev_tid) || tids.contains(&next_tid),
             EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } | EventKind::SoftirqEntry { .. } => true,
@@ -157,7 +164,9 @@ pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseRepor
             let first_cpu = |tid: u32| events.iter().find(|e| e.tid == tid).map_or(0, |e| e.cpu);
             let cpus = threads
                 .into_iter()
-                .map(|(cpu, tid)| explain_cpu(g, cpu, tid, &HostView::new(&events, tid, first_cpu(tid)), &decoder))
+                .map(|(cpu, tid)| {
+                    explain_cpu(g, cpu, tid, &HostView::new(&events, tid, first_cpu(tid)), span, &decoder)
+                })
                 .collect();
             GuestNoise {
                 agent: g.agent,
@@ -239,6 +248,7 @@ fn explain_cpu(
     cpu: u32,
     vcpu_tid: u32,
     host: &HostView,
+    (traced_from, traced_to): (u64, u64),
     decoder: &virtprof_trace::decode::Decoder,
 ) -> CpuNoise {
     let mut c = CpuNoise {
@@ -248,6 +258,7 @@ fn explain_cpu(
         noise: NoiseSummary::default(),
         available_pct: 100.0,
         unplaced_samples: 0,
+        outside_trace_samples: 0,
         guest_steal_ns: guest_steal(g, cpu),
         host: Explanation::new(),
     };
@@ -256,6 +267,9 @@ fn explain_cpu(
         c.noise.add(&NoiseSummary::of(b));
         for &(start, len) in &b.samples {
             match g.alignment.to_host(start) {
+                Some((host_start, _)) if host_start < traced_from || host_start + len > traced_to => {
+                    c.outside_trace_samples += 1
+                }
                 Some((host_start, bound)) => c.host.add(len, &host.attribute(host_start, len, bound), decoder),
                 None => c.unplaced_samples += 1,
             }
@@ -339,6 +353,13 @@ pub fn table(r: &AgentNoiseReport) -> String {
                     s,
                     "    warning: the guest kept {} samples from us (its per-period cap)",
                     c.noise.dropped_samples
+                );
+            }
+            if c.outside_trace_samples > 0 {
+                let _ = writeln!(
+                    s,
+                    "    note: {} samples fell outside the host's trace (before it began or after it ended): not explained",
+                    c.outside_trace_samples
                 );
             }
             if c.unplaced_samples > 0 {
