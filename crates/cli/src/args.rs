@@ -77,16 +77,17 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-WHAT IT SENDS, per interval: per-CPU time from /proc/stat (steal included), /proc/schedstat run and wait,
-/proc/interrupts per line, page-fault and swap counters from /proc/vmstat, perf software counters per CPU
-(--perf; hardware ones where the guest has a vPMU), and every application counter file (--counters; see
-docs/agent.md, include/virtprof_counters.h, examples/counters.py). Hosts come and go; the agent stays.
+WHAT IT SENDS, per interval: per-CPU time from /proc/stat (steal included), /proc/schedstat run
+and wait, /proc/interrupts per line, page-fault and swap counters from /proc/vmstat, perf software
+counters per CPU (--perf; hardware ones where the guest has a vPMU), and every application counter
+file (--counters; see docs/agent.md, include/virtprof_counters.h, examples/counters.py). Hosts come
+and go; the agent stays.
 
-NOISE: --noise CPUS runs the OS-noise loop of `virtprof noise` on those guest CPUs (on CLOCK_MONOTONIC,
-the clock its rows are aligned by) and sends every sample; on the host, `virtprof noise
---host-recording run.vprec` explains each one by the host's trace: the vCPU thread preempted (steal),
-a VM exit (hypervisor), a host IRQ, or nothing the host saw (hardware). The loop takes its CPUs for
---noise-runtime of every --noise-period.
+NOISE: --noise CPUS runs the OS-noise loop of `virtprof noise` on those guest CPUs (on
+CLOCK_MONOTONIC, the clock its rows are aligned by) and sends every sample; on the host, `virtprof
+noise --host-recording run.vprec` explains each one by the host's trace: the vCPU thread preempted
+(steal), a VM exit (hypervisor), a host IRQ, or nothing the host saw (hardware). The loop takes its
+CPUs for --noise-runtime of every --noise-period.
 
 TRANSPORTS:
   vsock:PORT       AF_VSOCK (the VMM's vhost-vsock); the host records with --agent vsock:CID:PORT
@@ -100,8 +101,9 @@ EXAMPLES:
   virtprof record -o run.vprec --agent vsock:3:9478 -d 30s      on the host (guest CID 3)
   virtprof agent --listen serial:virtprof --interval 100ms
   virtprof agent --listen tcp:0.0.0.0:9478 --token-file /etc/virtprof.token
-  virtprof agent --noise 1 --noise-runtime 900ms                 guest CPU 1's noise, for the host to explain
-  virtprof agent --marker-port 0xe9                              markers the host's kvm_pio check the clock by
+  virtprof agent --noise 1 --noise-runtime 900ms                 guest CPU 1's noise, for the host
+  virtprof agent --noise 1 --noise-probe cpuid                   each noise sample one CPUID exit
+  virtprof agent --marker-port 0xe9                              markers for the host's clock check
   virtprof report run.vprec                                      guest layers beside the host's")]
 pub struct AgentArgs {
     /// Where to wait for the host: vsock:PORT, serial:NAME|PATH or tcp:ADDR:PORT.
@@ -214,7 +216,7 @@ EXAMPLES:
   virtprof testvm --workload compute --vms 2 --pin 0 --duration 2s
   virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json
   virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
-  virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one exit to the VMM per halt")]
+  virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one VMM exit per halt")]
 pub struct TestvmArgs {
     /// What every vCPU runs.
     #[arg(short, long, value_name = "WORKLOAD", default_value = "compute")]
@@ -291,10 +293,10 @@ pub struct StatsArgs {
 #[command(after_help = "\
 EXAMPLES:
   virtprof import /tmp/tracefs-dump -o run.vprec     a directory laid out like /sys/kernel/tracing
-  virtprof import trace.dat -o run.vprec             trace-cmd output (version 6 or 7; zstd, zlib or none)
+  virtprof import trace.dat -o run.vprec             trace-cmd output (v6 or v7; zstd, zlib or none)
   virtprof import tsc.dat --tsc-khz 2893202 -o run.vprec
                                                      a trace.dat in TSC cycles, without TSC2NSEC
-  virtprof import perf.data -o run.vprec             perf record -e 'kvm:*' ... / perf kvm stat record
+  virtprof import perf.data -o run.vprec             perf record -e 'kvm:*' / perf kvm stat record
   virtprof import trace.txt --formats /sys/kernel/tracing -o run.vprec
                                                      ftrace text (timestamps keep microseconds)")]
 pub struct ImportArgs {
@@ -354,14 +356,15 @@ threads by process, by the trace.dat's GUEST option, or by their vCPU indexes (G
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
   virtprof exits run.vprec                       per reason
-  virtprof exits trace.dat                       a trace-cmd capture (v6/v7, zstd/zlib/none), read directly
+  virtprof exits trace.dat                       a trace-cmd capture (v6/v7, any compression)
   virtprof exits perf.data                       perf record -e 'kvm:*' or perf kvm stat record
   virtprof exits run.vprec --by vcpu --json
-  virtprof exits run.vprec --threshold-us 50     every exit longer than 50 us, with what ran meanwhile
+  virtprof exits run.vprec --threshold-us 50     every exit over 50 us, with what ran meanwhile
   virtprof exits run.vprec --noise --csv         one vm_noise row per exit
   virtprof exits host.dat --guest guest.dat --threshold-us 1000
-                                                 a trace-cmd host+guest pair: the guest's last events
-                                                 before each exit over 1 ms, on the host's clock")]
+                                                 a trace-cmd host+guest pair: the guest's last
+                                                 events before each exit over 1 ms, on the host's
+                                                 clock")]
 pub struct ExitsArgs {
     /// A recording (`virtprof record`/`import`), or a capture `import` reads: trace.dat,
     /// perf.data, tracefs dump, ftrace text (with --formats). Without it, record live.
@@ -434,12 +437,13 @@ pub struct TopArgs {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-WHAT IT SERVES: per VM and vCPU, run / wait (steal) / blocked seconds, executions, I/O accesses and exits
-(virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exits by reason, an exit-duration
-histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt domain, pod, container),
-per-core energy, power and temperature estimates, and its own lost events and collection time. Counters
-start when serve starts; figures come from the same sampler as `top`, refreshed every second and at each
-scrape. See docs/fleet.md for every metric, the scrape config and the Grafana dashboard.
+WHAT IT SERVES: per VM and vCPU, run / wait (steal) / blocked seconds, executions, I/O accesses
+and exits (virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exits by reason, an
+exit-duration histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt
+domain, pod, container), per-core energy, power and temperature estimates, and its own lost events
+and collection time. Counters start when serve starts; figures come from the same sampler as `top`,
+refreshed every second and at each scrape. See docs/fleet.md for every metric, the scrape config and
+the Grafana dashboard.
 
 ACCESS: loopback only by default. Listening elsewhere needs --token-file (clients send
 `Authorization: Bearer TOKEN`); add --tls-cert/--tls-key to keep the token off the wire. Read-only:
@@ -508,7 +512,8 @@ interval analyses: per-metric totals and rates, phases, and the most correlated 
 blocked over time per vCPU, per-metric timelines, the correlation heatmap and the phases.
 
 EXAMPLES:
-  virtprof record -o run.vprec --interval 10ms -- virtprof testvm -w phases --phases compute:1s,pio-user:20000
+  virtprof record -o run.vprec --interval 10ms -- \\
+      virtprof testvm -w phases --phases compute:1s,pio-user:20000
   virtprof report run.vprec
   virtprof report run.vprec --html run.html
   virtprof report run.vprec --json --top 20 --spearman")]
@@ -550,7 +555,8 @@ Schemas: docs/export.md.
 EXAMPLES:
   virtprof export run.vprec --format csv -o run.csv
   virtprof export run.vprec --format parquet -o run.parquet/
-  duckdb -c \"SELECT reason, count(*), median(duration_ns) FROM 'run.parquet/exits.parquet' GROUP BY 1\"
+  duckdb -c \"SELECT reason, count(*), median(duration_ns)
+             FROM 'run.parquet/exits.parquet' GROUP BY 1\"
   virtprof export run.vprec --format perfetto -o run.json
   virtprof export host.dat --format perfetto --guest guest.dat -o pair.json")]
 pub struct ExportArgs {
@@ -598,7 +604,8 @@ standard deviation); a correlation change larger than both sides' spreads togeth
 EXAMPLES:
   virtprof compare compute.vprec pio.vprec
   virtprof compare a.vprec b.vprec --top 20 --json
-  virtprof compare native-1.vprec native-2.vprec native-3.vprec --vs vm-1.vprec vm-2.vprec vm-3.vprec
+  virtprof compare native-1.vprec native-2.vprec native-3.vprec \\
+      --vs vm-1.vprec vm-2.vprec vm-3.vprec
   virtprof compare native-*.vprec --vs vm-*.vprec --matrix --json   the whole difference matrix
   virtprof compare native-*.vprec --vs vm-*.vprec --html compare.html")]
 pub struct CompareArgs {
@@ -684,7 +691,8 @@ EXAMPLES:
   virtprof record -o run.vprec --duration 10s
   virtprof record -o run.vprec -- virtprof testvm --workload pio-user -n 10000
   virtprof record -o run.vprec --events kvm,sched:sched_switch --buffer-size 16384
-  virtprof record -o run.vprec --interval 10ms -- virtprof testvm -w phases --phases compute:200ms,pio-user:5000
+  virtprof record -o run.vprec --interval 10ms -- \\
+      virtprof testvm -w phases --phases compute:200ms,pio-user:5000
 
 With --interval, every source (per-CPU /proc/stat, per-vCPU schedstat, KVM stats, perf
 counters, testvm application counters) is also sampled once per interval; see `virtprof report`
@@ -761,6 +769,23 @@ mod tests {
         // Catches clashing short flags and the like, which release builds would not.
         super::Cli::command().debug_assert();
     }
+
+    #[test]
+    fn help_texts_fit_the_width_clap_wraps_at() {
+        // clap re-wraps a line longer than 100 columns wherever it falls, breaking examples
+        // and sentences mid-way (`agent --help` did): ours are laid out to fit.
+        fn check(cmd: &clap::Command, path: &str) {
+            for text in [cmd.get_after_help(), cmd.get_after_long_help()].into_iter().flatten() {
+                for line in text.to_string().lines() {
+                    assert!(line.chars().count() <= 100, "{path}: {} columns: {line}", line.chars().count());
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        check(&super::Cli::command(), "virtprof");
+    }
 }
 
 #[derive(Debug, Args)]
@@ -769,22 +794,24 @@ SOURCES (one):
   --testvm             the testvm `boot` workload; the micro-VMM kicks each vCPU at --rate and reads
                        RIP and CPL (samples landing while the VMM handles an exit: hypervisor realm)
   --qemu -- ARGS       start QEMU halted with a gdbstub, sample from its first instruction until
-                       --until REGEX shows on its console (give -nographic or -serial stdio), --duration,
-                       or QEMU exits; works for TCG and KVM guests
+                       --until REGEX shows on its console (give -nographic or -serial stdio),
+                       --duration, or QEMU exits; works for TCG and KVM guests
   --gdb HOST:PORT      attach to a gdbstub already listening (QEMU -gdb tcp::1234, or a socket path)
-  --recording FILE     a recording's kvm_exit/kvm_entry timeline sampled at --rate: time in exits is the
-                       hypervisor realm (measured); guest time takes the rip of the exit that ended it
+  --recording FILE     a recording's kvm_exit/kvm_entry timeline sampled at --rate: time in exits is
+                       the hypervisor realm (measured); guest time takes the rip of the exit that
+                       ended it
   --load FILE          a profile saved earlier with --save
 
-Realms: hypervisor (the VMM handles an exit), firmware (CPL0 below the kernel half: BIOS, boot loader,
-decompressor), kernel (CPL0 in the upper half), user (CPL3).
+Realms: hypervisor (the VMM handles an exit), firmware (CPL0 below the kernel half: BIOS, boot
+loader, decompressor), kernel (CPL0 in the upper half), user (CPL3).
 
 EXAMPLES:
   virtprof boot --testvm --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
   virtprof boot --testvm --balloon probe_devices=8 --save ballooned.json --compare control.json
   virtprof boot --qemu --system-map /boot/System.map-6.1.0-28-amd64 --until 'Run /init' -- \\
-      -accel tcg -kernel /boot/vmlinuz-6.1.0-28-amd64 -initrd initrd.img -append 'console=ttyS0' -nographic
-  virtprof boot --recording l2.vprec --system-map System.map --rate 10000   hypervisor share of a guest's boot
+      -accel tcg -kernel /boot/vmlinuz-6.1.0-28-amd64 -initrd initrd.img \\
+      -append 'console=ttyS0' -nographic
+  virtprof boot --recording l2.vprec --system-map System.map --rate 10000   the hypervisor's share
   virtprof boot --load run.json --symbol do_one_initcall --bin 100ms --html boot.html
   virtprof boot --load run.json --folded | flamegraph.pl > boot.svg")]
 pub struct BootArgs {
@@ -888,7 +915,7 @@ EXAMPLES:
   virtprof balance --vm 4242 --vm 4243 --duration 30s     balance two VMs' vCPUs over all CPUs
   virtprof balance --dry-run --json                       decisions only, nothing moves
   virtprof balance --vm 4242 --force-hz 100 --verify      swap 100x/s and check the sched trace
-  virtprof balance --vm 4242 --verify --buffer-size 16384  a bigger trace buffer if --verify lost events
+  virtprof balance --vm 4242 --verify --buffer-size 16384  more trace buffer if --verify lost events
   virtprof balance --replay run.vpr --k 1.2 --html gap.html
   virtprof balance bench --html bench.html                seed 002's overhead table and gap plot
   virtprof balance calibrate --input meter.csv -o weights.toml"
