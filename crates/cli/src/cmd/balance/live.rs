@@ -20,6 +20,7 @@ use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
 use super::actuator::Actuator;
+use super::split::RunSplit;
 use super::verify::{Placement, Tracer, Verification};
 use crate::energy::Model;
 
@@ -271,11 +272,7 @@ pub fn run_observed(
                 .collect();
             carry_out(swaps, &|_| 0, &mut result, &mut split)?;
             // A late wake-up skips the swaps it missed rather than bunching them.
-            let mut due = 0;
-            while next_forced <= now {
-                next_forced += every;
-                due += 1;
-            }
+            let due = advance(&mut next_forced, every, now);
             result.forced_due += due;
             result.forced_missed += due - 1;
         }
@@ -283,21 +280,7 @@ pub fn run_observed(
             sampler.sample(&mut row);
             let activities: Vec<Activity> = columns.iter().map(|c| activity(c, &row)).collect();
             let shares = split.shares(ledger.core_of());
-            for ((a, share), &core) in activities.iter().zip(&shares).zip(ledger.core_of()) {
-                let run_s = a.run_ns as f64 / 1e9;
-                if share.is_empty() {
-                    result.core_time[core].vcpu_s += run_s;
-                }
-                for &(core, fraction) in share {
-                    result.core_time[core].vcpu_s += run_s * fraction;
-                }
-            }
-            for (time, at) in result.core_time.iter_mut().zip(&busy_columns) {
-                if let Some(at) = at {
-                    let busy_ns: f64 = at.iter().map(|&i| counted(&row, i)).sum();
-                    *time.busy_s.get_or_insert(0.0) += busy_ns / 1e9;
-                }
-            }
+            charge_core_time(&mut result.core_time, &activities, &shares, ledger.core_of(), &row, &busy_columns);
             observe(&activities);
             let vcpu_j: Vec<f64> = activities.iter().map(|a| weights.energy_j(a)).collect();
             ledger.account_split(&vcpu_j, &shares, period_s);
@@ -315,12 +298,7 @@ pub fn run_observed(
                 gap_j: ledger.gap_j(),
                 decisions,
             });
-            let mut due = 0;
-            while next_period <= now {
-                next_period += config.period_ns;
-                due += 1;
-            }
-            result.late_periods += u64::from(due > 1);
+            result.late_periods += u64::from(advance(&mut next_period, config.period_ns, now) > 1);
             if let Some(t) = tracer.as_mut() {
                 t.drain()?;
             }
@@ -361,60 +339,41 @@ pub fn run_observed(
     Ok(result)
 }
 
-/// Where each vCPU's run time of the current period went, core by core. Its thread's
-/// schedstat is read whenever it moves: charging a whole period to the core a vCPU ends it on
-/// aliases with the swap rate (at an even number of swaps per period a vCPU would never be
-/// charged to its other core, and the per-core gap would be as if it never moved).
-struct RunSplit {
-    schedstat: Vec<std::path::PathBuf>,
-    /// Each vCPU's run time (ns) at its last read; None where it could not be read.
-    last: Vec<Option<u64>>,
-    /// ns each vCPU ran on each core this period, as far as read.
-    ran: Vec<Vec<u64>>,
+/// Move a schedule `next` past `now` in steps of `every`; how many ticks had fallen due.
+fn advance(next: &mut u64, every: u64, now: u64) -> u64 {
+    let mut due = 0;
+    while *next <= now {
+        *next += every;
+        due += 1;
+    }
+    due
 }
 
-impl RunSplit {
-    fn new(targets: &[Target], cores: usize) -> RunSplit {
-        let schedstat: Vec<std::path::PathBuf> =
-            targets.iter().map(|t| format!("/proc/{}/task/{}/schedstat", t.pid, t.tid).into()).collect();
-        let last = schedstat.iter().map(|p| run_ns(p)).collect();
-        RunSplit { schedstat, last, ran: vec![vec![0; cores]; targets.len()] }
-    }
-
-    /// vCPU `v` has left core `from`: what it ran since the last read was there. At a
-    /// period's end a running thread's figure may lag by a tick; the lag is read with the next
-    /// move off the same core, so it shifts between periods, never between cores.
-    fn leaving(&mut self, v: usize, from: usize) {
-        let now = run_ns(&self.schedstat[v]);
-        if let (Some(now), Some(last)) = (now, self.last[v]) {
-            self.ran[v][from] += now.saturating_sub(last);
+/// Add a period to each core's time: its vCPUs' run time by the share each ran there (all of
+/// it where it is, when nothing was read), and the CPU's busy time from /proc/stat's columns.
+fn charge_core_time(
+    core_time: &mut [CoreTime],
+    activities: &[Activity],
+    shares: &[Vec<(usize, f64)>],
+    core_of: &[usize],
+    row: &[f64],
+    busy_columns: &[Option<Vec<usize>>],
+) {
+    for ((a, share), &core) in activities.iter().zip(shares).zip(core_of) {
+        let run_s = a.run_ns as f64 / 1e9;
+        if share.is_empty() {
+            core_time[core].vcpu_s += run_s;
         }
-        self.last[v] = now.or(self.last[v]);
+        for &(core, fraction) in share {
+            core_time[core].vcpu_s += run_s * fraction;
+        }
     }
-
-    /// At a period's end, with each vCPU on `core_of[v]`: the share of its period's run time
-    /// on each core (empty where nothing was read: charged where it is), and a new period.
-    fn shares(&mut self, core_of: &[usize]) -> Vec<Vec<(usize, f64)>> {
-        (0..self.ran.len())
-            .map(|v| {
-                self.leaving(v, core_of[v]);
-                let total: u64 = self.ran[v].iter().sum();
-                let split = if total == 0 {
-                    Vec::new()
-                } else {
-                    let ran = self.ran[v].iter().enumerate().filter(|(_, &ns)| ns > 0);
-                    ran.map(|(core, &ns)| (core, ns as f64 / total as f64)).collect()
-                };
-                self.ran[v].fill(0);
-                split
-            })
-            .collect()
+    for (time, at) in core_time.iter_mut().zip(busy_columns) {
+        if let Some(at) = at {
+            let busy_ns: f64 = at.iter().map(|&i| counted(row, i)).sum();
+            *time.busy_s.get_or_insert(0.0) += busy_ns / 1e9;
+        }
     }
-}
-
-/// The run time (ns) in a thread's schedstat, if it is there.
-fn run_ns(schedstat: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(schedstat).ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// The sampler over the targets' VMs, where each target's columns are, and the weighted
@@ -513,4 +472,17 @@ fn status_line(t_s: f64, cpus: &[u32], ledger: &Ledger, swaps: usize) -> String 
         .map(|(cpu, a)| format!("cpu{cpu} {:.1} J {:.1} °C", a.total_j, a.temp_c))
         .collect();
     format!("{t_s:6.1}s  {}  gap {:.2} J  swaps {swaps}", cores.join("  "), ledger.gap_j())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advance;
+
+    #[test]
+    fn a_late_schedule_skips_what_it_missed_and_says_how_many() {
+        let mut next = 100;
+        assert_eq!(advance(&mut next, 10, 99), 0);
+        assert_eq!((advance(&mut next, 10, 100), next), (1, 110));
+        assert_eq!((advance(&mut next, 10, 145), next), (4, 150));
+    }
 }

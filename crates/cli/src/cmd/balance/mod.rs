@@ -9,6 +9,7 @@ mod calibrate;
 mod live;
 mod output;
 mod replay;
+mod split;
 mod verify;
 
 use std::path::Path;
