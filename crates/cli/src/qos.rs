@@ -274,16 +274,17 @@ fn pct(v: f64) -> String {
 }
 
 /// The CSV header of [`log_rows`].
-pub const LOG_HEADER: &str = "time_s,window,entity,pid,vm,vcpu,tid,running_pct,waiting_pct,blocked_pct,exec_count,cpu_per_exec_us,wait_per_exec_us,io_count,exits_per_s";
+pub const LOG_HEADER: &str = "time_s,window,entity,pid,vm,vcpu,tid,running_pct,waiting_pct,blocked_pct,exec_count,cpu_per_exec_us,wait_per_exec_us,io_count,exits_per_s,role";
 
-/// CSV lines (no header) for every VM and vCPU of `report`.
+/// CSV lines (no header) for every VM, vCPU and thread role (entity `role`, named in the last
+/// column: the VMM's main loop, I/O threads, vhost workers, ...) of `report`.
 pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
     let mut lines = Vec::new();
     let opt = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
     for vm in &report.vms {
         let name = vm.name.replace(|c: char| c == ',' || c == '"' || c.is_control(), "_");
         lines.push(format!(
-            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{}",
+            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{},",
             report.label,
             vm.pid,
             vm.running_pct,
@@ -295,7 +296,7 @@ pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
         ));
         for v in &vm.vcpus {
             lines.push(format!(
-                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{}",
+                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{},",
                 report.label,
                 vm.pid,
                 v.index,
@@ -308,6 +309,20 @@ pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
                 opt(Some(v.wait_per_exec_us)),
                 v.io_count.map(|n| n.to_string()).unwrap_or_default(),
                 opt(v.exits_per_s)
+            ));
+        }
+        for r in &vm.roles {
+            lines.push(format!(
+                "{time_s:.3},{},role,{},{name},,,{:.3},{:.3},{:.3},{},{},{},,,{}",
+                report.label,
+                vm.pid,
+                r.running_pct,
+                r.waiting_pct,
+                r.blocked_pct,
+                r.exec_count,
+                opt(Some(r.cpu_per_exec_us)),
+                opt(Some(r.wait_per_exec_us)),
+                r.role
             ));
         }
     }

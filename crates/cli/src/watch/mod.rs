@@ -198,11 +198,24 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
 fn open_log(path: &Path) -> anyhow::Result<File> {
     let mut file = OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .open(path)
         .map_err(|e| usage(format!("--log '{}': {e}", path.display())))?;
     if file.metadata().map(|m| m.len() == 0).unwrap_or(false) {
         writeln!(file, "{LOG_HEADER}")?;
+        return Ok(file);
+    }
+    // Rows are only appended under their own header: a log begun by another version (other
+    // columns) or another program would mix two layouts in one file.
+    let mut head = [0u8; LOG_HEADER.len() + 1];
+    let n = std::io::Read::read(&mut file, &mut head).unwrap_or(0);
+    if &head[..n] != format!("{LOG_HEADER}\n").as_bytes() {
+        return Err(usage(format!(
+            "--log '{}': the file's first line is not this version's header ({}...); give a new file",
+            path.display(),
+            LOG_HEADER.split(',').take(3).collect::<Vec<_>>().join(",")
+        )));
     }
     Ok(file)
 }
@@ -216,4 +229,25 @@ fn write_log(log: &mut Option<File>, snapshot: &Snapshot) -> anyhow::Result<()> 
     }
     file.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_is_appended_to_only_under_this_versions_header() {
+        let dir = std::env::temp_dir().join(format!("virtprof-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("top.csv");
+        drop(open_log(&log).unwrap());
+        drop(open_log(&log).unwrap());
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), format!("{LOG_HEADER}\n"), "one header, written once");
+        let old = dir.join("old.csv");
+        std::fs::write(&old, "time_s,window,entity,pid,vm,vcpu,tid\n1,1s,vm,2,x,,\n").unwrap();
+        let e = open_log(&old).unwrap_err();
+        assert!(e.downcast_ref::<crate::exit::UsageError>().is_some() && e.to_string().contains("new file"), "{e}");
+        assert!(std::fs::read_to_string(&old).unwrap().ends_with("x,,\n"), "nothing appended");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -172,6 +172,22 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
     let (vcpu_run, _) = kernel_sum(&|_, c| c.ends_with("/TCG"));
     assert!(vcpu_run > 100_000_000, "a booting TCG guest keeps its vCPUs busy: {vcpu_run} ns");
 
+    // sched --csv has a `role` row per role, the same figures as the JSON's.
+    let csv = virtprof().args(["sched", "--csv", "--vm", &pid.to_string()]).arg(&rec).output().unwrap();
+    let csv = String::from_utf8_lossy(&csv.stdout);
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    for name in ["vcpu", "main-loop", "io-thread"] {
+        let row: Vec<&str> = csv
+            .lines()
+            .map(|l| l.split(',').collect::<Vec<_>>())
+            .find(|c| c[1] == "run" && c[at("entity")] == "role" && c[at("role")] == name)
+            .unwrap_or_else(|| panic!("no {name} role row in:\n{csv}"));
+        let running: f64 = row[at("running_pct")].parse().unwrap();
+        let json = role(name)["running_pct"].as_f64().unwrap();
+        assert!((running - json).abs() < 0.001, "{name}: csv {running}, json {json}");
+    }
+
     // report shows the same rows, and its text the role table.
     let report = virtprof().args(["report", "--json"]).arg(&rec).output().unwrap();
     let report: Value = serde_json::from_slice(&report.stdout).unwrap();
