@@ -358,12 +358,17 @@ pub struct SchedAccounting {
     /// The first event that would have needed more than [`MAX_KEPT_BUCKETS`]; from there on
     /// nothing is accounted (see [`SchedAccounting::overflow`]).
     overflow: Option<Timestamp>,
+    /// Per CPU, the time of the last event seen on it: bounds a switch-in the trace missed.
+    cpu_last_ts: Vec<u64>,
 }
 
 /// The most buckets a run keeping every bucket (a recording's windows) may hold. Each holds
 /// every tracked thread's counters, so a damaged timestamp far in the future, or a tiny
 /// window over a long recording, must stop here rather than fill memory.
 pub const MAX_KEPT_BUCKETS: usize = 100_000;
+
+/// CPUs whose last event is kept (a damaged CPU number beyond it just goes without).
+const MAX_CPUS: usize = 8192;
 
 impl SchedAccounting {
     /// An analyzer with `options`; `evidence_events` are event ids counted as exit evidence.
@@ -379,6 +384,7 @@ impl SchedAccounting {
             slices: None,
             lost: (0, 0),
             overflow: None,
+            cpu_last_ts: Vec::new(),
         }
     }
 
@@ -456,6 +462,13 @@ impl SchedAccounting {
             return;
         }
         self.infer_switch_in(e);
+        let cpu = e.cpu as usize;
+        if cpu < MAX_CPUS {
+            if self.cpu_last_ts.len() <= cpu {
+                self.cpu_last_ts.resize(cpu + 1, 0);
+            }
+            self.cpu_last_ts[cpu] = e.ts;
+        }
         match e.kind {
             EventKind::SchedSwitch { prev_tid, prev_state, next_tid, .. } => {
                 if self.threads.contains_key(&prev_tid) {
@@ -526,8 +539,16 @@ impl SchedAccounting {
         }
         // Queued on this CPU, it ran from then: an idle CPU runs what is queued on it at once
         // (from where accounting has reached, if a window closed since). Otherwise (woken
-        // unseen, or queued elsewhere) from this event.
-        let at = if t.state == State::Runnable && t.cpu == e.cpu { t.queued.max(t.since).min(e.ts) } else { e.ts };
+        // unseen, or queued elsewhere) from the last event on this CPU since it stopped: what
+        // the CPU did before it (an interrupt in idle, the one that woke it) came first, and
+        // the thread's own first event can be a whole tick later. With no such event, from
+        // this one.
+        let before = self.cpu_last_ts.get(e.cpu as usize).copied().filter(|&ts| ts > t.since && ts <= e.ts);
+        let at = if t.state == State::Runnable && t.cpu == e.cpu {
+            t.queued.max(t.since).min(e.ts)
+        } else {
+            before.unwrap_or(e.ts)
+        };
         self.transition(e.tid, State::Running, e.cpu, at);
         if let Some(t) = self.threads.get_mut(&e.tid) {
             t.exec_start = at;
@@ -932,6 +953,19 @@ mod tests {
         a.on_event(&switch(8 * MS, 1, 9, 1, 0));
         let t = a.finish(10 * MS).thread(9, None);
         assert_eq!((t.run_ns, t.wait_ns), (MS + 2 * MS, MS));
+
+        // No wakeup seen either (this host's second CPU, CI): the CPU's last event since the
+        // thread stopped (the idle task's interrupt, what woke it) bounds its start; its own
+        // first event came a tick later (a 52 ms run was short by 4 ms).
+        let mut a = analyzer(100 * MS);
+        a.track(9, 0);
+        a.on_event(&switch(MS, 1, 9, 1, 0));
+        a.on_event(&Event { ts: 5 * MS, cpu: 1, tid: 0, kind: EventKind::IrqEntry { irq: 9 } });
+        a.on_event(&Event { ts: 5 * MS + 10_000, cpu: 0, tid: 0, kind: EventKind::IrqEntry { irq: 9 } });
+        a.on_event(&pio(9 * MS, 1, 9));
+        a.on_event(&switch(12 * MS, 1, 9, 1, 0));
+        let t = a.finish(20 * MS).thread(9, None);
+        assert_eq!((t.run_ns, t.inferred_execs), (MS + 7 * MS, 1));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use virtprof_analysis::exits::{ExitRow, ReasonRow};
 use virtprof_analysis::intervals::IntervalTable;
-use virtprof_analysis::qos::{VcpuRow, VmRow, WindowReport};
+use virtprof_analysis::qos::{RoleRow, VcpuRow, VmRow, WindowReport};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::{Event, EventKind};
 
@@ -424,41 +424,69 @@ pub fn write_exit_reasons(path: &Path, rows: &[ReasonRow]) -> Result<u64> {
     Ok(rows.len() as u64)
 }
 
+/// The VM's identity columns (name, VMM kind, uuid, libvirt domain, pod, container) of rows
+/// that each belong to a VM: what `sched.parquet` and `roles.parquet` both start with.
+fn vm_identity<R>(rows: &[R], vm: fn(&R) -> &VmRow) -> (Vec<Field>, Vec<ArrayRef>) {
+    let names = ["vm", "vmm", "uuid", "libvirt_domain", "pod_uid", "container_id"];
+    let texts: [fn(&VmRow) -> Option<String>; 6] = [
+        |v| Some(v.name.clone()),
+        |v| Some(v.kind.clone()),
+        |v| v.owner.uuid.clone(),
+        |v| v.owner.libvirt_domain.clone(),
+        |v| v.owner.pod_uid.clone(),
+        |v| v.owner.container_id.clone(),
+    ];
+    let fields = names.iter().enumerate().map(|(i, n)| field(n, DataType::Utf8, i >= 2)).collect();
+    let columns = texts.iter().map(|f| column(rows, |b: &mut StringBuilder, r| b.append_option(f(vm(r))))).collect();
+    (fields, columns)
+}
+
 /// Write `sched.parquet`: one row per vCPU over the whole recording (what `sched --json`
 /// shows), with its VM's identity; returns the rows written.
 pub fn write_sched(path: &Path, window: &WindowReport) -> Result<u64> {
-    let rows: Vec<(&VmRow, &VcpuRow)> =
-        window.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |v| (vm, v))).collect();
-    let names = ["vm", "vmm", "uuid", "libvirt_domain", "pod_uid", "container_id"];
+    type Row<'a> = (&'a VmRow, &'a VcpuRow);
+    let rows: Vec<Row> = window.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |v| (vm, v))).collect();
     let ids = ["pid", "vcpu", "tid"];
     let times = ["run_ns", "wait_ns", "blocked_ns", "exec_count", "exits"];
-    let schema = Arc::new(Schema::new(
-        names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| field(n, DataType::Utf8, i >= 2))
-            .chain(ids.iter().map(|n| field(n, DataType::UInt32, false)))
-            .chain(times.iter().map(|n| field(n, DataType::UInt64, false)))
-            .chain([field("io_count", DataType::UInt64, true)])
-            .collect::<Vec<_>>(),
-    ));
-    type Row<'a> = (&'a VmRow, &'a VcpuRow);
-    let texts: [fn(&Row) -> Option<String>; 6] = [
-        |r| Some(r.0.name.clone()),
-        |r| Some(r.0.kind.clone()),
-        |r| r.0.owner.uuid.clone(),
-        |r| r.0.owner.libvirt_domain.clone(),
-        |r| r.0.owner.pod_uid.clone(),
-        |r| r.0.owner.container_id.clone(),
-    ];
+    let (mut fields, mut columns) = vm_identity(&rows, |r| r.0);
+    fields.extend(ids.iter().map(|n| field(n, DataType::UInt32, false)));
+    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, false)));
+    fields.push(field("io_count", DataType::UInt64, true));
+    let schema = Arc::new(Schema::new(fields));
     let id_of: [fn(&Row) -> u32; 3] = [|r| r.0.pid, |r| r.1.index, |r| r.1.tid];
     let time_of: [fn(&Row) -> u64; 5] =
         [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count, |r| r.1.exits];
-    let mut columns: Vec<ArrayRef> =
-        texts.iter().map(|f| column(&rows, |b: &mut StringBuilder, r| b.append_option(f(r)))).collect();
     columns.extend(id_of.iter().map(|f| column(&rows, |b: &mut UInt32Builder, r| b.append_value(f(r)))));
     columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
     columns.push(column(&rows, |b: &mut UInt64Builder, r: &Row| b.append_option(r.1.io_count)));
+    let mut w = writer(path, &schema)?;
+    w.write(&RecordBatch::try_new(schema, columns)?)?;
+    w.into_inner()?.commit()?;
+    Ok(rows.len() as u64)
+}
+
+/// Write `roles.parquet`: one row per thread role of each VM over the whole recording (the
+/// vCPUs, the VMM's main loop, its I/O threads, vhost workers, ...: `sched --json`'s `roles`),
+/// with its VM's identity; returns the rows written.
+pub fn write_roles(path: &Path, window: &WindowReport) -> Result<u64> {
+    type Row<'a> = (&'a VmRow, &'a RoleRow);
+    let rows: Vec<Row> = window.vms.iter().flat_map(|vm| vm.roles.iter().map(move |r| (vm, r))).collect();
+    let times = ["run_ns", "wait_ns", "blocked_ns", "exec_count"];
+    let (mut fields, mut columns) = vm_identity(&rows, |r| r.0);
+    fields.push(field("pid", DataType::UInt32, false));
+    fields.push(field("role", DataType::Utf8, false));
+    fields.push(field("threads", DataType::UInt64, false));
+    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, false)));
+    fields.push(field("cpus", DataType::Float64, false));
+    fields.push(field("io_per_exec", DataType::Float64, true));
+    let schema = Arc::new(Schema::new(fields));
+    columns.push(column(&rows, |b: &mut UInt32Builder, r: &Row| b.append_value(r.0.pid)));
+    columns.push(column(&rows, |b: &mut StringBuilder, r: &Row| b.append_value(r.1.role.to_string())));
+    columns.push(column(&rows, |b: &mut UInt64Builder, r: &Row| b.append_value(r.1.threads as u64)));
+    let time_of: [fn(&Row) -> u64; 4] = [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count];
+    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
+    columns.push(column(&rows, |b: &mut Float64Builder, r: &Row| b.append_value(r.1.cpus)));
+    columns.push(column(&rows, |b: &mut Float64Builder, r: &Row| b.append_option(r.1.io_per_exec)));
     let mut w = writer(path, &schema)?;
     w.write(&RecordBatch::try_new(schema, columns)?)?;
     w.into_inner()?.commit()?;

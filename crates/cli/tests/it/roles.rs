@@ -46,6 +46,17 @@ fn all_cpus_steal_ns() -> u64 {
     (0..cpus).map(host_steal_ns).sum()
 }
 
+/// The kernel's tick (CONFIG_HZ from /proc/config.gz; 10 ms, HZ 100, where it cannot be read).
+fn kernel_tick_ns() -> u64 {
+    let config = Command::new("sh").args(["-c", "zcat /proc/config.gz 2>/dev/null | grep '^CONFIG_HZ='"]).output();
+    let hz = config
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().strip_prefix("CONFIG_HZ=")?.parse::<u64>().ok())
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100);
+    1_000_000_000 / hz
+}
+
 fn clock_ticks_per_s() -> u64 {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64
@@ -143,6 +154,8 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
         ("main-loop", &|t, _| t == pid),
         ("io-thread", &|_, c| c.starts_with("IO ")),
     ];
+    let inferred_dispatches: u64 =
+        vm["vcpus"].as_array().unwrap().iter().map(|v| v["inferred_exec_count"].as_u64().unwrap()).sum();
     for (name, wanted) in cases {
         let (run, wait) = kernel_sum(wanted);
         let r = role(name);
@@ -155,11 +168,16 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
         // The trace's clock keeps running while this machine's own host steals its CPU, but
         // schedstat's run time leaves steal out: a run may be longer by at most the steal
         // taken from both CPUs meanwhile (plus a tick each, /proc/stat's granularity).
+        // A dispatch the trace did not show (this host's second CPU resumes a thread from idle
+        // with no sched_switch and no wakeup) starts at the CPU's last event since the thread
+        // stopped, or else at the thread's own first event: often a tick, up to one kernel tick
+        // after the true start. Each such dispatch may take that much off a run.
         let slack = run / 50 + 2_000_000;
         let tick = 1_000_000_000 / clock_ticks_per_s();
+        let unseen = if name == "vcpu" { inferred_dispatches * kernel_tick_ns() } else { 0 };
         assert!(
-            ours + slack >= run && ours <= run + slack + steal + 2 * tick,
-            "{name}: run {ours} ns, schedstat {run} ns, host steal {steal} ns: {r}"
+            ours + slack + unseen >= run && ours <= run + slack + steal + 2 * tick,
+            "{name}: run {ours} ns, schedstat {run} ns, host steal {steal} ns, {inferred_dispatches} dispatches inferred: {r}"
         );
         let ours_wait = r["wait_ns"].as_u64().unwrap();
         assert!(
@@ -186,6 +204,25 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
         let running: f64 = row[at("running_pct")].parse().unwrap();
         let json = role(name)["running_pct"].as_f64().unwrap();
         assert!((running - json).abs() < 0.001, "{name}: csv {running}, json {json}");
+    }
+
+    // export writes them as roles.parquet, read back by pyarrow where it is installed.
+    let parquet = tmp.join("roles.parquet.d");
+    let out = virtprof().args(["export", "--format", "parquet", "-o"]).arg(&parquet).arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = "import json, sys, pyarrow.parquet as pq\n\
+        t = pq.read_table(sys.argv[1] + '/roles.parquet').to_pylist()\n\
+        print(json.dumps({r['role']: r['run_ns'] for r in t if r['pid'] == int(sys.argv[2])}))";
+    match Command::new("python3").args(["-c", script]).arg(&parquet).arg(pid.to_string()).output() {
+        Ok(py) if py.status.success() => {
+            let got: Value = serde_json::from_slice(&py.stdout).unwrap();
+            // The export's pass keeps time buckets (as report's does): the same within their edges.
+            for name in ["vcpu", "main-loop", "io-thread"] {
+                let (a, b) = (got[name].as_u64().unwrap(), role(name)["run_ns"].as_u64().unwrap());
+                assert!(a.abs_diff(b) <= b / 20 + 1_000_000, "{name}: roles.parquet {got}, sched {b}");
+            }
+        }
+        _ => note(test, "roles.parquet not read back: python3 with pyarrow is missing (scripts/test.sh installs it)"),
     }
 
     // report shows the same rows, and its text the role table.

@@ -36,8 +36,8 @@ use crate::exit::usage;
 pub const SCHEMA_VERSION: u64 = 1;
 /// The manifest at the dataset's root (underscore: Spark and Hive readers skip it).
 const MANIFEST: &str = "_virtprof_dataset.json";
-/// The tables a recording may have (intervals and guests only when it has them).
-const TABLES: [&str; 6] = ["events", "exits", "exit_reasons", "sched", "intervals", "guests"];
+/// The tables a recording may have (roles, intervals and guests only when it has them).
+const TABLES: [&str; 7] = ["events", "exits", "exit_reasons", "sched", "roles", "intervals", "guests"];
 /// The lock every exporter takes to create the manifest and to file partitions.
 const LOCK: &str = ".virtprof-dataset.lock";
 /// The largest manifest read.

@@ -133,6 +133,10 @@ fn write_tables(recording: &mut Session, dir: &Path) -> anyhow::Result<()> {
         let window = window_report(total, "run", &analysis.vms, &analysis.names(), None);
         let rows = parquet::write_sched(&dir.join("sched.parquet"), &window)?;
         summary += &format!(", {rows} vCPUs");
+        if window.vms.iter().any(|vm| !vm.roles.is_empty()) {
+            let rows = parquet::write_roles(&dir.join("roles.parquet"), &window)?;
+            summary += &format!(", {rows} thread roles");
+        }
     }
     if let Some(table) = &analysis.table {
         let rows = parquet::write_intervals(&dir.join("intervals.parquet"), table)?;
