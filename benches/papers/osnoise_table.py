@@ -14,6 +14,7 @@ numbers are quoted exactly beside ours.
 import json
 import os
 import re
+import statistics
 import sys
 
 from study import load
@@ -132,8 +133,7 @@ def spread(values, fmt="{:.1f}"):
     v = sorted(values)
     if not v:
         return "-"
-    median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-    return fmt.format(median) + (f" ({fmt.format(v[0])}–{fmt.format(v[-1])})" if len(v) > 1 else "")
+    return fmt.format(statistics.median(v)) + (f" ({fmt.format(v[0])}–{fmt.format(v[-1])})" if len(v) > 1 else "")
 
 
 def fig17(out, runs):

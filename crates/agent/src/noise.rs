@@ -148,16 +148,15 @@ fn measure(
 mod tests {
     use super::*;
 
+    /// The plain loop (no probe, 1 us threshold) on `cpu`.
+    fn plain(cpu: u32, period_ns: u64, runtime_ns: u64) -> NoiseConfig {
+        NoiseConfig { cpus: vec![cpu], threshold_ns: 1_000, period_ns, runtime_ns, probe: Probe::None }
+    }
+
     #[test]
     fn loops_hand_on_periods_with_samples_inside_their_windows() {
         let cpu = virtprof_host::affinity::allowed_cpus()[0];
-        let config = NoiseConfig {
-            cpus: vec![cpu],
-            threshold_ns: 1_000,
-            period_ns: 50_000_000,
-            runtime_ns: 20_000_000,
-            probe: Probe::None,
-        };
+        let config = plain(cpu, 50_000_000, 20_000_000);
         let loops = NoiseLoops::start(&config).unwrap();
         let mut got = Vec::new();
         while got.len() < 3 {
@@ -182,13 +181,7 @@ mod tests {
     #[test]
     fn periods_dropped_before_a_restart_are_not_counted_after_it() {
         let cpu = virtprof_host::affinity::allowed_cpus()[0];
-        let config = NoiseConfig {
-            cpus: vec![cpu],
-            threshold_ns: 1_000,
-            period_ns: 2_000_000,
-            runtime_ns: 1_000_000,
-            probe: Probe::None,
-        };
+        let config = plain(cpu, 2_000_000, 1_000_000);
         let loops = NoiseLoops::start(&config).unwrap();
         // Nobody takes: the queue fills and later periods are dropped.
         std::thread::sleep(std::time::Duration::from_millis(3 * QUEUED_PERIODS as u64 * 2));
@@ -204,13 +197,7 @@ mod tests {
 
     #[test]
     fn a_cpu_not_allowed_is_refused() {
-        let config = NoiseConfig {
-            cpus: vec![100_000],
-            threshold_ns: 1_000,
-            period_ns: 1_000_000,
-            runtime_ns: 1,
-            probe: Probe::None,
-        };
+        let config = plain(100_000, 1_000_000, 1);
         let e = NoiseLoops::start(&config).err().unwrap();
         assert!(e.to_string().contains("CPU 100000"), "{e}");
     }

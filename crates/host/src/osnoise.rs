@@ -412,18 +412,7 @@ mod tests {
             capacity: 1 << 16,
             probe,
         };
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| s.spawn(|| run_periods_into(config, &stop)).join().unwrap())
-    }
-
-    fn run_periods_into(config: LoopConfig, stop: &AtomicBool) -> std::io::Result<LoopResult> {
-        let mut r = LoopResult::default();
-        run_periods(config, 1.0, stop, &mut |p| {
-            r.periods.push((p.start, p.end, p.iterations));
-            r.samples.extend_from_slice(p.samples);
-            r.dropped += p.dropped;
-        })?;
-        Ok(r)
+        std::thread::scope(|s| s.spawn(|| run(config, 1.0)).join().unwrap())
     }
 
     #[test]

@@ -8,7 +8,8 @@ use super::live::Target;
 /// aliases with the swap rate (at an even number of swaps per period a vCPU would never be
 /// charged to its other core, and the per-core gap would be as if it never moved).
 pub struct RunSplit {
-    schedstat: Vec<std::path::PathBuf>,
+    /// Each vCPU's (VMM pid, thread).
+    threads: Vec<(u32, u32)>,
     /// Each vCPU's run time (ns) at its last read; None where it could not be read.
     last: Vec<Option<u64>>,
     /// ns each vCPU ran on each core this period, as far as read.
@@ -17,17 +18,17 @@ pub struct RunSplit {
 
 impl RunSplit {
     pub fn new(targets: &[Target], cores: usize) -> RunSplit {
-        let schedstat: Vec<std::path::PathBuf> =
-            targets.iter().map(|t| format!("/proc/{}/task/{}/schedstat", t.pid, t.tid).into()).collect();
-        let last = schedstat.iter().map(|p| run_ns(p)).collect();
-        RunSplit { schedstat, last, ran: vec![vec![0; cores]; targets.len()] }
+        let threads: Vec<(u32, u32)> = targets.iter().map(|t| (t.pid, t.tid)).collect();
+        let last = threads.iter().map(|&(pid, tid)| run_ns(pid, tid)).collect();
+        RunSplit { threads, last, ran: vec![vec![0; cores]; targets.len()] }
     }
 
     /// vCPU `v` has left core `from`: what it ran since the last read was there. At a
     /// period's end a running thread's figure may lag by a tick; the lag is read with the next
     /// move off the same core, so it shifts between periods, never between cores.
     pub fn leaving(&mut self, v: usize, from: usize) {
-        let now = run_ns(&self.schedstat[v]);
+        let (pid, tid) = self.threads[v];
+        let now = run_ns(pid, tid);
         if let (Some(now), Some(last)) = (now, self.last[v]) {
             self.ran[v][from] += now.saturating_sub(last);
         }
@@ -55,8 +56,8 @@ impl RunSplit {
 }
 
 /// The run time (ns) in a thread's schedstat, if it is there.
-fn run_ns(schedstat: &std::path::Path) -> Option<u64> {
-    std::fs::read_to_string(schedstat).ok()?.split_whitespace().next()?.parse().ok()
+fn run_ns(pid: u32, tid: u32) -> Option<u64> {
+    virtprof_host::schedstat::of_thread(pid, tid).map(|s| s.run_ns)
 }
 
 #[cfg(test)]
