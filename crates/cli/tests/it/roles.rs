@@ -102,6 +102,14 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
         .unwrap();
     let pid = qemu.id();
     let _qemu = Killed(qemu);
+    // Its vCPU threads first (a loaded host can keep QEMU initializing for seconds: CI once
+    // stopped it before it had any, and the recording had no VM), then some boot.
+    for _ in 0..600 {
+        if schedstat(pid).values().filter(|(comm, ..)| comm.ends_with("/TCG")).count() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(700));
     signal(pid, libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(100));
