@@ -708,10 +708,10 @@ pub struct RecordArgs {
     #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub duration: Option<Duration>,
     /// Per-CPU ring buffer size.
-    #[arg(long = "buffer-size", value_name = "KB", default_value_t = crate::recorder::DEFAULT_BUFFER_KB)]
+    #[arg(long = "buffer-size", value_name = "KB", default_value_t = virtprof_engine::recorder::DEFAULT_BUFFER_KB)]
     pub buffer_size_kb: u32,
     /// Trace clock (mono aligns with CLOCK_MONOTONIC, as testvm reports).
-    #[arg(long, value_name = "CLOCK", default_value = crate::recorder::DEFAULT_CLOCK)]
+    #[arg(long, value_name = "CLOCK", default_value = virtprof_engine::recorder::DEFAULT_CLOCK)]
     pub clock: String,
     /// VMM processes to snapshot KVM stats of at start and end (every VMM already running
     /// is included anyway; this makes a missing one an error).
@@ -730,7 +730,7 @@ pub struct RecordArgs {
     #[arg(long, value_name = "LIST", requires = "interval")]
     pub counters: Option<String>,
     /// Hardware counters the PMU runs at once; more hardware events rotate over sub-intervals.
-    #[arg(long, value_name = "N", default_value_t = crate::recorder::DEFAULT_HW_COUNTERS)]
+    #[arg(long, value_name = "N", default_value_t = virtprof_engine::recorder::DEFAULT_HW_COUNTERS)]
     pub hw_counters: usize,
     /// Also record a guest agent (`virtprof agent` inside a guest): vsock:CID:PORT,
     /// serial:PATH (QEMU's `-chardev socket,path=PATH` of a virtserialport) or tcp:HOST:PORT.

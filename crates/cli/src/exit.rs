@@ -10,27 +10,12 @@ use virtprof_session::SessionError;
 use virtprof_sinks::SinkError;
 use virtprof_trace::TraceError;
 
+pub use virtprof_engine::{usage, UsageError};
+
 /// Bad input, or the host lacks what the command needs.
 pub const USAGE: u8 = 2;
 /// The command started but failed.
 pub const FAILURE: u8 = 1;
-
-/// An error caused by the user's input, with the fix in its message.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// Shorthand for returning a usage error.
-pub fn usage(message: impl Into<String>) -> anyhow::Error {
-    UsageError(message.into()).into()
-}
 
 /// Print `virtprof: error chain` on one line and choose the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {

@@ -2,15 +2,10 @@
 
 mod args;
 mod cmd;
-mod energy;
 mod exit;
 mod exit_table;
 mod output;
-mod pass;
 mod qos;
-mod recorder;
-mod testvms;
-mod vcpu_vms;
 mod watch;
 
 use std::process::ExitCode;

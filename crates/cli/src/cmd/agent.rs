@@ -1,6 +1,5 @@
 //! `virtprof agent`: the guest side (`virtprof_agent::serve`), with its options checked.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use virtprof_agent::collect::CollectConfig;
@@ -18,7 +17,7 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     if !(10_000_000..=3_600_000_000_000).contains(&interval_ns) {
         return Err(usage("--interval: between 10ms and 1h"));
     }
-    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let token = args.token_file.as_deref().map(virtprof_engine::token::read_token).transpose()?;
     if matches!(args.listen, Address::Tcp(_)) && token.is_none() {
         return Err(usage(format!(
             "--listen {}: TCP is open to anyone who can reach it; give --token-file FILE (the host passes the same file to --agent-token-file)",
@@ -90,30 +89,4 @@ fn noise_config(args: &AgentArgs) -> anyhow::Result<Option<NoiseConfig>> {
     }
     let probe = args.noise_probe.unwrap_or_default();
     Ok(Some(NoiseConfig { cpus: cpus.0.clone(), threshold_ns, period_ns, runtime_ns, probe }))
-}
-
-/// A token file's first line (a secret: read with a size limit, never echoed).
-/// A secret others on the host can read is no secret: say so (the run goes on; the file is
-/// the user's to fix).
-fn warn_if_others_can_read(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(meta) = std::fs::metadata(path) {
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o004 != 0 {
-            eprintln!(
-                "virtprof: warning: token file '{}' is readable by every user (mode {mode:04o}); chmod 600 it",
-                path.display()
-            );
-        }
-    }
-}
-
-pub fn read_token(path: &Path) -> anyhow::Result<String> {
-    let text = virtprof_host::input::read_text(path, "token file", 4096).map_err(|e| usage(e.to_string()))?;
-    let token = text.lines().next().unwrap_or("").trim().to_string();
-    warn_if_others_can_read(path);
-    if token.len() < 8 {
-        return Err(usage(format!("token file '{}': the token needs 8 characters or more", path.display())));
-    }
-    Ok(token)
 }

@@ -11,7 +11,7 @@ use virtprof_analysis::correlate::{self, Matrix, Method, Spread, Summary};
 
 use crate::args::CompareArgs;
 use crate::exit::usage;
-use crate::pass::{features, interval_table};
+use virtprof_engine::pass::{features, interval_table};
 
 /// One recording's rates and correlations.
 struct Run {

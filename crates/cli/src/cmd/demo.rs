@@ -10,8 +10,8 @@ use virtprof_model::units::{duration_ns, format_duration};
 
 use crate::args::DemoArgs;
 use crate::exit::usage;
-use crate::testvms::TestVms;
 use crate::watch::{self, Watch};
+use virtprof_engine::testvms::TestVms;
 
 /// The demo's VMs: (name, testvm arguments).
 const VMS: [(&str, &[&str]); 3] = [

@@ -18,8 +18,8 @@ use virtprof_store::recording::Task;
 use crate::args::{ExitsArgs, GroupBy};
 use crate::exit::usage;
 use crate::exit_table::{count, exits_line, reason_table, time_line, us};
-use crate::recorder::{record_into, RecordOptions};
-use crate::vcpu_vms::VmOf;
+use virtprof_engine::recorder::{record_into, RecordOptions};
+use virtprof_engine::vcpu_vms::VmOf;
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
@@ -284,7 +284,7 @@ fn comm_of(tasks: &[Task], tid: u32) -> String {
     tasks.iter().find(|t| t.tid == tid).map(|t| t.comm.clone()).unwrap_or_default()
 }
 
-/// Each vCPU thread's VM (see [`crate::vcpu_vms`]).
+/// Each vCPU thread's VM (see [`virtprof_engine::vcpu_vms`]).
 fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTreeMap<u32, VmOf> {
     let mut tasks = recording.metadata.tasks.clone();
     if let Some(footer) = &recording.footer {
@@ -297,7 +297,7 @@ fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTree
         .iter()
         .map(|v| (v.tid, v.vcpu_id.or_else(|| virtprof_kvm::discover::vcpu_index(&comm_of(&tasks, v.tid)))))
         .collect();
-    crate::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests, parents)
+    virtprof_engine::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests, parents)
 }
 
 fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Table {

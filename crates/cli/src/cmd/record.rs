@@ -1,4 +1,4 @@
-//! `virtprof record -o FILE [-- CMD]`: the recorder (`crate::recorder`) writing a `.vprec`, with
+//! `virtprof record -o FILE [-- CMD]`: the recorder (`virtprof_engine::recorder`) writing a `.vprec`, with
 //! its summary on stderr.
 
 use std::process::ExitCode;
@@ -9,7 +9,7 @@ use virtprof_agent::transport::Address;
 
 use crate::args::RecordArgs;
 use crate::exit::usage;
-use crate::recorder::{record, RecordOptions};
+use virtprof_engine::recorder::{record, RecordOptions};
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let options = options(args)?;
@@ -79,13 +79,13 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         None => None,
     };
     let token = match &args.agent_token_file {
-        Some(path) => Some(crate::cmd::agent::read_token(path)?),
+        Some(path) => Some(virtprof_engine::token::read_token(path)?),
         None => None,
     };
     if let Some(a) = args.agent.iter().find(|a| matches!(a, Address::Tcp(_))).filter(|_| token.is_none()) {
         return Err(usage(format!("--agent {a}: a tcp agent needs its token: --agent-token-file FILE")));
     }
-    if !args.agent.is_empty() && args.clock != crate::recorder::DEFAULT_CLOCK {
+    if !args.agent.is_empty() && args.clock != virtprof_engine::recorder::DEFAULT_CLOCK {
         return Err(usage(format!(
             "--agent with --clock {}: guest rows are aligned to CLOCK_MONOTONIC, so the trace clock must be mono",
             args.clock

@@ -12,8 +12,8 @@ use virtprof_model::Loss;
 
 use crate::args::SchedArgs;
 use crate::exit::usage;
-use crate::pass::{recording_tasks, VcpuAccounting};
 use crate::qos::{log_rows, roles_table, table, LOG_HEADER};
+use virtprof_engine::pass::{recording_tasks, VcpuAccounting};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// `sched --json`: the same `windows[]` as `top --once --json`.

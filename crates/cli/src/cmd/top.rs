@@ -21,7 +21,7 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
             )));
         }
     }
-    let token = args.agent_token_file.as_deref().map(crate::cmd::agent::read_token).transpose()?;
+    let token = args.agent_token_file.as_deref().map(virtprof_engine::token::read_token).transpose()?;
     if let Some(a) = args.agent.iter().find(|a| matches!(a, Address::Tcp(_))).filter(|_| token.is_none()) {
         return Err(usage(format!("--agent {a}: a tcp agent needs its token: --agent-token-file FILE")));
     }

@@ -20,7 +20,7 @@ use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, WindowReport};
 use virtprof_host::procfs::{clock_ticks_per_second, task_stat};
 
-use super::sampler::{Sampler, Snapshot};
+use virtprof_engine::sampler::{Sampler, Snapshot};
 
 /// Upper bounds of the exit-duration histogram's buckets, ns: 1 µs to 100 ms.
 const DURATION_BOUNDS_NS: [u64; 16] = [

@@ -1,10 +1,8 @@
-//! The live XenMon-style view of the host's VMs that `top` and `demo` open. [`sampler`]
+//! The live XenMon-style view of the host's VMs that `top` and `demo` open. The engine's sampler
 //! gathers, [`view`] draws; this module runs the loop, the `--once` mode and the CSV log.
 
-mod energy;
-mod guests;
+mod lines;
 pub mod metrics;
-pub mod sampler;
 pub mod view;
 
 use std::fs::{File, OpenOptions};
@@ -19,8 +17,8 @@ use virtprof_host::stop::STOP_REQUESTED;
 
 use crate::exit::usage;
 use crate::qos::{log_rows, table, LOG_HEADER};
-use sampler::{Sampler, Snapshot};
 use view::{Action, ViewState};
+use virtprof_engine::sampler::{Sampler, Snapshot};
 use virtprof_model::units::duration_ns;
 
 /// How often the loop wakes between refreshes to notice SIGTERM or the demo's end.
@@ -77,7 +75,7 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace, false)?;
-    let guests = guests::Guests::start(&w.agents)?;
+    let guests = virtprof_engine::guests::Guests::start(&w.agents)?;
     if let Some(why) = &why_polling {
         eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
     }
@@ -110,7 +108,7 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
 fn interactive(
     terminal: &mut ratatui::DefaultTerminal,
     sampler: &mut Sampler,
-    guests: &guests::Guests,
+    guests: &virtprof_engine::guests::Guests,
     w: &Watch<'_>,
     log: &mut Option<File>,
 ) -> anyhow::Result<ExitCode> {
@@ -185,9 +183,9 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
         snapshot.lost_events
     )?;
     table(window, true).write_text(&mut out)?;
-    writeln!(out, "{}", energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer))?;
+    writeln!(out, "{}", lines::energy(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer))?;
     for g in &snapshot.guests {
-        writeln!(out, "{}", guests::line(g))?;
+        writeln!(out, "{}", lines::guest(g))?;
     }
     for line in crate::qos::owner_lines(window) {
         writeln!(out, "{line}")?;

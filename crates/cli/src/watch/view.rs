@@ -10,8 +10,8 @@ use ratatui::widgets::{Block, Clear, Paragraph, Row, Table};
 use ratatui::Frame;
 use virtprof_analysis::qos::{VmRow, WindowReport};
 
-use super::sampler::Snapshot;
 use crate::qos::{role_cells, vcpu_cells, vm_cells, COLUMNS};
+use virtprof_engine::sampler::Snapshot;
 use virtprof_model::vmm::ThreadRole;
 
 /// Smallest usable terminal.
@@ -163,7 +163,7 @@ pub fn render(frame: &mut Frame, snapshot: &Snapshot, state: &ViewState, status:
         Constraint::Length(1),
     ])
     .areas(area);
-    let guest_lines: Vec<Line> = snapshot.guests.iter().map(|g| Line::from(super::guests::line(g))).collect();
+    let guest_lines: Vec<Line> = snapshot.guests.iter().map(|g| Line::from(super::lines::guest(g))).collect();
     frame.render_widget(Paragraph::new(guest_lines), guests);
     let Some(window) = snapshot.windows.get(state.window) else { return };
     frame.render_widget(Paragraph::new(header_lines(snapshot, window, state, status)), header);
@@ -204,7 +204,7 @@ fn header_lines<'a>(snapshot: &Snapshot, window: &WindowReport, state: &ViewStat
     } else {
         format!("{status} · mode {}", snapshot.mode)
     };
-    let third = super::energy::line(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer);
+    let third = super::lines::energy(&snapshot.cores, snapshot.swaps_per_s, snapshot.balancer);
     vec![Line::from(first).bold(), Line::from(second), Line::from(third)]
 }
 
@@ -336,7 +336,7 @@ mod tests {
             exits_source: "kvm-stats".into(),
             vms: vec![vm(100, "contend-0", 48.3), vm(200, "contend-1", 51.7)],
         };
-        let core = |cpu| super::super::energy::CoreRow { cpu, power_w: 9.5, total_j: 120.0, temp_c: 44.8 };
+        let core = |cpu| virtprof_engine::energy::book::CoreRow { cpu, power_w: 9.5, total_j: 120.0, temp_c: 44.8 };
         Snapshot {
             mode: "trace",
             approximate: false,

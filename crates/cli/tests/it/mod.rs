@@ -6,6 +6,7 @@ mod doctor;
 mod errors;
 mod exits;
 mod intervals;
+mod layout;
 mod loss;
 mod noise;
 mod perf_stat;

@@ -19,10 +19,10 @@ use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::inspect;
 use virtprof_kvm::guest_counters::GuestCounters;
 
-use super::live::{self, RunConfig, RunResult, Target};
 use crate::args::Experiment;
-use crate::energy::Model;
-use crate::testvms::TestVms;
+use virtprof_engine::balance::{self as live, RunConfig, RunResult, Target};
+use virtprof_engine::energy::Model;
+use virtprof_engine::testvms::TestVms;
 
 /// The seed's migration frequencies.
 pub const FREQUENCIES_HZ: [f64; 6] = [0.0, 1.0, 10.0, 20.0, 100.0, 1000.0];

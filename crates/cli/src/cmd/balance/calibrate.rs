@@ -10,8 +10,8 @@ use serde::Serialize;
 use virtprof_analysis::energy::{calibrate, Activity};
 use virtprof_model::units::saturating_u64;
 
-use crate::energy::Model;
 use crate::exit::usage;
+use virtprof_engine::energy::Model;
 
 /// The pseudo-metric of period length: its weight is static power (W).
 pub const SECONDS: &str = "seconds";

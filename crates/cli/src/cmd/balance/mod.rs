@@ -3,14 +3,10 @@
 //! recording (`--replay`); `calibrate` fits the energy weights, `bench` runs the seed's
 //! experiments on test VMs.
 
-mod actuator;
 mod bench;
 mod calibrate;
-mod live;
 mod output;
 mod replay;
-mod split;
-mod verify;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -20,8 +16,8 @@ use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_model::units::{duration_ns, format_duration};
 
 use crate::args::{BalanceAction, BalanceArgs, BalanceBenchArgs, CalibrateArgs, CpuList};
-use crate::energy::{model, powercap, Model};
 use crate::exit::usage;
+use virtprof_engine::energy::{model, powercap, Model};
 
 pub fn run(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     match &args.action {
@@ -58,9 +54,9 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
         return Err(usage(format!("--cpus: balancing needs at least two CPUs, got {cpus:?}")));
     }
     let vms = find_vms(&args.vm)?;
-    let targets = live::Target::of(&vms);
+    let targets = virtprof_engine::balance::Target::of(&vms);
     virtprof_host::stop::install_handler();
-    let config = live::RunConfig {
+    let config = virtprof_engine::balance::RunConfig {
         cpus,
         period_ns,
         duration_ns,
@@ -87,7 +83,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
             if args.dry_run { ", dry run" } else { "" }
         );
     }
-    let result = live::run(&vms, targets, &config)?;
+    let result = virtprof_engine::balance::run(&vms, targets, &config)?;
     output::run(&result, &config, args.json, args.html.as_deref())
 }
 
@@ -153,12 +149,12 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
     };
     let period_ns = duration_ns(args.period);
     let vms = find_vms(&[])?;
-    let targets = live::Target::of(&vms);
+    let targets = virtprof_engine::balance::Target::of(&vms);
     let weights = Model::default_model();
     let metrics: Vec<String> =
         weights.per_event_j.keys().cloned().chain(std::iter::once(calibrate::SECONDS.to_string())).collect();
     virtprof_host::stop::install_handler();
-    let config = live::RunConfig {
+    let config = virtprof_engine::balance::RunConfig {
         cpus: virtprof_trace::capture::online_cpus(),
         period_ns,
         duration_ns: Some(duration_ns(args.duration)),
@@ -172,7 +168,7 @@ fn live_samples(args: &CalibrateArgs) -> anyhow::Result<calibrate::Samples> {
     meter.joules();
     let mut samples = calibrate::Samples { periods: Vec::new(), measured_j: Vec::new(), metrics };
     let period_s = period_ns as f64 / 1e9;
-    live::run_observed(&vms, targets, &config, &mut |activities| {
+    virtprof_engine::balance::run_observed(&vms, targets, &config, &mut |activities| {
         let mut total = virtprof_analysis::energy::Activity::default();
         for a in activities {
             total.run_ns += a.run_ns;

@@ -9,8 +9,8 @@ use virtprof_analysis::balancer::{gap_bound_seen_j, Policy};
 
 use super::bench::BenchResult;
 use super::calibrate::Fit;
-use super::live::{CoreTime, RunConfig, RunResult};
 use super::replay::Replay;
+use virtprof_engine::balance::{CoreTime, RunConfig, RunResult};
 use virtprof_sinks::html as page;
 
 const SCRIPT: &str = include_str!("../../../assets/balance.js");

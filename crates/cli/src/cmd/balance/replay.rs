@@ -12,9 +12,9 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
-use crate::energy::Model;
 use crate::exit::usage;
-use crate::pass::interval_table;
+use virtprof_engine::energy::Model;
+use virtprof_engine::pass::interval_table;
 
 /// What a replay found.
 #[derive(Debug, Clone, Serialize)]

@@ -3,11 +3,9 @@
 //! bins, sequences and a differential against a saved profile.
 
 mod output;
-mod sources;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use virtprof_analysis::pcprof::{self, Labeled};
@@ -18,7 +16,8 @@ use virtprof_model::units::duration_ns;
 
 use crate::args::{BootArgs, Kaslr};
 use crate::exit::usage;
-pub use sources::Truth;
+pub use virtprof_engine::boot::Truth;
+use virtprof_engine::boot::{self as sources, Sampling};
 
 /// What `--save` writes and `--load`/`--compare` read.
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,16 +67,6 @@ enum Collector {
     Qemu(sources::QemuLaunch),
     Gdb(String),
     Recording(PathBuf),
-}
-
-/// How a live source is sampled.
-pub struct Sampling {
-    /// Samples per second per vCPU.
-    pub rate: u32,
-    /// Stop sampling after this long (--qemu, --gdb).
-    pub limit: Option<Duration>,
-    /// Search guest memory for the kernel's KASLR slide.
-    pub find_kaslr: bool,
 }
 
 impl Options {

@@ -19,7 +19,7 @@ use virtprof_session::Session;
 use super::explain::Explanation;
 use super::trace::{missing, EVENTS, HOST_EVENTS};
 use crate::exit::usage;
-use crate::pass::recording_tasks;
+use virtprof_engine::pass::recording_tasks;
 
 /// What `noise --host-recording` reports for agents' samples.
 #[derive(Debug, Serialize)]

@@ -1,6 +1,6 @@
 //! `report --html`: the shared page with the report's JSON and `assets/report.js`.
 
-use super::model::Report;
+use virtprof_engine::report::Report;
 
 const REPORT_JS: &str = include_str!("../../../assets/report.js");
 

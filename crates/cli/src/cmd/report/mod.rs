@@ -5,7 +5,6 @@
 
 use std::io::Write;
 mod html;
-mod model;
 mod text;
 
 use std::process::ExitCode;
@@ -13,8 +12,8 @@ use std::process::ExitCode;
 use virtprof_analysis::correlate::Method;
 
 use crate::args::ReportArgs;
-use crate::pass::{analyse_with, Want};
 use virtprof_analysis::Names;
+use virtprof_engine::pass::{analyse_with, Want};
 use virtprof_model::event::{Event, EventKind};
 use virtprof_session::Session;
 
@@ -34,8 +33,8 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     let analysis = analyse_with(&mut recording, want, &mut markers)?;
     pio.sort_unstable_by_key(|p| p.1);
     let method = if args.spearman { Method::Spearman } else { Method::Pearson };
-    let limits = model::Limits { top_exits: args.top_exits, top_pairs: args.top, method };
-    let report = model::build(&args.file, &recording, analysis, &limits, &pio);
+    let limits = virtprof_engine::report::Limits { top_exits: args.top_exits, top_pairs: args.top, method };
+    let report = virtprof_engine::report::build(&args.file, &recording, analysis, &limits, &pio);
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
         virtprof_host::output::write_file(path, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;

@@ -4,8 +4,8 @@ use std::io::{self, Write};
 
 use virtprof_model::units::format_duration_ns;
 
-use super::model::{GuestNoiseOut, IntervalsOut, Report};
 use crate::exit_table::reason_table;
+use virtprof_engine::report::{GuestNoiseOut, IntervalsOut, Report};
 
 pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     writeln!(out, "{} ({}, trace clock {}), {} CPUs", r.recording, r.origin, r.trace_clock, r.cpus)?;
@@ -54,7 +54,7 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     Ok(())
 }
 
-fn print_guest(g: &super::model::GuestOut, out: &mut impl Write) -> io::Result<()> {
+fn print_guest(g: &virtprof_engine::report::GuestOut, out: &mut impl Write) -> io::Result<()> {
     // Everything here came from inside a guest: escaped before it reaches a terminal.
     let p = virtprof_model::units::printable;
     if g.link.as_ref().is_some_and(|l| l.sessions == 0) {

@@ -16,7 +16,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 use crate::args::ServeArgs;
 use crate::exit::usage;
 use crate::watch::metrics::{exposition, Format, Scrape, VmmCpu};
-use crate::watch::sampler::Sampler;
+use virtprof_engine::sampler::Sampler;
 
 /// How often the sampler refreshes between scrapes: at least every second while the trace
 /// fills its buffers fast, at most every 10 s while it is quiet (refreshes are most of serve's

@@ -41,7 +41,7 @@ impl Config {
         let listen = args.listen.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
             usage(format!("--listen '{}': not an address (HOST:PORT, e.g. 127.0.0.1:9477)", args.listen))
         })?;
-        let token = args.token_file.as_deref().map(crate::cmd::agent::read_token).transpose()?;
+        let token = args.token_file.as_deref().map(virtprof_engine::token::read_token).transpose()?;
         if !listen.ip().is_loopback() && token.is_none() {
             return Err(usage(format!(
                 "--listen {listen}: other hosts can reach this address; give --token-file FILE \

@@ -1,7 +1,7 @@
 //! Where each vCPU's run time went, core by core, within a balancing period: a vCPU swapped
 //! several times a period ran on several cores, and each core is charged its part.
 
-use super::live::Target;
+use super::Target;
 
 /// Where each vCPU's run time of the current period went, core by core. Its thread's
 /// schedstat is read whenever it moves: charging a whole period to the core a vCPU ends it on

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use virtprof_analysis::energy::{Thermal, Weights};
 
-use crate::exit::usage;
+use crate::usage;
 
 /// The default model file, with its documentation.
 pub const DEFAULT_TOML: &str = include_str!("../../assets/balance/model.toml");

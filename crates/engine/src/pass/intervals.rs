@@ -7,7 +7,7 @@ use virtprof_model::interval::{Entity, SeriesKind};
 use virtprof_session::Session;
 
 use super::{analyse, Want};
-use crate::exit::usage;
+use crate::usage;
 
 /// The interval table of a recording with the trace-derived columns and per-VM sums added;
 /// a usage error for a recording without interval rows.

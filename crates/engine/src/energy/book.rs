@@ -10,7 +10,7 @@ use serde::Serialize;
 use virtprof_analysis::energy::{Activity, Thermal, Weights};
 use virtprof_analysis::qos::WindowReport;
 
-use crate::energy::{status, Model};
+use super::{status, Model};
 
 /// One core in the energy line.
 #[derive(Debug, Clone, Serialize)]
@@ -113,16 +113,4 @@ impl EnergyBook {
             self.balanced.clone()
         }
     }
-}
-
-/// `energy: cpu0 10.0 W 12 J 45.0 °C · cpu1 ... · swaps/s 9.5` (or `swaps/s –` with no balancer;
-/// `energy (balance PID)` when the figures are a balancer's).
-pub fn line(cores: &[CoreRow], swaps_per_s: Option<f64>, balancer: Option<u32>) -> String {
-    let mut parts: Vec<String> = cores
-        .iter()
-        .map(|c| format!("cpu{} {:.1} W {:.0} J {:.1} °C", c.cpu, c.power_w, c.total_j, c.temp_c))
-        .collect();
-    parts.push(swaps_per_s.map_or_else(|| "swaps/s –".to_string(), |s| format!("swaps/s {s:.1}")));
-    let source = balancer.map_or_else(|| "energy".to_string(), |pid| format!("energy (balance {pid})"));
-    format!("{source}: {}", parts.join(" · "))
 }

@@ -1,4 +1,4 @@
-//! Where samples come from: the micro-VMM's kicks (`--testvm`), a QEMU gdbstub (`--qemu`,
+//! Where `boot`'s samples come from: the micro-VMM's kicks (`--testvm`), a QEMU gdbstub (`--qemu`,
 //! `--gdb`), or the kvm_exit events of a recording (`--recording`).
 
 use std::collections::BTreeMap;
@@ -20,8 +20,17 @@ use virtprof_model::pcsample::{PcSample, Realm};
 use regex::Regex;
 use virtprof_session::Session;
 
-use super::Sampling;
-use crate::exit::usage;
+use crate::usage;
+
+/// How a live source is sampled.
+pub struct Sampling {
+    /// Samples per second per vCPU.
+    pub rate: u32,
+    /// Stop sampling after this long (--qemu, --gdb).
+    pub limit: Option<Duration>,
+    /// Search guest memory for the kernel's KASLR slide.
+    pub find_kaslr: bool,
+}
 
 /// Samples and what is known about how they were taken.
 pub struct Collected {

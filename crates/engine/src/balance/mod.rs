@@ -4,6 +4,10 @@
 //! experiment) run on their own clock between periods. A dry run books and decides the same
 //! way but never touches a thread.
 
+mod actuator;
+mod split;
+pub mod verify;
+
 use std::sync::atomic::Ordering;
 
 use serde::Serialize;
@@ -19,10 +23,10 @@ use virtprof_kvm::discover::DiscoveredVm;
 use virtprof_model::interval::Entity;
 use virtprof_model::units::saturating_u64;
 
-use super::actuator::Actuator;
-use super::split::RunSplit;
-use super::verify::{Placement, Tracer, Verification};
 use crate::energy::Model;
+use actuator::Actuator;
+use split::RunSplit;
+use verify::{Placement, Tracer, Verification};
 
 /// A vCPU under balancing.
 #[derive(Debug, Clone, Serialize)]

@@ -10,7 +10,7 @@ use virtprof_model::units::format_duration_ns;
 use virtprof_model::EventKind;
 use virtprof_session::Session;
 
-use crate::qos::HostTasks;
+use crate::tasks::HostTasks;
 
 /// Run/wait/blocked accounting of a recording's vCPU threads and the other threads of their
 /// VMMs. Named threads alive at
@@ -90,7 +90,7 @@ impl VcpuAccounting {
     pub fn finish(&mut self) -> anyhow::Result<virtprof_analysis::sched::Span> {
         if let Some(ts) = self.inner.overflow() {
             let width = self.inner.options().bucket_ns;
-            return Err(crate::exit::usage(format!(
+            return Err(crate::usage(format!(
                 "'{}': an event {} after the first needs more than {MAX_KEPT_BUCKETS} windows of {}: ask for a wider --window, or the file is damaged there (see the `lost events` line of `virtprof exits`)",
                 self.source.display(),
                 format_duration_ns(ts.saturating_sub(self.first_ts)),

@@ -26,7 +26,7 @@ use virtprof_store::recording::{
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
-use crate::exit::usage;
+use crate::usage;
 
 /// Batches in flight between reader and writer: at most this × 64 pages (16 MiB) buffered.
 const CHANNEL_BATCHES: usize = 64;

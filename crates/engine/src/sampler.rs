@@ -21,8 +21,8 @@ use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_model::units::saturating_u64;
 use virtprof_model::Loss;
 
-use super::energy::{CoreRow, EnergyBook};
-use crate::qos::HostTasks;
+use crate::energy::book::{CoreRow, EnergyBook};
+use crate::tasks::HostTasks;
 use virtprof_session::LiveTrace;
 use virtprof_session::{evidence_event_ids, DecoderNames};
 
@@ -73,7 +73,7 @@ pub struct Snapshot {
     pub balancer: Option<u32>,
     /// Guests seen from inside (`top --agent`), over the refresh interval.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub guests: Vec<super::guests::GuestLive>,
+    pub guests: Vec<crate::guests::GuestLive>,
 }
 
 /// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).

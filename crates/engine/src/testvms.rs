@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::exit::usage;
+use crate::usage;
 
 /// Running `virtprof testvm` processes; dropping them stops them (and their VMMs).
 pub struct TestVms {
