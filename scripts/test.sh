@@ -26,6 +26,11 @@ if [ "$(id -u)" = 0 ]; then
     # over HTTP and HTTPS (a self-signed certificate).
     command -v prometheus >/dev/null || need+=(prometheus)
     command -v curl >/dev/null || need+=(curl)
+    # clang 14, libbpf's headers, llvm-strip: the eBPF objects are rebuilt and compared with
+    # the committed ones (scripts/bpf/build.sh --check).
+    command -v clang-14 >/dev/null || need+=(clang-14)
+    command -v llvm-strip-14 >/dev/null || need+=(llvm-14)
+    [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
     command -v openssl >/dev/null || need+=(openssl)
     if [ ${#need[@]} -gt 0 ]; then
         echo "test.sh: installing ${need[*]}"

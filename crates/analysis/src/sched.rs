@@ -170,7 +170,8 @@ impl ReasonKey {
         }
     }
 
-    fn is_kvm_exit(self) -> bool {
+    /// A `kvm_exit` reason (not a userspace exit or evidence).
+    pub fn is_kvm_exit(self) -> bool {
         matches!(self, ReasonKey::Exit { .. })
     }
 }

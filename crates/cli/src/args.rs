@@ -403,11 +403,13 @@ pub struct ExitsArgs {
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Per vCPU thread, from sched_switch/sched_wakeup in a private tracefs instance: RUN% (on a CPU),
-WAIT% (runnable, waiting: host-side steal), BLK% (sleeping, e.g. on I/O or halt), executions,
-CPU and wait per execution, blocked time per I/O, allocation (executions ended by preemption),
-I/O count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Without
-tracefs (or with --no-trace) it polls schedstat and KVM stats instead and says so.
+Per vCPU thread, from sched_switch/sched_wakeup and the kvm events: RUN% (on a CPU), WAIT%
+(runnable, waiting: host-side steal), BLK% (sleeping, e.g. on I/O or halt), executions, CPU and
+wait per execution, blocked time per I/O, allocation (executions ended by preemption), I/O
+count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Counted in the
+kernel by an eBPF program where it loads (mode kernel; `virtprof doctor` says); else, or with
+--no-bpf, decoded from a private tracefs instance (mode trace); without tracefs (or with
+--no-trace) it polls schedstat and KVM stats instead and says so.
 
 KEYS: q quit  c cycle physical CPU  s sort  f filter  v VM/vCPU rows  w 1 s/10 s window
       p pause  ? help
@@ -416,7 +418,8 @@ EXAMPLES:
   virtprof top                              every VM on this host
   virtprof top -d 2 --vm 4242               one VMM, refresh every 2 s
   virtprof top --once --json                sample 1 s, print the JSON (schema: docs/top.md)
-  virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh")]
+  virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh
+  virtprof top --once --no-bpf              the same from every traced event, decoded here")]
 pub struct TopArgs {
     #[command(flatten)]
     pub watch: WatchArgs,
@@ -499,8 +502,12 @@ pub struct WatchArgs {
     #[arg(long, requires = "once")]
     pub json: bool,
     /// Do not trace: poll schedstat and KVM stats (approximate; what `top` does without tracefs).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_bpf")]
     pub no_trace: bool,
+    /// Do not aggregate in the kernel (eBPF): decode every traced event in user space, as
+    /// hosts where the eBPF program does not load do.
+    #[arg(long)]
+    pub no_bpf: bool,
 }
 
 #[derive(Debug, Args)]

@@ -10,6 +10,7 @@ pub mod balance;
 pub mod boot;
 pub mod energy;
 pub mod guests;
+pub mod kernel_counts;
 pub mod pass;
 pub mod recorder;
 pub mod report;

@@ -7,7 +7,7 @@ use virtprof_trace::decode::Decoder;
 
 /// kvm events that stand for one exit each where `kvm_exit` does not fire (the in-kernel
 /// handlers' own tracepoints).
-const EVIDENCE_EVENTS: [&str; 6] =
+pub const EVIDENCE_EVENTS: [&str; 6] =
     ["kvm_cpuid", "kvm_msr", "kvm_hypercall", "kvm_hv_hypercall", "kvm_cr", "kvm_xsetbv"];
 
 /// The ids of [`EVIDENCE_EVENTS`] in the recorded kernel.

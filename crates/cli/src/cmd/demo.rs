@@ -55,7 +55,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         once: args.watch.once,
         json: args.watch.json,
         log: None,
-        no_trace: args.watch.no_trace,
+        mode: crate::watch::mode(&args.watch),
         done: &done,
         agents: Vec::new(),
     })

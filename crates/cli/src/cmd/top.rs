@@ -32,7 +32,7 @@ pub fn run(args: &TopArgs) -> anyhow::Result<ExitCode> {
         once: args.watch.once,
         json: args.watch.json,
         log: args.log.as_deref(),
-        no_trace: args.watch.no_trace,
+        mode: crate::watch::mode(&args.watch),
         done: &|| false,
     })
 }

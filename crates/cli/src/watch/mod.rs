@@ -18,7 +18,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 use crate::exit::usage;
 use crate::qos::{log_rows, table, LOG_HEADER};
 use view::{Action, ViewState};
-use virtprof_engine::sampler::{Sampler, Snapshot};
+use virtprof_engine::sampler::{Mode, Sampler, Snapshot};
 use virtprof_model::units::duration_ns;
 
 /// How often the loop wakes between refreshes to notice SIGTERM or the demo's end.
@@ -36,8 +36,8 @@ pub struct Watch<'a> {
     pub json: bool,
     /// Append CSV rows here.
     pub log: Option<&'a Path>,
-    /// Poll instead of tracing.
-    pub no_trace: bool,
+    /// Where the figures may come from (`--no-trace`: polled; `--no-bpf`: traced).
+    pub mode: Mode,
     /// Stop when this returns true (demo: its VMs ended).
     pub done: &'a dyn Fn() -> bool,
     /// Guest agents to show from inside (`top --agent`).
@@ -58,6 +58,15 @@ pub fn check_terminal(once: bool) -> anyhow::Result<()> {
 /// How often `--once` refreshes while it waits for its sample.
 const ONCE_REFRESH: Duration = Duration::from_millis(250);
 
+/// Where `top` and `demo` may get their figures, from their flags.
+pub fn mode(args: &crate::args::WatchArgs) -> Mode {
+    match (args.no_trace, args.no_bpf) {
+        (true, _) => Mode::Polled,
+        (false, true) => Mode::Traced,
+        (false, false) => Mode::Best,
+    }
+}
+
 /// Validate a `-d SECONDS` value.
 pub fn delay(seconds: f64) -> anyhow::Result<Duration> {
     if !(0.1..=3600.0).contains(&seconds) {
@@ -74,9 +83,12 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         Some(path) => Some(open_log(path)?),
         None => None,
     };
-    let (mut sampler, why_polling) = Sampler::start(w.only.clone(), w.no_trace, false)?;
+    let (mut sampler, fallback) = Sampler::start(w.only.clone(), w.mode, false)?;
     let guests = virtprof_engine::guests::Guests::start(&w.agents)?;
-    if let Some(why) = &why_polling {
+    if let Some(why) = &fallback.no_kernel {
+        eprintln!("virtprof: in-kernel aggregation unavailable ({why}): decoding every traced event instead");
+    }
+    if let Some(why) = &fallback.polling {
         eprintln!("virtprof: {why}: polling schedstat and KVM stats; figures are approximate");
     }
     if w.once {

@@ -196,6 +196,13 @@ fn background_testvm(args: &[&str]) -> (Background, Vec<u32>) {
     panic!("testvm {args:?} started no VM");
 }
 
+/// Whether `doctor` finds that the in-kernel aggregation program loads here.
+fn bpf_loads() -> bool {
+    let out = virtprof().args(["doctor", "--no-probe", "--json"]).output().unwrap();
+    let doctor: Value = serde_json::from_slice(&out.stdout).unwrap();
+    doctor["checks"].as_array().unwrap().iter().any(|c| c["name"] == "eBPF aggregation" && c["status"] == "ok")
+}
+
 fn top_json(extra: &[&str]) -> Value {
     let out = virtprof().args(["top", "--once", "--json"]).args(extra).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -203,22 +210,24 @@ fn top_json(extra: &[&str]) -> Value {
 }
 
 #[test]
-fn top_once_finds_the_vm_by_name_in_trace_and_polling_modes() {
-    let test = "top_once_finds_the_vm_by_name_in_trace_and_polling_modes";
+fn top_once_finds_the_vm_by_name_in_every_mode() {
+    let test = "top_once_finds_the_vm_by_name_in_every_mode";
     let Some(_vms) = have_kvm(test) else { return };
     let (_vm, pids) =
         background_testvm(&["--workload", "compute", "--vcpus", "2", "--duration", "20s", "--name", "busy"]);
     let pid = pids[0].to_string();
     let log = std::env::temp_dir().join(format!("virtprof-it-top-{}.csv", std::process::id()));
-    let mut modes = vec![vec!["--no-trace"]];
+    let mut modes: Vec<(Vec<&str>, &str)> = vec![(vec!["--no-trace"], "polling")];
     if have_tracefs(test) {
-        modes.push(vec![]);
+        // The default is in-kernel aggregation, where the eBPF program loads (doctor says).
+        modes.push((vec!["--no-bpf"], "trace"));
+        modes.push((vec![], if bpf_loads() { "kernel" } else { "trace" }));
     }
-    for mode in modes {
+    for (mode, expected) in &modes {
         let mut extra = vec!["--vm", pid.as_str(), "--log", log.to_str().unwrap()];
-        extra.extend(&mode);
+        extra.extend(mode);
         let top = top_json(&extra);
-        assert_eq!(top["mode"], if mode.is_empty() { "trace" } else { "polling" });
+        assert_eq!(top["mode"], *expected, "top --once {mode:?}");
         let windows = top["windows"].as_array().unwrap();
         assert_eq!(windows.iter().map(|w| w["label"].as_str().unwrap()).collect::<Vec<_>>(), ["1s", "10s", "run"]);
         let vm = &windows[0]["vms"][0];
@@ -248,7 +257,8 @@ fn top_once_finds_the_vm_by_name_in_trace_and_polling_modes() {
     let csv = std::fs::read_to_string(&log).unwrap();
     let _ = std::fs::remove_file(&log);
     assert!(csv.starts_with("time_s,window,entity,pid,vm,vcpu"), "{csv}");
-    assert_eq!(csv.lines().filter(|l| l.contains(",1s,vcpu,")).count(), 4, "{csv}");
+    // One 1 s row per vCPU per run of top.
+    assert_eq!(csv.lines().filter(|l| l.contains(",1s,vcpu,")).count(), 2 * modes.len(), "{csv}");
 }
 
 #[test]

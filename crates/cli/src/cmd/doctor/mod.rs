@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
+use virtprof_engine::kernel_counts::KernelCounter;
 use virtprof_kvm::caps::KvmCaps;
 use virtprof_model::HostKind;
 use virtprof_sinks::Table;
@@ -27,7 +28,7 @@ enum Status {
     Missing,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 struct Check {
     name: &'static str,
     status: Status,
@@ -143,6 +144,9 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         ));
     }
 
+    let in_kernel = in_kernel_check(tracefs.as_ref(), !kvm_events.is_empty());
+    checks.push(in_kernel.clone());
+
     let probe = match (&tracefs, &kvm.api_version, args.no_probe) {
         (Some(t), Ok(_), false) => Some(live_probe(t)),
         _ => None,
@@ -227,7 +231,8 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
 
     let probed = probe.as_ref().and_then(|p| p.as_ref().ok());
     let exits_live = probed.map(|p| p.events.get("kvm_exit").copied().unwrap_or(0) > 0);
-    let features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
+    let mut features = features(&kvm, tracefs.is_some(), exits_live, &hardware, rapl);
+    features.push(Feature { feature: "in-kernel aggregation", mode: in_kernel_mode(&in_kernel) });
     let guest_operations = probed.map(|p| p.operations.clone()).unwrap_or_default();
     let host_differences = probed.map(|p| probe::host_differences(kvm.kind, p)).unwrap_or_default();
     let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences };
@@ -342,6 +347,45 @@ fn features(
             "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc needs TSC2NSEC or --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; a host trace.dat and its guest's placed on one clock by TIME_SHIFT (exits/export --guest); not yet: the pair imported into one recording",
         ),
     ]
+}
+
+/// Whether the in-kernel aggregation (eBPF) loads here: the kernel's verifier accepts it and
+/// it attaches to this kernel's kvm tracepoints (then detaches: this is a probe).
+fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
+    const NAME: &str = "eBPF aggregation";
+    let Some(tracefs) = tracefs else {
+        return check(NAME, Status::Missing, "needs tracefs (the kvm tracepoints)", None);
+    };
+    if !kvm_events {
+        return check(NAME, Status::Missing, "no kvm tracepoints (is the kvm module loaded?)", None);
+    }
+    match KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS) {
+        Ok(counter) => check(
+            NAME,
+            Status::Ok,
+            format!("loads (verifier accepted) and attaches to {}", counter.attached().join(", ")),
+            None,
+        ),
+        Err(e) => check(
+            NAME,
+            Status::Warn,
+            format!("unavailable: {e}"),
+            Some("run as root on a kernel with CONFIG_BPF_SYSCALL and CONFIG_BPF_EVENTS"),
+        ),
+    }
+}
+
+/// What the eBPF check means for the live views, as things stand.
+fn in_kernel_mode(check: &Check) -> String {
+    match check.status {
+        Status::Ok => concat!(
+            "`top` and `demo` count exits by reason and run/wait/blocked per vCPU thread in the kernel ",
+            "(eBPF; --no-bpf decodes every traced event instead); `serve` still decodes traced events ",
+            "(it times exits, which the program does not yet)"
+        )
+        .to_string(),
+        _ => format!("unavailable ({}): `top`, `demo` and `serve` decode every traced event", check.detail),
+    }
 }
 
 /// What `virtprof noise` measures and attributes here.

@@ -16,7 +16,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 use crate::args::ServeArgs;
 use crate::exit::usage;
 use crate::watch::metrics::{exposition, Format, Scrape, VmmCpu};
-use virtprof_engine::sampler::Sampler;
+use virtprof_engine::sampler::{Mode, Sampler};
 
 /// How often the sampler refreshes between scrapes: at least every second while the trace
 /// fills its buffers fast, at most every 10 s while it is quiet (refreshes are most of serve's
@@ -40,8 +40,10 @@ pub struct Collector {
 
 impl Collector {
     fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<Collector> {
-        let (sampler, why_polling) = Sampler::start(only, no_trace, true)?;
-        if let Some(why) = why_polling {
+        // Exits are timed, which the traced path does (the in-kernel program does not yet).
+        let mode = if no_trace { Mode::Polled } else { Mode::Traced };
+        let (sampler, fallback) = Sampler::start(only, mode, true)?;
+        if let Some(why) = fallback.polling {
             eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
         }
         Ok(Collector { sampler, vmm_cpu: VmmCpu::default(), refreshed: Instant::now(), next: REFRESH_MIN })

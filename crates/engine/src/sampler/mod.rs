@@ -1,9 +1,14 @@
-//! Where `top`'s numbers come from. With tracefs: sched and kvm events from a private
-//! instance, decoded and accounted as they arrive, plus the KVM stats fds for exact exit
-//! counts. Without (or with `--no-trace`): schedstat and KVM stats polled each refresh, which
-//! gives wait and executions exactly, run time as schedstat's plus the host's steal share (see
-//! [`HostCpu`]), blocked time only as the remainder, and no allocation, I/O from the trace, or
-//! reasons.
+//! Where `top`'s and `serve`'s numbers come from, best first. In the kernel (`kernel`): an eBPF
+//! program on the sched and kvm tracepoints keeps each thread's time per state and exits by
+//! reason in maps read at each refresh ([`kernel`]); nothing per event reaches user space.
+//! Traced (`trace`; `serve`, which also times exits, and hosts where eBPF does not load): sched
+//! and kvm events from a private instance, decoded and accounted as they arrive. Both add the
+//! KVM stats fds for exact exit counts. Without tracefs (or with `--no-trace`): schedstat and
+//! KVM stats polled each refresh, which gives wait and executions exactly, run time as
+//! schedstat's plus the host's steal share (see [`HostCpu`]), blocked time only as the
+//! remainder, and no allocation, I/O from the trace, or reasons.
+
+mod kernel;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
@@ -52,14 +57,23 @@ const EVENTS: [&str; 12] = [
 /// through the FPU reload. `top` does without: on VMX/SVM `kvm_entry` doubles the events.
 const DURATION_EVENTS: [&str; 2] = ["kvm:kvm_entry", "kvm:kvm_fpu"];
 
+/// Why the sampler does not use a better source than the one it took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fallback {
+    /// In-kernel aggregation was tried and did not load (the reason).
+    pub no_kernel: Option<String>,
+    /// Polling, and why (`--no-trace`, or tracing unavailable).
+    pub polling: Option<String>,
+}
+
 /// One refresh's view: the windows `top` shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
-    /// `trace` or `polling`.
+    /// `kernel`, `trace` or `polling`.
     pub mode: &'static str,
     /// True in polling mode: blocked is a remainder, allocation and reasons are missing.
     pub approximate: bool,
-    /// Events the kernel dropped (trace mode).
+    /// Events the kernel dropped (trace mode), or that a full map could not count (kernel).
     pub lost_events: u64,
     /// Per CPU, with where the gaps were (trace mode).
     pub loss: Option<Loss>,
@@ -217,8 +231,20 @@ pub struct Sampler {
 }
 
 enum Source {
+    Kernel(Box<kernel::KernelSource>),
     Trace(Box<TraceSource>),
     Polling(PollSource),
+}
+
+/// How the sampler may get its figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// In the kernel where eBPF loads, else traced, else polled.
+    Best,
+    /// Traced (every event decoded in user space), else polled: what timing exits needs.
+    Traced,
+    /// Polled only (`--no-trace`).
+    Polled,
 }
 
 struct TraceSource {
@@ -243,17 +269,28 @@ impl PollSource {
 }
 
 impl Sampler {
-    /// Start sampling: tracing unless `no_trace` or tracefs is unusable (then polling, and the
-    /// reason is returned for the user); with `durations`, exits are timed too.
-    pub fn start(only: Vec<u32>, no_trace: bool, durations: bool) -> anyhow::Result<(Sampler, Option<String>)> {
-        let (source, why_polling) = if no_trace {
-            (Source::Polling(PollSource::new()), Some("--no-trace".to_string()))
-        } else {
-            match TraceSource::start(durations) {
-                Ok(t) => (Source::Trace(Box::new(t)), None),
-                Err(e) => (Source::Polling(PollSource::new()), Some(format!("tracing unavailable ({e:#})"))),
+    /// Start sampling the best way `mode` allows; with `durations` (traced only), exits are
+    /// timed too. Returns, for the user, why a better way was not taken (None: the best one
+    /// was) and whether the result is polling.
+    pub fn start(only: Vec<u32>, mode: Mode, durations: bool) -> anyhow::Result<(Sampler, Fallback)> {
+        let mut fallback = Fallback::default();
+        let mut source = None;
+        if mode == Mode::Best && !durations {
+            match kernel::KernelSource::start() {
+                Ok(k) => source = Some(Source::Kernel(Box::new(k))),
+                Err(e) => fallback.no_kernel = Some(format!("{e:#}")),
             }
-        };
+        }
+        if source.is_none() && mode != Mode::Polled {
+            match TraceSource::start(durations) {
+                Ok(t) => source = Some(Source::Trace(Box::new(t))),
+                Err(e) => fallback.polling = Some(format!("tracing unavailable ({e:#})")),
+            }
+        }
+        if mode == Mode::Polled {
+            fallback.polling = Some("--no-trace".to_string());
+        }
+        let source = source.unwrap_or_else(|| Source::Polling(PollSource::new()));
         let mut sampler = Sampler {
             discovery: Discovery::new("/proc", only.clone()),
             host: HostTasks::default(),
@@ -267,7 +304,7 @@ impl Sampler {
             looked_for: Default::default(),
         };
         sampler.refresh()?;
-        Ok((sampler, why_polling))
+        Ok((sampler, fallback))
     }
 
     /// Take in everything since the last refresh.
@@ -275,6 +312,7 @@ impl Sampler {
         let now = monotonic_ns();
         self.rediscover(now);
         match &mut self.source {
+            Source::Kernel(k) => k.read(now)?,
             Source::Trace(t) => t.drain(now)?,
             Source::Polling(p) => p.poll(&self.vms),
         }
@@ -291,14 +329,11 @@ impl Sampler {
         // new VMs and every few refreshes.
         // A thread the trace saw making kvm events that no known VM owns is a new VM: look
         // now, once per such thread (one that ended stays unowned).
-        let unowned: Vec<u32> = match &self.source {
-            Source::Trace(t) => t
-                .acc
-                .kvm_threads()
-                .filter(|tid| !self.host.threads.contains_key(tid) && !self.looked_for.contains(tid))
-                .collect(),
-            Source::Polling(_) => Vec::new(),
-        };
+        let unowned: Vec<u32> = self
+            .kvm_threads()
+            .into_iter()
+            .filter(|tid| !self.host.threads.contains_key(tid) && !self.looked_for.contains(tid))
+            .collect();
         let periodic = self.refreshes % RESCAN_EVERY == 0 || !unowned.is_empty();
         self.looked_for.extend(unowned);
         self.refreshes += 1;
@@ -315,22 +350,34 @@ impl Sampler {
             }
         }
         self.stats.retain(|pid, _| found.iter().any(|v| v.pid == *pid));
-        let tracked: Vec<u32> = match &self.source {
-            Source::Trace(t) => t.acc.kvm_threads().collect(),
-            Source::Polling(_) => Vec::new(),
-        };
+        let tracked = self.kvm_threads();
         let previous = std::mem::replace(&mut self.vms, self.host.vms(&tracked, &self.only));
         keep_exited_threads(&mut self.vms, &previous);
-        if let Source::Trace(t) = &mut self.source {
-            let tracked: std::collections::HashSet<u32> = t.acc.tracked().collect();
-            for vm in &self.vms {
-                let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
-                for tid in threads.filter(|tid| !tracked.contains(tid)) {
-                    if let Some((cpu, running)) = proc_state(vm.pid.0, tid) {
-                        t.acc.track_from_proc(tid, now, cpu, running);
-                    }
+        let tracked: std::collections::HashSet<u32> = match &self.source {
+            Source::Trace(t) => t.acc.tracked().collect(),
+            // The program keeps a thread it already tracks as it is.
+            Source::Kernel(_) => Default::default(),
+            Source::Polling(_) => return,
+        };
+        for vm in &self.vms {
+            let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
+            for tid in threads.filter(|tid| !tracked.contains(tid)) {
+                let Some((cpu, running)) = proc_state(vm.pid.0, tid) else { continue };
+                match &mut self.source {
+                    Source::Trace(t) => t.acc.track_from_proc(tid, now, cpu, running),
+                    Source::Kernel(k) => k.track(tid, now, cpu, running),
+                    Source::Polling(_) => {}
                 }
             }
+        }
+    }
+
+    /// Threads seen running guest code (none known when polling).
+    fn kvm_threads(&self) -> Vec<u32> {
+        match &self.source {
+            Source::Kernel(k) => k.kvm_threads(),
+            Source::Trace(t) => t.acc.kvm_threads().collect(),
+            Source::Polling(_) => Vec::new(),
         }
     }
 
@@ -365,15 +412,16 @@ impl Sampler {
     }
 
     fn snapshot_of(&self, windows: &[(&str, u64)], cpu: Option<u32>) -> Snapshot {
-        let (mode, loss) = match &self.source {
-            Source::Trace(t) => ("trace", Some(t.trace.loss())),
-            Source::Polling(_) => ("polling", None),
+        let (mode, loss, lost_events) = match &self.source {
+            Source::Kernel(k) => ("kernel", None, k.uncounted()),
+            Source::Trace(t) => ("trace", Some(t.trace.loss()), t.trace.loss().total()),
+            Source::Polling(_) => ("polling", None, 0),
         };
         let windows = windows.iter().map(|&(label, ns)| self.window(label, ns, cpu)).collect();
         Snapshot {
             mode,
             approximate: mode == "polling",
-            lost_events: loss.as_ref().map_or(0, Loss::total),
+            lost_events,
             loss,
             windows,
             cores: self.energy.rows(),
@@ -386,6 +434,7 @@ impl Sampler {
     /// The window of the last `ns` (u64::MAX: the whole run), for all CPUs or only `cpu`.
     fn window(&self, label: &str, ns: u64, cpu: Option<u32>) -> WindowReport {
         let (span, names): (_, Box<dyn virtprof_analysis::Names + '_>) = match &self.source {
+            Source::Kernel(k) => (k.span(ns), Box::new(DecoderNames(k.decoder()))),
             Source::Trace(t) if ns == u64::MAX => (t.acc.total().clone(), Box::new(DecoderNames(t.trace.decoder()))),
             Source::Trace(t) => (t.acc.last(ns), Box::new(DecoderNames(t.trace.decoder()))),
             Source::Polling(p) => (p.span(ns), Box::new(NoNames)),
@@ -404,6 +453,7 @@ impl Sampler {
     fn apply_kvm_stats(&self, report: &mut WindowReport) {
         let polling = matches!(self.source, Source::Polling(_));
         let exact_trace = match &self.source {
+            Source::Kernel(k) => report.exits_source == "kvm_exit" && k.uncounted() == 0,
             Source::Trace(t) => report.exits_source == "kvm_exit" && t.trace.loss().total() == 0,
             Source::Polling(_) => false,
         };
@@ -444,10 +494,23 @@ impl Sampler {
     /// where the host emits them, else userspace exits and in-kernel evidence). Empty when
     /// polling.
     pub fn traced_exit_reasons(&self) -> Vec<(u32, String, u64)> {
-        let Source::Trace(t) = &self.source else { return Vec::new() };
-        let names = DecoderNames(t.trace.decoder());
-        let mut rows: Vec<(u32, String, u64)> =
-            t.acc.total().counted_reasons().map(|(tid, key, n)| (tid, key.name(&names), n)).collect();
+        let mut rows: Vec<(u32, String, u64)> = match &self.source {
+            Source::Kernel(k) => {
+                let names = DecoderNames(k.decoder());
+                let all = k.reasons();
+                // As `Span::counted_reasons`: kvm_exit reasons where there are any, else the rest.
+                let kvm_exit = all.iter().any(|(_, key, _)| key.is_kvm_exit());
+                all.into_iter()
+                    .filter(|(_, key, _)| key.is_kvm_exit() == kvm_exit)
+                    .map(|(tid, key, n)| (tid, key.name(&names), n))
+                    .collect()
+            }
+            Source::Trace(t) => {
+                let names = DecoderNames(t.trace.decoder());
+                t.acc.total().counted_reasons().map(|(tid, key, n)| (tid, key.name(&names), n)).collect()
+            }
+            Source::Polling(_) => return Vec::new(),
+        };
         rows.sort();
         rows
     }
@@ -470,6 +533,11 @@ impl Sampler {
             .unwrap_or_default()
     }
 
+    /// True when the figures come from the kernel's maps (eBPF).
+    pub fn is_in_kernel(&self) -> bool {
+        matches!(self.source, Source::Kernel(_))
+    }
+
     /// True when polling schedstat and KVM stats instead of tracing.
     pub fn is_polling(&self) -> bool {
         matches!(self.source, Source::Polling(_))
@@ -480,7 +548,7 @@ impl Sampler {
     pub fn buffer_fill(&self) -> f64 {
         match &self.source {
             Source::Trace(t) => t.fill,
-            Source::Polling(_) => 0.0,
+            Source::Kernel(_) | Source::Polling(_) => 0.0,
         }
     }
 
@@ -493,7 +561,7 @@ impl Sampler {
     pub fn cpus(&self) -> Vec<u32> {
         match &self.source {
             Source::Trace(t) => t.trace.cpus(),
-            Source::Polling(_) => virtprof_trace::capture::online_cpus(),
+            Source::Kernel(_) | Source::Polling(_) => virtprof_trace::capture::online_cpus(),
         }
     }
 }

@@ -1,0 +1,381 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0
+//
+// virtprof's in-kernel aggregation for the live views: per vCPU thread, KVM exits by reason and
+// run/wait/blocked time, kept in maps that user space reads a few hundred entries of per
+// refresh instead of decoding every event. What is counted, and how, is what the user-space
+// analysis (`analysis::sched::SchedAccounting`) does with the same tracepoints:
+//   exits, per (thread, kind, reason):
+//     kind 1: kvm_exit           (reason = exit_reason, isa = isa)
+//     kind 2: kvm_userspace_exit (reason = the KVM_EXIT_* reason)
+//     kind 3: evidence events    (reason = the event's id: kvm_cpuid, kvm_msr, ...)
+//   threads, per thread: the state machine over sched_switch, sched_wakeup(_new),
+//     sched_migrate_task and the thread's own kvm events (a thread that emits one is running:
+//     some kernels resume a thread from idle without sched_switch), with time per state.
+// Threads are tracked from their first kvm event, or when user space adds them (a vCPU thread
+// found in /proc). Field offsets and sizes come from the running kernel's format files, set by
+// the loader as read-only globals: no kernel headers, no CO-RE.
+//
+// Built by scripts/bpf/build.sh with Debian's clang 14; the object is committed beside this
+// file and a test rebuilds it and compares.
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+struct exit_key {
+	__u32 tid;
+	__u32 kind;
+	__u32 reason;
+	__u32 isa;
+};
+
+#define KIND_EXIT 1
+#define KIND_USERSPACE 2
+#define KIND_EVIDENCE 3
+
+// Thread states, as `SchedAccounting`'s.
+#define UNKNOWN 0
+#define RUNNING 1
+#define RUNNABLE 2
+#define BLOCKED 3
+#define EXITED 4
+
+// One thread's accounting. Times are CLOCK_MONOTONIC (bpf_ktime_get_ns), the clock the
+// traced path records with ("mono").
+struct thread {
+	__u64 since;      // accounted up to here
+	__u64 entered;    // when it entered its state
+	__u64 queued;     // when last put on a run queue
+	__u64 exec_start; // start of the current execution
+	__u64 run_ns;
+	__u64 wait_ns;
+	__u64 blocked_ns;
+	__u64 unknown_ns;
+	__u64 execs;
+	__u64 inferred_execs;
+	__u64 preemptions;
+	__u64 alloc_sum_ns;
+	__u64 alloc_min_ns;
+	__u64 alloc_max_ns;
+	__u64 wait_max_ns;
+	__u64 wakeups;
+	__u64 io;
+	__u32 state;
+	__u32 cpu;
+	__u32 runs_guest; // it emitted kvm events: a vCPU thread
+	__u32 pad;
+};
+
+// Bounded: a host with more (thread, reason) pairs, or tracked threads, than these loses
+// counts, and says so through `full` (never silently).
+// Not per-CPU: a per-CPU map's entries are allocated for every CPU up front (65 536 of them
+// would be 134 MB on a 256-CPU host). A thread's key is only ever updated from the CPU the
+// thread runs on, so adding atomically is enough.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct exit_key);
+	__type(value, __u64);
+} exits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct thread);
+} threads SEC(".maps");
+
+// Events that found a map full: index 0 exits, 1 threads.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} full SEC(".maps");
+
+// Each CPU's last traced event: where a switch-in the trace missed began.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} cpu_last SEC(".maps");
+
+// Byte offsets (and sizes where they vary) of the fields read, from the format files.
+volatile const __u32 exit_reason_offset = 8;
+volatile const __u32 exit_isa_offset = 0;
+volatile const __u32 userspace_reason_offset = 8;
+volatile const __u32 switch_prev_pid_offset = 24;
+volatile const __u32 switch_prev_state_offset = 32;
+volatile const __u32 switch_prev_state_size = 8;
+volatile const __u32 switch_next_pid_offset = 56;
+volatile const __u32 wakeup_pid_offset = 24;
+volatile const __u32 wakeup_target_cpu_offset = 32;
+volatile const __u32 migrate_pid_offset = 12;
+volatile const __u32 migrate_dest_cpu_offset = 24;
+volatile const __u32 mmio_type_offset = 8;
+
+// `sched_switch` prev_state bits of an exiting task (X dead, Z zombie), and the state bits.
+#define EXITING_STATES 0x30
+#define STATE_BITS 0xff
+
+static __always_inline __u32 field_u32(void *ctx, __u32 offset)
+{
+	__u32 value = 0;
+	bpf_probe_read_kernel(&value, sizeof(value), (char *)ctx + offset);
+	return value;
+}
+
+static __always_inline __u64 field_u64(void *ctx, __u32 offset, __u32 size)
+{
+	__u64 value = 0;
+	if (size > sizeof(value))
+		size = sizeof(value);
+	bpf_probe_read_kernel(&value, size, (char *)ctx + offset);
+	return value;
+}
+
+static __always_inline void map_full(__u32 which)
+{
+	__u64 *lost = bpf_map_lookup_elem(&full, &which);
+	if (lost)
+		*lost += 1;
+}
+
+static __always_inline void count(__u32 tid, __u32 kind, __u32 reason, __u32 isa)
+{
+	struct exit_key key = { .tid = tid, .kind = kind, .reason = reason, .isa = isa };
+	__u64 *n = bpf_map_lookup_elem(&exits, &key);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		return;
+	}
+	__u64 one = 1;
+	// Only this thread's events insert its keys: a failure means the map is full.
+	if (bpf_map_update_elem(&exits, &key, &one, BPF_NOEXIST) != 0)
+		map_full(0);
+}
+
+// Add the time since `since` to the thread's current state.
+static __always_inline void account(struct thread *t, __u64 ts)
+{
+	__u64 ns = ts > t->since ? ts - t->since : 0;
+	if (ts > t->since)
+		t->since = ts;
+	if (ns == 0)
+		return;
+	switch (t->state) {
+	case RUNNING: t->run_ns += ns; break;
+	case RUNNABLE: t->wait_ns += ns; break;
+	case BLOCKED: t->blocked_ns += ns; break;
+	case UNKNOWN: t->unknown_ns += ns; break;
+	default: break;
+	}
+}
+
+static __always_inline void transition(struct thread *t, __u32 state, __u32 cpu, __u64 ts)
+{
+	account(t, ts);
+	if (t->state != state)
+		t->entered = ts;
+	if (state == RUNNABLE)
+		t->queued = ts;
+	t->state = state;
+	t->cpu = cpu;
+}
+
+// Unknown time turns out to have been `state` (a thread added before its first event).
+static __always_inline void resolve(struct thread *t, __u32 state, __u64 ts)
+{
+	account(t, ts);
+	__u64 ns = t->unknown_ns;
+	t->unknown_ns = 0;
+	switch (state) {
+	case RUNNING: t->run_ns += ns; break;
+	case RUNNABLE: t->wait_ns += ns; break;
+	case BLOCKED: t->blocked_ns += ns; break;
+	default: break;
+	}
+}
+
+// Every event: a tracked thread that emits one while blocked or waiting is running; the trace
+// missed its switch-in (see SchedAccounting::infer_switch_in). Then this CPU's last event is
+// this one.
+static __always_inline void on_event(__u32 tid, __u32 cpu, __u64 ts)
+{
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(&cpu_last, &zero);
+	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (t && (t->state == BLOCKED || t->state == RUNNABLE)) {
+		__u64 at = ts;
+		if (t->state == RUNNABLE && t->cpu == cpu) {
+			at = t->queued > t->since ? t->queued : t->since;
+			if (at > ts)
+				at = ts;
+		} else if (last && *last > t->since && *last <= ts) {
+			at = *last;
+		}
+		transition(t, RUNNING, cpu, at);
+		t->exec_start = at;
+		t->execs += 1;
+		t->inferred_execs += 1;
+	}
+	if (last)
+		*last = ts;
+}
+
+// A kvm event of thread `tid`: it runs guest code, on this CPU, now.
+static __always_inline struct thread *kvm_event(__u32 tid, __u32 cpu, __u64 ts)
+{
+	on_event(tid, cpu, ts);
+	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	if (!t) {
+		struct thread fresh = {
+			.since = ts, .entered = ts, .queued = ts, .exec_start = ts,
+			.alloc_min_ns = ~0ULL, .state = RUNNING, .cpu = cpu, .runs_guest = 1,
+		};
+		if (bpf_map_update_elem(&threads, &tid, &fresh, BPF_NOEXIST) != 0)
+			map_full(1);
+		return bpf_map_lookup_elem(&threads, &tid);
+	}
+	if (t->state == UNKNOWN) {
+		resolve(t, RUNNING, ts);
+		transition(t, RUNNING, cpu, ts);
+	}
+	t->runs_guest = 1;
+	return t;
+}
+
+static __always_inline __u32 current_tid(void)
+{
+	return (__u32)bpf_get_current_pid_tgid();
+}
+
+SEC("tracepoint/kvm/kvm_exit")
+int kvm_exit(void *ctx)
+{
+	__u32 tid = current_tid();
+	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	__u32 isa = exit_isa_offset ? field_u32(ctx, exit_isa_offset) : 0;
+	count(tid, KIND_EXIT, field_u32(ctx, exit_reason_offset), isa);
+	return 0;
+}
+
+SEC("tracepoint/kvm/kvm_userspace_exit")
+int kvm_userspace_exit(void *ctx)
+{
+	__u32 tid = current_tid();
+	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	count(tid, KIND_USERSPACE, field_u32(ctx, userspace_reason_offset), 0);
+	return 0;
+}
+
+// Attached to each evidence event; the event's id is the record's common_type.
+SEC("tracepoint/kvm/evidence")
+int evidence(void *ctx)
+{
+	__u32 tid = current_tid();
+	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	__u16 id = 0;
+	bpf_probe_read_kernel(&id, sizeof(id), ctx);
+	count(tid, KIND_EVIDENCE, id, 0);
+	return 0;
+}
+
+SEC("tracepoint/kvm/kvm_pio")
+int kvm_pio(void *ctx)
+{
+	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	if (t)
+		t->io += 1;
+	return 0;
+}
+
+// A satisfied access (type != KVM_TRACE_MMIO_READ_UNSATISFIED) is I/O.
+SEC("tracepoint/kvm/kvm_mmio")
+int kvm_mmio(void *ctx)
+{
+	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	if (t && field_u32(ctx, mmio_type_offset) != 0)
+		t->io += 1;
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_switch")
+int sched_switch(void *ctx)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u32 prev = field_u32(ctx, switch_prev_pid_offset);
+	__u32 next = field_u32(ctx, switch_next_pid_offset);
+	on_event(current_tid(), cpu, ts);
+	struct thread *t = prev ? bpf_map_lookup_elem(&threads, &prev) : 0;
+	if (t) {
+		if (t->state == UNKNOWN)
+			resolve(t, RUNNING, ts);
+		if (t->state == UNKNOWN || t->state == RUNNING) {
+			__u64 prev_state = field_u64(ctx, switch_prev_state_offset, switch_prev_state_size);
+			__u32 state = BLOCKED;
+			if (prev_state & EXITING_STATES) {
+				state = EXITED;
+			} else if ((prev_state & STATE_BITS) == 0) {
+				// Preempted: the execution's length is an allocation.
+				__u64 len = ts > t->exec_start ? ts - t->exec_start : 0;
+				t->preemptions += 1;
+				t->alloc_sum_ns += len;
+				if (len < t->alloc_min_ns)
+					t->alloc_min_ns = len;
+				if (len > t->alloc_max_ns)
+					t->alloc_max_ns = len;
+				state = RUNNABLE;
+			}
+			transition(t, state, cpu, ts);
+		}
+	}
+	t = next ? bpf_map_lookup_elem(&threads, &next) : 0;
+	if (t) {
+		if (t->state == RUNNABLE) {
+			__u64 waited = ts > t->entered ? ts - t->entered : 0;
+			if (waited > t->wait_max_ns)
+				t->wait_max_ns = waited;
+		}
+		if (t->state == UNKNOWN)
+			resolve(t, RUNNABLE, ts);
+		transition(t, RUNNING, cpu, ts);
+		t->exec_start = ts;
+		t->execs += 1;
+	}
+	return 0;
+}
+
+// sched_wakeup and sched_wakeup_new.
+SEC("tracepoint/sched/wakeup")
+int sched_wakeup(void *ctx)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	__u32 pid = field_u32(ctx, wakeup_pid_offset);
+	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
+	if (!t)
+		return 0;
+	if (t->state == UNKNOWN)
+		resolve(t, BLOCKED, ts);
+	else if (t->state != BLOCKED)
+		return 0; // waking a runnable task changes nothing
+	transition(t, RUNNABLE, field_u32(ctx, wakeup_target_cpu_offset), ts);
+	t->wakeups += 1;
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_migrate_task")
+int sched_migrate_task(void *ctx)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	__u32 pid = field_u32(ctx, migrate_pid_offset);
+	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
+	if (t && t->state != RUNNING)
+		transition(t, t->state, field_u32(ctx, migrate_dest_cpu_offset), ts);
+	return 0;
+}

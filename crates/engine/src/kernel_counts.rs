@@ -1,0 +1,407 @@
+//! Exits and scheduling aggregated in the kernel: an eBPF program on the kvm and sched
+//! tracepoints (source and build in `crates/engine/bpf/`) keeps, per vCPU thread, exits by
+//! reason and time per scheduling state, so a live view reads a few hundred map entries per
+//! refresh instead of decoding every event in user space. It counts what the traced path's
+//! [`SchedAccounting`] counts from the same events, under the same keys.
+//!
+//! [`SchedAccounting`]: virtprof_analysis::sched::SchedAccounting
+
+use std::path::Path;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::programs::TracePoint;
+use aya::{Ebpf, EbpfLoader, Pod};
+use virtprof_analysis::sched::{Counters, ReasonKey};
+use virtprof_trace::format::{parse_event_format, EventFormat};
+
+/// The compiled program (`scripts/bpf/build.sh`; a test checks it matches its source).
+static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/aggregate.bpf.o");
+
+/// The exits map's key, as `struct exit_key` in aggregate.bpf.c.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawKey {
+    tid: u32,
+    kind: u32,
+    reason: u32,
+    isa: u32,
+}
+
+// SAFETY: four u32s, no padding, every bit pattern valid: what `Pod` asks.
+unsafe impl Pod for RawKey {}
+
+/// The threads map's value, as `struct thread` in aggregate.bpf.c.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RawThread {
+    since: u64,
+    entered: u64,
+    queued: u64,
+    exec_start: u64,
+    run_ns: u64,
+    wait_ns: u64,
+    blocked_ns: u64,
+    unknown_ns: u64,
+    execs: u64,
+    inferred_execs: u64,
+    preemptions: u64,
+    alloc_sum_ns: u64,
+    alloc_min_ns: u64,
+    alloc_max_ns: u64,
+    wait_max_ns: u64,
+    wakeups: u64,
+    io: u64,
+    state: u32,
+    cpu: u32,
+    runs_guest: u32,
+    pad: u32,
+}
+
+// SAFETY: u64s then four u32s: no padding, every bit pattern valid.
+unsafe impl Pod for RawThread {}
+
+/// `bpf_map_update_elem`'s flag: only if the key is absent (linux/bpf.h).
+const BPF_NOEXIST: u64 = 1;
+
+const KIND_EXIT: u32 = 1;
+const KIND_USERSPACE: u32 = 2;
+const KIND_EVIDENCE: u32 = 3;
+
+/// A thread's scheduling state, as the program keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadState {
+    /// Not known yet (added from /proc before its first event).
+    Unknown,
+    /// On a CPU.
+    Running,
+    /// Waiting for a CPU.
+    Runnable,
+    /// Sleeping.
+    Blocked,
+    /// Gone.
+    Exited,
+}
+
+impl ThreadState {
+    fn from_raw(state: u32) -> ThreadState {
+        match state {
+            1 => ThreadState::Running,
+            2 => ThreadState::Runnable,
+            3 => ThreadState::Blocked,
+            4 => ThreadState::Exited,
+            _ => ThreadState::Unknown,
+        }
+    }
+
+    fn raw(self) -> u32 {
+        match self {
+            ThreadState::Unknown => 0,
+            ThreadState::Running => 1,
+            ThreadState::Runnable => 2,
+            ThreadState::Blocked => 3,
+            ThreadState::Exited => 4,
+        }
+    }
+}
+
+/// One thread as the program has accounted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadTotals {
+    /// Its state now, since `since_ns`.
+    pub state: ThreadState,
+    /// Accounted up to here (CLOCK_MONOTONIC).
+    pub since_ns: u64,
+    /// The CPU it runs on, waits on or last ran on.
+    pub cpu: u32,
+    /// It emitted kvm events: a vCPU thread.
+    pub runs_guest: bool,
+    /// Time and counts up to `since_ns` (exits and evidence are in [`KernelCounts::reasons`]).
+    pub counters: Counters,
+}
+
+impl ThreadTotals {
+    /// The counters as of `now_ns`: the time since `since_ns` added to the current state.
+    pub fn at(&self, now_ns: u64) -> Counters {
+        let mut c = self.counters;
+        let open = now_ns.saturating_sub(self.since_ns);
+        match self.state {
+            ThreadState::Running => c.run_ns += open,
+            ThreadState::Runnable => c.wait_ns += open,
+            ThreadState::Blocked => c.blocked_ns += open,
+            ThreadState::Unknown => c.unknown_ns += open,
+            ThreadState::Exited => {}
+        }
+        c
+    }
+}
+
+/// Why in-kernel aggregation is not available here, for the user (and `doctor`).
+#[derive(Debug, thiserror::Error)]
+pub enum KernelCountError {
+    /// The running kernel lacks an event or a field the program reads.
+    #[error("{0}")]
+    Format(String),
+    /// Loading, attaching or reading failed (no BPF permission, the verifier refused, no
+    /// tracepoint).
+    #[error("{what}: {source}")]
+    Bpf {
+        /// What was being done.
+        what: String,
+        /// aya's error, with the verifier's log where it refused.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn bpf<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>) -> impl FnOnce(E) -> KernelCountError {
+    let what = what.into();
+    move |source| KernelCountError::Bpf { what, source: Box::new(source) }
+}
+
+/// Everything counted since [`KernelCounter::start`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelCounts {
+    /// Exits and evidence per thread and reason, sorted.
+    pub reasons: Vec<(u32, ReasonKey, u64)>,
+    /// Every tracked thread, by tid, sorted.
+    pub threads: Vec<(u32, ThreadTotals)>,
+    /// Events not counted because a map was full: (exits map, threads map).
+    pub full: (u64, u64),
+}
+
+/// The program, attached; dropping it detaches and unloads everything (so does the process
+/// dying: the kernel holds nothing for us past our file descriptors).
+pub struct KernelCounter {
+    ebpf: Ebpf,
+    /// Tracepoints attached, `system:event`.
+    attached: Vec<String>,
+}
+
+/// The running kernel's format of `system:event`, if it has the event.
+fn format(tracefs: &Path, system: &str, event: &str) -> Result<Option<EventFormat>, KernelCountError> {
+    let path = tracefs.join("events").join(system).join(event).join("format");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    parse_event_format(system, &text)
+        .map(Some)
+        .map_err(|e| KernelCountError::Format(format!("{}: {e}", path.display())))
+}
+
+/// Byte offset and size of `field` in `f`, for the program's read of at most `max` bytes.
+fn field(f: &EventFormat, field: &str, max: usize) -> Result<(u32, u32), KernelCountError> {
+    let fail = |what: String| KernelCountError::Format(format!("{}:{} {what}", f.system, f.name));
+    let x = f.fields.iter().find(|x| x.name == field).ok_or_else(|| fail(format!("has no field {field}")))?;
+    if x.size == 0 || x.size > max {
+        return Err(fail(format!("field {field} is {} bytes; the in-kernel program reads up to {max}", x.size)));
+    }
+    let offset = u32::try_from(x.offset).map_err(|_| fail(format!("field {field}: offset out of range")))?;
+    // At most 8: checked just above.
+    #[allow(clippy::cast_possible_truncation)]
+    Ok((offset, x.size as u32))
+}
+
+impl KernelCounter {
+    /// Load the program against the formats under `tracefs` and attach it to the kvm and
+    /// sched events it reads (and to each of `evidence`, kvm event names, that exists).
+    pub fn start(tracefs: &Path, evidence: &[&str]) -> Result<KernelCounter, KernelCountError> {
+        let kvm = |event| format(tracefs, "kvm", event);
+        let sched = |event| format(tracefs, "sched", event);
+        let exit = kvm("kvm_exit")?;
+        let userspace = kvm("kvm_userspace_exit")?;
+        if exit.is_none() && userspace.is_none() {
+            return Err(KernelCountError::Format(format!(
+                "{}: neither kvm:kvm_exit nor kvm:kvm_userspace_exit exists (is the kvm module loaded?)",
+                tracefs.join("events/kvm").display()
+            )));
+        }
+        let need = |f: Option<EventFormat>, name: &str| {
+            f.ok_or_else(|| KernelCountError::Format(format!("this kernel has no {name} tracepoint")))
+        };
+        let switch = need(sched("sched_switch")?, "sched:sched_switch")?;
+        let wakeup = need(sched("sched_wakeup")?, "sched:sched_wakeup")?;
+        let migrate = sched("sched_migrate_task")?;
+        let mmio = kvm("kvm_mmio")?;
+
+        let mut globals: Vec<(&str, u32)> = Vec::new();
+        if let Some(f) = &exit {
+            globals.push(("exit_reason_offset", field(f, "exit_reason", 4)?.0));
+            if f.fields.iter().any(|x| x.name == "isa") {
+                globals.push(("exit_isa_offset", field(f, "isa", 4)?.0));
+            }
+        }
+        if let Some(f) = &userspace {
+            globals.push(("userspace_reason_offset", field(f, "reason", 4)?.0));
+        }
+        globals.push(("switch_prev_pid_offset", field(&switch, "prev_pid", 4)?.0));
+        let (state_at, state_size) = field(&switch, "prev_state", 8)?;
+        globals.push(("switch_prev_state_offset", state_at));
+        globals.push(("switch_prev_state_size", state_size));
+        globals.push(("switch_next_pid_offset", field(&switch, "next_pid", 4)?.0));
+        let wakeup_fields = (field(&wakeup, "pid", 4)?.0, field(&wakeup, "target_cpu", 4)?.0);
+        globals.push(("wakeup_pid_offset", wakeup_fields.0));
+        globals.push(("wakeup_target_cpu_offset", wakeup_fields.1));
+        if let Some(f) = &migrate {
+            globals.push(("migrate_pid_offset", field(f, "pid", 4)?.0));
+            globals.push(("migrate_dest_cpu_offset", field(f, "dest_cpu", 4)?.0));
+        }
+        if let Some(f) = &mmio {
+            globals.push(("mmio_type_offset", field(f, "type", 4)?.0));
+        }
+        let mut loader = EbpfLoader::new();
+        for (name, value) in &globals {
+            loader.set_global(name, value, true);
+        }
+        let ebpf = loader.load(OBJECT).map_err(bpf("loading the in-kernel aggregation program"))?;
+        let mut counter = KernelCounter { ebpf, attached: Vec::new() };
+
+        if exit.is_some() {
+            counter.attach("kvm_exit", "kvm", "kvm_exit")?;
+        }
+        if userspace.is_some() {
+            counter.attach("kvm_userspace_exit", "kvm", "kvm_userspace_exit")?;
+        }
+        for event in evidence {
+            if kvm(event)?.is_some() {
+                counter.attach("evidence", "kvm", event)?;
+            }
+        }
+        if kvm("kvm_pio")?.is_some() {
+            counter.attach("kvm_pio", "kvm", "kvm_pio")?;
+        }
+        if mmio.is_some() {
+            counter.attach("kvm_mmio", "kvm", "kvm_mmio")?;
+        }
+        counter.attach("sched_switch", "sched", "sched_switch")?;
+        counter.attach("sched_wakeup", "sched", "sched_wakeup")?;
+        if let Some(f) = sched("sched_wakeup_new")? {
+            // One program reads both: only where their layouts agree.
+            if (field(&f, "pid", 4)?.0, field(&f, "target_cpu", 4)?.0) == wakeup_fields {
+                counter.attach("sched_wakeup", "sched", "sched_wakeup_new")?;
+            }
+        }
+        if migrate.is_some() {
+            counter.attach("sched_migrate_task", "sched", "sched_migrate_task")?;
+        }
+        Ok(counter)
+    }
+
+    fn attach(&mut self, program: &str, system: &str, event: &str) -> Result<(), KernelCountError> {
+        let tp: &mut TracePoint = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| KernelCountError::Format(format!("the object has no program {program}")))?
+            .try_into()
+            .map_err(bpf(format!("program {program}")))?;
+        if tp.fd().is_err() {
+            tp.load().map_err(bpf(format!("the kernel's verifier, on program {program}")))?;
+        }
+        tp.attach(system, event).map_err(bpf(format!("attaching to {system}:{event}")))?;
+        self.attached.push(format!("{system}:{event}"));
+        Ok(())
+    }
+
+    /// The tracepoints the program is attached to, `system:event`.
+    pub fn attached(&self) -> &[String] {
+        &self.attached
+    }
+
+    /// Account thread `tid` from `now_ns` on, in the state /proc reports (running on `cpu`
+    /// or sleeping), if the program does not track it yet: a vCPU thread found before its
+    /// first kvm event.
+    pub fn track(&mut self, tid: u32, now_ns: u64, cpu: u32, running: bool) -> Result<(), KernelCountError> {
+        let map = self.ebpf.map_mut("threads").ok_or_else(|| KernelCountError::Format("no map threads".into()))?;
+        let mut threads: BpfHashMap<&mut MapData, u32, RawThread> =
+            BpfHashMap::try_from(map).map_err(bpf("map threads"))?;
+        let state = if running { ThreadState::Running } else { ThreadState::Blocked };
+        let fresh = RawThread {
+            since: now_ns,
+            entered: now_ns,
+            queued: now_ns,
+            exec_start: now_ns,
+            alloc_min_ns: u64::MAX,
+            state: state.raw(),
+            cpu,
+            ..RawThread::default()
+        };
+        // BPF_NOEXIST: a thread the program already tracks keeps its state; the map being
+        // full is said where the program counts it.
+        match threads.insert(tid, fresh, BPF_NOEXIST) {
+            Ok(()) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(bpf(format!("tracking thread {tid}"))(e)),
+        }
+    }
+
+    /// Stop accounting thread `tid` (it exited and its figures were read): its entries leave
+    /// the maps, making room for new threads.
+    pub fn forget(&mut self, tid: u32) -> Result<(), KernelCountError> {
+        let map = self.ebpf.map_mut("exits").ok_or_else(|| KernelCountError::Format("no map exits".into()))?;
+        let mut exits: BpfHashMap<&mut MapData, RawKey, u64> = BpfHashMap::try_from(map).map_err(bpf("map exits"))?;
+        let keys: Vec<RawKey> = exits.keys().filter_map(Result::ok).filter(|k| k.tid == tid).collect();
+        for key in keys {
+            // Gone already is what was wanted.
+            let _ = exits.remove(&key);
+        }
+        let map = self.ebpf.map_mut("threads").ok_or_else(|| KernelCountError::Format("no map threads".into()))?;
+        let mut threads: BpfHashMap<&mut MapData, u32, RawThread> =
+            BpfHashMap::try_from(map).map_err(bpf("map threads"))?;
+        let _ = threads.remove(&tid);
+        Ok(())
+    }
+
+    /// Everything counted so far.
+    pub fn counts(&self) -> Result<KernelCounts, KernelCountError> {
+        let map = |name: &str| self.ebpf.map(name).ok_or_else(|| KernelCountError::Format(format!("no map {name}")));
+        let exits: BpfHashMap<&MapData, RawKey, u64> = BpfHashMap::try_from(map("exits")?).map_err(bpf("map exits"))?;
+        let mut reasons = Vec::new();
+        for entry in exits.iter() {
+            let (key, n) = entry.map_err(bpf("reading map exits"))?;
+            let reason = match key.kind {
+                KIND_EXIT => ReasonKey::Exit { reason: key.reason, isa: key.isa },
+                KIND_USERSPACE => ReasonKey::Userspace { reason: key.reason },
+                // The program stores a u16 event id.
+                #[allow(clippy::cast_possible_truncation)]
+                KIND_EVIDENCE => ReasonKey::Event { id: key.reason as u16 },
+                _ => continue,
+            };
+            reasons.push((key.tid, reason, n));
+        }
+        reasons.sort();
+        let table: BpfHashMap<&MapData, u32, RawThread> =
+            BpfHashMap::try_from(map("threads")?).map_err(bpf("map threads"))?;
+        let mut threads = Vec::new();
+        for entry in table.iter() {
+            let (tid, t) = entry.map_err(bpf("reading map threads"))?;
+            threads.push((tid, totals(&t)));
+        }
+        threads.sort_by_key(|(tid, _)| *tid);
+        let full: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map("full")?).map_err(bpf("map full"))?;
+        let sum = |i: u32| -> Result<u64, KernelCountError> {
+            Ok(full.get(&i, 0).map_err(bpf("reading map full"))?.iter().sum())
+        };
+        Ok(KernelCounts { reasons, threads, full: (sum(0)?, sum(1)?) })
+    }
+}
+
+fn totals(t: &RawThread) -> ThreadTotals {
+    ThreadTotals {
+        state: ThreadState::from_raw(t.state),
+        since_ns: t.since,
+        cpu: t.cpu,
+        runs_guest: t.runs_guest != 0,
+        counters: Counters {
+            run_ns: t.run_ns,
+            wait_ns: t.wait_ns,
+            blocked_ns: t.blocked_ns,
+            unknown_ns: t.unknown_ns,
+            execs: t.execs,
+            inferred_execs: t.inferred_execs,
+            preemptions: t.preemptions,
+            alloc_sum_ns: t.alloc_sum_ns,
+            alloc_min_ns: t.alloc_min_ns,
+            alloc_max_ns: t.alloc_max_ns,
+            wait_max_ns: t.wait_max_ns,
+            wakeups: t.wakeups,
+            io: t.io,
+            ..Counters::default()
+        },
+    }
+}

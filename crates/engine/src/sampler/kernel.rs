@@ -1,0 +1,197 @@
+//! The sampler's in-kernel source: the eBPF program's maps ([`KernelCounter`]), read at each
+//! refresh. Each read is cumulative (time per state up to the read, exits by reason), so a
+//! window is the difference of the reads around it, exact at refresh boundaries; no event
+//! reaches user space, so none can be lost on the way (a full map is counted instead).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use virtprof_analysis::sched::{Counters, ReasonKey, Span};
+use virtprof_trace::decode::Decoder;
+use virtprof_trace::tracefs::{load_layout, Tracefs};
+
+use super::History;
+use crate::kernel_counts::{KernelCounter, ThreadState};
+
+/// Exited threads kept (their figures stay in the run window) after they leave the maps.
+const MAX_RETIRED: usize = 65_536;
+
+/// The program, the kernel's kvm formats (how reasons are named) and the reads so far.
+pub(super) struct KernelSource {
+    counter: KernelCounter,
+    decoder: Decoder,
+    history: History<KernelSample>,
+    /// Threads that exited, taken out of the maps (which are bounded) after their last read:
+    /// their final figures, oldest first.
+    retired: VecDeque<(u32, Retired)>,
+}
+
+/// An exited thread's final figures.
+#[derive(Clone)]
+struct Retired {
+    cpu: u32,
+    counters: Counters,
+    guest: bool,
+    reasons: Vec<(ReasonKey, u64)>,
+}
+
+/// One read of the maps.
+#[derive(Clone, Default)]
+struct KernelSample {
+    /// tid → (the CPU it runs on or last ran on, its counters as of the read, runs guest code).
+    threads: BTreeMap<u32, (u32, Counters, bool)>,
+    /// Exits and evidence so far, per (thread, reason).
+    reasons: BTreeMap<(u32, ReasonKey), u64>,
+    /// Events a full map could not count: (exits, threads).
+    full: (u64, u64),
+}
+
+impl KernelSource {
+    /// Load and attach the program; the error says why this host cannot.
+    pub(super) fn start() -> anyhow::Result<KernelSource> {
+        let tracefs = Tracefs::locate_or_mount()?;
+        let counter = KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS)?;
+        let decoder = Decoder::new(load_layout(tracefs.root(), &["kvm"])?);
+        Ok(KernelSource { counter, decoder, history: History::new(), retired: VecDeque::new() })
+    }
+
+    /// Read the maps as of `now`; exited threads then leave them (their figures are kept).
+    pub(super) fn read(&mut self, now: u64) -> anyhow::Result<()> {
+        let counts = self.counter.counts()?;
+        let mut sample = KernelSample { full: counts.full, ..Default::default() };
+        // A retired thread's id in use again is a new thread: the old one's figures go.
+        self.retired.retain(|(tid, _)| counts.threads.binary_search_by_key(tid, |(t, _)| *t).is_err());
+        for (tid, r) in &self.retired {
+            sample.threads.insert(*tid, (r.cpu, r.counters, r.guest));
+            sample.reasons.extend(r.reasons.iter().map(|(reason, n)| ((*tid, *reason), *n)));
+        }
+        sample.threads.extend(counts.threads.iter().map(|(tid, t)| (*tid, (t.cpu, t.at(now), t.runs_guest))));
+        sample.reasons.extend(counts.reasons.iter().map(|(tid, reason, n)| ((*tid, *reason), *n)));
+        for (tid, t) in counts.threads.iter().filter(|(_, t)| t.state == ThreadState::Exited) {
+            let reasons = counts.reasons.iter().filter(|(t, _, _)| t == tid).map(|(_, r, n)| (*r, *n)).collect();
+            self.retired.push_back((*tid, Retired { cpu: t.cpu, counters: t.at(now), guest: t.runs_guest, reasons }));
+            self.counter.forget(*tid)?;
+        }
+        while self.retired.len() > MAX_RETIRED {
+            self.retired.pop_front();
+        }
+        self.history.push(now, sample);
+        Ok(())
+    }
+
+    /// Account `tid` from `now` on in the state /proc gives, unless the program already does.
+    pub(super) fn track(&mut self, tid: u32, now: u64, cpu: u32, running: bool) {
+        // A full map is counted by the program and shown as loss; nothing else can fail here
+        // that a later refresh would not say again.
+        let _ = self.counter.track(tid, now, cpu, running);
+    }
+
+    /// Threads seen running guest code, at the last read.
+    pub(super) fn kvm_threads(&self) -> Vec<u32> {
+        let Some((_, s)) = self.history.recent.back() else { return Vec::new() };
+        s.threads.iter().filter(|(_, (_, _, guest))| *guest).map(|(tid, _)| *tid).collect()
+    }
+
+    /// The kernel's kvm formats.
+    pub(super) fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// Events the program could not count (a map full), since the start.
+    pub(super) fn uncounted(&self) -> u64 {
+        self.history.recent.back().map_or(0, |(_, s)| s.full.0 + s.full.1)
+    }
+
+    /// Exits and evidence since the start, per (thread, reason).
+    pub(super) fn reasons(&self) -> Vec<(u32, ReasonKey, u64)> {
+        let Some((_, s)) = self.history.recent.back() else { return Vec::new() };
+        s.reasons.iter().map(|((tid, reason), n)| (*tid, *reason, *n)).collect()
+    }
+
+    /// The last `ns` (u64::MAX: since the first read), as the difference of the reads around it.
+    pub(super) fn span(&self, ns: u64) -> Span {
+        span_of(&self.history, ns)
+    }
+}
+
+/// The last `ns` of `history` (u64::MAX: since its first read).
+fn span_of(history: &History<KernelSample>, ns: u64) -> Span {
+    let from = history.recent.back().map_or(0, |(end, _)| end.saturating_sub(ns));
+    let Some(((start, earliest), (end, latest))) = history.window(from) else { return Span::default() };
+    let mut span = Span { start_ns: *start, end_ns: *end, ..Default::default() };
+    for ((tid, reason), n) in &latest.reasons {
+        let d = n.saturating_sub(earliest.reasons.get(&(*tid, *reason)).copied().unwrap_or(0));
+        if d > 0 {
+            span.reasons.insert((*tid, *reason), d);
+        }
+    }
+    for (tid, (cpu, now, _)) in &latest.threads {
+        let mut c = match earliest.threads.get(tid) {
+            Some((_, then, _)) => difference(now, then),
+            None => *now,
+        };
+        for ((_, reason), n) in span.reasons.iter().filter(|((t, _), _)| t == tid) {
+            if reason.is_kvm_exit() {
+                c.exits += n;
+            } else {
+                c.evidence += n;
+            }
+        }
+        span.counters.insert((*tid, *cpu), c);
+    }
+    span
+}
+
+/// `now − then` for times and counts. Extremes (longest wait, allocation range) are the
+/// program's over the whole run: it keeps no per-window extremes.
+fn difference(now: &Counters, then: &Counters) -> Counters {
+    Counters {
+        run_ns: now.run_ns.saturating_sub(then.run_ns),
+        wait_ns: now.wait_ns.saturating_sub(then.wait_ns),
+        blocked_ns: now.blocked_ns.saturating_sub(then.blocked_ns),
+        unknown_ns: now.unknown_ns.saturating_sub(then.unknown_ns),
+        execs: now.execs.saturating_sub(then.execs),
+        inferred_execs: now.inferred_execs.saturating_sub(then.inferred_execs),
+        preemptions: now.preemptions.saturating_sub(then.preemptions),
+        alloc_sum_ns: now.alloc_sum_ns.saturating_sub(then.alloc_sum_ns),
+        wakeups: now.wakeups.saturating_sub(then.wakeups),
+        io: now.io.saturating_sub(then.io),
+        ..*now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(run_ms: u64, blocked_ms: u64, io: u64, exits: u64, evidence: u64) -> KernelSample {
+        let ms = 1_000_000;
+        let c = Counters { run_ns: run_ms * ms, blocked_ns: blocked_ms * ms, io, execs: run_ms, ..Counters::default() };
+        KernelSample {
+            threads: BTreeMap::from([(7, (1, c, true))]),
+            reasons: BTreeMap::from([
+                ((7, ReasonKey::Exit { reason: 30, isa: 1 }), exits),
+                ((7, ReasonKey::Userspace { reason: 2 }), evidence),
+            ]),
+            full: (0, 0),
+        }
+    }
+
+    /// A window is the difference of the reads around it, and a thread's exits and evidence
+    /// are counted in its counters as the traced path counts them.
+    #[test]
+    fn windows_are_differences_of_reads() {
+        let mut history = History::new();
+        history.push(1_000_000_000, sample(100, 0, 5, 10, 1));
+        history.push(2_000_000_000, sample(700, 300, 25, 70, 4));
+        let span = span_of(&history, 1_000_000_000);
+        assert_eq!((span.start_ns, span.end_ns), (1_000_000_000, 2_000_000_000));
+        let c = span.counters[&(7, 1)];
+        assert_eq!(
+            (c.run_ns, c.blocked_ns, c.io, c.execs, c.exits, c.evidence),
+            (600_000_000, 300_000_000, 20, 600, 60, 3)
+        );
+        assert_eq!(span.reasons[&(7, ReasonKey::Exit { reason: 30, isa: 1 })], 60);
+        // The whole run: from the first read.
+        assert_eq!(span_of(&history, u64::MAX).counters[&(7, 1)].run_ns, 600_000_000);
+    }
+}

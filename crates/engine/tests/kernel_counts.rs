@@ -1,0 +1,153 @@
+//! The in-kernel aggregation against the traced path and the micro-VM's own counts, side by
+//! side in one run: a VM runs in this process while the eBPF program counts and a private
+//! tracefs instance records; per vCPU thread, exits by reason must agree exactly (and the
+//! userspace exits be the VMM's own count), run/wait/blocked within 1 %. Needs root, tracefs and /dev/kvm; skips with
+//! the reason where one is missing.
+
+use std::path::Path;
+
+use virtprof_analysis::sched::{Counters, ReasonKey, SchedAccounting, SchedOptions};
+use virtprof_engine::kernel_counts::KernelCounter;
+use virtprof_kvm::guest::Script;
+use virtprof_kvm::vmm::{Vm, VmConfig};
+use virtprof_session::{evidence_event_ids, LiveTrace, EVIDENCE_EVENTS};
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+/// KVM_EXIT_IO.
+const EXIT_IO: u32 = 2;
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new(TRACEFS).join("events/kvm").is_dir() {
+        return Some(format!("no kvm events under {TRACEFS}"));
+    }
+    virtprof_kvm::launcher::check_kvm().err().map(|e| e.to_string())
+}
+
+#[test]
+fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut counter =
+        KernelCounter::start(Path::new(TRACEFS), &EVIDENCE_EVENTS).expect("the program loads and attaches");
+    assert!(counter.attached().iter().any(|e| e == "kvm:kvm_userspace_exit"), "{:?}", counter.attached());
+    // The traced path reads the same events, so both see the same CPUs' last events.
+    let events: Vec<&str> = counter.attached().iter().map(String::as_str).collect();
+    let mut trace = LiveTrace::start(&events, "mono", 16384, &["kvm", "sched"]).expect("a tracefs instance");
+    let evidence = evidence_event_ids(trace.decoder());
+    let mut traced = SchedAccounting::new(SchedOptions { bucket_ns: 100_000_000, keep_buckets: 1 }, evidence);
+
+    // Three vCPUs on two CPUs (they wait), sleeping VMM I/O (they block), exits of each kind.
+    let script =
+        Script::parse_phases("compute:300ms,io-bound:300,pio-user:20000,pio-kernel:20000,cpuid:20000,mmio-user:5000")
+            .unwrap();
+    let config = VmConfig {
+        index: 0,
+        script,
+        vcpus: 3,
+        pin: vec![None, None, None],
+        io_latency_ns: 300_000,
+        steal_time: false,
+        linger_ns: 0,
+        sample_hz: 0,
+        noise_threshold_ns: 0,
+    };
+    let report = Vm::new(config).expect("a VM").run().expect("the VM runs");
+    let end = virtprof_host::monotonic_ns();
+    trace.drain_into(&mut [&mut traced]).expect("the trace drains");
+    assert_eq!(trace.loss().total(), 0, "the trace lost events: the comparison would not hold");
+    let traced = traced.finish(end);
+    let kernel = counter.counts().expect("the maps read");
+    assert_eq!(kernel.full, (0, 0));
+
+    for vcpu in &report.vcpus {
+        let mut from_trace: Vec<(ReasonKey, u64)> =
+            traced.reasons.iter().filter(|((t, _), _)| *t == vcpu.tid).map(|((_, r), n)| (*r, *n)).collect();
+        from_trace.sort();
+        let in_kernel: Vec<(ReasonKey, u64)> =
+            kernel.reasons.iter().filter(|(t, _, _)| *t == vcpu.tid).map(|(_, r, n)| (*r, *n)).collect();
+        assert_eq!(in_kernel, from_trace, "vCPU {} (tid {}): exits in the kernel vs traced", vcpu.index, vcpu.tid);
+        let io = in_kernel.iter().find(|(r, _)| *r == ReasonKey::Userspace { reason: EXIT_IO }).map_or(0, |(_, n)| *n);
+        assert_eq!(
+            Some(&io),
+            vcpu.userspace_exits.get("IO"),
+            "vCPU {}: KVM_EXIT_IO against the VMM's count",
+            vcpu.index
+        );
+
+        let mut t = Counters::default();
+        for ((tid, _), c) in &traced.counters {
+            if *tid == vcpu.tid {
+                t.add(c);
+            }
+        }
+        let k =
+            kernel.threads.iter().find(|(tid, _)| *tid == vcpu.tid).expect("the program tracked the vCPU").1.at(end);
+        println!(
+            "vCPU {}: run {} / {} ms, wait {} / {}, blocked {} / {}, execs {} / {}, wakeups {} / {}, io {} / {} (kernel / traced)",
+            vcpu.index,
+            k.run_ns / 1_000_000,
+            t.run_ns / 1_000_000,
+            k.wait_ns / 1_000_000,
+            t.wait_ns / 1_000_000,
+            k.blocked_ns / 1_000_000,
+            t.blocked_ns / 1_000_000,
+            k.execs,
+            t.execs,
+            k.wakeups,
+            t.wakeups,
+            k.io,
+            t.io
+        );
+        let observed = t.observed_ns().max(1) as f64;
+        for (what, a, b) in
+            [("run", k.run_ns, t.run_ns), ("wait", k.wait_ns, t.wait_ns), ("blocked", k.blocked_ns, t.blocked_ns)]
+        {
+            let off = a.abs_diff(b) as f64 / observed;
+            assert!(
+                off <= 0.01,
+                "vCPU {}: {what} {a} ns in the kernel, {b} traced: {:.2} % apart",
+                vcpu.index,
+                off * 100.0
+            );
+        }
+        assert_eq!(k.io, t.io, "vCPU {}: I/O", vcpu.index);
+        // A wakeup racing its wakee's switch-in on another CPU (the wakee is queued before
+        // the wakeup tracepoint fires) is seen in either order, by the program as by the
+        // ring buffer's timestamps: the one second is not a wakeup from blocked.
+        for (what, a, b) in [("wakeups", k.wakeups, t.wakeups), ("executions", k.execs, t.execs)] {
+            assert!(a.abs_diff(b) <= b / 50 + 2, "vCPU {}: {what} {a} in the kernel, {b} traced", vcpu.index);
+        }
+    }
+    // Exited threads leave the maps (bounded) once read.
+    for vcpu in &report.vcpus {
+        counter.forget(vcpu.tid).expect("forgetting a thread");
+    }
+    let after = counter.counts().expect("the maps read");
+    assert!(
+        report.vcpus.iter().all(
+            |v| after.threads.iter().all(|(t, _)| *t != v.tid) && after.reasons.iter().all(|(t, _, _)| *t != v.tid)
+        ),
+        "forgotten threads are gone from the maps"
+    );
+}
+
+/// The committed object is what its source builds to (scripts/bpf/build.sh --check), so the
+/// program the kernel runs is the one in the repository.
+#[test]
+fn the_committed_object_is_built_from_its_source() {
+    let have =
+        |tool: &str| std::process::Command::new(tool).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !have("clang-14") || !Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
+        eprintln!("skipped: needs clang-14 and libbpf-dev (scripts/test.sh installs them)");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bpf/build.sh");
+    let out = std::process::Command::new("bash").arg(&script).arg("--check").output().expect("bash runs");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
