@@ -2,15 +2,17 @@
 """Cost of `virtprof serve` against node_exporter on the same host, as VMs are added.
 
 For 16, 64 and 256 testvm VMs (one vCPU each, I/O-bound with a long --io-latency, so they
-make exits and context switches without loading the CPUs), scrapes `virtprof serve` (tracing,
-the default), `virtprof serve --no-trace` (polling schedstat and KVM stats) and then
-node_exporter (Debian's prometheus-node-exporter, default collectors) every 1 s and every
-15 s for SECONDS (default 60) each, and reports per exporter: CPU (utime + stime from
-/proc/PID/stat) as % of one core and per scrape, peak RSS (VmHWM), the slowest scrape seen by
-the client, and the response size. serve's CPU includes its drains of the trace between
-scrapes (every 1 to 10 s, by how fast the buffers fill), so that is its whole cost: in trace
-mode it follows the host's scheduling and kvm event rate, not the scrape interval. The kernel's cost of
-the tracepoints is paid by the traced threads (see record_overhead_toggle.py).
+make exits and context switches without loading the CPUs), scrapes `virtprof serve` (in the
+kernel: the eBPF program, the default where it loads), `virtprof serve --no-bpf` (every
+traced event decoded in user space), `virtprof serve --no-trace` (polling schedstat and KVM
+stats) and then node_exporter (Debian's prometheus-node-exporter, default collectors) every
+1 s and every 15 s for SECONDS (default 60) each, and reports per exporter: CPU (utime + stime
+from /proc/PID/stat) as % of one core and per scrape, peak RSS (VmHWM), the slowest scrape
+seen by the client, and the response size; then each serve's CPU against node_exporter's and
+against the traced serve's. serve's CPU includes its refreshes between scrapes (traced: drains
+every 1 to 10 s, by how fast the buffers fill, so it follows the host's event rate, not the
+scrape interval). The kernel's cost of the tracepoints and of the program is paid by the traced
+threads (see record_overhead_toggle.py and top_overhead.py).
 
 The goal (issue 25): at most 0.5 % of a core at 15 s with 256 vCPUs.
 Needs root, tracefs, /dev/kvm, prometheus-node-exporter.
@@ -108,6 +110,7 @@ def main():
                 url = f"http://127.0.0.1:{port}/metrics"
                 rows = [
                     ("virtprof serve", [V, "serve", "--listen", f"127.0.0.1:{port}"], url),
+                    ("serve no-bpf", [V, "serve", "--no-bpf", "--listen", f"127.0.0.1:{port}"], url),
                     ("serve no-trace", [V, "serve", "--no-trace", "--listen", f"127.0.0.1:{port}"], url),
                     ("node_exporter", [node_exporter, f"--web.listen-address=127.0.0.1:{port}"], url),
                 ]
@@ -117,8 +120,12 @@ def main():
                     pct, per, rss, slow, size = figures[name]
                     print(f"{count:>4} {interval:>5}s {name:>14} {pct:>7.3f} {per:>10.2f} {rss:>8.1f} {slow:>11.1f} {size:>8}", flush=True)
                 node = max(figures["node_exporter"][0], 1e-9)
-                ratios = " ".join(f"{name} {figures[name][0] / node:.2f}x" for name in ("virtprof serve", "serve no-trace"))
+                ratios = " ".join(
+                    f"{name} {figures[name][0] / node:.2f}x" for name in ("virtprof serve", "serve no-bpf", "serve no-trace")
+                )
                 print(f"{count:>4} {interval:>5}s {'vs node':>14} {ratios}", flush=True)
+                traced = figures["serve no-bpf"][0] / max(figures["virtprof serve"][0], 1e-9)
+                print(f"{count:>4} {interval:>5}s {'no-bpf/kernel':>14} {traced:.1f}x", flush=True)
         finally:
             for v in vms:
                 v.terminate()

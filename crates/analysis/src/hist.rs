@@ -110,6 +110,30 @@ impl Histogram {
         bounds.iter().map(|&bound| self.buckets().take_while(|&(lo, _)| lo <= bound).map(|(_, n)| n).sum()).collect()
     }
 
+    /// A histogram counted elsewhere with the same buckets (the in-kernel program's): samples
+    /// per bucket index, and the exact sum, min and max. Buckets past the last are refused.
+    pub fn from_parts(
+        buckets: impl IntoIterator<Item = (usize, u64)>,
+        sum: u64,
+        min: u64,
+        max: u64,
+    ) -> Option<Histogram> {
+        let mut h = Histogram::default();
+        for (b, n) in buckets {
+            let slot = h.buckets.get_mut(b)?;
+            *slot = slot.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+            h.count += n;
+        }
+        h.sum = u128::from(sum);
+        (h.min, h.max) = if h.count > 0 { (min, max) } else { (u64::MAX, 0) };
+        Some(h)
+    }
+
+    /// The bucket index `v` lands in (what [`Histogram::from_parts`] takes).
+    pub fn bucket_index(v: u64) -> usize {
+        bucket_of(v)
+    }
+
     /// Add another histogram's samples.
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
@@ -125,6 +149,20 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_histogram_from_its_parts_equals_the_one_recorded() {
+        let mut h = Histogram::default();
+        let samples = [3u64, 31, 32, 33, 1000, 1023, 1024, 123_456_789];
+        samples.iter().for_each(|&v| h.record(v));
+        let mut parts = std::collections::BTreeMap::new();
+        for &v in &samples {
+            *parts.entry(Histogram::bucket_index(v)).or_insert(0u64) += 1;
+        }
+        let rebuilt = Histogram::from_parts(parts, samples.iter().sum(), 3, 123_456_789).unwrap();
+        assert_eq!(rebuilt, h);
+        assert!(Histogram::from_parts([(64 * SUB, 1)], 1, 1, 1).is_none());
+    }
 
     #[test]
     fn listed_buckets_hold_every_sample() {

@@ -444,7 +444,8 @@ WHAT IT SERVES: per VM and vCPU, run / wait (steal) / blocked seconds, execution
 and exits (virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exits by reason, an
 exit-duration histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt
 domain, pod, container), per-core energy, power and temperature estimates, and its own lost events
-and collection time. Counters start when serve starts; figures come from the same sampler as `top`,
+and collection time. Counters start when serve starts; figures come from the same sampler as `top`
+(counted in the kernel by eBPF where it loads; --no-bpf decodes every traced event instead),
 refreshed every second and at each scrape. See docs/fleet.md for every metric, the scrape config and
 the Grafana dashboard.
 
@@ -485,8 +486,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Do not trace: poll schedstat and KVM stats (no reasons, durations or I/O from the trace).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_bpf")]
     pub no_trace: bool,
+    /// Do not aggregate in the kernel (eBPF): decode every traced event in user space.
+    #[arg(long)]
+    pub no_bpf: bool,
 }
 
 /// How `top` and `demo` watch.

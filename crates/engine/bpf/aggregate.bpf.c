@@ -8,6 +8,10 @@
 //     kind 1: kvm_exit           (reason = exit_reason, isa = isa)
 //     kind 2: kvm_userspace_exit (reason = the KVM_EXIT_* reason)
 //     kind 3: evidence events    (reason = the event's id: kvm_cpuid, kvm_msr, ...)
+//   durations, per (kind, reason): a log-linear histogram (as `analysis::hist`) of each exit
+//     from kvm_exit to kvm_entry, or of each userspace round trip from kvm_userspace_exit to
+//     the VMM's return (kvm_fpu load, or kvm_entry) where no kvm_exit fires, as
+//     `analysis::exits::ExitAnalyzer` times them (only when the loader attaches those events);
 //   threads, per thread: the state machine over sched_switch, sched_wakeup(_new),
 //     sched_migrate_task and the thread's own kvm events (a thread that emits one is running:
 //     some kernels resume a thread from idle without sched_switch), with time per state.
@@ -65,6 +69,26 @@ struct thread {
 	__u32 cpu;
 	__u32 runs_guest; // it emitted kvm events: a vCPU thread
 	__u32 pad;
+	__u64 exit_start; // the exit in flight: when, and its key
+	__u32 exit_kind;
+	__u32 exit_reason;
+	__u32 exit_isa;
+	__u32 exit_open;
+};
+
+struct timing_key {
+	__u32 kind;
+	__u32 reason;
+	__u32 isa;
+	__u32 bucket; // ~0 for the summary
+};
+
+// Count, sum, min and max of a reason's durations (bucket ~0); counts per bucket (others).
+struct timing {
+	__u64 count;
+	__u64 sum;
+	__u64 min;
+	__u64 max;
 };
 
 // Bounded: a host with more (thread, reason) pairs, or tracked threads, than these loses
@@ -86,10 +110,20 @@ struct {
 	__type(value, struct thread);
 } threads SEC(".maps");
 
-// Events that found a map full: index 0 exits, 1 threads.
+// A reason's key is updated from every CPU its exits end on: counts and sums are added
+// atomically; min and max may, rarely, miss a racing update.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 32768);
+	__type(key, struct timing_key);
+	__type(value, struct timing);
+} timings SEC(".maps");
+
+// Events that found a map full: index 0 exits, 1 threads, 2 timings; 3: exits that began
+// before the previous one of their thread ended (not timed); 4: whether any kvm_exit fired.
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 5);
 	__type(key, __u32);
 	__type(value, __u64);
 } full SEC(".maps");
@@ -115,6 +149,7 @@ volatile const __u32 wakeup_target_cpu_offset = 32;
 volatile const __u32 migrate_pid_offset = 12;
 volatile const __u32 migrate_dest_cpu_offset = 24;
 volatile const __u32 mmio_type_offset = 8;
+volatile const __u32 fpu_load_offset = 8;
 
 // `sched_switch` prev_state bits of an exiting task (X dead, Z zombie), and the state bits.
 #define EXITING_STATES 0x30
@@ -141,6 +176,85 @@ static __always_inline void map_full(__u32 which)
 	__u64 *lost = bpf_map_lookup_elem(&full, &which);
 	if (lost)
 		*lost += 1;
+}
+
+// Index of the highest set bit of v (v > 0).
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	__u32 r = 0;
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1) { r += 1; }
+	return r;
+}
+
+// analysis::hist's bucket: 32 linear sub-buckets per power of two.
+static __always_inline __u32 bucket_of(__u64 v)
+{
+	if (v < 32)
+		return (__u32)v;
+	__u32 exp = log2_u64(v);
+	__u32 sub = (__u32)(v >> (exp - 5)) & 31;
+	return (exp - 5 + 1) * 32 + sub;
+}
+
+static __always_inline void add_timing(struct timing_key *key, __u64 ns, int summary)
+{
+	struct timing *t = bpf_map_lookup_elem(&timings, key);
+	if (!t) {
+		struct timing fresh = { .count = 0, .sum = 0, .min = ~0ULL, .max = 0 };
+		// Another CPU may have inserted it meanwhile: then look it up again.
+		if (bpf_map_update_elem(&timings, key, &fresh, BPF_NOEXIST) != 0 &&
+		    !bpf_map_lookup_elem(&timings, key)) {
+			map_full(2);
+			return;
+		}
+		t = bpf_map_lookup_elem(&timings, key);
+		if (!t)
+			return;
+	}
+	__sync_fetch_and_add(&t->count, 1);
+	if (summary) {
+		__sync_fetch_and_add(&t->sum, ns);
+		if (ns < t->min)
+			t->min = ns;
+		if (ns > t->max)
+			t->max = ns;
+	}
+}
+
+// The thread's exit in flight ends at `ts`: its duration goes into its reason's histogram.
+static __always_inline void finish_exit(struct thread *t, __u64 ts)
+{
+	if (!t->exit_open)
+		return;
+	t->exit_open = 0;
+	__u64 ns = ts > t->exit_start ? ts - t->exit_start : 0;
+	struct timing_key key = { .kind = t->exit_kind, .reason = t->exit_reason, .isa = t->exit_isa, .bucket = ~0U };
+	add_timing(&key, ns, 1);
+	key.bucket = bucket_of(ns);
+	add_timing(&key, ns, 0);
+}
+
+static __always_inline void start_exit(struct thread *t, __u64 ts, __u32 kind, __u32 reason, __u32 isa)
+{
+	if (t->exit_open)
+		map_full(3);
+	t->exit_open = 1;
+	t->exit_start = ts;
+	t->exit_kind = kind;
+	t->exit_reason = reason;
+	t->exit_isa = isa;
+}
+
+static __always_inline int exit_path(void)
+{
+	__u32 at = 4;
+	__u64 *seen = bpf_map_lookup_elem(&full, &at);
+	return seen && *seen;
 }
 
 static __always_inline void count(__u32 tid, __u32 kind, __u32 reason, __u32 isa)
@@ -256,18 +370,54 @@ SEC("tracepoint/kvm/kvm_exit")
 int kvm_exit(void *ctx)
 {
 	__u32 tid = current_tid();
-	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
+	__u64 ts = bpf_ktime_get_ns();
+	struct thread *t = kvm_event(tid, bpf_get_smp_processor_id(), ts);
 	__u32 isa = exit_isa_offset ? field_u32(ctx, exit_isa_offset) : 0;
-	count(tid, KIND_EXIT, field_u32(ctx, exit_reason_offset), isa);
+	__u32 reason = field_u32(ctx, exit_reason_offset);
+	count(tid, KIND_EXIT, reason, isa);
+	__u32 at = 4;
+	__u64 *seen = bpf_map_lookup_elem(&full, &at);
+	if (seen)
+		*seen = 1;
+	if (t)
+		start_exit(t, ts, KIND_EXIT, reason, isa);
 	return 0;
 }
 
+// Where no kvm_exit fires (PVM), a userspace exit starts a round trip that the VMM's return
+// ends; where it does, the exit in flight simply went to the VMM.
 SEC("tracepoint/kvm/kvm_userspace_exit")
 int kvm_userspace_exit(void *ctx)
 {
 	__u32 tid = current_tid();
-	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
-	count(tid, KIND_USERSPACE, field_u32(ctx, userspace_reason_offset), 0);
+	__u64 ts = bpf_ktime_get_ns();
+	struct thread *t = kvm_event(tid, bpf_get_smp_processor_id(), ts);
+	__u32 reason = field_u32(ctx, userspace_reason_offset);
+	count(tid, KIND_USERSPACE, reason, 0);
+	if (t && !t->exit_open && !exit_path())
+		start_exit(t, ts, KIND_USERSPACE, reason, 0);
+	return 0;
+}
+
+// The end of an exit (attached only when exits are timed).
+SEC("tracepoint/kvm/kvm_entry")
+int kvm_entry(void *ctx)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	if (t)
+		finish_exit(t, ts);
+	return 0;
+}
+
+// The VMM's return to KVM reloads the guest FPU: the end of a userspace round trip.
+SEC("tracepoint/kvm/kvm_fpu")
+int kvm_fpu(void *ctx)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	if (t && field_u32(ctx, fpu_load_offset) && t->exit_open && t->exit_kind == KIND_USERSPACE)
+		finish_exit(t, ts);
 	return 0;
 }
 

@@ -11,6 +11,7 @@ use std::path::Path;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::TracePoint;
 use aya::{Ebpf, EbpfLoader, Pod};
+use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey};
 use virtprof_trace::format::{parse_event_format, EventFormat};
 
@@ -55,10 +56,47 @@ struct RawThread {
     cpu: u32,
     runs_guest: u32,
     pad: u32,
+    exit_start: u64,
+    exit_kind: u32,
+    exit_reason: u32,
+    exit_isa: u32,
+    exit_open: u32,
 }
 
-// SAFETY: u64s then four u32s: no padding, every bit pattern valid.
+// SAFETY: u64s, four u32s, a u64, four u32s: no padding, every bit pattern valid.
 unsafe impl Pod for RawThread {}
+
+/// The timings map's key, as `struct timing_key`: a reason and a bucket (`SUMMARY`: none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawTimingKey {
+    kind: u32,
+    reason: u32,
+    isa: u32,
+    bucket: u32,
+}
+
+// SAFETY: four u32s, no padding, every bit pattern valid.
+unsafe impl Pod for RawTimingKey {}
+
+/// The timings map's value, as `struct timing`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawTiming {
+    count: u64,
+    sum: u64,
+    min: u64,
+    max: u64,
+}
+
+// SAFETY: four u64s, no padding, every bit pattern valid.
+unsafe impl Pod for RawTiming {}
+
+/// A reason's entries in the timings map: (bucket, count) pairs and its summary.
+type TimingParts = (Vec<(usize, u64)>, Option<RawTiming>);
+
+/// The bucket of a reason's summary entry (count, sum, min, max).
+const SUMMARY: u32 = u32::MAX;
 
 /// `bpf_map_update_elem`'s flag: only if the key is absent (linux/bpf.h).
 const BPF_NOEXIST: u64 = 1;
@@ -158,14 +196,18 @@ fn bpf<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>) ->
 }
 
 /// Everything counted since [`KernelCounter::start`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct KernelCounts {
     /// Exits and evidence per thread and reason, sorted.
     pub reasons: Vec<(u32, ReasonKey, u64)>,
     /// Every tracked thread, by tid, sorted.
     pub threads: Vec<(u32, ThreadTotals)>,
-    /// Events not counted because a map was full: (exits map, threads map).
-    pub full: (u64, u64),
+    /// Exit durations by reason (when started with timing), sorted.
+    pub durations: Vec<(ReasonKey, Histogram)>,
+    /// Events not counted because a map was full: exits, threads, timings.
+    pub full: [u64; 3],
+    /// Exits that began before their thread's previous one ended: not timed.
+    pub incomplete: u64,
 }
 
 /// The program, attached; dropping it detaches and unloads everything (so does the process
@@ -179,7 +221,11 @@ pub struct KernelCounter {
 /// The running kernel's format of `system:event`, if it has the event.
 fn format(tracefs: &Path, system: &str, event: &str) -> Result<Option<EventFormat>, KernelCountError> {
     let path = tracefs.join("events").join(system).join(event).join("format");
-    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(KernelCountError::Format(format!("reading {}: {e} (run as root)", path.display()))),
+    };
     parse_event_format(system, &text)
         .map(Some)
         .map_err(|e| KernelCountError::Format(format!("{}: {e}", path.display())))
@@ -200,8 +246,9 @@ fn field(f: &EventFormat, field: &str, max: usize) -> Result<(u32, u32), KernelC
 
 impl KernelCounter {
     /// Load the program against the formats under `tracefs` and attach it to the kvm and
-    /// sched events it reads (and to each of `evidence`, kvm event names, that exists).
-    pub fn start(tracefs: &Path, evidence: &[&str]) -> Result<KernelCounter, KernelCountError> {
+    /// sched events it reads (and to each of `evidence`, kvm event names, that exists); with
+    /// `timed`, also to the events that end exits (`kvm_entry`, `kvm_fpu`), to time them.
+    pub fn start(tracefs: &Path, evidence: &[&str], timed: bool) -> Result<KernelCounter, KernelCountError> {
         let kvm = |event| format(tracefs, "kvm", event);
         let sched = |event| format(tracefs, "sched", event);
         let exit = kvm("kvm_exit")?;
@@ -245,6 +292,10 @@ impl KernelCounter {
         if let Some(f) = &mmio {
             globals.push(("mmio_type_offset", field(f, "type", 4)?.0));
         }
+        let fpu = if timed { kvm("kvm_fpu")? } else { None };
+        if let Some(f) = &fpu {
+            globals.push(("fpu_load_offset", field(f, "load", 4)?.0));
+        }
         let mut loader = EbpfLoader::new();
         for (name, value) in &globals {
             loader.set_global(name, value, true);
@@ -268,6 +319,14 @@ impl KernelCounter {
         }
         if mmio.is_some() {
             counter.attach("kvm_mmio", "kvm", "kvm_mmio")?;
+        }
+        if timed {
+            if kvm("kvm_entry")?.is_some() {
+                counter.attach("kvm_entry", "kvm", "kvm_entry")?;
+            }
+            if fpu.is_some() {
+                counter.attach("kvm_fpu", "kvm", "kvm_fpu")?;
+            }
         }
         counter.attach("sched_switch", "sched", "sched_switch")?;
         counter.attach("sched_wakeup", "sched", "sched_wakeup")?;
@@ -354,15 +413,9 @@ impl KernelCounter {
         let mut reasons = Vec::new();
         for entry in exits.iter() {
             let (key, n) = entry.map_err(bpf("reading map exits"))?;
-            let reason = match key.kind {
-                KIND_EXIT => ReasonKey::Exit { reason: key.reason, isa: key.isa },
-                KIND_USERSPACE => ReasonKey::Userspace { reason: key.reason },
-                // The program stores a u16 event id.
-                #[allow(clippy::cast_possible_truncation)]
-                KIND_EVIDENCE => ReasonKey::Event { id: key.reason as u16 },
-                _ => continue,
-            };
-            reasons.push((key.tid, reason, n));
+            if let Some(reason) = reason_key(key.kind, key.reason, key.isa) {
+                reasons.push((key.tid, reason, n));
+            }
         }
         reasons.sort();
         let table: BpfHashMap<&MapData, u32, RawThread> =
@@ -377,7 +430,45 @@ impl KernelCounter {
         let sum = |i: u32| -> Result<u64, KernelCountError> {
             Ok(full.get(&i, 0).map_err(bpf("reading map full"))?.iter().sum())
         };
-        Ok(KernelCounts { reasons, threads, full: (sum(0)?, sum(1)?) })
+        let durations = self.durations()?;
+        Ok(KernelCounts { reasons, threads, durations, full: [sum(0)?, sum(1)?, sum(2)?], incomplete: sum(3)? })
+    }
+
+    /// Each reason's durations, from its summary entry and its bucket entries.
+    fn durations(&self) -> Result<Vec<(ReasonKey, Histogram)>, KernelCountError> {
+        let map = self.ebpf.map("timings").ok_or_else(|| KernelCountError::Format("no map timings".into()))?;
+        let timings: BpfHashMap<&MapData, RawTimingKey, RawTiming> =
+            BpfHashMap::try_from(map).map_err(bpf("map timings"))?;
+        let mut parts: std::collections::BTreeMap<ReasonKey, TimingParts> = Default::default();
+        for entry in timings.iter() {
+            let (key, value) = entry.map_err(bpf("reading map timings"))?;
+            let Some(reason) = reason_key(key.kind, key.reason, key.isa) else { continue };
+            let part = parts.entry(reason).or_default();
+            if key.bucket == SUMMARY {
+                part.1 = Some(value);
+            } else {
+                part.0.push((key.bucket as usize, value.count));
+            }
+        }
+        Ok(parts
+            .into_iter()
+            .filter_map(|(reason, (buckets, summary))| {
+                let s = summary?;
+                Some((reason, Histogram::from_parts(buckets, s.sum, s.min, s.max)?))
+            })
+            .collect())
+    }
+}
+
+/// The reason a map key names.
+fn reason_key(kind: u32, reason: u32, isa: u32) -> Option<ReasonKey> {
+    match kind {
+        KIND_EXIT => Some(ReasonKey::Exit { reason, isa }),
+        KIND_USERSPACE => Some(ReasonKey::Userspace { reason }),
+        // The program stores a u16 event id.
+        #[allow(clippy::cast_possible_truncation)]
+        KIND_EVIDENCE => Some(ReasonKey::Event { id: reason as u16 }),
+        _ => None,
     }
 }
 

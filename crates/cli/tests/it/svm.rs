@@ -453,6 +453,8 @@ ls $T/instances > /out/instances
     // top: the L2 guest by name with its vCPU thread, its exits traced; polling cannot see
     // QEMU's exits (its KVM stats are not readable) and says so.
     let top: Value = serde_json::from_str(&read("top.json")).unwrap();
+    // In the kernel where the eBPF program loads in L1 (Debian's kernel), traced otherwise.
+    note(test, format!("top in L1: mode {}", top["mode"]));
     for window in top["windows"].as_array().unwrap() {
         let l2 = window["vms"].as_array().unwrap().iter().find(|v| v["name"] == "l2guest");
         let l2 = l2.unwrap_or_else(|| panic!("top finds the L2 guest by name: {window}"));

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey, Span};
 use virtprof_trace::decode::Decoder;
 use virtprof_trace::tracefs::{load_layout, Tracefs};
@@ -20,6 +21,8 @@ pub(super) struct KernelSource {
     counter: KernelCounter,
     decoder: Decoder,
     history: History<KernelSample>,
+    /// Exit durations by reason over the whole run, at the last read (when timed).
+    durations: Vec<(ReasonKey, Histogram)>,
     /// Threads that exited, taken out of the maps (which are bounded) after their last read:
     /// their final figures, oldest first.
     retired: VecDeque<(u32, Retired)>,
@@ -41,23 +44,25 @@ struct KernelSample {
     threads: BTreeMap<u32, (u32, Counters, bool)>,
     /// Exits and evidence so far, per (thread, reason).
     reasons: BTreeMap<(u32, ReasonKey), u64>,
-    /// Events a full map could not count: (exits, threads).
-    full: (u64, u64),
+    /// Events a full map could not count: exits, threads, timings.
+    full: [u64; 3],
 }
 
 impl KernelSource {
-    /// Load and attach the program; the error says why this host cannot.
-    pub(super) fn start() -> anyhow::Result<KernelSource> {
+    /// Load and attach the program (with `timed`, timing exits too); the error says why this
+    /// host cannot.
+    pub(super) fn start(timed: bool) -> anyhow::Result<KernelSource> {
         let tracefs = Tracefs::locate_or_mount()?;
-        let counter = KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS)?;
+        let counter = KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS, timed)?;
         let decoder = Decoder::new(load_layout(tracefs.root(), &["kvm"])?);
-        Ok(KernelSource { counter, decoder, history: History::new(), retired: VecDeque::new() })
+        Ok(KernelSource { counter, decoder, history: History::new(), durations: Vec::new(), retired: VecDeque::new() })
     }
 
     /// Read the maps as of `now`; exited threads then leave them (their figures are kept).
     pub(super) fn read(&mut self, now: u64) -> anyhow::Result<()> {
         let counts = self.counter.counts()?;
         let mut sample = KernelSample { full: counts.full, ..Default::default() };
+        self.durations = counts.durations;
         // A retired thread's id in use again is a new thread: the old one's figures go.
         self.retired.retain(|(tid, _)| counts.threads.binary_search_by_key(tid, |(t, _)| *t).is_err());
         for (tid, r) in &self.retired {
@@ -98,7 +103,12 @@ impl KernelSource {
 
     /// Events the program could not count (a map full), since the start.
     pub(super) fn uncounted(&self) -> u64 {
-        self.history.recent.back().map_or(0, |(_, s)| s.full.0 + s.full.1)
+        self.history.recent.back().map_or(0, |(_, s)| s.full.iter().sum())
+    }
+
+    /// Exit durations by reason since the start (empty unless timed).
+    pub(super) fn durations(&self) -> &[(ReasonKey, Histogram)] {
+        &self.durations
     }
 
     /// Exits and evidence since the start, per (thread, reason).
@@ -172,7 +182,7 @@ mod tests {
                 ((7, ReasonKey::Exit { reason: 30, isa: 1 }), exits),
                 ((7, ReasonKey::Userspace { reason: 2 }), evidence),
             ]),
-            full: (0, 0),
+            full: [0; 3],
         }
     }
 

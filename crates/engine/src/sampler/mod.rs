@@ -269,14 +269,13 @@ impl PollSource {
 }
 
 impl Sampler {
-    /// Start sampling the best way `mode` allows; with `durations` (traced only), exits are
-    /// timed too. Returns, for the user, why a better way was not taken (None: the best one
-    /// was) and whether the result is polling.
+    /// Start sampling the best way `mode` allows; with `durations`, exits are timed too.
+    /// Returns, for the user, why a better way was not taken and whether it is polling.
     pub fn start(only: Vec<u32>, mode: Mode, durations: bool) -> anyhow::Result<(Sampler, Fallback)> {
         let mut fallback = Fallback::default();
         let mut source = None;
-        if mode == Mode::Best && !durations {
-            match kernel::KernelSource::start() {
+        if mode == Mode::Best {
+            match kernel::KernelSource::start(durations) {
                 Ok(k) => source = Some(Source::Kernel(Box::new(k))),
                 Err(e) => fallback.no_kernel = Some(format!("{e:#}")),
             }
@@ -518,9 +517,19 @@ impl Sampler {
     /// Exit durations since the start, by reason (empty when polling, or where the host
     /// times no exits).
     pub fn exit_durations(&self) -> Vec<(String, Histogram)> {
-        let Source::Trace(t) = &self.source else { return Vec::new() };
-        let Some(exits) = &t.exits else { return Vec::new() };
-        exits.durations(&DecoderNames(t.trace.decoder())).into_iter().map(|(r, h)| (r, h.clone())).collect()
+        match &self.source {
+            Source::Kernel(k) => {
+                let names = DecoderNames(k.decoder());
+                let mut named: Vec<(String, Histogram)> =
+                    k.durations().iter().map(|(key, h)| (key.name(&names), h.clone())).collect();
+                named.sort_by(|a, b| a.0.cmp(&b.0));
+                named
+            }
+            Source::Trace(t) => t.exits.as_ref().map_or_else(Vec::new, |exits| {
+                exits.durations(&DecoderNames(t.trace.decoder())).into_iter().map(|(r, h)| (r, h.clone())).collect()
+            }),
+            Source::Polling(_) => Vec::new(),
+        }
     }
 
     /// Each vCPU's exits since it was created, from its KVM stats fd at the last refresh:

@@ -359,7 +359,7 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
     if !kvm_events {
         return check(NAME, Status::Missing, "no kvm tracepoints (is the kvm module loaded?)", None);
     }
-    match KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS) {
+    match KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS, true) {
         Ok(counter) => check(
             NAME,
             Status::Ok,
@@ -379,9 +379,8 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
 fn in_kernel_mode(check: &Check) -> String {
     match check.status {
         Status::Ok => concat!(
-            "`top` and `demo` count exits by reason and run/wait/blocked per vCPU thread in the kernel ",
-            "(eBPF; --no-bpf decodes every traced event instead); `serve` still decodes traced events ",
-            "(it times exits, which the program does not yet)"
+            "`top`, `demo` and `serve` count exits by reason, exit durations and run/wait/blocked per ",
+            "vCPU thread in the kernel (eBPF); --no-bpf decodes every traced event instead"
         )
         .to_string(),
         _ => format!("unavailable ({}): `top`, `demo` and `serve` decode every traced event", check.detail),
@@ -423,7 +422,7 @@ fn agent_mode() -> String {
 /// What `virtprof serve` exports here.
 fn serve_mode(tracefs: bool, exits_live: Option<bool>) -> String {
     let figures = if tracefs {
-        "run/wait/blocked seconds, executions, I/O and exit reasons from the trace"
+        "run/wait/blocked seconds, executions, I/O and exit reasons from the kvm and sched events (counted in the kernel where eBPF loads, else traced)"
     } else {
         "run/wait from schedstat polling (blocked as the remainder; no exit reasons or traced I/O: needs tracefs)"
     };

@@ -38,11 +38,21 @@ pub struct Collector {
     next: Duration,
 }
 
+/// Where `serve` may get its figures, from its flags.
+fn mode(args: &ServeArgs) -> Mode {
+    match (args.no_trace, args.no_bpf) {
+        (true, _) => Mode::Polled,
+        (false, true) => Mode::Traced,
+        (false, false) => Mode::Best,
+    }
+}
+
 impl Collector {
-    fn start(only: Vec<u32>, no_trace: bool) -> anyhow::Result<Collector> {
-        // Exits are timed, which the traced path does (the in-kernel program does not yet).
-        let mode = if no_trace { Mode::Polled } else { Mode::Traced };
+    fn start(only: Vec<u32>, mode: Mode) -> anyhow::Result<Collector> {
         let (sampler, fallback) = Sampler::start(only, mode, true)?;
+        if let Some(why) = &fallback.no_kernel {
+            eprintln!("virtprof: in-kernel aggregation unavailable ({why}): decoding every traced event instead");
+        }
         if let Some(why) = fallback.polling {
             eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
         }
@@ -66,13 +76,16 @@ impl Collector {
     }
 
     /// A refresh just happened: the next is due in a quarter of the time the fullest trace
-    /// buffer would take to fill at the rate just seen. Polled counters are cumulative: only
-    /// scrapes read them.
+    /// buffer would take to fill at the rate just seen. Polled counters and the in-kernel
+    /// program's maps are cumulative (nothing fills between reads): only scrapes read them.
     fn refreshed(&mut self) {
         let elapsed = self.refreshed.elapsed();
         self.refreshed = Instant::now();
-        self.next =
-            if self.sampler.is_polling() { Duration::MAX } else { next_refresh(self.sampler.buffer_fill(), elapsed) };
+        self.next = if self.sampler.is_polling() || self.sampler.is_in_kernel() {
+            Duration::MAX
+        } else {
+            next_refresh(self.sampler.buffer_fill(), elapsed)
+        };
     }
 }
 
@@ -99,12 +112,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 TEXTFILE_MIN_INTERVAL.as_secs()
             )));
         }
-        let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
+        let mut collector = Collector::start(args.vm.clone(), mode(args))?;
         return textfile(&mut collector, dir, args.interval, deadline);
     }
     let config = http::Config::from_args(args)?;
     let server = http::bind(&config)?;
-    let mut collector = Collector::start(args.vm.clone(), args.no_trace)?;
+    let mut collector = Collector::start(args.vm.clone(), mode(args))?;
     // The bound address: with port 0 the kernel picked one.
     let bound = server.address;
     eprintln!(
