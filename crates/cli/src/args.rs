@@ -406,10 +406,10 @@ pub struct ExitsArgs {
 Per vCPU thread, from sched_switch/sched_wakeup and the kvm events: RUN% (on a CPU), WAIT%
 (runnable, waiting: host-side steal), BLK% (sleeping, e.g. on I/O or halt), executions, CPU and
 wait per execution, blocked time per I/O, allocation (executions ended by preemption), I/O
-count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Counted in the
-kernel by an eBPF program where it loads (mode kernel; `virtprof doctor` says); else, or with
---no-bpf, decoded from a private tracefs instance (mode trace); without tracefs (or with
---no-trace) it polls schedstat and KVM stats instead and says so.
+count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Decoded from a
+private tracefs instance (mode trace); with --bpf, counted in the kernel by an eBPF program where
+it loads (mode kernel; `virtprof doctor` says); without tracefs (or with --no-trace) it polls
+schedstat and KVM stats instead and says so.
 
 KEYS: q quit  c cycle physical CPU  s sort  f filter  v VM/vCPU rows  w 1 s/10 s window
       p pause  ? help
@@ -419,7 +419,7 @@ EXAMPLES:
   virtprof top -d 2 --vm 4242               one VMM, refresh every 2 s
   virtprof top --once --json                sample 1 s, print the JSON (schema: docs/top.md)
   virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh
-  virtprof top --once --no-bpf              the same from every traced event, decoded here")]
+  virtprof top --once --bpf                 the same, counted in the kernel (eBPF)")]
 pub struct TopArgs {
     #[command(flatten)]
     pub watch: WatchArgs,
@@ -445,7 +445,7 @@ and exits (virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exi
 exit-duration histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt
 domain, pod, container), per-core energy, power and temperature estimates, and its own lost events
 and collection time. Counters start when serve starts; figures come from the same sampler as `top`
-(counted in the kernel by eBPF where it loads; --no-bpf decodes every traced event instead),
+(with --bpf counted in the kernel by eBPF where it loads, instead of every traced event decoded),
 refreshed every second and at each scrape. See docs/fleet.md for every metric, the scrape config and
 the Grafana dashboard.
 
@@ -486,11 +486,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Do not trace: poll schedstat and KVM stats (no reasons, durations or I/O from the trace).
-    #[arg(long, conflicts_with = "no_bpf")]
+    #[arg(long, conflicts_with = "bpf")]
     pub no_trace: bool,
-    /// Do not aggregate in the kernel (eBPF): decode every traced event in user space.
+    /// Count in the kernel (eBPF) instead of decoding every traced event here: far cheaper; not
+    /// the default yet (see docs/fleet.md).
     #[arg(long)]
-    pub no_bpf: bool,
+    pub bpf: bool,
 }
 
 /// How `top` and `demo` watch.
@@ -506,12 +507,12 @@ pub struct WatchArgs {
     #[arg(long, requires = "once")]
     pub json: bool,
     /// Do not trace: poll schedstat and KVM stats (approximate; what `top` does without tracefs).
-    #[arg(long, conflicts_with = "no_bpf")]
+    #[arg(long, conflicts_with = "bpf")]
     pub no_trace: bool,
-    /// Do not aggregate in the kernel (eBPF): decode every traced event in user space, as
-    /// hosts where the eBPF program does not load do.
+    /// Count in the kernel (eBPF) instead of decoding every traced event here: far cheaper; not
+    /// the default yet (see docs/top.md#modes).
     #[arg(long)]
-    pub no_bpf: bool,
+    pub bpf: bool,
 }
 
 #[derive(Debug, Args)]

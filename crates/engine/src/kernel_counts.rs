@@ -208,6 +208,10 @@ pub struct KernelCounts {
     pub full: [u64; 3],
     /// Exits that began before their thread's previous one ended: not timed.
     pub incomplete: u64,
+    /// Events the kernel did not run the program for (`recursion_misses`: it skips a
+    /// tracepoint's program while another BPF program, or a BPF map syscall such as our own
+    /// reads, holds the CPU's BPF guard; see `trace_call_bpf`).
+    pub missed: u64,
 }
 
 /// The program, attached; dropping it detaches and unloads everything (so does the process
@@ -431,7 +435,23 @@ impl KernelCounter {
             Ok(full.get(&i, 0).map_err(bpf("reading map full"))?.iter().sum())
         };
         let durations = self.durations()?;
-        Ok(KernelCounts { reasons, threads, durations, full: [sum(0)?, sum(1)?, sum(2)?], incomplete: sum(3)? })
+        let missed = self.missed();
+        Ok(KernelCounts { reasons, threads, durations, full: [sum(0)?, sum(1)?, sum(2)?], incomplete: sum(3)?, missed })
+    }
+
+    /// The kernel's count of events each attached program was skipped for, summed (from the
+    /// programs' fdinfo, which every kernel with the counter shows; 0 where it has none).
+    fn missed(&self) -> u64 {
+        use std::os::fd::{AsFd, AsRawFd};
+        self.ebpf
+            .programs()
+            .filter_map(|(_, program)| program.fd().ok())
+            .filter_map(|fd| std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd())).ok())
+            .filter_map(|info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix("recursion_misses:").and_then(|v| v.trim().parse::<u64>().ok()))
+            })
+            .sum()
     }
 
     /// Each reason's durations, from its summary entry and its bucket entries.

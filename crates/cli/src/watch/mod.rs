@@ -36,7 +36,7 @@ pub struct Watch<'a> {
     pub json: bool,
     /// Append CSV rows here.
     pub log: Option<&'a Path>,
-    /// Where the figures may come from (`--no-trace`: polled; `--no-bpf`: traced).
+    /// Where the figures may come from (`--no-trace`: polled; `--bpf`: in the kernel first).
     pub mode: Mode,
     /// Stop when this returns true (demo: its VMs ended).
     pub done: &'a dyn Fn() -> bool,
@@ -60,10 +60,10 @@ const ONCE_REFRESH: Duration = Duration::from_millis(250);
 
 /// Where `top` and `demo` may get their figures, from their flags.
 pub fn mode(args: &crate::args::WatchArgs) -> Mode {
-    match (args.no_trace, args.no_bpf) {
+    match (args.no_trace, args.bpf) {
         (true, _) => Mode::Polled,
-        (false, true) => Mode::Traced,
-        (false, false) => Mode::Best,
+        (false, true) => Mode::Best,
+        (false, false) => Mode::Traced,
     }
 }
 

@@ -211,8 +211,7 @@ fn live_views_keep_running_through_loss_under_load() {
         .collect();
     std::thread::sleep(std::time::Duration::from_millis(500));
 
-    // The traced path (the in-kernel one loses nothing on the way: it has no buffer).
-    let top = virtprof().args(["top", "--once", "-d", "2", "--json", "--no-bpf"]).output().unwrap();
+    let top = virtprof().args(["top", "--once", "-d", "2", "--json"]).output().unwrap();
     assert!(top.status.success(), "top: {}", String::from_utf8_lossy(&top.stderr));
     let v: Value = serde_json::from_slice(&top.stdout).unwrap();
     assert_eq!(v["mode"], "trace");

@@ -400,6 +400,7 @@ L2_APPEND=l2_stay=60 l2-boot > /tmp/l2stay.txt 2>&1 &
 for i in $(seq 180); do grep -q L2-INIT-MARKER /tmp/l2stay.txt && break; sleep 1; done
 grep -q L2-INIT-MARKER /tmp/l2stay.txt || hang-guard --broken "L2 did not reach its marker in 180 s"
 hang-guard 120 virtprof top --once --json -d 2 > /out/top.json
+hang-guard 120 virtprof top --once --json -d 2 --bpf > /out/top-bpf.json
 hang-guard 120 virtprof top --once --json -d 2 --no-trace > /out/top-notrace.json
 kill %1
 wait || true
@@ -453,8 +454,9 @@ ls $T/instances > /out/instances
     // top: the L2 guest by name with its vCPU thread, its exits traced; polling cannot see
     // QEMU's exits (its KVM stats are not readable) and says so.
     let top: Value = serde_json::from_str(&read("top.json")).unwrap();
-    // In the kernel where the eBPF program loads in L1 (Debian's kernel), traced otherwise.
-    note(test, format!("top in L1: mode {}", top["mode"]));
+    // With --bpf: in the kernel where the eBPF program loads in L1 (Debian's kernel).
+    let bpf: Value = serde_json::from_str(&read("top-bpf.json")).unwrap();
+    note(test, format!("top --bpf in L1: mode {}, lost {}", bpf["mode"], bpf["lost_events"]));
     for window in top["windows"].as_array().unwrap() {
         let l2 = window["vms"].as_array().unwrap().iter().find(|v| v["name"] == "l2guest");
         let l2 = l2.unwrap_or_else(|| panic!("top finds the L2 guest by name: {window}"));

@@ -44,8 +44,10 @@ struct KernelSample {
     threads: BTreeMap<u32, (u32, Counters, bool)>,
     /// Exits and evidence so far, per (thread, reason).
     reasons: BTreeMap<(u32, ReasonKey), u64>,
-    /// Events a full map could not count: exits, threads, timings.
+    /// Events a full map could not count: exits, threads, timings; and events the kernel
+    /// skipped the program for.
     full: [u64; 3],
+    missed: u64,
 }
 
 impl KernelSource {
@@ -61,7 +63,7 @@ impl KernelSource {
     /// Read the maps as of `now`; exited threads then leave them (their figures are kept).
     pub(super) fn read(&mut self, now: u64) -> anyhow::Result<()> {
         let counts = self.counter.counts()?;
-        let mut sample = KernelSample { full: counts.full, ..Default::default() };
+        let mut sample = KernelSample { full: counts.full, missed: counts.missed, ..Default::default() };
         self.durations = counts.durations;
         // A retired thread's id in use again is a new thread: the old one's figures go.
         self.retired.retain(|(tid, _)| counts.threads.binary_search_by_key(tid, |(t, _)| *t).is_err());
@@ -101,9 +103,10 @@ impl KernelSource {
         &self.decoder
     }
 
-    /// Events the program could not count (a map full), since the start.
+    /// Events the program could not count (a map full, or skipped by the kernel), since the
+    /// start.
     pub(super) fn uncounted(&self) -> u64 {
-        self.history.recent.back().map_or(0, |(_, s)| s.full.iter().sum())
+        self.history.recent.back().map_or(0, |(_, s)| s.full.iter().sum::<u64>() + s.missed)
     }
 
     /// Exit durations by reason since the start (empty unless timed).
@@ -183,6 +186,7 @@ mod tests {
                 ((7, ReasonKey::Userspace { reason: 2 }), evidence),
             ]),
             full: [0; 3],
+            missed: 0,
         }
     }
 

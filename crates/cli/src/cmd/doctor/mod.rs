@@ -379,8 +379,10 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
 fn in_kernel_mode(check: &Check) -> String {
     match check.status {
         Status::Ok => concat!(
-            "`top`, `demo` and `serve` count exits by reason, exit durations and run/wait/blocked per ",
-            "vCPU thread in the kernel (eBPF); --no-bpf decodes every traced event instead"
+            "with --bpf, `top`, `demo` and `serve` count exits by reason, exit durations and run/wait/",
+            "blocked per vCPU thread in the kernel (eBPF); not the default yet: the kernel skips a ",
+            "program while a BPF map syscall (our own reads) holds that CPU, which on a loaded host ",
+            "can miss switches (counted and shown as lost events)"
         )
         .to_string(),
         _ => format!("unavailable ({}): `top`, `demo` and `serve` decode every traced event", check.detail),
@@ -422,7 +424,7 @@ fn agent_mode() -> String {
 /// What `virtprof serve` exports here.
 fn serve_mode(tracefs: bool, exits_live: Option<bool>) -> String {
     let figures = if tracefs {
-        "run/wait/blocked seconds, executions, I/O and exit reasons from the kvm and sched events (counted in the kernel where eBPF loads, else traced)"
+        "run/wait/blocked seconds, executions, I/O and exit reasons from the traced kvm and sched events (counted in the kernel with --bpf)"
     } else {
         "run/wait from schedstat polling (blocked as the remainder; no exit reasons or traced I/O: needs tracefs)"
     };

@@ -40,10 +40,10 @@ pub struct Collector {
 
 /// Where `serve` may get its figures, from its flags.
 fn mode(args: &ServeArgs) -> Mode {
-    match (args.no_trace, args.no_bpf) {
+    match (args.no_trace, args.bpf) {
         (true, _) => Mode::Polled,
-        (false, true) => Mode::Traced,
-        (false, false) => Mode::Best,
+        (false, true) => Mode::Best,
+        (false, false) => Mode::Traced,
     }
 }
 
