@@ -380,9 +380,8 @@ fn in_kernel_mode(check: &Check) -> String {
     match check.status {
         Status::Ok => concat!(
             "with --bpf, `top`, `demo` and `serve` count exits by reason, exit durations and run/wait/",
-            "blocked per vCPU thread in the kernel (eBPF); not the default yet: the kernel skips a ",
-            "program while a BPF map syscall (our own reads) holds that CPU, which on a loaded host ",
-            "can miss switches (counted and shown as lost events)"
+            "blocked per vCPU thread in the kernel (eBPF); not the default yet (docs/top.md#modes); ",
+            "events the kernel skips the program for are counted as lost"
         )
         .to_string(),
         _ => format!("unavailable ({}): `top`, `demo` and `serve` decode every traced event", check.detail),
