@@ -27,6 +27,9 @@
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
+// Every program returns 1: on a tracepoint, 0 would make the kernel drop the event for every
+// perf event on it (perf_trace_run_bpf_submit), blinding `perf stat -e kvm:*` while we run.
+
 struct exit_key {
 	__u32 tid;
 	__u32 kind;
@@ -381,7 +384,7 @@ int kvm_exit(void *ctx)
 		*seen = 1;
 	if (t)
 		start_exit(t, ts, KIND_EXIT, reason, isa);
-	return 0;
+	return 1;
 }
 
 // Where no kvm_exit fires (PVM), a userspace exit starts a round trip that the VMM's return
@@ -396,7 +399,7 @@ int kvm_userspace_exit(void *ctx)
 	count(tid, KIND_USERSPACE, reason, 0);
 	if (t && !t->exit_open && !exit_path())
 		start_exit(t, ts, KIND_USERSPACE, reason, 0);
-	return 0;
+	return 1;
 }
 
 // The end of an exit (attached only when exits are timed).
@@ -407,7 +410,7 @@ int kvm_entry(void *ctx)
 	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), ts);
 	if (t)
 		finish_exit(t, ts);
-	return 0;
+	return 1;
 }
 
 // The VMM's return to KVM reloads the guest FPU: the end of a userspace round trip.
@@ -418,7 +421,7 @@ int kvm_fpu(void *ctx)
 	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), ts);
 	if (t && field_u32(ctx, fpu_load_offset) && t->exit_open && t->exit_kind == KIND_USERSPACE)
 		finish_exit(t, ts);
-	return 0;
+	return 1;
 }
 
 // Attached to each evidence event; the event's id is the record's common_type.
@@ -430,7 +433,7 @@ int evidence(void *ctx)
 	__u16 id = 0;
 	bpf_probe_read_kernel(&id, sizeof(id), ctx);
 	count(tid, KIND_EVIDENCE, id, 0);
-	return 0;
+	return 1;
 }
 
 SEC("tracepoint/kvm/kvm_pio")
@@ -439,7 +442,7 @@ int kvm_pio(void *ctx)
 	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), bpf_ktime_get_ns());
 	if (t)
 		t->io += 1;
-	return 0;
+	return 1;
 }
 
 // A satisfied access (type != KVM_TRACE_MMIO_READ_UNSATISFIED) is I/O.
@@ -449,7 +452,7 @@ int kvm_mmio(void *ctx)
 	struct thread *t = kvm_event(current_tid(), bpf_get_smp_processor_id(), bpf_ktime_get_ns());
 	if (t && field_u32(ctx, mmio_type_offset) != 0)
 		t->io += 1;
-	return 0;
+	return 1;
 }
 
 SEC("tracepoint/sched/sched_switch")
@@ -496,7 +499,7 @@ int sched_switch(void *ctx)
 		t->exec_start = ts;
 		t->execs += 1;
 	}
-	return 0;
+	return 1;
 }
 
 // sched_wakeup and sched_wakeup_new.
@@ -508,14 +511,14 @@ int sched_wakeup(void *ctx)
 	__u32 pid = field_u32(ctx, wakeup_pid_offset);
 	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
 	if (!t)
-		return 0;
+		return 1;
 	if (t->state == UNKNOWN)
 		resolve(t, BLOCKED, ts);
 	else if (t->state != BLOCKED)
-		return 0; // waking a runnable task changes nothing
+		return 1; // waking a runnable task changes nothing
 	transition(t, RUNNABLE, field_u32(ctx, wakeup_target_cpu_offset), ts);
 	t->wakeups += 1;
-	return 0;
+	return 1;
 }
 
 SEC("tracepoint/sched/sched_migrate_task")
@@ -527,5 +530,5 @@ int sched_migrate_task(void *ctx)
 	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
 	if (t && t->state != RUNNING)
 		transition(t, t->state, field_u32(ctx, migrate_dest_cpu_offset), ts);
-	return 0;
+	return 1;
 }
