@@ -1,6 +1,7 @@
 //! Exit codes and how errors become them: 0 success, 1 runtime failure, 2 bad input or a host
 //! that cannot run the command (no /dev/kvm, no permission).
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use virtprof_host::input::InputError;
@@ -23,7 +24,9 @@ pub fn report(err: &anyhow::Error) -> ExitCode {
         // `virtprof ... | head` closing the pipe is not a failure.
         return ExitCode::SUCCESS;
     }
-    eprintln!("virtprof: {}", virtprof_model::units::printable(&one_line(err)));
+    // Not eprintln!: it panics when standard error has gone too (a closed terminal), and the
+    // exit code is the one thing left to say then.
+    let _ = writeln!(std::io::stderr(), "virtprof: {}", virtprof_model::units::printable(&one_line(err)));
     ExitCode::from(classify(err))
 }
 

@@ -3,6 +3,7 @@
 
 mod lines;
 pub mod metrics;
+mod tty;
 pub mod view;
 
 use std::fs::{File, OpenOptions};
@@ -12,11 +13,11 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ratatui::crossterm::event::{self, Event, KeyEventKind};
 use virtprof_host::stop::STOP_REQUESTED;
 
 use crate::exit::usage;
 use crate::qos::{log_rows, table, LOG_HEADER};
+use tty::{Input, Keys};
 use view::{Action, ViewState};
 use virtprof_engine::sampler::{Mode, Sampler, Snapshot};
 use virtprof_model::units::duration_ns;
@@ -112,8 +113,15 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
     }
     let mut terminal = ratatui::try_init()
         .map_err(|e| usage(format!("cannot open the terminal for the interactive view: {e}; use --once")))?;
+    let stall_guard = tty::StallGuard::start()?;
     let result = interactive(&mut terminal, &mut sampler, &guests, w, &mut log);
-    ratatui::restore();
+    // A window closed or a dropped connection: what follows must not write to the dead terminal.
+    tty::silence_if_hung_up();
+    // Restoring fails only when the terminal is gone, and then there is nothing to restore.
+    let _ = ratatui::try_restore();
+    // The terminal shows its cursor again as it drops: still under the guard.
+    drop(terminal);
+    drop(stall_guard);
     result
 }
 
@@ -129,6 +137,7 @@ fn interactive(
     let mut shown: Snapshot = sampler.snapshot(state.cpu);
     shown.guests = guests.snapshot(duration_ns(w.delay));
     let mut last_refresh = Instant::now();
+    let keys = Keys::start()?;
     loop {
         let status = format!("refresh {:.1} s", w.delay.as_secs_f64());
         terminal.draw(|f| view::render(f, &shown, &state, &status))?;
@@ -141,23 +150,23 @@ fn interactive(
             if left.is_zero() {
                 break;
             }
-            if event::poll(left.min(STOP_CHECK))? {
-                let Event::Key(key) = event::read()? else { continue };
-                if key.kind != KeyEventKind::Press {
-                    continue;
-                }
-                let cpu_before = state.cpu;
-                match view::handle_key(&mut state, key, &cpus) {
-                    Action::Quit => return Ok(ExitCode::SUCCESS),
-                    Action::Redraw => {
-                        if !state.paused || state.cpu != cpu_before {
-                            shown = sampler.snapshot(state.cpu);
-                            shown.guests = guests.snapshot(duration_ns(w.delay));
-                        }
-                        terminal.draw(|f| view::render(f, &shown, &state, &status))?;
+            let key = match keys.next(left.min(STOP_CHECK))? {
+                Input::Key(key) => key,
+                Input::Nothing => continue,
+                // The window closed or the connection dropped: end as on `q`.
+                Input::Gone => return Ok(ExitCode::SUCCESS),
+            };
+            let cpu_before = state.cpu;
+            match view::handle_key(&mut state, key, &cpus) {
+                Action::Quit => return Ok(ExitCode::SUCCESS),
+                Action::Redraw => {
+                    if !state.paused || state.cpu != cpu_before {
+                        shown = sampler.snapshot(state.cpu);
+                        shown.guests = guests.snapshot(duration_ns(w.delay));
                     }
-                    Action::None => {}
+                    terminal.draw(|f| view::render(f, &shown, &state, &status))?;
                 }
+                Action::None => {}
             }
         }
         // Keep reading the kernel's buffers even when paused, so nothing is lost.

@@ -334,7 +334,7 @@ fn a_stopped_record_passes_the_signal_to_its_command_and_stops_mid_interval() {
 }
 
 /// The direct children of `pid` now.
-fn children(pid: u32) -> Vec<u32> {
+pub(super) fn children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
     tasks
         .filter_map(Result::ok)
@@ -343,13 +343,13 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-fn alive(pid: u32) -> bool {
+pub(super) fn alive(pid: u32) -> bool {
     // A zombie is gone for our purpose: it runs nothing.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
 }
 
-fn instance_left(pid: u32) -> bool {
+pub(super) fn instance_left(pid: u32) -> bool {
     std::fs::read_dir("/sys/kernel/tracing/instances")
         .is_ok_and(|d| d.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().ends_with(&format!("-{pid}"))))
 }

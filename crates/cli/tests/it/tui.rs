@@ -115,3 +115,172 @@ fn demo_in_tmux_answers_keys_and_restores_the_terminal() {
         .collect::<Vec<_>>();
     assert!(mine.is_empty(), "tracefs instances of dead processes left behind: {mine:?}");
 }
+
+/// A pseudo-terminal of 200×40; `(controller, terminal)`.
+fn open_pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let (mut controller, mut terminal) = (-1, -1);
+    let size = libc::winsize { ws_row: 40, ws_col: 200, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: openpty fills the two descriptors; no name buffer, no termios.
+    let rc = unsafe { libc::openpty(&mut controller, &mut terminal, std::ptr::null_mut(), std::ptr::null(), &size) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // The controller must not leak into the child: the terminal only hangs up once every copy
+    // of it is closed.
+    // SAFETY: fcntl on the descriptor just opened.
+    assert_eq!(unsafe { libc::fcntl(controller, libc::F_SETFD, libc::FD_CLOEXEC) }, 0);
+    // SAFETY: both descriptors were just opened and are owned here only.
+    unsafe { (std::os::fd::OwnedFd::from_raw_fd(controller), std::os::fd::OwnedFd::from_raw_fd(terminal)) }
+}
+
+/// Read the controller side until `needle` shows or 30 s pass; the screen so far.
+fn read_until(controller: &std::os::fd::OwnedFd, needle: &str) -> String {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut screen = Vec::new();
+    while Instant::now() < deadline && !String::from_utf8_lossy(&screen).contains(needle) {
+        let mut p = libc::pollfd { fd: controller.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd, for the length given.
+        if unsafe { libc::poll(&mut p, 1, 200) } > 0 {
+            let mut buf = [0u8; 65536];
+            // SAFETY: a read into a buffer of the length given.
+            let n = unsafe { libc::read(controller.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                break;
+            }
+            screen.extend_from_slice(&buf[..n as usize]);
+        }
+    }
+    String::from_utf8_lossy(&screen).into_owned()
+}
+
+/// `top` and `demo` end cleanly when their terminal goes away (the window closed, ssh
+/// dropped), whether or not it was their controlling terminal (which also sends SIGHUP):
+/// no spinning on end-of-file, no VM or tracefs instance left.
+#[test]
+fn top_and_demo_end_when_their_terminal_closes() {
+    use std::os::unix::process::CommandExt;
+    let test = "top_and_demo_end_when_their_terminal_closes";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let runs: [(&[&str], bool); 4] = [
+        (&["top", "-d", "0.5"], false),
+        (&["top", "-d", "0.5"], true),
+        (&["demo", "--duration", "60s", "-d", "1"], false),
+        (&["demo", "--duration", "60s", "-d", "1"], true),
+    ];
+    for (args, controlling) in runs {
+        let what = format!("{args:?} (controlling terminal: {controlling})");
+        let (controller, terminal) = open_pty();
+        let mut command = Command::new(&exe);
+        command
+            .args(args)
+            .stdin(terminal.try_clone().unwrap())
+            .stdout(terminal.try_clone().unwrap())
+            .stderr(terminal.try_clone().unwrap());
+        if controlling {
+            // SAFETY: async-signal-safe calls only, between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().unwrap();
+        drop(terminal);
+        let pid = child.id();
+        let screen = read_until(&controller, "refresh");
+        assert!(screen.contains("refresh"), "{what}: the view never drew:\n{screen}");
+        let kids = super::reliability::children(pid);
+        assert!(args[0] != "demo" || !kids.is_empty(), "{what}: the demo's VMs did not start");
+        drop(controller);
+        let closed = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if closed.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what}: still running 10 s after its terminal closed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.code().is_some(), "{what}: killed by a signal: {status:?}");
+        assert!(!super::reliability::instance_left(pid), "{what}: tracefs instance left");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while kids.iter().any(|&k| super::reliability::alive(k)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!kids.iter().any(|&k| super::reliability::alive(k)), "{what}: children {kids:?} left running");
+        note(
+            test,
+            format!(
+                "{what}: ended {:?} after its terminal closed, {status}; {} children gone",
+                closed.elapsed(),
+                kids.len()
+            ),
+        );
+    }
+}
+
+/// A terminal that stops taking output (XOFF, a stalled ssh link) blocks the view's writes;
+/// a stop signal still ends it within seconds, cleanly.
+#[test]
+fn a_stop_signal_ends_the_view_while_its_terminal_takes_no_output() {
+    use std::os::fd::AsRawFd;
+    let test = "a_stop_signal_ends_the_view_while_its_terminal_takes_no_output";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let (controller, terminal) = open_pty();
+    let mut child = Command::new(&exe)
+        .args(["demo", "--duration", "60s", "-d", "0.2"])
+        .stdin(terminal.try_clone().unwrap())
+        .stdout(terminal.try_clone().unwrap())
+        .stderr(terminal.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let screen = read_until(&controller, "refresh");
+    assert!(screen.contains("refresh"), "the view never drew:\n{screen}");
+    let kids = super::reliability::children(pid);
+    // Output stopped, as by XOFF: the view's next write blocks.
+    // SAFETY: tcflow on the terminal descriptor this test holds.
+    assert_eq!(unsafe { libc::tcflow(terminal.as_raw_fd(), libc::TCOOFF) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let blocked = || std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w == "wait_woken");
+    while !blocked() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(blocked(), "the view never blocked writing to the stopped terminal");
+    // SAFETY: kill on the pid of the child spawned here, not yet reaped.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if signalled.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running 10 s after SIGTERM with its terminal stopped");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(!super::reliability::instance_left(pid), "tracefs instance left");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while kids.iter().any(|&k| super::reliability::alive(k)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!kids.iter().any(|&k| super::reliability::alive(k)), "children {kids:?} left running");
+    note(test, format!("ended {:?} after SIGTERM while blocked writing", signalled.elapsed()));
+}
