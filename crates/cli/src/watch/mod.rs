@@ -115,8 +115,12 @@ pub fn watch(w: &Watch<'_>) -> anyhow::Result<ExitCode> {
         .map_err(|e| usage(format!("cannot open the terminal for the interactive view: {e}; use --once")))?;
     let stall_guard = tty::StallGuard::start()?;
     let result = interactive(&mut terminal, &mut sampler, &guests, w, &mut log);
-    // A window closed or a dropped connection: what follows must not write to the dead terminal.
-    tty::silence_if_hung_up();
+    // A window closed or a dropped connection: what follows must not write to the dead terminal,
+    // and the view's last draw failing there is how it ended, not an error.
+    let result = match (tty::silence_if_hung_up(), result) {
+        (true, Err(e)) if tty::is_hang_up(&e) => Ok(ExitCode::SUCCESS),
+        (_, result) => result,
+    };
     // Restoring fails only when the terminal is gone, and then there is nothing to restore.
     let _ = ratatui::try_restore();
     // The terminal shows its cursor again as it drops: still under the guard.

@@ -145,18 +145,26 @@ impl Drop for StallGuard {
 
 /// Point standard output and error at /dev/null where they are a terminal that hung up: what is
 /// still written on the way out (the cursor shown again, a last message) would fail there, and
-/// `eprintln!` panics on a failed write.
-pub fn silence_if_hung_up() {
+/// `eprintln!` panics on a failed write. True when standard output was such a terminal.
+pub fn silence_if_hung_up() -> bool {
+    let mut output_gone = false;
     for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
         if !hung_up(fd, Duration::ZERO) {
             continue;
         }
+        output_gone |= fd == libc::STDOUT_FILENO;
         if let Ok(null) = File::options().write(true).open("/dev/null") {
             // SAFETY: dup2 onto a standard descriptor this process owns; `null` stays valid
             // for the call.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
+    output_gone
+}
+
+/// Whether `err` is the view's failed write to a terminal that hung up (EIO).
+pub fn is_hang_up(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<io::Error>().is_some_and(|e| e.raw_os_error() == Some(libc::EIO)))
 }
 
 /// Wait up to `timeout` for input on `fd`; true when the terminal behind it is gone (hung up,
