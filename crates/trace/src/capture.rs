@@ -1,18 +1,22 @@
 //! Live capture from a private tracefs instance: configure it, then read whole raw pages from
-//! every CPU's `trace_pipe_raw` (non-blocking) and hand them to a consumer in batches. Loss
-//! figures come from `per_cpu/cpuN/stats` at the end. Dropping the capture removes the
-//! instance (see [`crate::tracefs::Instance`]).
+//! every CPU's `trace_pipe_raw` (non-blocking) and hand them to a consumer in batches. Between
+//! reads the reader sleeps until a buffer is [`WAKE_PERCENT`] full (the kernel wakes it) or a
+//! short timer runs out; buffers may grow with the rate seen ([`crate::sizing`]). Loss figures
+//! come from `per_cpu/cpuN/stats` at the end. Dropping the capture removes the instance (see
+//! [`crate::tracefs::Instance`]).
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use virtprof_model::{Cpu, KernelLoss};
 
 use crate::error::TraceError;
+use crate::sizing::Sizer;
 use crate::tracefs::{Instance, Tracefs};
 
 /// What to trace.
@@ -20,8 +24,10 @@ use crate::tracefs::{Instance, Tracefs};
 pub struct CaptureConfig {
     /// `system` or `system:event` entries (`kvm`, `sched:sched_switch`).
     pub events: Vec<String>,
-    /// Per-CPU ring buffer size.
+    /// Per-CPU ring buffer size (to start with, when `grow_buffers`).
     pub buffer_size_kb: u32,
+    /// Grow the buffers with the event rate [`Capture::run`] sees (see [`crate::sizing`]).
+    pub grow_buffers: bool,
     /// Trace clock; `mono` matches CLOCK_MONOTONIC so guest/VMM timestamps align directly.
     pub clock: String,
 }
@@ -55,15 +61,30 @@ fn check_clock(tracefs: &Tracefs, clock: &str) -> Result<(), TraceError> {
     }
 }
 
+/// How full (percent) a CPU's buffer gets before the kernel wakes the reader: the other three
+/// quarters are the time the reader has to be scheduled.
+pub const WAKE_PERCENT: u32 = 25;
+/// The longest the reader sleeps when no buffer fills: live figures and `--duration` stay
+/// timely on a quiet host.
+const WAKE_AT_MOST: Duration = Duration::from_millis(50);
+/// The shortest time between two reads: a kernel without `buffer_percent` wakes the reader on
+/// every event, and reading page by page would cost more than it saves.
+const WAKE_AT_LEAST: Duration = Duration::from_millis(10);
+
+/// The memory available now, in KB.
+fn available_kb() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.split_whitespace().next()?.parse::<u64>().ok())
+    })
+}
+
 /// At least one page per CPU, and all CPUs' buffers within half the memory available now (the
 /// kernel allocates them at once, unswappable).
 fn check_buffer_size(kb: u32, cpus: usize) -> Result<(), TraceError> {
     if kb < 4 {
         return Err(TraceError::BufferSize { kb, why: "the smallest buffer is one 4 KB page per CPU".into() });
     }
-    let available_kb = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.split_whitespace().next()?.parse::<u64>().ok())
-    });
+    let available_kb = available_kb();
     let total_kb = u64::from(kb) * cpus.max(1) as u64;
     match available_kb {
         Some(available) if total_kb > available / 2 => Err(TraceError::BufferSize {
@@ -87,6 +108,10 @@ pub struct Capture {
     readers: Vec<(u32, File)>,
     instance: Instance,
     page_size: usize,
+    /// Grows the buffers with the rate read (None: their size was given).
+    sizer: Option<Sizer>,
+    /// Why growing the buffers failed, if it did.
+    grow_failed: Option<String>,
     /// The systems whose formats the recording needs.
     pub systems: Vec<String>,
 }
@@ -113,6 +138,9 @@ impl Capture {
         let mut instance = tracefs.create_instance("record")?;
         instance.write("buffer_size_kb", &config.buffer_size_kb.to_string())?;
         instance.write("trace_clock", &config.clock)?;
+        // Older kernels have no buffer_percent (they wake a polling reader on every event):
+        // the reader then paces itself (WAKE_AT_LEAST).
+        let _ = instance.write("buffer_percent", &WAKE_PERCENT.to_string());
         // Have the kernel remember tid → tgid of traced tasks (`saved_tgids`), so threads of
         // processes that exit before the recording ends can still be mapped to their VM.
         let _ = instance.write("options/record-tgid", "1");
@@ -144,12 +172,28 @@ impl Capture {
             readers.push((cpu, file));
         }
         instance.write("tracing_on", "1")?;
-        Ok((Capture { readers, instance, page_size, systems }, missing))
+        let sizer = config.grow_buffers.then(|| {
+            // Half the memory available, as check_buffer_size allows.
+            let fits = available_kb().map_or(u64::from(config.buffer_size_kb), |a| a / 2 / readers.len().max(1) as u64);
+            let most = u32::try_from(fits).unwrap_or(u32::MAX).min(crate::sizing::MOST_KB);
+            Sizer::new(config.buffer_size_kb, most, readers.len())
+        });
+        Ok((Capture { readers, instance, page_size, sizer, grow_failed: None, systems }, missing))
     }
 
     /// The instance directory.
     pub fn instance_path(&self) -> &Path {
         self.instance.path()
+    }
+
+    /// The per-CPU buffer size now, when it grows with the rate (None: as configured).
+    pub fn grown_kb(&self) -> Option<u32> {
+        self.sizer.as_ref().map(Sizer::kb)
+    }
+
+    /// Why the buffers could not grow, if they could not.
+    pub fn grow_failed(&self) -> Option<&str> {
+        self.grow_failed.as_deref()
     }
 
     /// CPUs being read.
@@ -162,7 +206,7 @@ impl Capture {
     /// Returns the number of pages read.
     pub fn poll(&mut self, max_pages: usize, mut sink: impl FnMut(u32, Vec<u8>)) -> Result<usize, TraceError> {
         let mut total = 0;
-        for (cpu, file) in &mut self.readers {
+        for (index, (cpu, file)) in self.readers.iter_mut().enumerate() {
             let mut batch: Vec<u8> = Vec::new();
             while batch.len() < max_pages * self.page_size {
                 let start = batch.len();
@@ -188,6 +232,9 @@ impl Capture {
             }
             if !batch.is_empty() {
                 total += batch.len() / self.page_size;
+                if let Some(sizer) = &mut self.sizer {
+                    sizer.read(index, batch.len());
+                }
                 sink(*cpu, batch);
             }
         }
@@ -232,14 +279,59 @@ impl Capture {
         mut until: impl FnMut() -> bool,
         mut sink: impl FnMut(u32, Vec<u8>),
     ) -> Result<(), TraceError> {
+        let mut last_tick = Instant::now();
         while !stop.load(Ordering::Relaxed) && !until() {
             if self.poll(64, &mut sink)? == 0 {
-                std::thread::sleep(Duration::from_millis(20));
+                let woke = Instant::now();
+                self.wait(WAKE_AT_MOST);
+                if let Some(early) = WAKE_AT_LEAST.checked_sub(woke.elapsed()) {
+                    std::thread::sleep(early);
+                }
             }
+            let now = Instant::now();
+            self.grow(now - last_tick);
+            last_tick = now;
         }
         self.stop()?;
         while self.poll(256, &mut sink)? > 0 {}
         Ok(())
+    }
+
+    /// Sleep until a CPU's buffer is [`WAKE_PERCENT`] full (the kernel's `buffer_percent`), a
+    /// signal arrives, or `timeout` passes.
+    fn wait(&self, timeout: Duration) {
+        let mut fds: Vec<libc::pollfd> = self
+            .readers
+            .iter()
+            .map(|(_, f)| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .collect();
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: `fds` is a valid array of the length given; poll only writes `revents`.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// Grow the buffers when the rate of the last window needs it (see [`crate::sizing`]). A
+    /// kernel that refuses (no memory) keeps the current size; the reason is kept for the report.
+    fn grow(&mut self, elapsed: Duration) {
+        if self.grow_failed.is_some() {
+            return;
+        }
+        let Some(sizer) = self.sizer.as_mut() else { return };
+        if !sizer.due(elapsed) {
+            return;
+        }
+        let held: Vec<u64> = self
+            .readers
+            .iter()
+            .map(|(cpu, _)| {
+                stat_value(&self.instance.read(&format!("per_cpu/cpu{cpu}/stats")).unwrap_or_default(), "bytes")
+            })
+            .collect();
+        let Some(kb) = sizer.end_window(&held) else { return };
+        match self.instance.write("buffer_size_kb", &kb.to_string()) {
+            Ok(()) => sizer.grew(kb),
+            Err(e) => self.grow_failed = Some(format!("growing the trace buffers to {kb} KB per CPU failed: {e}")),
+        }
     }
 
     /// Close the readers and remove the instance (the kernel refuses while readers are open).

@@ -258,3 +258,63 @@ fn an_unwritable_output_is_refused_before_tracing_starts() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot create '/nonexistent-dir/x.vprec'"));
     assert!(!instance_of(pid), "instance virtprof-record-{pid} left behind after an error");
 }
+
+/// Record 10 s beside exit-heavy VMs with the recorder stopped (SIGSTOP) for 3 s from its 4th
+/// second, as a reader starved on a loaded host would be; stderr and the lost-event count.
+fn record_through_a_stall(file: &std::path::Path, args: &[&str]) -> (String, u64) {
+    let child = virtprof()
+        .args(["record", "--duration", "10s", "-o"])
+        .arg(file)
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: signals to the child spawned here, not yet reaped.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let lost = stderr
+        .split("lost events: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no lost-event count: {stderr}"));
+    (stderr, lost)
+}
+
+/// At default settings the buffers grow with the event rate (to hold 4 s of it), so a reader
+/// away for 3 s loses nothing; the same stall with a fixed small buffer loses events, and says
+/// so (which shows the stall was real).
+#[test]
+fn default_buffers_grow_with_the_rate_and_ride_out_a_stalled_reader() {
+    let test = "default_buffers_grow_with_the_rate_and_ride_out_a_stalled_reader";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let _load = KillOnDrop(
+        virtprof()
+            .args(["testvm", "-w", "pio-user", "--vms", "2", "--duration", "40s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let file = temp("stall").with_extension("vprec");
+    let (fixed, fixed_lost) = record_through_a_stall(&file, &["--buffer-size", "2048"]);
+    let (grown, grown_lost) = record_through_a_stall(&file, &[]);
+    let _ = std::fs::remove_file(&file);
+    note(test, format!("fixed 2048 KB: {fixed_lost} lost; default: {grown_lost} lost ({grown})"));
+    if fixed_lost == 0 {
+        note(test, "SKIP: the VMs' event rate is too low here for a 3 s stall to fill 2 MB per CPU");
+        return;
+    }
+    assert!(!fixed.contains("grown to"), "a given --buffer-size is kept: {fixed}");
+    assert_eq!(grown_lost, 0, "{grown}");
+    assert!(grown.contains("trace buffer grown to "), "{grown}");
+}

@@ -60,6 +60,10 @@ pub struct RecordSummary {
     pub bytes: u64,
     pub lost: u64,
     pub cpus: usize,
+    /// The per-CPU buffer size at the end, when it grew with the event rate.
+    pub grown_kb: Option<u32>,
+    /// Why the buffers could not grow, if they could not.
+    pub grow_failed: Option<String>,
     pub missing_events: Vec<String>,
     pub intervals: IntervalStats,
     pub command_status: Option<std::process::ExitStatus>,
@@ -67,7 +71,7 @@ pub struct RecordSummary {
     pub agents: Vec<virtprof_store::recording::AgentFooter>,
 }
 
-/// Per-CPU ring buffer size when none is asked for.
+/// Per-CPU ring buffer size when none is asked for (then grown with the event rate).
 pub const DEFAULT_BUFFER_KB: u32 = 8192;
 /// The trace clock when none is asked for: aligns traces with CLOCK_MONOTONIC.
 pub const DEFAULT_CLOCK: &str = "mono";
@@ -81,8 +85,10 @@ pub struct RecordOptions {
     pub events: Vec<String>,
     /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size.
+    /// Per-CPU ring buffer size (to start with, when `grow_buffers`).
     pub buffer_size_kb: u32,
+    /// Grow the buffers with the event rate seen (virtprof_trace::sizing).
+    pub grow_buffers: bool,
     /// Trace clock.
     pub clock: String,
     /// VMMs whose KVM stats must be snapshotted.
@@ -109,6 +115,7 @@ impl Default for RecordOptions {
             events: Vec::new(),
             duration: None,
             buffer_size_kb: DEFAULT_BUFFER_KB,
+            grow_buffers: true,
             clock: DEFAULT_CLOCK.into(),
             vm: Vec::new(),
             interval_ns: None,
@@ -164,7 +171,12 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let header_page = virtprof_trace::tracefs::read_file(&header_path)
         .map_err(|e| virtprof_trace::TraceError::File { path: header_path, source: e })?;
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-    let config = CaptureConfig { events, buffer_size_kb: options.buffer_size_kb, clock: options.clock.clone() };
+    let config = CaptureConfig {
+        events,
+        buffer_size_kb: options.buffer_size_kb,
+        grow_buffers: options.grow_buffers,
+        clock: options.clock.clone(),
+    };
 
     for &pid in &options.vm {
         if kvm_snapshot(pid).is_none() {
@@ -319,6 +331,8 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         tasks.entry(tid).or_insert(Task { tid, pid, comm });
     }
     let loss = capture.loss();
+    let grown_kb = capture.grown_kb().filter(|&kb| kb > options.buffer_size_kb);
+    let grow_failed = capture.grow_failed().map(str::to_string);
     capture.close();
     let intervals = match interval_thread {
         Some(thread) => thread.finish()?,
@@ -350,6 +364,8 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         bytes,
         lost,
         cpus: footer.cpu_loss.len(),
+        grown_kb,
+        grow_failed,
         missing_events,
         intervals,
         command_status,
