@@ -6,8 +6,8 @@ the VMM, the event-heavy case) beside a QEMU TCG guest (a Debian kernel that pan
 and then spins in its panic loop, so both of its emulating threads stay busy), all on this
 host's CPUs. Then RUNS recordings of SECONDS each at default settings (plus any RECORD_ARGS),
 one after another under the same load. Printed per run: events lost (the kernel's overrun
-and dropped counts, as `record` reports them), MiB recorded and per second, the buffer size
-record chose, record's own CPU time; then how many runs lost anything.
+and dropped counts, as `record` reports them), MiB recorded and per second, record's own CPU
+time; then how many runs lost anything.
 
 Needs root, tracefs, /dev/kvm, qemu-system-x86_64 and the Debian kernel
 (`bash scripts/debian-kernel/fetch.sh target/debian-kernel`).
@@ -66,8 +66,7 @@ def record_once(path):
         sys.exit(f"record failed ({out.returncode}): {text}")
     lost = int(re.search(r"lost events: (\d+)", text).group(1))
     mib = float(re.search(r"\(([\d.]+) MiB\)", text).group(1))
-    chosen = re.search(r"grown to (\d+) KB per CPU", text)
-    return lost, mib, wall, cpu, chosen.group(1) if chosen else "-"
+    return lost, mib, wall, cpu
 
 
 def main():
@@ -77,11 +76,11 @@ def main():
     path = f"/tmp/record-loss-{os.getpid()}.vprec"
     lossy = 0
     try:
-        print(f"{'run':>3} {'lost':>10} {'MiB':>8} {'MiB/s':>7} {'buffer KB':>9} {'record CPU %':>12}")
+        print(f"{'run':>3} {'lost':>10} {'MiB':>8} {'MiB/s':>7} {'record CPU %':>12}")
         for run in range(1, RUNS + 1):
-            lost, mib, wall, cpu, chosen = record_once(path)
+            lost, mib, wall, cpu = record_once(path)
             lossy += lost > 0
-            print(f"{run:>3} {lost:>10} {mib:>8.1f} {mib / wall:>7.2f} {chosen:>9} {100 * cpu / wall:>12.2f}",
+            print(f"{run:>3} {lost:>10} {mib:>8.1f} {mib / wall:>7.2f} {100 * cpu / wall:>12.2f}",
                   flush=True)
     finally:
         for p in load:

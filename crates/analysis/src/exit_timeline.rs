@@ -15,6 +15,19 @@ use virtprof_model::{Event, EventKind};
 
 use crate::Names;
 
+/// The most samples a profile holds (about 1.5 GB): a timeline stretched by a corrupt
+/// timestamp would otherwise ask for terabytes.
+pub const MAX_SAMPLES: u64 = 20_000_000;
+
+/// The grid asked for more than [`MAX_SAMPLES`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TooManySamples {
+    /// Samples the grid asked for.
+    pub wanted: u64,
+    /// The vCPU time the timelines covered, ns.
+    pub covered_ns: u64,
+}
+
 /// Start of the x86-64 upper canonical half, where 64-bit kernels live.
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
@@ -45,6 +58,8 @@ pub struct ExitTimeline {
     /// Exit time and total time covered, ns (the hypervisor's share is their ratio).
     exit_ns: u64,
     covered_ns: u64,
+    /// Grid points met, kept or not (past [`MAX_SAMPLES`] none are kept).
+    wanted: u64,
 }
 
 impl ExitTimeline {
@@ -57,6 +72,7 @@ impl ExitTimeline {
             samples: Vec::new(),
             exit_ns: 0,
             covered_ns: 0,
+            wanted: 0,
         }
     }
 
@@ -64,9 +80,13 @@ impl ExitTimeline {
     /// for the hypervisor, named by `activity` (made only if a point falls in the interval).
     fn sample(&mut self, vcpu: u32, from: u64, to: u64, rip: u64, realm: Realm, activity: impl FnOnce() -> String) {
         let (period, origin) = (self.period_ns, self.origin.unwrap_or(from));
-        let first = (from - origin).div_ceil(period) * period;
+        let first = from.saturating_sub(origin).div_ceil(period).saturating_mul(period);
         let end = to.saturating_sub(origin);
         if first >= end {
+            return;
+        }
+        self.wanted = self.wanted.saturating_add((end - first).div_ceil(period));
+        if self.wanted > MAX_SAMPLES {
             return;
         }
         let activity = activity();
@@ -124,11 +144,15 @@ impl ExitTimeline {
         self.vcpus.insert(vcpu_id, next);
     }
 
-    /// The samples in time order, and the share of the covered time spent handling exits.
-    pub fn finish(mut self) -> (Vec<PcSample>, Option<f64>) {
+    /// The samples in time order, and the share of the covered time spent handling exits; or,
+    /// when the grid asked for more than [`MAX_SAMPLES`], how many.
+    pub fn finish(mut self) -> Result<(Vec<PcSample>, Option<f64>), TooManySamples> {
+        if self.wanted > MAX_SAMPLES {
+            return Err(TooManySamples { wanted: self.wanted, covered_ns: self.covered_ns });
+        }
         self.samples.sort_by_key(|s| (s.t_ns, s.vcpu));
         let share = (self.covered_ns > 0).then(|| self.exit_ns as f64 / self.covered_ns as f64);
-        (self.samples, share)
+        Ok((self.samples, share))
     }
 }
 
@@ -183,7 +207,7 @@ mod tests {
             exit(40 * ms, 0x40_1000, 1),
         ];
         events.iter().for_each(|e| t.on_event(e, &Reasons));
-        let (samples, share) = t.finish();
+        let (samples, share) = t.finish().unwrap();
         let count = |realm| samples.iter().filter(|s| s.realm == realm).count();
         assert_eq!(
             (count(Realm::Firmware), count(Realm::Hypervisor), count(Realm::Kernel), count(Realm::User)),
@@ -192,5 +216,19 @@ mod tests {
         assert_eq!(share, Some(6.0 / 40.0));
         let hyp: Vec<&str> = samples.iter().filter(|s| s.realm == Realm::Hypervisor).map(|s| &*s.activity).collect();
         assert_eq!(hyp, ["kvm:r1", "kvm:r1", "kvm:r1", "kvm:r1", "kvm:r2", "kvm:r2"]);
+    }
+
+    #[test]
+    fn a_timeline_stretched_past_the_sample_limit_says_how_far_instead_of_allocating() {
+        // A corrupt timestamp: the vCPU's next exit seems to come 3 years later.
+        let mut t = ExitTimeline::new(1000);
+        let events = [entry(0), exit(100_000_000_000_000_000, 0x40_1000, 1)];
+        events.iter().for_each(|e| t.on_event(e, &Reasons));
+        let too_many = t.finish().unwrap_err();
+        assert_eq!(too_many, TooManySamples { wanted: 100_000_000_000, covered_ns: 100_000_000_000_000_000 });
+        // A timestamp going back does not underflow.
+        let mut t = ExitTimeline::new(1000);
+        [entry(5_000_000), exit(1_000_000, 0, 1), entry(2_000_000)].iter().for_each(|e| t.on_event(e, &Reasons));
+        assert!(t.finish().is_ok());
     }
 }

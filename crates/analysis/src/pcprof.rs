@@ -154,7 +154,19 @@ impl Default for Options {
     }
 }
 
-/// Count `samples` (labelled, in any order).
+/// The most time bins a profile's timelines hold (per realm and per symbol shown).
+pub const MAX_BINS: u64 = 100_000;
+
+/// With `bin_ns`-wide bins (0: the default), the timelines of `samples` need more than
+/// [`MAX_BINS`]: how many, and the narrowest bin that fits.
+pub fn too_many_bins(samples: &[Labeled], bin_ns: u64) -> Option<(u64, u64)> {
+    let duration_ns = samples.iter().map(|s| s.t_ns).max().unwrap_or(0);
+    let bins = (duration_ns / bin_ns.max(1)).saturating_add(1);
+    (bin_ns > 0 && bins > MAX_BINS).then(|| (bins, duration_ns.div_ceil(MAX_BINS - 1)))
+}
+
+/// Count `samples` (labelled, in any order). A `bin_ns` that [`too_many_bins`] refuses is
+/// widened to the narrowest that fits.
 pub fn profile(samples: &[Labeled], options: &Options) -> Profile {
     let n = samples.len() as u64;
     let duration_ns = samples.iter().map(|s| s.t_ns).max().unwrap_or(0);
@@ -186,7 +198,11 @@ pub fn profile(samples: &[Labeled], options: &Options) -> Profile {
         })
         .collect();
 
-    let bin_ns = if options.bin_ns > 0 { options.bin_ns } else { round_bin(duration_ns / 50) };
+    let bin_ns = match too_many_bins(samples, options.bin_ns) {
+        Some((_, fits)) => fits,
+        None if options.bin_ns > 0 => options.bin_ns,
+        None => round_bin(duration_ns / 50),
+    };
     let bins_len = usize::try_from(duration_ns / bin_ns + 1).unwrap_or(usize::MAX);
     let mut realm_bins: BTreeMap<String, Vec<u64>> =
         Realm::ALL.iter().map(|r| (r.name().to_string(), vec![0; bins_len])).collect();

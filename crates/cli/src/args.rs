@@ -719,10 +719,9 @@ pub struct RecordArgs {
     /// Stop after this long.
     #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size, fixed [default: 8192, grown with the event rate seen to hold
-    /// 4 s of it, within half the memory available].
-    #[arg(long = "buffer-size", value_name = "KB")]
-    pub buffer_size_kb: Option<u32>,
+    /// Per-CPU ring buffer size.
+    #[arg(long = "buffer-size", value_name = "KB", default_value_t = virtprof_engine::recorder::DEFAULT_BUFFER_KB)]
+    pub buffer_size_kb: u32,
     /// Trace clock (mono aligns with CLOCK_MONOTONIC, as testvm reports).
     #[arg(long, value_name = "CLOCK", default_value = virtprof_engine::recorder::DEFAULT_CLOCK)]
     pub clock: String,

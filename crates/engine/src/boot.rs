@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use virtprof_analysis::exit_timeline::ExitTimeline;
+use virtprof_analysis::exit_timeline::{ExitTimeline, TooManySamples, MAX_SAMPLES};
 use virtprof_analysis::symbols::SymbolTable;
 use virtprof_kvm::gdbstub::{GdbClient, GdbError};
 use virtprof_kvm::guest::{boot, Script};
@@ -103,7 +103,7 @@ pub fn recording(path: &Path, rate: u32) -> anyhow::Result<Collected> {
     let mut timeline = ExitTimeline::new(rate);
     let analysis = crate::pass::analyse_with(&mut recording, Default::default(), &mut timeline)?;
     eprintln!("virtprof: lost events: {}", recording.describe_loss(&analysis.loss, &analysis.decoder));
-    let (samples, exit_share) = timeline.finish();
+    let (samples, exit_share) = timeline.finish().map_err(|t| too_many_samples(path, rate, t))?;
     if samples.is_empty() {
         let why = match recording.host_kind() {
             Some(kind) if kind.traces_exits() == Some(false) => {
@@ -132,6 +132,25 @@ pub fn recording(path: &Path, rate: u32) -> anyhow::Result<Collected> {
     })
 }
 
+/// The recording's timelines need more samples at `rate` than a profile holds: name the rate
+/// that fits, or, where none would (a timeline longer than any boot), the likely corruption.
+fn too_many_samples(path: &Path, rate: u32, t: TooManySamples) -> anyhow::Error {
+    let covered = virtprof_model::units::format_duration_ns(t.covered_ns);
+    let fits = u64::from(rate) * MAX_SAMPLES / t.wanted.max(1);
+    let advice = if fits >= 1 {
+        format!("use --rate {fits} or lower")
+    } else {
+        "no rate fits: a timeline this long suggests a corrupt timestamp (`virtprof exits` on the file shows its span)"
+            .to_string()
+    };
+    usage(format!(
+        "'{}': the vCPUs' kvm_exit/kvm_entry timelines cover {covered}: at --rate {rate} that is {} samples, over the \
+         {MAX_SAMPLES} a profile holds; {advice}",
+        path.display(),
+        t.wanted
+    ))
+}
+
 /// When gdbstub sampling stops.
 struct Stop {
     deadline: Option<Instant>,
@@ -141,6 +160,8 @@ struct Stop {
 
 /// `--gdb ADDRESS`: attach to a running gdbstub.
 pub fn gdb(address: &str, sampling: &Sampling, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
+    // A stop signal ends sampling; the profile of what was sampled is still printed.
+    virtprof_host::stop::install_handler();
     let mut client = GdbClient::connect(address).with_context(|| format!("connecting to the gdbstub at {address}"))?;
     client.attach()?;
     let stop = Stop { deadline: sampling.limit.map(|d| Instant::now() + d), matched: Arc::new(AtomicBool::new(false)) };
@@ -169,6 +190,8 @@ pub struct QemuLaunch {
 
 /// `--qemu -- ARGS`: start QEMU halted with a gdbstub on a private socket and sample it.
 pub fn qemu(launch: &QemuLaunch, sampling: &Sampling, kernel: Option<&SymbolTable>) -> anyhow::Result<Collected> {
+    // A stop signal ends sampling; QEMU is stopped and the profile of what was sampled printed.
+    virtprof_host::stop::install_handler();
     let matched = Arc::new(AtomicBool::new(false));
     let dir = std::env::temp_dir().join(format!("virtprof-boot-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -177,6 +200,9 @@ pub fn qemu(launch: &QemuLaunch, sampling: &Sampling, kernel: Option<&SymbolTabl
     let mut command = Command::new(program);
     // QEMU must not outlive us, even if we are killed with SIGKILL.
     virtprof_host::stop::die_with_parent(&mut command);
+    // In a process group of its own: a Ctrl-C at the terminal reaches virtprof only, which
+    // stops sampling and then QEMU (QEMU ending first made the gdbstub answer `W00` mid-sample).
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .args(&launch.args)
         .arg("-S")
@@ -193,7 +219,10 @@ pub fn qemu(launch: &QemuLaunch, sampling: &Sampling, kernel: Option<&SymbolTabl
         })?;
     let guard = QemuGuard { child: &mut child, dir: &dir };
     let console = Console::start(guard.child, launch.until.clone(), launch.console.as_deref(), Arc::clone(&matched))?;
-    wait_for_socket(guard.child, &socket, &console)?;
+    if !wait_for_socket(guard.child, &socket, &console)? {
+        eprintln!("virtprof: stopped before QEMU's gdbstub opened: nothing sampled");
+        return Ok(gdb_collected(format!("QEMU gdbstub ({program})"), sampling.rate, Vec::new(), None));
+    }
     let mut client = GdbClient::connect(&socket.to_string_lossy()).context("connecting to QEMU's gdbstub")?;
     let stop = Stop { deadline: sampling.limit.map(|d| Instant::now() + d), matched };
     let samples = sample_gdb(&mut client, sampling.rate, &stop)?;
@@ -279,9 +308,13 @@ impl Console {
     }
 }
 
-fn wait_for_socket(child: &mut Child, socket: &Path, console: &Console) -> anyhow::Result<()> {
+/// Wait for QEMU's gdbstub socket; false when a stop was asked for first.
+fn wait_for_socket(child: &mut Child, socket: &Path, console: &Console) -> anyhow::Result<bool> {
     let started = Instant::now();
     while !socket.exists() {
+        if virtprof_host::stop::requested() {
+            return Ok(false);
+        }
         if let Some(status) = child.try_wait()? {
             std::thread::sleep(Duration::from_millis(50));
             return Err(usage(format!("QEMU exited ({status}) before its gdbstub opened:\n{}", console.describe())));
@@ -291,7 +324,7 @@ fn wait_for_socket(child: &mut Child, socket: &Path, console: &Console) -> anyho
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Stop, read every vCPU, resume, at `rate` — until `stop` says so or the guest exits. The
@@ -303,7 +336,13 @@ fn sample_gdb(client: &mut GdbClient, rate: u32, stop: &Stop) -> anyhow::Result<
     let mut samples = Vec::new();
     loop {
         let t_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        for (vcpu, regs) in (0u32..).zip(client.sample_all()?) {
+        let all = match client.sample_all() {
+            Ok(all) => all,
+            // The guest ended (QEMU exited, or closed the connection) between two samples.
+            Err(GdbError::Exited(_)) => return Ok(samples),
+            Err(e) => return Err(e.into()),
+        };
+        for (vcpu, regs) in (0u32..).zip(all) {
             let cpl = (regs.cs & 3) as u8;
             samples.push(PcSample {
                 t_ns,
@@ -313,7 +352,10 @@ fn sample_gdb(client: &mut GdbClient, rate: u32, stop: &Stop) -> anyhow::Result<
                 activity: String::new(),
             });
         }
-        if stop.matched.load(Ordering::Relaxed) || stop.deadline.is_some_and(|d| Instant::now() >= d) {
+        if stop.matched.load(Ordering::Relaxed)
+            || stop.deadline.is_some_and(|d| Instant::now() >= d)
+            || virtprof_host::stop::requested()
+        {
             return Ok(samples);
         }
         client.resume()?;

@@ -22,7 +22,10 @@ impl TestVms {
 
     /// Start `virtprof testvm ARGS`.
     pub fn start(&mut self, args: &[&str]) -> anyhow::Result<()> {
-        let child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        // Not outliving us, even killed with SIGKILL (testvm stops its VMMs on SIGTERM).
+        virtprof_host::stop::die_with_parent(&mut command);
+        let child = command
             .arg("testvm")
             .args(args)
             .stdin(Stdio::null())
@@ -34,8 +37,9 @@ impl TestVms {
     }
 
     /// The VMM processes (children of our testvm children) once `count` of them hold a VM
-    /// with all its vCPU threads, in start order of the testvm processes.
-    pub fn wait_for_vmms(&mut self, count: usize) -> anyhow::Result<Vec<u32>> {
+    /// with all its vCPU threads, in start order of the testvm processes; None when a stop
+    /// signal came first (dropping `self` then stops what started).
+    pub fn wait_for_vmms(&mut self, count: usize) -> anyhow::Result<Option<Vec<u32>>> {
         let parents: Vec<u32> = self.children.iter().map(Child::id).collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -49,7 +53,10 @@ impl TestVms {
                 .map(|(pid, _)| pid)
                 .collect();
             if vmms.len() == count {
-                return Ok(vmms);
+                return Ok(Some(vmms));
+            }
+            if virtprof_host::stop::requested() {
+                return Ok(None);
             }
             for child in &mut self.children {
                 if let Some(status) = child.try_wait()? {

@@ -86,6 +86,10 @@ impl OutputFile {
             let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new(CANNOT_OPEN, path))?;
             return Ok(OutputFile { file: Some(file), temporary: None, path: path.to_path_buf(), written: 0 });
         }
+        // A folder cannot be replaced by a file: say so now, not after the work is done.
+        if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+            return Err(OutputError::new(CANNOT_CREATE, path)(io::Error::from_raw_os_error(libc::EISDIR)));
+        }
         let temporary = temporary_name(path);
         let file = OpenOptions::new()
             .write(true)
@@ -118,7 +122,11 @@ impl OutputFile {
             return Err(OutputError::new("writing", &self.path)(e));
         }
         drop(file);
-        std::fs::rename(&temporary, &self.path).map_err(OutputError::new("finishing", &self.path))
+        std::fs::rename(&temporary, &self.path).map_err(|e| {
+            // Made a folder meanwhile, say: the temporary must not stay behind.
+            let _ = std::fs::remove_file(&temporary);
+            OutputError::new("finishing", &self.path)(e)
+        })
     }
 
     /// Put what was written so far in place although it is not whole (a recording cut short
@@ -222,6 +230,24 @@ mod tests {
         drop(out);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_folder_at_the_path_is_refused_at_once_and_nothing_is_left_beside_it() {
+        let dir = scratch("folder");
+        let path = dir.join("out");
+        std::fs::create_dir(&path).unwrap();
+        let err = OutputFile::create(&path, Privacy::Shared).unwrap_err();
+        assert!(err.is_bad_path(), "{err}");
+        assert!(err.to_string().contains("Is a directory"), "{err}");
+        // A folder made while writing: the rename fails and the temporary goes.
+        let later = dir.join("later");
+        let out = OutputFile::create(&later, Privacy::Shared).unwrap();
+        std::fs::create_dir(&later).unwrap();
+        std::fs::write(later.join("x"), "x").unwrap();
+        assert!(out.commit().is_err());
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "only the two folders: {names:?}");
     }
 
     #[test]

@@ -178,6 +178,7 @@ impl GdbClient {
 
     /// Send a packet that is not a stop request and return its reply; stop replies that
     /// arrive meanwhile (none of these replies starts with `T` or `S`) are noted and skipped.
+    /// An exit reply (`W`, `X`: none of these replies starts so either) means the guest is gone.
     fn request(&mut self, data: &str) -> Result<String, GdbError> {
         self.send(data)?;
         loop {
@@ -185,6 +186,9 @@ impl GdbClient {
             if reply.starts_with(['T', 'S']) {
                 self.saw_stop = true;
                 continue;
+            }
+            if reply.starts_with(['W', 'X']) {
+                return Err(GdbError::Exited(reply));
             }
             return Ok(reply);
         }
@@ -197,26 +201,30 @@ impl GdbClient {
         Ok(())
     }
 
-    fn receive(&mut self) -> Result<String, GdbError> {
+    /// The next byte from the stub. A signal (our stop handler's) interrupts a socket read even
+    /// under SA_RESTART; that is not the stub's doing, so the read is retried.
+    fn read_byte(&mut self) -> Result<u8, GdbError> {
         let mut byte = [0u8; 1];
-        // Skip acknowledgements and noise up to the packet start.
         loop {
-            if self.reader.read(&mut byte)? == 0 {
-                return Err(GdbError::Exited("the gdbstub closed the connection".into()));
-            }
-            if byte[0] == b'$' {
-                break;
+            match self.reader.read(&mut byte) {
+                Ok(0) => return Err(GdbError::Exited("the gdbstub closed the connection".into())),
+                Ok(_) => return Ok(byte[0]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
             }
         }
+    }
+
+    fn receive(&mut self) -> Result<String, GdbError> {
+        // Skip acknowledgements and noise up to the packet start.
+        while self.read_byte()? != b'$' {}
         let mut data = Vec::new();
         loop {
-            if self.reader.read(&mut byte)? == 0 {
-                return Err(GdbError::Exited("the gdbstub closed the connection".into()));
-            }
-            if byte[0] == b'#' {
+            let byte = self.read_byte()?;
+            if byte == b'#' {
                 break;
             }
-            data.push(byte[0]);
+            data.push(byte);
         }
         let mut checksum = [0u8; 2];
         self.reader.read_exact(&mut checksum)?;

@@ -42,8 +42,6 @@ impl LiveTrace {
         let config = CaptureConfig {
             events: events.iter().map(|e| (*e).to_string()).collect(),
             buffer_size_kb,
-            // The live views read on their own cadence and size their buffers themselves.
-            grow_buffers: false,
             clock: clock.into(),
         };
         let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;

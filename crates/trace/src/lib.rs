@@ -13,7 +13,6 @@ pub mod merge;
 pub mod page;
 pub mod perf;
 pub mod segment;
-pub mod sizing;
 pub mod text;
 pub mod tracedat;
 pub mod tracefs;

@@ -30,6 +30,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let delay = watch::delay(args.watch.delay)?;
     watch::check_terminal(args.watch.once)?;
     virtprof_kvm::launcher::check_kvm()?;
+    // From here a stop signal stops the VMs however far they got (TestVms drops).
+    virtprof_host::stop::install_handler();
     // The VMs outlive the demo by the time they may take to start (`wait_for_vmms` waits 10 s):
     // on a loaded host the first could otherwise end before the last has started. The demo
     // stops them when it ends.
@@ -38,7 +40,10 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     for (name, testvm_args) in VMS {
         vms.start(&[testvm_args, &["--name", name, "--duration", &duration]].concat())?;
     }
-    let vmms = vms.wait_for_vmms(VMM_COUNT)?;
+    let Some(vmms) = vms.wait_for_vmms(VMM_COUNT)? else {
+        eprintln!("virtprof demo: stopped while its VMs were starting; they are stopped");
+        return Ok(ExitCode::SUCCESS);
+    };
     eprintln!(
         "virtprof demo: {} test VMs running for {}; VMM pids {vmms:?}",
         vmms.len(),

@@ -22,12 +22,6 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         args.output.display(),
         summary.lost
     );
-    if let Some(kb) = summary.grown_kb {
-        eprintln!("virtprof: trace buffer grown to {kb} KB per CPU for the event rate seen");
-    }
-    if let Some(why) = &summary.grow_failed {
-        eprintln!("virtprof: {why}; recorded with smaller buffers (see lost events)");
-    }
     let iv = summary.intervals;
     if iv.interval_ns > 0 {
         eprintln!(
@@ -114,8 +108,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         agent_wait: args.agent_wait,
         events,
         duration: args.duration,
-        buffer_size_kb: args.buffer_size_kb.unwrap_or(virtprof_engine::recorder::DEFAULT_BUFFER_KB),
-        grow_buffers: args.buffer_size_kb.is_none(),
+        buffer_size_kb: args.buffer_size_kb,
         clock: args.clock.clone(),
         vm: args.vm.clone(),
         interval_ns,

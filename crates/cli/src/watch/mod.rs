@@ -8,6 +8,7 @@ pub mod view;
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -219,12 +220,18 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
 }
 
 fn open_log(path: &Path) -> anyhow::Result<File> {
-    let mut file = OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| usage(format!("--log '{}': {e}", path.display())))?;
+    // Not through a symlink: a log is appended to in place, so a planted link would make us
+    // append to whatever it points at.
+    let mut file =
+        OpenOptions::new().create(true).read(true).append(true).custom_flags(libc::O_NOFOLLOW).open(path).map_err(
+            |e| match e.raw_os_error() {
+                Some(libc::ELOOP) => usage(format!(
+                    "--log '{}' is a symbolic link: name the file itself (a log is appended to in place)",
+                    path.display()
+                )),
+                _ => usage(format!("--log '{}': {e}", path.display())),
+            },
+        )?;
     if file.metadata().map(|m| m.len() == 0).unwrap_or(false) {
         writeln!(file, "{LOG_HEADER}")?;
         return Ok(file);
@@ -271,6 +278,12 @@ mod tests {
         let e = open_log(&old).unwrap_err();
         assert!(e.downcast_ref::<crate::exit::UsageError>().is_some() && e.to_string().contains("new file"), "{e}");
         assert!(std::fs::read_to_string(&old).unwrap().ends_with("x,,\n"), "nothing appended");
+        // A planted link is refused, and what it points at is left alone.
+        let link = dir.join("link.csv");
+        std::os::unix::fs::symlink(&old, &link).unwrap();
+        let e = open_log(&link).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(std::fs::read_to_string(&old).unwrap().ends_with("x,,\n"), "nothing appended through the link");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -362,17 +362,25 @@ fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
     }
     let Some(_vms) = super::util::have_kvm(test) else { return };
     let recording = temp("signals").with_extension("vprec");
-    let commands: [(&str, Vec<std::ffi::OsString>); 4] = [
+    let words = |w: &[&str]| -> Vec<std::ffi::OsString> { w.iter().map(Into::into).collect() };
+    let mut commands: Vec<(&str, Vec<std::ffi::OsString>)> = vec![
         ("record", vec!["record".into(), "--duration".into(), "60s".into(), "-o".into(), recording.clone().into()]),
-        ("testvm", vec!["testvm".into(), "-w".into(), "compute".into(), "--duration".into(), "60s".into()]),
-        ("exits", vec!["exits".into(), "--duration".into(), "60s".into()]),
-        ("serve", vec!["serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--duration".into(), "60s".into()]),
+        ("testvm", words(&["testvm", "-w", "compute", "--duration", "60s"])),
+        ("exits", words(&["exits", "--duration", "60s"])),
+        ("serve", words(&["serve", "--listen", "127.0.0.1:0", "--duration", "60s"])),
+        // At 50 ms the demo is still starting its VMs; at 700 ms it watches them.
+        ("demo", words(&["demo", "--once", "--duration", "60s", "-d", "30"])),
     ];
+    if let Some(dir) = super::util::debian_kernel(test) {
+        let mut boot = words(&["boot", "--qemu", "--duration", "60s", "--"]);
+        boot.extend(super::boot::qemu_args(&dir).into_iter().map(Into::into));
+        commands.push(("boot --qemu", boot));
+    }
     for (name, args) in &commands {
         for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
             for delay_ms in [50, 700] {
                 let _ = std::fs::remove_file(&recording);
-                let child = virtprof().args(args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+                let child = virtprof().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
                 let pid = child.id();
                 std::thread::sleep(Duration::from_millis(delay_ms));
                 let kids = children(pid);
@@ -384,6 +392,12 @@ fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 assert!(out.status.code().is_some(), "{what}: killed by the signal: {stderr}");
                 assert!(!stderr.contains("panicked"), "{what}: {stderr}");
+                if matches!(*name, "demo" | "boot --qemu") {
+                    // A stop is how these end: what was sampled is printed, rc 0.
+                    assert_eq!(out.status.code(), Some(0), "{what}: {stderr}");
+                    let nothing_yet = stderr.contains("stopped before") || stderr.contains("stopped while");
+                    assert!(!out.stdout.is_empty() || nothing_yet, "{what}: printed nothing: {stderr}");
+                }
                 assert!(started.elapsed() < Duration::from_secs(20), "{what}: took {:?}", started.elapsed());
                 assert!(!instance_left(pid), "{what}: tracefs instance left");
                 let deadline = Instant::now() + Duration::from_secs(5);
@@ -439,4 +453,110 @@ fn a_user_without_tracing_rights_is_told_what_is_missing() {
     }
     assert!(!recording.exists());
     let _ = std::fs::remove_file(&exe);
+}
+
+/// Processes descended from `pid` whose name is `virtprof-vm` (the micro-VMM processes).
+fn vmms_under(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for child in children(p) {
+            let comm = std::fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
+            if comm.trim() == "virtprof-vm" {
+                found.push(child);
+            }
+            frontier.push(child);
+        }
+    }
+    found
+}
+
+/// SIGKILL leaves no micro-VM running: whatever started them (directly, or through a testvm
+/// child), every VMM ends within a second of its ancestor's death.
+#[test]
+fn no_vm_outlives_a_sigkilled_virtprof_by_more_than_a_second() {
+    let test = "no_vm_outlives_a_sigkilled_virtprof_by_more_than_a_second";
+    let Some(_vms) = super::util::have_kvm(test) else { return };
+    let recording = temp("sigkill").with_extension("vprec");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let exe = exe.to_str().unwrap();
+    let mut commands: Vec<Vec<&str>> = vec![
+        vec!["testvm", "-w", "compute", "--vms", "2", "--duration", "60s"],
+        vec!["noise", "--testvm", "--duration", "60s"],
+        vec!["demo", "--once", "--duration", "60s", "-d", "30"],
+        vec!["boot", "--testvm", "--duration", "60s"],
+    ];
+    if have_tracefs(test) {
+        let path = recording.to_str().unwrap();
+        commands.push(vec!["record", "-o", path, "--", exe, "testvm", "-w", "compute", "--duration", "60s"]);
+    }
+    for args in &commands {
+        let what = args.join(" ");
+        let mut child = virtprof().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut vmms = vmms_under(pid);
+        while vmms.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            vmms = vmms_under(pid);
+        }
+        assert!(!vmms.is_empty(), "{what}: no VM started within 20 s");
+        // Let every VM of the command start.
+        std::thread::sleep(Duration::from_millis(500));
+        let vmms = vmms_under(pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed = Instant::now();
+        // SIGKILL leaves record's tracefs instance (nothing runs to remove it; `virtprof doctor
+        // --cleanup` does): removed here so later tests see none.
+        let _ = std::fs::remove_dir(format!("/sys/kernel/tracing/instances/virtprof-record-{pid}"));
+        while vmms.iter().any(|&v| alive(v)) && killed.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = vmms.iter().copied().filter(|&v| alive(v)).collect();
+        for &v in &left {
+            // SAFETY: SIGKILL to a leftover VM found above, so the next run starts clean.
+            unsafe { libc::kill(v as i32, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{what}: VMs {left:?} of {vmms:?} still running 1 s after SIGKILL");
+        note(test, format!("{what}: {} VMs gone {:?} after SIGKILL", vmms.len(), killed.elapsed()));
+    }
+    let _ = std::fs::remove_file(&recording);
+}
+
+/// `-o DIR` where a file is written: refused at once (exit 2, before any recording), and no
+/// temporary file is left beside it.
+#[test]
+fn a_folder_given_as_an_output_file_is_refused_before_any_work() {
+    let dir = temp("output-folder");
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let fixture = fixture();
+    let runs: [(&str, Vec<&std::ffi::OsStr>); 3] = [
+        ("record", vec!["record".as_ref(), "-d".as_ref(), "10s".as_ref(), "-o".as_ref(), out.as_os_str()]),
+        ("report --html", vec!["report".as_ref(), fixture.as_os_str(), "--html".as_ref(), out.as_os_str()]),
+        (
+            "export",
+            vec![
+                "export".as_ref(),
+                fixture.as_os_str(),
+                "--format".as_ref(),
+                "perfetto".as_ref(),
+                "-o".as_ref(),
+                out.as_os_str(),
+            ],
+        ),
+    ];
+    for (what, args) in runs {
+        let started = Instant::now();
+        let run = output_within(virtprof().args(&args), Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{what}: {stderr}");
+        assert!(stderr.contains("Is a directory") && stderr.contains(out.to_str().unwrap()), "{what}: {stderr}");
+        // record refused instead of tracing for its 10 s first.
+        assert!(started.elapsed() < Duration::from_secs(10), "{what} took {:?}", started.elapsed());
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 1, "{what}: left beside the folder: {left:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -60,10 +60,6 @@ pub struct RecordSummary {
     pub bytes: u64,
     pub lost: u64,
     pub cpus: usize,
-    /// The per-CPU buffer size at the end, when it grew with the event rate.
-    pub grown_kb: Option<u32>,
-    /// Why the buffers could not grow, if they could not.
-    pub grow_failed: Option<String>,
     pub missing_events: Vec<String>,
     pub intervals: IntervalStats,
     pub command_status: Option<std::process::ExitStatus>,
@@ -71,7 +67,7 @@ pub struct RecordSummary {
     pub agents: Vec<virtprof_store::recording::AgentFooter>,
 }
 
-/// Per-CPU ring buffer size when none is asked for (then grown with the event rate).
+/// Per-CPU ring buffer size when none is asked for.
 pub const DEFAULT_BUFFER_KB: u32 = 8192;
 /// The trace clock when none is asked for: aligns traces with CLOCK_MONOTONIC.
 pub const DEFAULT_CLOCK: &str = "mono";
@@ -85,10 +81,8 @@ pub struct RecordOptions {
     pub events: Vec<String>,
     /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size (to start with, when `grow_buffers`).
+    /// Per-CPU ring buffer size.
     pub buffer_size_kb: u32,
-    /// Grow the buffers with the event rate seen (virtprof_trace::sizing).
-    pub grow_buffers: bool,
     /// Trace clock.
     pub clock: String,
     /// VMMs whose KVM stats must be snapshotted.
@@ -115,7 +109,6 @@ impl Default for RecordOptions {
             events: Vec::new(),
             duration: None,
             buffer_size_kb: DEFAULT_BUFFER_KB,
-            grow_buffers: true,
             clock: DEFAULT_CLOCK.into(),
             vm: Vec::new(),
             interval_ns: None,
@@ -171,12 +164,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let header_page = virtprof_trace::tracefs::read_file(&header_path)
         .map_err(|e| virtprof_trace::TraceError::File { path: header_path, source: e })?;
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-    let config = CaptureConfig {
-        events,
-        buffer_size_kb: options.buffer_size_kb,
-        grow_buffers: options.grow_buffers,
-        clock: options.clock.clone(),
-    };
+    let config = CaptureConfig { events, buffer_size_kb: options.buffer_size_kb, clock: options.clock.clone() };
 
     for &pid in &options.vm {
         if kvm_snapshot(pid).is_none() {
@@ -276,7 +264,11 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
 
     let mut child = match options.command.split_first() {
         Some((program, rest)) => {
-            Some(Command::new(program).args(rest).spawn().map_err(|e| usage(format!("cannot run '{program}': {e}")))?)
+            let mut command = Command::new(program);
+            // Killed with SIGKILL, record can pass on no signal: the kernel sends the command
+            // SIGTERM instead, as for any other way record ends.
+            virtprof_host::stop::die_with_parent(&mut command);
+            Some(command.args(rest).spawn().map_err(|e| usage(format!("cannot run '{program}': {e}")))?)
         }
         None => None,
     };
@@ -331,8 +323,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         tasks.entry(tid).or_insert(Task { tid, pid, comm });
     }
     let loss = capture.loss();
-    let grown_kb = capture.grown_kb().filter(|&kb| kb > options.buffer_size_kb);
-    let grow_failed = capture.grow_failed().map(str::to_string);
     capture.close();
     let intervals = match interval_thread {
         Some(thread) => thread.finish()?,
@@ -364,8 +354,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         bytes,
         lost,
         cpus: footer.cpu_loss.len(),
-        grown_kb,
-        grow_failed,
         missing_events,
         intervals,
         command_status,

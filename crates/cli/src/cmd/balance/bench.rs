@@ -146,7 +146,7 @@ fn start_guests(
     for args in guests {
         vms.start(args)?;
     }
-    let pids = vms.wait_for_vmms(count)?;
+    let pids = vms.wait_for_vmms(count)?.ok_or_else(|| anyhow::anyhow!("stopped before the test VMs started"))?;
     let found: Vec<_> = pids.iter().filter_map(|&pid| inspect(Path::new("/proc"), pid).ok().flatten()).collect();
     let mut targets = Target::of(&found);
     // Keep the start order (hot guest first) rather than pid order.

@@ -7,9 +7,11 @@ use std::path::PathBuf;
 use serde::Serialize;
 use virtprof_analysis::pcprof::{self, DiffRow, Options, Profile};
 use virtprof_model::pcsample::Realm;
+use virtprof_model::units::format_duration_ns;
 use virtprof_sinks::Table;
 
 use super::{SavedProfile, Truth};
+use crate::exit::usage;
 
 const BOOT_JS: &str = include_str!("../../../assets/boot.js");
 
@@ -62,6 +64,15 @@ pub enum Format {
 }
 
 pub fn write(view: &View, saved: &SavedProfile, other: Option<(String, SavedProfile)>) -> anyhow::Result<()> {
+    if let Some((bins, fits)) = pcprof::too_many_bins(&saved.samples, view.bin_ns) {
+        return Err(usage(format!(
+            "--bin {} cuts the profile's {} into {bins} bins, over the {} a timeline holds: use --bin {}us or longer",
+            format_duration_ns(view.bin_ns),
+            format_duration_ns(saved.samples.iter().map(|s| s.t_ns).max().unwrap_or(0)),
+            pcprof::MAX_BINS,
+            fits.div_ceil(1000)
+        )));
+    }
     let options = Options { bin_ns: view.bin_ns, timelines: view.symbols.clone(), ..Options::default() };
     let profile = pcprof::profile(&saved.samples, &options);
     if let Some(missing) = view.symbols.iter().find(|s| !profile.symbols.iter().any(|r| &r.name == *s)) {

@@ -37,9 +37,17 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                     "--format parquet writes a directory of tables: give it with -o DIR (or --dataset DIR)",
                 ));
             };
-            std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
+            // The input first: bad input must not leave a folder behind.
             let mut recording = Session::open_warning(&args.file, &Default::default())?;
-            write_tables(&mut recording, dir)?;
+            let made_here = !dir.exists();
+            std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
+            if let Err(e) = write_tables(&mut recording, dir) {
+                // Half a set of tables reads as a whole one: a folder made for them goes.
+                if made_here {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                return Err(e);
+            }
         }
         ExportFormat::Perfetto => {
             let mut recording = Session::open_warning(&args.file, &Default::default())?;
