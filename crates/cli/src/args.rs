@@ -960,9 +960,9 @@ pub struct BalanceArgs {
     /// Simulate on a recording's interval rows: energy gap with and without the policy.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["vm", "dry_run", "force_hz", "verify"])]
     pub replay: Option<PathBuf>,
-    /// --replay: cores to simulate (default: one per vCPU).
-    #[arg(long, value_name = "N", requires = "replay")]
-    pub cores: Option<usize>,
+    /// --replay: cores to simulate, 1 to 1024 (default: one per vCPU).
+    #[arg(long, value_name = "N", requires = "replay", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub cores: Option<u16>,
     /// Swap core pairs this often instead of following the policy (the overhead experiment;
     /// 0 places the vCPUs one a core and keeps them there: its baseline).
     #[arg(long, value_name = "HZ")]

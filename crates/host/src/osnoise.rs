@@ -368,9 +368,17 @@ fn set_fifo(priority: u8) -> std::io::Result<()> {
     // SAFETY: `param` is a valid sched_param; pid 0 is the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
         let e = std::io::Error::last_os_error();
+        // SAFETY: geteuid has no preconditions.
+        let hint = if unsafe { libc::geteuid() } == 0 {
+            // Root was refused: a cgroup without a real-time budget (cgroup v1 cpu.rt_runtime_us
+            // of 0) or a container without CAP_SYS_NICE.
+            "refused to root: give this cgroup a real-time budget or the container CAP_SYS_NICE, or drop --fifo"
+        } else {
+            "run as root, or drop --fifo"
+        };
         return Err(std::io::Error::new(
             e.kind(),
-            format!("SCHED_FIFO priority {priority} for the measurement thread: {e} (run as root, or drop --fifo)"),
+            format!("SCHED_FIFO priority {priority} for the measurement thread: {e} ({hint})"),
         ));
     }
     Ok(())

@@ -45,6 +45,15 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let recording = Session::open_warning(&args.file, &args.source.options())?;
+    let cpus = &recording.metadata.cpus;
+    if let Some(cpu) = args.cpu.filter(|c| !cpus.is_empty() && !cpus.contains(c)) {
+        let listed: Vec<String> = cpus.iter().map(u32::to_string).collect();
+        return Err(usage(format!(
+            "--cpu {cpu}: '{}' has no CPU {cpu} (it recorded CPUs {})",
+            args.file.display(),
+            listed.join(", ")
+        )));
+    }
     let mut decoder = recording.decoder(&["kvm", "sched"])?;
     if let (Some(window), Some((first, last))) = (window_ns, recording.time_range(&decoder)) {
         let windows = (last - first) / window + 1;

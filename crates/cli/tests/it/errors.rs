@@ -164,3 +164,12 @@ fn trace_settings_the_kernel_cannot_give_are_usage_errors() {
     // Refused before anything was made: no file, no tracefs instance (made after the checks).
     assert!(!std::path::Path::new(out).exists(), "a refused recording leaves no file");
 }
+
+/// Values that used to be taken silently: a CPU the recording does not have, zero cores.
+#[test]
+fn values_a_run_cannot_use_are_refused_not_taken_silently() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec");
+    let fixture = fixture.to_str().unwrap();
+    assert_usage_error(&["sched", fixture, "--cpu", "99"], "has no CPU 99 (it recorded CPUs 0, 1)");
+    assert_usage_error(&["balance", "--replay", fixture, "--cores", "0"], "--cores");
+}

@@ -41,7 +41,7 @@ fn run_balance(args: &BalanceArgs) -> anyhow::Result<ExitCode> {
     }
     let model = Model::load(args.weights.as_deref())?;
     if let Some(file) = &args.replay {
-        let replay = replay::run(file, period_ns, args.k, args.cores.unwrap_or(0), &model)?;
+        let replay = replay::run(file, period_ns, args.k, args.cores.map_or(0, usize::from), &model)?;
         return output::replay(&replay, args.json, args.html.as_deref());
     }
     let duration_ns = args.duration.map(duration_ns);
