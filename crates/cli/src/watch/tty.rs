@@ -124,14 +124,10 @@ impl StallGuard {
             if guard_ended.load(Ordering::Relaxed) {
                 return;
             }
-            if let Ok(null) = File::options().write(true).open("/dev/null") {
-                // SAFETY: dup2 onto standard output, then a stop signal (handled: it only sets
-                // the stop flag) to the view's thread to interrupt its blocked write.
-                unsafe {
-                    libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO);
-                    libc::pthread_kill(view, libc::SIGTERM);
-                }
-            }
+            to_dev_null(libc::STDOUT_FILENO);
+            // SAFETY: a stop signal (handled: it only sets the stop flag) to the view's thread,
+            // to interrupt its blocked write.
+            unsafe { libc::pthread_kill(view, libc::SIGTERM) };
         })?;
         Ok(StallGuard { ended })
     }
@@ -153,13 +149,18 @@ pub fn silence_if_hung_up() -> bool {
             continue;
         }
         output_gone |= fd == libc::STDOUT_FILENO;
-        if let Ok(null) = File::options().write(true).open("/dev/null") {
-            // SAFETY: dup2 onto a standard descriptor this process owns; `null` stays valid
-            // for the call.
-            unsafe { libc::dup2(null.as_raw_fd(), fd) };
-        }
+        to_dev_null(fd);
     }
     output_gone
+}
+
+/// Point the standard descriptor `fd` at /dev/null: later writes to it succeed and go nowhere.
+fn to_dev_null(fd: RawFd) {
+    if let Ok(null) = File::options().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto a standard descriptor this process owns; `null` stays valid for
+        // the call.
+        unsafe { libc::dup2(null.as_raw_fd(), fd) };
+    }
 }
 
 /// Whether `err` is the view's failed write to a terminal that hung up (EIO).
