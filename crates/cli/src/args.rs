@@ -719,10 +719,11 @@ pub struct RecordArgs {
     /// Stop after this long.
     #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size.
+    /// Per-CPU ring buffer size (4 to 1048576; all CPUs' within half the free memory).
     #[arg(long = "buffer-size", value_name = "KB", default_value_t = virtprof_engine::recorder::DEFAULT_BUFFER_KB)]
     pub buffer_size_kb: u32,
-    /// Trace clock (mono aligns with CLOCK_MONOTONIC, as testvm reports).
+    /// Trace clock, one counting nanoseconds: local, global, perf, mono, mono_raw, boot, tai
+    /// (mono aligns with CLOCK_MONOTONIC, as testvm reports).
     #[arg(long, value_name = "CLOCK", default_value = virtprof_engine::recorder::DEFAULT_CLOCK)]
     pub clock: String,
     /// VMM processes to snapshot KVM stats of at start and end (every VMM already running

@@ -41,9 +41,46 @@ impl TimeScale {
     }
 }
 
+/// What a trace clock's timestamps count, by its name in tracefs' `trace_clock` (the kernel's
+/// table of clocks marks which count nanoseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockUnit {
+    /// local, global, perf, mono, mono_raw, boot, tai.
+    Nanoseconds,
+    /// x86-tsc and ppc-tb: a hardware counter's ticks, time once scaled by its frequency.
+    Ticks,
+    /// counter (one per event) and uptime (jiffies, in 10 ms ticks): no duration or
+    /// latency can be read from them.
+    NotTime,
+    /// A name no Linux kernel has.
+    Unknown,
+}
+
+/// The trace clocks that count nanoseconds, for messages.
+pub const NANOSECOND_CLOCKS: &str = "local, global, perf, mono, mono_raw, boot, tai";
+
+/// What the trace clock `name` counts.
+pub fn clock_unit(name: &str) -> ClockUnit {
+    match name {
+        "local" | "global" | "perf" | "mono" | "mono_raw" | "boot" | "tai" => ClockUnit::Nanoseconds,
+        "x86-tsc" | "ppc-tb" => ClockUnit::Ticks,
+        "counter" | "uptime" => ClockUnit::NotTime,
+        _ => ClockUnit::Unknown,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_clocks_by_what_they_count() {
+        assert_eq!(clock_unit("mono"), ClockUnit::Nanoseconds);
+        assert_eq!(clock_unit("x86-tsc"), ClockUnit::Ticks);
+        assert_eq!(clock_unit("counter"), ClockUnit::NotTime);
+        assert_eq!(clock_unit("uptime"), ClockUnit::NotTime);
+        assert_eq!(clock_unit("bogus"), ClockUnit::Unknown);
+    }
 
     #[test]
     fn converts_cycles_and_offsets() {

@@ -70,6 +70,10 @@ pub struct Loss {
     /// Where an incomplete recording ends: loss is known only up to this byte.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub known_until_byte: Option<u64>,
+    /// Why the kernel's counts are unknown, where it is not a missing footer (e.g. a footer
+    /// whose figures no kernel can have written).
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub unknown_because: Option<String>,
     /// Events skipped because their timestamps lie outside the recording's time span (a
     /// damaged page): not lost by the kernel, but not in any figure either.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "is_zero"))]
@@ -132,6 +136,8 @@ impl Loss {
         let total = self.total();
         let mut text = if self.complete {
             total.to_string()
+        } else if let Some(why) = &self.unknown_because {
+            format!("unknown: {why} (at least {total} on the pages)")
         } else {
             let at = self.known_until_byte.map_or_else(String::new, |b| format!(" past byte {b}"));
             format!("unknown{at}: the recording has no footer with the kernel's counts (at least {total} on the pages)")

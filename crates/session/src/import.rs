@@ -10,6 +10,7 @@ use virtprof_model::{Cpu, KernelLoss};
 use virtprof_store::recording::{Footer, FormatText, Metadata, Task};
 use virtprof_trace::capture::stat_value;
 use virtprof_trace::dump::read_cpu_pages;
+use virtprof_trace::format::parse_header_page;
 use virtprof_trace::segment::Segment;
 use virtprof_trace::tracedat::TraceDat;
 use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
@@ -19,6 +20,13 @@ use crate::error::{Result, SessionError};
 /// A capture made elsewhere, in memory: a tracefs dump directory, a trace.dat, or ftrace text
 /// (which needs the traced kernel's formats).
 pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPages, Footer)> {
+    let parts = read_capture(src, options)?;
+    // Every reader of the result lays pages out by it: refuse a bad one here, by the file's name.
+    parse_header_page(&parts.0.header_page).map_err(|e| SessionError::in_file(src, e.to_string()))?;
+    Ok(parts)
+}
+
+fn read_capture(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPages, Footer)> {
     let formats = options.formats.as_deref();
     if !src.exists() {
         return Err(SessionError::in_file(src, "does not exist"));
@@ -31,6 +39,11 @@ pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, Cpu
         read_trace_dat(src, options.cycles())
     } else if src.is_file() && file_head(src).starts_with(crate::perfdata::MAGIC) {
         crate::perfdata::read(src, MAX_IMPORT)
+    } else if src.is_file() && file_head(src).starts_with(virtprof_store::recording::MAGIC) {
+        Err(SessionError::in_file(
+            src,
+            "is a virtprof recording already: nothing to import; every command reads it as it is (e.g. `virtprof exits FILE`)",
+        ))
     } else if src.is_file() {
         let Some(formats) = formats else {
             return Err(SessionError::in_file(
@@ -65,6 +78,11 @@ impl SourceOptions {
         self.tsc_khz.and_then(TimeScale::from_khz).or(self.tsc_scale)
     }
 }
+
+/// The trace clock of ftrace text: whichever it was, its times were printed in microseconds.
+pub const TEXT_CLOCK: &str = "text (microseconds)";
+/// The trace clock of a tracefs dump without its `trace_clock` file.
+pub const UNKNOWN_CLOCK: &str = "unknown";
 
 /// The most a file imported into memory (a trace.dat being converted, ftrace text) can be.
 const MAX_IMPORT: u64 = 16 << 30;
@@ -243,7 +261,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
         .collect();
     let metadata = Metadata {
         origin: format!("import ftrace-text {}", path.display()),
-        trace_clock: "text (microseconds)".into(),
+        trace_clock: TEXT_CLOCK.into(),
         header_page,
         formats: formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
@@ -265,7 +283,7 @@ fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
         read("events/header_page").map_err(|e| SessionError::in_file(root, format!("events/header_page: {e}")))?;
     let formats =
         format_texts(root, &[]).map_err(bad)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
-    let trace_clock = read("trace_clock").map_or_else(|_| "unknown".into(), |t| selected_clock(&t));
+    let trace_clock = read("trace_clock").map_or_else(|_| UNKNOWN_CLOCK.into(), |t| selected_clock(&t));
     let tasks = saved_tasks(&read("saved_cmdlines").unwrap_or_default(), &read("saved_tgids").unwrap_or_default());
     let pages = read_cpu_pages(root).map_err(bad)?;
     let cpu_loss = pages

@@ -1,15 +1,16 @@
 //! A source opened for reading: container chunks (store) or an imported capture → decoder and
 //! per-CPU pages (trace), with the metadata, interval rows and loss every command reads.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Analyzer;
-use virtprof_model::clock::TimeScale;
+use virtprof_model::clock::{clock_unit, ClockUnit, TimeScale};
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
-use virtprof_store::recording::{Chunk, Footer, Metadata, Reader};
+use virtprof_store::recording::{Chunk, Footer, Metadata, Reader, Task, TasksFound, VmIdentity};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
@@ -118,6 +119,7 @@ impl Session {
         let mut intervals: Option<IntervalTable> = None;
         let mut columns: Vec<usize> = Vec::new();
         let mut guests = crate::guest::GuestStreams::default();
+        let mut found = Vec::new();
         while let Some(chunk) = reader.next_chunk().map_err(|e| SessionError::in_file(path, e))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
@@ -131,6 +133,7 @@ impl Session {
                 }
                 Chunk::Footer(f) => footer = Some(f),
                 Chunk::Agent(record) => guests.record(record),
+                Chunk::Tasks(tasks) => found.push(tasks),
                 Chunk::AgentRow { agent, start_ns, end_ns, values } => {
                     if !guests.row(agent, start_ns, end_ns, values) {
                         return Err(SessionError::in_file(
@@ -167,9 +170,7 @@ impl Session {
         }
         let truncated_at = reader.truncated_at;
         let mut metadata: Metadata = metadata.ok_or_else(|| SessionError::in_file(path, "has no metadata chunk"))?;
-        if let Some(f) = &footer {
-            metadata.tasks.extend(f.tasks.iter().cloned());
-        }
+        add_found(&mut metadata, found, footer.as_ref());
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
         let guests = guests.finish(footer.as_ref().map_or(&[], |f| f.agents.as_slice()));
@@ -184,7 +185,7 @@ impl Session {
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
         }
-        .with_cpus_checked()
+        .checked()
     }
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
@@ -221,12 +222,51 @@ impl Session {
                 (cpu, spans)
             })
             .collect();
-        Session::imported(path, metadata, footer, Pages::Mapped { map, cpus }).with_cpus_checked()
+        Session::imported(path, metadata, footer, Pages::Mapped { map, cpus }).checked()
+    }
+
+    /// Refuse what every reading command would get wrong: CPU numbers no kernel has, and
+    /// timestamps that are not nanoseconds with nothing to convert them.
+    fn checked(self) -> Result<Session> {
+        self.cpus_checked()?.clock_checked()
+    }
+
+    /// Timestamps that count events or jiffies, or CPU cycles without a conversion, would be
+    /// printed as nanoseconds by every command: refused.
+    fn clock_checked(self) -> Result<Session> {
+        let clock = &self.metadata.trace_clock;
+        let counts = match clock_unit(clock) {
+            ClockUnit::NotTime if clock == "counter" => "event counts",
+            ClockUnit::NotTime => "jiffies (10 ms steps)",
+            ClockUnit::Ticks if self.metadata.time_scale.is_none() => "CPU cycles, with no conversion to nanoseconds",
+            _ => return Ok(self),
+        };
+        Err(SessionError::in_file(
+            &self.path,
+            format!(
+                "its timestamps are {counts} (trace clock '{clock}'): no duration can be read from them; record with a clock that counts nanoseconds ({})",
+                virtprof_model::clock::NANOSECOND_CLOCKS
+            ),
+        ))
+    }
+
+    /// A trace clock no kernel has (a damaged file, or a kernel newer than this version): its
+    /// timestamps are read as nanoseconds, which they may not be.
+    pub fn clock_doubt(&self) -> Option<String> {
+        let clock = self.metadata.trace_clock.as_str();
+        let named = !matches!(clock, crate::import::TEXT_CLOCK | crate::import::UNKNOWN_CLOCK);
+        (named && clock_unit(clock) == ClockUnit::Unknown).then(|| {
+            format!(
+                "trace clock '{}' is not one Linux has ({}, x86-tsc, counter, uptime): its timestamps are read as nanoseconds, which they may not be",
+                clock.escape_debug(),
+                virtprof_model::clock::NANOSECOND_CLOCKS
+            )
+        })
     }
 
     /// Refuse CPU numbers no kernel has (a damaged CPU id): every per-CPU table is indexed
     /// by them.
-    fn with_cpus_checked(self) -> Result<Session> {
+    fn cpus_checked(self) -> Result<Session> {
         let cpus: Vec<u32> = match &self.pages {
             Pages::Mapped { cpus, .. } => cpus.iter().map(|(cpu, _)| *cpu).collect(),
             Pages::Owned(cpus) => cpus.iter().map(|(cpu, _)| *cpu).collect(),
@@ -270,7 +310,7 @@ impl Session {
             return Session::open_trace_dat(path, options.cycles());
         }
         let (metadata, pages, footer) = crate::import::read_source(path, options)?;
-        Session::imported(path, metadata, footer, Pages::Owned(pages)).with_cpus_checked()
+        Session::imported(path, metadata, footer, Pages::Owned(pages)).checked()
     }
 
     /// [`Session::open_any`], warning on stderr when the file was cut short.
@@ -290,7 +330,43 @@ impl Session {
         } else if let Some(warning) = recording.footer_mismatch() {
             eprintln!("virtprof: warning: '{}': {warning}", path.display());
         }
+        if let Some(doubt) = recording.clock_doubt() {
+            eprintln!("virtprof: warning: '{}': {doubt}", path.display());
+        }
+        if let Some(doubt) = recording.footer_loss_doubt() {
+            eprintln!("virtprof: warning: '{}': {doubt}; its lost events are unknown", path.display());
+        }
         Ok(recording)
+    }
+
+    /// Loss figures no kernel can have written (a damaged or forged footer whose checksum
+    /// holds): a count on a CPU the recording does not have, or more events than the CPU
+    /// could emit in the recording's time at one per nanosecond. Such figures are not taken:
+    /// the loss is then unknown.
+    pub fn footer_loss_doubt(&self) -> Option<String> {
+        let footer = self.footer.as_ref()?;
+        // `record` reads every CPU it counts loss on; imports count loss on CPUs that left no
+        // events (a perf.data whose samples on a CPU were all lost).
+        let recorded = &self.metadata.cpus;
+        let own = self.bytes > 0 && !recorded.is_empty();
+        if let Some(l) = footer.cpu_loss.iter().find(|l| own && !recorded.contains(&l.cpu.0)) {
+            return Some(format!(
+                "its footer counts {} lost events on CPU {}, which the recording does not have",
+                l.events(),
+                l.cpu.0
+            ));
+        }
+        // Imports carry no duration: a ceiling no real capture reaches (13 days at one event
+        // per nanosecond) still catches a count that wrapped.
+        let most = if footer.duration_ns > 0 { footer.duration_ns.max(1_000_000_000) } else { 1 << 50 };
+        footer.cpu_loss.iter().find(|l| l.events() > most).map(|l| {
+            format!(
+                "its footer counts {} lost events on CPU {}, more than a CPU can emit in {} (one per nanosecond)",
+                l.events(),
+                l.cpu.0,
+                virtprof_model::units::format_duration_ns(most)
+            )
+        })
     }
 
     /// Damage the checksums cannot see: a recording's footer that disagrees with the pages
@@ -322,7 +398,7 @@ impl Session {
     /// the others only their name and id (a trace.dat can carry thousands of formats).
     pub fn decoder(&self, systems: &[&str]) -> Result<Decoder> {
         let mut header = parse_header_page(&self.metadata.header_page)
-            .map_err(|e| SessionError::in_file(&self.path, format!("its header_page: {e}")))?;
+            .map_err(|e| SessionError::in_file(&self.path, e.to_string()))?;
         header.scale = self.metadata.time_scale;
         let formats = self
             .metadata
@@ -427,6 +503,11 @@ impl Session {
     /// the pages. Without a footer the figure is unknown past the last complete chunk.
     pub fn loss(&self, walk: &WalkStats) -> Loss {
         let mut loss = walk.page_loss.clone();
+        if let Some(doubt) = self.footer_loss_doubt() {
+            loss.complete = false;
+            loss.unknown_because = Some(doubt);
+            return loss;
+        }
         match &self.footer {
             Some(footer) => {
                 loss.complete = true;
@@ -463,6 +544,25 @@ impl Session {
     pub fn describe_loss(&self, loss: &Loss, decoder: &Decoder) -> String {
         loss.describe(self.origin_ns(decoder))
     }
+}
+
+/// Threads and VMs found during the recording (its tasks chunks, then its footer) joined to
+/// those at its start: one entry per tid and per VM, the latest found.
+fn add_found(metadata: &mut Metadata, found: Vec<TasksFound>, footer: Option<&Footer>) {
+    if found.is_empty() && footer.is_none() {
+        return;
+    }
+    let mut tasks: BTreeMap<u32, Task> = metadata.tasks.drain(..).map(|t| (t.tid, t)).collect();
+    let mut vms: BTreeMap<u32, VmIdentity> = metadata.vm_identities.drain(..).map(|v| (v.pid, v)).collect();
+    for f in found {
+        tasks.extend(f.tasks.into_iter().map(|t| (t.tid, t)));
+        vms.extend(f.vm_identities.into_iter().map(|v| (v.pid, v)));
+    }
+    if let Some(f) = footer {
+        tasks.extend(f.tasks.iter().map(|t| (t.tid, t.clone())));
+    }
+    metadata.tasks = tasks.into_values().collect();
+    metadata.vm_identities = vms.into_values().collect();
 }
 
 /// Map `path` (a `what`, for errors) read-only. Its pages are faulted in on a thread of their

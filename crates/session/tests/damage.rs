@@ -54,3 +54,61 @@ fn a_footer_that_disagrees_with_the_pages_is_noticed() {
     let warning = altered.footer_mismatch().expect("a warning");
     assert!(warning.contains("the file was altered"), "{warning}");
 }
+
+/// The footer with its loss figures replaced by `cpu_loss` (JSON `[[cpu, overrun, dropped]]`).
+fn with_footer_loss(cpu_loss: serde_json::Value) -> Session {
+    let bytes = rewrite_chunk(&fixture(), FOOTER, |p| {
+        let mut footer: serde_json::Value = serde_json::from_slice(p).unwrap();
+        footer["cpu_loss"] = cpu_loss;
+        *p = serde_json::to_vec(&footer).unwrap();
+    });
+    Session::from_bytes(bytes, "loss.vprec").unwrap()
+}
+
+#[test]
+fn loss_figures_no_kernel_can_write_make_the_loss_unknown() {
+    let intact = Session::from_bytes(fixture(), "ok.vprec").unwrap();
+    assert_eq!(intact.footer_loss_doubt(), None);
+    let plausible = with_footer_loss(serde_json::json!([[0, 1000, 0], [1, 0, 5]]));
+    assert_eq!(plausible.footer_loss_doubt(), None);
+    let walk = virtprof_trace::merge::WalkStats::default();
+    assert_eq!(plausible.loss(&walk).total(), 1005);
+    for (cpu_loss, says) in [
+        (serde_json::json!([[0, u64::MAX, 0]]), "more than a CPU can emit"),
+        (serde_json::json!([[0, 1u64 << 40, 1u64 << 40]]), "more than a CPU can emit"),
+        (serde_json::json!([[7, 5, 0]]), "on CPU 7, which the recording does not have"),
+    ] {
+        let damaged = with_footer_loss(cpu_loss.clone());
+        let doubt = damaged.footer_loss_doubt().unwrap_or_else(|| panic!("{cpu_loss} taken"));
+        assert!(doubt.contains(says), "{doubt}");
+        let loss = damaged.loss(&walk);
+        assert!(!loss.complete, "{cpu_loss}: the loss is unknown, not {}", loss.total());
+        assert!(loss.describe(0).starts_with("unknown: its footer counts"), "{}", loss.describe(0));
+    }
+}
+
+/// The metadata with its trace clock replaced.
+fn with_clock(clock: &str) -> Result<Session, virtprof_session::SessionError> {
+    let bytes = rewrite_chunk(&fixture(), METADATA, |p| {
+        let mut metadata: serde_json::Value = serde_json::from_slice(p).unwrap();
+        metadata["trace_clock"] = serde_json::json!(clock);
+        *p = serde_json::to_vec(&metadata).unwrap();
+    });
+    Session::from_bytes(bytes, "clock.vprec")
+}
+
+const METADATA: u32 = 1;
+
+#[test]
+fn timestamps_that_are_not_nanoseconds_are_refused_and_an_unknown_clock_is_doubted() {
+    for clock in ["local", "mono", "boot"] {
+        assert_eq!(with_clock(clock).unwrap().clock_doubt(), None, "{clock}");
+    }
+    for (clock, says) in [("counter", "event counts"), ("uptime", "jiffies"), ("x86-tsc", "CPU cycles")] {
+        let err = with_clock(clock).err().unwrap_or_else(|| panic!("{clock} taken"));
+        assert!(err.is_bad_input(), "{clock}");
+        assert!(err.to_string().contains(says), "{clock}: {err}");
+    }
+    let doubt = with_clock("bogus").unwrap().clock_doubt().expect("a warning");
+    assert!(doubt.contains("'bogus' is not one Linux has"), "{doubt}");
+}

@@ -42,6 +42,20 @@ pub enum ChunkKind {
     /// One guest row: `agent: u32`, `values: u32`, `start_ns, end_ns: u64` (guest clock), then
     /// `values` f64 in the order of that agent's latest series.
     AgentRow = 7,
+    /// [`TasksFound`] as JSON: threads and VMs a scan found while recording.
+    Tasks = 8,
+}
+
+/// Threads (new, or renamed) and VMs that a scan found during the recording, written as
+/// found: a recording cut short before its footer still says whose threads its events are.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TasksFound {
+    /// Threads, each replacing any earlier entry of its tid.
+    #[serde(default)]
+    pub tasks: Vec<Task>,
+    /// VMs.
+    #[serde(default)]
+    pub vm_identities: Vec<VmIdentity>,
 }
 
 /// What a guest agent's link recorded (`record --agent`), in order.
@@ -453,6 +467,11 @@ impl<W: Write> Writer<W> {
         self.chunk(ChunkKind::Agent, &[&serde_json::to_vec(record).map_err(io::Error::other)?])
     }
 
+    /// Append the threads and VMs a scan found.
+    pub fn tasks(&mut self, found: &TasksFound) -> io::Result<()> {
+        self.chunk(ChunkKind::Tasks, &[&serde_json::to_vec(found).map_err(io::Error::other)?])
+    }
+
     /// Append one guest row.
     pub fn agent_row(&mut self, agent: u32, start_ns: u64, end_ns: u64, values: &[f64]) -> io::Result<()> {
         let mut head = [0u8; 24];
@@ -533,6 +552,8 @@ pub enum Chunk<'a> {
         /// Values, little-endian f64 (read with [`agent_value`]).
         values: &'a [u8],
     },
+    /// Threads and VMs found during the recording.
+    Tasks(TasksFound),
 }
 
 /// Value `i` of a guest row's `values`.
@@ -640,6 +661,7 @@ impl<'a> Reader<'a> {
                     }
                 }
             }
+            8 => Chunk::Tasks(serde_json::from_slice(payload).map_err(json)?),
             other => {
                 return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use virtprof_model::clock::{clock_unit, ClockUnit};
 use virtprof_model::{Cpu, KernelLoss};
 
 use crate::error::TraceError;
@@ -48,16 +49,23 @@ impl CaptureConfig {
     }
 }
 
-/// The clock must be one the kernel lists in `trace_clock`.
+/// The clock must be one the kernel lists in `trace_clock`, and count nanoseconds: every
+/// duration virtprof prints is a difference of timestamps.
 fn check_clock(tracefs: &Tracefs, clock: &str) -> Result<(), TraceError> {
     let path = tracefs.root().join("trace_clock");
     let listed = std::fs::read_to_string(&path).map_err(TraceError::file(&path))?;
     let offered: Vec<String> = listed.split_whitespace().map(|c| c.trim_matches(['[', ']']).to_string()).collect();
-    if offered.iter().any(|c| c == clock) {
-        Ok(())
-    } else {
-        Err(TraceError::NoSuchClock { clock: clock.to_string(), offered })
+    if !offered.iter().any(|c| c == clock) {
+        return Err(TraceError::NoSuchClock { clock: clock.to_string(), offered });
     }
+    let counts = match clock_unit(clock) {
+        ClockUnit::Nanoseconds => return Ok(()),
+        ClockUnit::Ticks => "CPU cycles",
+        ClockUnit::NotTime if clock == "counter" => "events, not time",
+        ClockUnit::NotTime => "jiffies (10 ms steps)",
+        ClockUnit::Unknown => "units this version does not know",
+    };
+    Err(TraceError::ClockNotNanoseconds { clock: clock.to_string(), counts })
 }
 
 /// How full (percent) a CPU's buffer gets before the kernel wakes the reader: the other three
@@ -70,11 +78,26 @@ const WAKE_AT_MOST: Duration = Duration::from_millis(50);
 /// every event, and reading page by page would cost more than it saves.
 const WAKE_AT_LEAST: Duration = Duration::from_millis(10);
 
-/// At least one page per CPU, and all CPUs' buffers within half the memory available now (the
+/// The largest per-CPU buffer: at 30 bytes an event, 35 M events, more than a second of the
+/// fastest rate a CPU emits; asking for more is a typo (KB taken for bytes) more often than a need.
+const MAX_BUFFER_KB: u32 = 1 << 20;
+
+/// At least one page per CPU, at most [`MAX_BUFFER_KB`], and all CPUs' buffers within half the memory available now (the
 /// kernel allocates them at once, unswappable).
 fn check_buffer_size(kb: u32, cpus: usize) -> Result<(), TraceError> {
     if kb < 4 {
         return Err(TraceError::BufferSize { kb, why: "the smallest buffer is one 4 KB page per CPU".into() });
+    }
+    if kb > MAX_BUFFER_KB {
+        return Err(TraceError::BufferSize {
+            kb,
+            why: format!(
+                "over {} MiB per CPU, which already holds more than a second of the busiest CPU's events; the kernel \
+                 would pin {} MiB and take seconds per GiB to fill it before tracing starts; at most {MAX_BUFFER_KB} KB",
+                MAX_BUFFER_KB / 1024,
+                u64::from(kb) * cpus.max(1) as u64 / 1024
+            ),
+        });
     }
     let available_kb = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.split_whitespace().next()?.parse::<u64>().ok())
@@ -315,12 +338,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffer_sizes_are_checked_against_a_page_and_the_memory_available() {
+    fn buffer_sizes_are_checked_against_a_page_a_ceiling_and_the_memory_available() {
         assert!(check_buffer_size(0, 2).unwrap_err().is_bad_input());
         assert!(check_buffer_size(3, 2).is_err());
         assert!(check_buffer_size(4, 2).is_ok());
-        let huge = check_buffer_size(u32::MAX, 64).unwrap_err().to_string();
-        assert!(huge.contains("more than half the") && huge.contains("KB per CPU here"), "{huge}");
+        let huge = check_buffer_size(u32::MAX, 2).unwrap_err().to_string();
+        assert!(huge.contains("at most 1048576 KB"), "{huge}");
+        let many = check_buffer_size(MAX_BUFFER_KB, 4096).unwrap_err().to_string();
+        assert!(many.contains("more than half the") && many.contains("KB per CPU here"), "{many}");
     }
 
     #[test]

@@ -35,6 +35,14 @@ pub enum TraceError {
         /// What `trace_clock` lists.
         offered: Vec<String>,
     },
+    /// A clock the kernel offers whose timestamps are not nanoseconds.
+    #[error("trace clock '{clock}' counts {counts}, which virtprof would print as nanoseconds; choose one that counts nanoseconds: {}", virtprof_model::clock::NANOSECOND_CLOCKS)]
+    ClockNotNanoseconds {
+        /// The clock asked for.
+        clock: String,
+        /// What it counts.
+        counts: &'static str,
+    },
     /// A per-CPU buffer size no kernel takes, or more memory than the host can spare.
     #[error("--buffer-size {kb}: {why}")]
     BufferSize {
@@ -73,6 +81,7 @@ impl TraceError {
         matches!(
             self,
             TraceError::NoSuchClock { .. }
+                | TraceError::ClockNotNanoseconds { .. }
                 | TraceError::BufferSize { .. }
                 | TraceError::NoEvents { .. }
                 | TraceError::NoSuchEvent { .. }

@@ -9,7 +9,7 @@ use virtprof_model::clock::TimeScale;
 
 /// Where a format-file problem is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what}: line {line}: {message}")]
+#[error("{what}: {}{message}", if *line == 0 { String::new() } else { format!("line {line}: ") })]
 pub struct FormatError {
     /// Which file or event (e.g. `kvm/kvm_exit/format`).
     pub what: String,

@@ -156,7 +156,12 @@ fn trace_settings_the_kernel_cannot_give_are_usage_errors() {
     };
     record(&["--clock", "bogus"], "trace clock 'bogus' is not offered by this kernel; choose one of:");
     record(&["--buffer-size", "0"], "one 4 KB page per CPU");
-    record(&["--buffer-size", "4000000000"], "more than half the");
+    record(&["--buffer-size", "4000000000"], "at most 1048576 KB");
+    // 8 GB of ring buffer on this host used to be taken, and took 20 s to allocate.
+    record(&["--buffer-size", "4000000"], "over 1024 MiB per CPU");
+    // Clocks the kernel offers whose timestamps are not nanoseconds.
+    record(&["--clock", "counter"], "trace clock 'counter' counts events, not time");
+    record(&["--clock", "x86-tsc"], "counts CPU cycles");
     record(
         &["--events", "nosuch,alsonot:this"],
         "none of the events asked for exists on this kernel: nosuch, alsonot:this",
@@ -172,4 +177,52 @@ fn values_a_run_cannot_use_are_refused_not_taken_silently() {
     let fixture = fixture.to_str().unwrap();
     assert_usage_error(&["sched", fixture, "--cpu", "99"], "has no CPU 99 (it recorded CPUs 0, 1)");
     assert_usage_error(&["balance", "--replay", fixture, "--cores", "0"], "--cores");
+    assert_usage_error(&["import", fixture, "-o", "/tmp/virtprof-it-never.vprec"], "is a virtprof recording already");
+}
+
+#[test]
+fn a_dump_with_a_bad_header_page_is_refused_by_name() {
+    // Was exit 1 naming no file ("header_page: line 0: ...").
+    let dump = super::util::temp("bad-header-dump");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
+    super::util::copy_tree(&fixture, &dump);
+    std::fs::write(dump.join("events/header_page"), "garbage\n").unwrap();
+    let dump_s = dump.to_str().unwrap();
+    let out_file = super::util::temp("bad-header.vprec");
+    for args in [vec!["import", dump_s, "-o", out_file.to_str().unwrap()], vec!["exits", dump_s]] {
+        assert_usage_error(&args, &format!("'{dump_s}': header_page: needs timestamp, commit and data fields"));
+    }
+    assert!(!out_file.exists(), "no output for a refused import");
+    let _ = std::fs::remove_dir_all(dump);
+}
+
+#[test]
+fn sched_says_when_a_recording_cannot_tell_whose_threads_ran_guests() {
+    use virtprof_store::recording::{Chunk, Reader, Writer};
+    // The fixture with every task table emptied: its vCPU thread's events stay.
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec");
+    let bytes = std::fs::read(fixture).unwrap();
+    let mut reader = Reader::new(&bytes).unwrap();
+    let rec = super::util::temp("no-tasks.vprec");
+    let mut writer = None;
+    while let Some(chunk) = reader.next_chunk().unwrap() {
+        match chunk {
+            Chunk::Metadata(mut m) => {
+                (m.tasks, m.vm_identities, m.vms) = (Vec::new(), Vec::new(), Vec::new());
+                writer = Some(Writer::new(std::fs::File::create(&rec).unwrap(), &m).unwrap());
+            }
+            Chunk::Pages { cpu, data } => writer.as_mut().unwrap().pages(cpu, data).unwrap(),
+            Chunk::Footer(mut f) => {
+                (f.tasks, f.vm_identities) = (Vec::new(), Vec::new());
+                writer.take().unwrap().finish(&f).unwrap();
+            }
+            _ => {}
+        }
+    }
+    assert_usage_error(
+        &["sched", rec.to_str().unwrap()],
+        "1 thread emitted kvm events, but the recording does not say",
+    );
+    let _ = std::fs::remove_file(rec);
 }

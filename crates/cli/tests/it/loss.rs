@@ -178,6 +178,41 @@ fn a_live_tiny_buffer_recording_reads_everywhere_with_records_figure() {
     let _ = std::fs::remove_file(rec);
 }
 
+#[test]
+fn a_recording_cut_short_before_its_footer_still_names_its_vms() {
+    // The VM starts after the trace does, so only the scans during the recording name its
+    // threads: before tasks chunks, that was the footer alone, and `sched` on a file cut short
+    // (a full disk) said "no thread emitted kvm events" while `exits` read thousands.
+    let test = "a_recording_cut_short_before_its_footer_still_names_its_vms";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let (rec, cut) = (temp("cut-whole.vprec"), temp("cut-short.vprec"));
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .arg("--")
+        .arg(&exe)
+        .args(["testvm", "--workload", "pio-user", "--duration", "400ms"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&rec).unwrap();
+    let end = last_chunk_offset(&bytes);
+    std::fs::write(&cut, &bytes[..end]).unwrap();
+    let vms = |file: &Path| -> Vec<(Value, Value, Value)> {
+        let v: Value = serde_json::from_slice(&run(&["sched", "--json"], file).stdout).unwrap();
+        let vms = v["windows"][0]["vms"].as_array().unwrap().clone();
+        vms.iter().map(|vm| (vm["pid"].clone(), vm["name"].clone(), vm["io_count"].clone())).collect()
+    };
+    let (whole, short) = (vms(&rec), vms(&cut));
+    assert!(!whole.is_empty(), "the whole recording has the VM");
+    assert_eq!(short, whole, "the same VMs, named and counted the same, without the footer");
+    let _ = (std::fs::remove_file(rec), std::fs::remove_file(cut));
+}
+
 /// A child process stopped with SIGTERM and reaped when dropped (testvm stops its VMs and
 /// waits for them, so no load outlives the test).
 struct Reaped(std::process::Child);

@@ -290,6 +290,18 @@ fn a_recorded_guest_run_is_explained_from_the_host_recording() {
         wait - steal <= slack + 2.0 * longest_wait,
         "guest steal {steal} vs schedstat wait {wait} (the thread's longest wait: {longest_wait} ns)"
     );
+    // The same report moved 1000 s later (another run's) is refused: no host event can explain it.
+    let mut moved: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for point in moved["vms"][0]["vcpus"][0]["noise"]["sync"].as_array_mut().unwrap() {
+        for key in ["before_ns", "after_ns"] {
+            point[key] = serde_json::json!(point[key].as_u64().unwrap() + 1_000_000_000_000);
+        }
+    }
+    std::fs::write(&guest, serde_json::to_vec(&moved).unwrap()).unwrap();
+    let other = virtprof().args(["noise", "--host-recording", rec_s, "--guest", guest_s]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert_eq!(other.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("they are from different runs"), "{stderr}");
     // A report that is not testvm's is refused with exit 2, naming the file.
     let bad = virtprof().args(["noise", "--host-recording", rec_s, "--guest", rec_s]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::util::{have_tracefs, note, temp, virtprof};
+use super::util::{copy_tree, have_tracefs, note, temp, virtprof};
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec")
@@ -141,20 +141,6 @@ fn fifos_and_devices_as_inputs_are_refused_without_blocking() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("not a regular file"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    let _ = std::fs::remove_dir_all(to);
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 #[test]
@@ -532,7 +518,10 @@ fn a_folder_given_as_an_output_file_is_refused_before_any_work() {
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let fixture = fixture();
-    let runs: [(&str, Vec<&std::ffi::OsStr>); 3] = [
+    let dump =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/kvm-amd-run3_2vcpu_2cpu_pinned/tracefs");
+    let runs: [(&str, Vec<&std::ffi::OsStr>); 4] = [
+        ("import", vec!["import".as_ref(), dump.as_os_str(), "-o".as_ref(), out.as_os_str()]),
         ("record", vec!["record".as_ref(), "-d".as_ref(), "10s".as_ref(), "-o".as_ref(), out.as_os_str()]),
         ("report --html", vec!["report".as_ref(), fixture.as_os_str(), "--html".as_ref(), out.as_os_str()]),
         (

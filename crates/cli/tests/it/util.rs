@@ -194,3 +194,18 @@ pub fn host_steal_ns(cpu: u32) -> u64 {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     ticks * (1_000_000_000 / hz)
 }
+
+/// A copy of the folder `from` (a tracefs dump fixture) at `to`, replacing what was there.
+pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}

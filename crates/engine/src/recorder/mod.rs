@@ -21,7 +21,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_store::recording::{
     AgentRecord, Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task,
-    VmIdentity, Writer,
+    TasksFound, VmIdentity, Writer,
 };
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
@@ -52,6 +52,8 @@ pub enum WriterMsg {
     Agent(AgentRecord),
     /// One guest row: agent, guest start and end, values.
     AgentRow(u32, u64, u64, Vec<f64>),
+    /// Threads and VMs a scan found.
+    Tasks(TasksFound),
 }
 
 /// What a finished recording holds.
@@ -242,6 +244,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
                     WriterMsg::Rows(rows) => writer.intervals(&rows),
                     WriterMsg::Agent(record) => writer.agent(&record),
                     WriterMsg::AgentRow(agent, start, end, values) => writer.agent_row(agent, start, end, &values),
+                    WriterMsg::Tasks(found) => writer.tasks(&found),
                 };
                 if let Err(e) = written {
                     failure = Some(e);
@@ -280,15 +283,26 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         &STOP_REQUESTED,
         || {
             if last_scan.elapsed() >= scan_every {
-                let known = (tasks.len(), identities.len());
-                tasks.extend(scan_tasks());
-                identities.extend(discovery.scan().iter().map(|v| (v.pid, identity(v))));
-                last_scan = Instant::now();
-                scan_every = if (tasks.len(), identities.len()) == known {
-                    (scan_every * 2).min(TASK_SCAN_AT_MOST)
-                } else {
-                    TASK_SCAN
+                // Written as found, not only in the footer: a recording cut short still says
+                // whose threads its events are.
+                let found = TasksFound {
+                    tasks: scan_tasks().into_values().filter(|t| tasks.get(&t.tid) != Some(t)).collect(),
+                    vm_identities: discovery
+                        .scan()
+                        .iter()
+                        .map(identity)
+                        .filter(|v| identities.get(&v.pid) != Some(v))
+                        .collect(),
                 };
+                last_scan = Instant::now();
+                if found.tasks.is_empty() && found.vm_identities.is_empty() {
+                    scan_every = (scan_every * 2).min(TASK_SCAN_AT_MOST);
+                } else {
+                    scan_every = TASK_SCAN;
+                    tasks.extend(found.tasks.iter().map(|t| (t.tid, t.clone())));
+                    identities.extend(found.vm_identities.iter().map(|v| (v.pid, v.clone())));
+                    let _ = tx.send(WriterMsg::Tasks(found));
+                }
             }
             if let Some(c) = child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {

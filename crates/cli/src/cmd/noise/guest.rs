@@ -152,6 +152,7 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
         )));
     }
     let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors", "nmi"])?;
+    check_same_run(&recording, &decoder, &report, guest)?;
     let missing_events = missing(&decoder, &[EVENTS.as_slice(), HOST_EVENTS.as_slice()].concat());
     // Only the vCPU's CPU and the vCPU thread matter: the rest of a long recording is skipped.
     let tid = vcpu.tid;
@@ -169,6 +170,41 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
     let lost_events = recording.loss(&stats).total();
     let host = HostTrace { events, lost_events, missing_events, decoder };
     explain(&report, host, None)
+}
+
+/// The guest's run (its clock-sync exits, on the host's CLOCK_MONOTONIC) must lie in the
+/// recording: a report from another run would be explained by no host event at all.
+fn check_same_run(recording: &Session, decoder: &Decoder, report: &TestvmReport, guest: &Path) -> anyhow::Result<()> {
+    let sync = first_vcpu(report)?.noise.as_ref().map_or(&[][..], |n| n.sync.as_slice());
+    let (Some(first), Some(last), Some((start, end))) = (sync.first(), sync.last(), recording.time_range(decoder))
+    else {
+        return Ok(());
+    };
+    let (run_from, run_to) = (first.before_ns, last.after_ns.max(first.before_ns));
+    let covered = end.min(run_to).saturating_sub(start.max(run_from));
+    let s = |ns: u64| ns as f64 / 1e9;
+    if covered == 0 {
+        return Err(usage(format!(
+            "--guest '{}': the guest ran at {:.3}-{:.3} s of CLOCK_MONOTONIC, the recording spans {:.3}-{:.3} s: they are from different runs (record the run the report comes from)",
+            guest.display(),
+            s(run_from),
+            s(run_to),
+            s(start),
+            s(end)
+        )));
+    }
+    let run = run_to - run_from;
+    if covered < run - run / 100 {
+        eprintln!(
+            "virtprof: warning: the recording covers {:.1} % of the guest's run ({:.3}-{:.3} s of CLOCK_MONOTONIC, recorded {:.3}-{:.3} s): samples outside it have no host events to explain them",
+            covered as f64 * 100.0 / run.max(1) as f64,
+            s(run_from),
+            s(run_to),
+            s(start),
+            s(end)
+        );
+    }
+    Ok(())
 }
 
 fn first_vcpu(report: &TestvmReport) -> anyhow::Result<&VcpuReport> {
