@@ -181,6 +181,29 @@ fn values_a_run_cannot_use_are_refused_not_taken_silently() {
 }
 
 #[test]
+fn noise_fifo_refused_to_root_says_what_root_lacks() {
+    // Root of a new user namespace: uid 0, no CAP_SYS_NICE where the scheduler looks. Was
+    // "run as root", exit 1.
+    let test = "noise_fifo_refused_to_root_says_what_root_lacks";
+    let probe = std::process::Command::new("unshare").args(["-U", "-r", "true"]).status();
+    if !probe.is_ok_and(|s| s.success()) {
+        super::util::note(test, "SKIP: unshare -U -r (user namespaces) is not available here");
+        return;
+    }
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = std::process::Command::new("unshare")
+        .args(["-U", "-r"])
+        .arg(exe)
+        .args(["noise", "--fifo", "10", "--duration", "100ms"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("refused to root: give this cgroup a real-time budget"), "{stderr}");
+    assert!(!stderr.contains("run as root"), "{stderr}");
+}
+
+#[test]
 fn a_dump_with_a_bad_header_page_is_refused_by_name() {
     // Was exit 1 naming no file ("header_page: line 0: ...").
     let dump = super::util::temp("bad-header-dump");

@@ -188,6 +188,14 @@ fn outputs_replace_a_planted_symlink_and_recordings_are_private() {
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     assert!(std::fs::metadata(&redirected).unwrap().len() > 1000);
     assert!(std::fs::symlink_metadata("/dev/stdout").unwrap().file_type().is_symlink());
+    // `top --log` appends in place, so it refuses a planted link rather than append through it.
+    let log = dir.join("top.csv");
+    std::os::unix::fs::symlink(&precious, &log).unwrap();
+    let run = virtprof().args(["top", "--once", "--no-trace", "-d", "1", "--log"]).arg(&log).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -291,9 +291,14 @@ fn measure_host(s: &Settings) -> anyhow::Result<NoiseReport> {
             .iter()
             .map(|&cpu| {
                 let c = config(cpu);
-                std::thread::Builder::new()
-                    .name(format!("noise/{cpu}"))
-                    .spawn_scoped(scope, move || Ok(measure::run(c, ticks_per_ns)?))
+                std::thread::Builder::new().name(format!("noise/{cpu}")).spawn_scoped(scope, move || {
+                    // Refused SCHED_FIFO (the only permission the loop needs) is the user's
+                    // to fix: the message says how.
+                    measure::run(c, ticks_per_ns).map_err(|e| match e.kind() {
+                        std::io::ErrorKind::PermissionDenied => usage(e.to_string()),
+                        _ => e.into(),
+                    })
+                })
             })
             .collect();
         // Every period: steal counters and the trace buffers.
