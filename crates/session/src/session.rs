@@ -254,7 +254,8 @@ impl Session {
     /// timestamps are read as nanoseconds, which they may not be.
     pub fn clock_doubt(&self) -> Option<String> {
         let clock = self.metadata.trace_clock.as_str();
-        let named = !matches!(clock, crate::import::TEXT_CLOCK | crate::import::UNKNOWN_CLOCK);
+        // Version 6 trace.dat files may not say their clock at all (empty).
+        let named = !matches!(clock, "" | crate::import::TEXT_CLOCK | crate::import::UNKNOWN_CLOCK);
         (named && clock_unit(clock) == ClockUnit::Unknown).then(|| {
             format!(
                 "trace clock '{}' is not one Linux has ({}, x86-tsc, counter, uptime): its timestamps are read as nanoseconds, which they may not be",
