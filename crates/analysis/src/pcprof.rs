@@ -157,10 +157,14 @@ impl Default for Options {
 /// The most time bins a profile's timelines hold (per realm and per symbol shown).
 pub const MAX_BINS: u64 = 100_000;
 
-/// With `bin_ns`-wide bins (0: the default), the timelines of `samples` need more than
+/// The time the samples span, from 0 to the last.
+pub fn duration_ns(samples: &[Labeled]) -> u64 {
+    samples.iter().map(|s| s.t_ns).max().unwrap_or(0)
+}
+
+/// With `bin_ns`-wide bins (0: the default), timelines of `duration_ns` need more than
 /// [`MAX_BINS`]: how many, and the narrowest bin that fits.
-pub fn too_many_bins(samples: &[Labeled], bin_ns: u64) -> Option<(u64, u64)> {
-    let duration_ns = samples.iter().map(|s| s.t_ns).max().unwrap_or(0);
+pub fn too_many_bins(duration_ns: u64, bin_ns: u64) -> Option<(u64, u64)> {
     let bins = (duration_ns / bin_ns.max(1)).saturating_add(1);
     (bin_ns > 0 && bins > MAX_BINS).then(|| (bins, duration_ns.div_ceil(MAX_BINS - 1)))
 }
@@ -169,7 +173,7 @@ pub fn too_many_bins(samples: &[Labeled], bin_ns: u64) -> Option<(u64, u64)> {
 /// widened to the narrowest that fits.
 pub fn profile(samples: &[Labeled], options: &Options) -> Profile {
     let n = samples.len() as u64;
-    let duration_ns = samples.iter().map(|s| s.t_ns).max().unwrap_or(0);
+    let duration_ns = duration_ns(samples);
     let mut realm_counts: BTreeMap<String, u64> = Realm::ALL.iter().map(|r| (r.name().to_string(), 0)).collect();
     let mut resolved_counts: BTreeMap<String, u64> = BTreeMap::new();
     // (symbol, realm) → (samples, index of the first one), so ties rank in order of appearance.
@@ -198,7 +202,7 @@ pub fn profile(samples: &[Labeled], options: &Options) -> Profile {
         })
         .collect();
 
-    let bin_ns = match too_many_bins(samples, options.bin_ns) {
+    let bin_ns = match too_many_bins(duration_ns, options.bin_ns) {
         Some((_, fits)) => fits,
         None if options.bin_ns > 0 => options.bin_ns,
         None => round_bin(duration_ns / 50),

@@ -31,15 +31,17 @@ fn read_capture(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPag
     if !src.exists() {
         return Err(SessionError::in_file(src, "does not exist"));
     }
+    // The first bytes say what a file is (empty for anything else).
+    let head = if src.is_file() { file_head(src) } else { Vec::new() };
     // `exists`, not `is_file`: a header_page that is a FIFO or a device is refused by name
     // when the dump is read, not taken for "not a dump".
     if src.is_dir() && src.join("events/header_page").exists() {
         read_tracefs_dump(src)
-    } else if is_trace_dat_file(src) {
+    } else if virtprof_trace::tracedat::is_trace_dat(&head) {
         read_trace_dat(src, options.cycles())
-    } else if src.is_file() && file_head(src).starts_with(crate::perfdata::MAGIC) {
+    } else if head.starts_with(crate::perfdata::MAGIC) {
         crate::perfdata::read(src, MAX_IMPORT)
-    } else if src.is_file() && file_head(src).starts_with(virtprof_store::recording::MAGIC) {
+    } else if head.starts_with(virtprof_store::recording::MAGIC) {
         Err(SessionError::in_file(
             src,
             "is a virtprof recording already: nothing to import; every command reads it as it is (e.g. `virtprof exits FILE`)",
@@ -86,11 +88,6 @@ pub const UNKNOWN_CLOCK: &str = "unknown";
 
 /// The most a file imported into memory (a trace.dat being converted, ftrace text) can be.
 const MAX_IMPORT: u64 = 16 << 30;
-
-/// True if `path` is a file that starts like a trace-cmd trace.dat.
-fn is_trace_dat_file(path: &Path) -> bool {
-    path.is_file() && virtprof_trace::tracedat::is_trace_dat(&file_head(path))
-}
 
 /// The first 16 bytes of a file (fewer if it is shorter or unreadable): enough for any magic.
 pub fn file_head(path: &Path) -> Vec<u8> {

@@ -45,6 +45,9 @@ pub struct Session {
     pub intervals: Option<IntervalTable>,
     /// Guest agents' rows, clocks and gaps (`record --agent`).
     pub guests: Vec<crate::guest::GuestStream>,
+    /// Threads first seen during the recording (its tasks chunks and footer), sorted; the
+    /// metadata's tasks hold them too.
+    pub appeared: Vec<u32>,
     pages: Pages,
     /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
     bounds: std::sync::OnceLock<Option<(u64, u64)>>,
@@ -170,7 +173,7 @@ impl Session {
         }
         let truncated_at = reader.truncated_at;
         let mut metadata: Metadata = metadata.ok_or_else(|| SessionError::in_file(path, "has no metadata chunk"))?;
-        add_found(&mut metadata, found, footer.as_ref());
+        let appeared = add_found(&mut metadata, found, footer.as_ref());
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
         let guests = guests.finish(footer.as_ref().map_or(&[], |f| f.agents.as_slice()));
@@ -182,6 +185,7 @@ impl Session {
             bytes,
             intervals,
             guests,
+            appeared,
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
         }
@@ -291,6 +295,7 @@ impl Session {
             bytes: 0,
             intervals: None,
             guests: Vec::new(),
+            appeared: Vec::new(),
             pages,
             bounds: Default::default(),
         }
@@ -548,12 +553,14 @@ impl Session {
 }
 
 /// Threads and VMs found during the recording (its tasks chunks, then its footer) joined to
-/// those at its start: one entry per tid and per VM, the latest found.
-fn add_found(metadata: &mut Metadata, found: Vec<TasksFound>, footer: Option<&Footer>) {
-    if found.is_empty() && footer.is_none() {
-        return;
+/// those at its start: one entry per tid and per VM, the latest found. Returns the threads
+/// that were not there at the start.
+fn add_found(metadata: &mut Metadata, found: Vec<TasksFound>, footer: Option<&Footer>) -> Vec<u32> {
+    if found.is_empty() && footer.is_none_or(|f| f.tasks.is_empty()) {
+        return Vec::new();
     }
     let mut tasks: BTreeMap<u32, Task> = metadata.tasks.drain(..).map(|t| (t.tid, t)).collect();
+    let at_start: std::collections::HashSet<u32> = tasks.keys().copied().collect();
     let mut vms: BTreeMap<u32, VmIdentity> = metadata.vm_identities.drain(..).map(|v| (v.pid, v)).collect();
     for f in found {
         tasks.extend(f.tasks.into_iter().map(|t| (t.tid, t)));
@@ -562,8 +569,10 @@ fn add_found(metadata: &mut Metadata, found: Vec<TasksFound>, footer: Option<&Fo
     if let Some(f) = footer {
         tasks.extend(f.tasks.iter().map(|t| (t.tid, t.clone())));
     }
+    let appeared = tasks.keys().copied().filter(|tid| !at_start.contains(tid)).collect();
     metadata.tasks = tasks.into_values().collect();
     metadata.vm_identities = vms.into_values().collect();
+    appeared
 }
 
 /// Map `path` (a `what`, for errors) read-only. Its pages are faulted in on a thread of their

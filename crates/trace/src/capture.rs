@@ -82,8 +82,8 @@ const WAKE_AT_LEAST: Duration = Duration::from_millis(10);
 /// fastest rate a CPU emits; asking for more is a typo (KB taken for bytes) more often than a need.
 const MAX_BUFFER_KB: u32 = 1 << 20;
 
-/// At least one page per CPU, at most [`MAX_BUFFER_KB`], and all CPUs' buffers within half the memory available now (the
-/// kernel allocates them at once, unswappable).
+/// At least one page per CPU, at most [`MAX_BUFFER_KB`], and all CPUs' buffers within half
+/// the memory available now (the kernel allocates them at once, unswappable).
 fn check_buffer_size(kb: u32, cpus: usize) -> Result<(), TraceError> {
     if kb < 4 {
         return Err(TraceError::BufferSize { kb, why: "the smallest buffer is one 4 KB page per CPU".into() });

@@ -82,19 +82,15 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let total = acc.finish()?;
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
-    let unplaced = acc.kvm_threads().count();
-    if vms.is_empty() && unplaced > 0 {
-        return Err(usage(format!(
-            "no VM in '{}': {unplaced} thread{} emitted kvm events, but the recording does not say which processes they are (no task table names them: was it cut short before its first scan?); `virtprof exits` counts their exits per thread",
-            args.file.display(),
-            if unplaced == 1 { "" } else { "s" }
-        )));
-    }
     if vms.is_empty() {
-        return Err(usage(format!(
-            "no VM in '{}': no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)",
-            args.file.display()
-        )));
+        let why = match acc.kvm_threads().count() {
+            0 => "no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)".to_string(),
+            n => format!(
+                "{n} thread{} emitted kvm events, but the recording does not say which processes they are (no task table names them: was it cut short before its first scan?); `virtprof exits` counts their exits per thread",
+                if n == 1 { "" } else { "s" }
+            ),
+        };
+        return Err(usage(format!("no VM in '{}': {why}", args.file.display())));
     }
     let names = DecoderNames(&decoder);
     let mut windows = Vec::new();

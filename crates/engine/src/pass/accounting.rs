@@ -34,9 +34,13 @@ impl VcpuAccounting {
             .iter()
             .flat_map(|vm| vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid)))
             .collect();
-        let appeared: HashSet<u32> = recording.footer.iter().flat_map(|f| f.tasks.iter().map(|t| t.tid)).collect();
-        let at_start: HashSet<u32> =
-            recording.metadata.tasks.iter().map(|t| t.tid).filter(|t| !appeared.contains(t)).collect();
+        let at_start: HashSet<u32> = recording
+            .metadata
+            .tasks
+            .iter()
+            .map(|t| t.tid)
+            .filter(|t| recording.appeared.binary_search(t).is_err())
+            .collect();
         let (initial, late): (Vec<u32>, Vec<u32>) = named.iter().partition(|t| at_start.contains(t));
         VcpuAccounting {
             inner: SchedAccounting::new(options, evidence),

@@ -181,7 +181,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let mut vms = options.vm.clone();
     vms.extend(found.iter().map(|v| v.pid).filter(|p| !options.vm.contains(p)));
     let mut identities: BTreeMap<u32, VmIdentity> = found.iter().map(|v| (v.pid, identity(v))).collect();
-    let initial_vms: std::collections::HashSet<u32> = identities.keys().copied().collect();
     let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
     virtprof_host::stop::install_handler();
     // Guests first, as trace-cmd's agents are: a guest that answers slowly (a loaded or
@@ -220,7 +219,6 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         vm_identities: identities.values().cloned().collect(),
         ..Default::default()
     };
-    let initial: std::collections::HashSet<u32> = tasks.keys().copied().collect();
 
     let writer = Writer::new(out, &metadata)?;
     let writer_failed = Arc::new(AtomicBool::new(false));
@@ -322,9 +320,12 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
             command_status = Some(stop_command(&mut c)?);
         }
     }
-    tasks.extend(scan_tasks());
+    // What the file does not hold yet (the metadata and the tasks chunks hold the rest): the
+    // threads and VMs the last scan finds new or changed, written once, in the footer.
+    let mut late_tasks: BTreeMap<u32, Task> =
+        scan_tasks().into_iter().filter(|(tid, t)| tasks.get(tid) != Some(t)).collect();
     let at_end = discovery.scan();
-    identities.extend(at_end.iter().map(|v| (v.pid, identity(v))));
+    let late_vms: Vec<VmIdentity> = at_end.iter().map(identity).filter(|v| identities.get(&v.pid) != Some(v)).collect();
     let end_stats: Vec<KvmStatsSnapshot> = vms
         .iter()
         .chain(at_end.iter().map(|v| &v.pid))
@@ -334,7 +335,9 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         .collect();
     // Threads that came and went between scans: the kernel's own tid → tgid/comm cache.
     for (tid, pid, comm) in virtprof_trace::capture::saved_tasks(&tracefs) {
-        tasks.entry(tid).or_insert(Task { tid, pid, comm });
+        if !tasks.contains_key(&tid) {
+            late_tasks.entry(tid).or_insert(Task { tid, pid, comm });
+        }
     }
     let loss = capture.loss();
     capture.close();
@@ -356,9 +359,9 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         cpu_loss: loss,
         pages,
         duration_ns: u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        tasks: tasks.into_iter().filter(|(tid, _)| !initial.contains(tid)).map(|(_, t)| t).collect(),
+        tasks: late_tasks.into_values().collect(),
         kvm_stats: end_stats,
-        vm_identities: identities.into_values().filter(|v| !initial_vms.contains(&v.pid)).collect(),
+        vm_identities: late_vms,
         intervals,
         agents,
     };

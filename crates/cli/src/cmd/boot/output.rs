@@ -64,11 +64,12 @@ pub enum Format {
 }
 
 pub fn write(view: &View, saved: &SavedProfile, other: Option<(String, SavedProfile)>) -> anyhow::Result<()> {
-    if let Some((bins, fits)) = pcprof::too_many_bins(&saved.samples, view.bin_ns) {
+    let duration_ns = pcprof::duration_ns(&saved.samples);
+    if let Some((bins, fits)) = pcprof::too_many_bins(duration_ns, view.bin_ns) {
         return Err(usage(format!(
             "--bin {} cuts the profile's {} into {bins} bins, over the {} a timeline holds: use --bin {}us or longer",
             format_duration_ns(view.bin_ns),
-            format_duration_ns(saved.samples.iter().map(|s| s.t_ns).max().unwrap_or(0)),
+            format_duration_ns(duration_ns),
             pcprof::MAX_BINS,
             fits.div_ceil(1000)
         )));
