@@ -5,13 +5,13 @@
 //! analysis reads them as it reads a recording; COMM records name threads with their real
 //! process; lost records (LOST, LOST_SAMPLES) become loss on their CPU, flagged at the gap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use linux_perf_data::linux_perf_event_reader::{EventRecord, PerfEventType, RecordType};
-use linux_perf_data::{Feature, PerfFileReader, PerfFileRecord};
+use linux_perf_data::{Feature, PerfFileReader, PerfFileRecord, UserRecordType};
 use virtprof_model::{Cpu, KernelLoss};
-use virtprof_store::recording::{FormatText, Metadata, Task};
+use virtprof_store::recording::{Metadata, Task};
 use virtprof_trace::decode::Layout;
 use virtprof_trace::format::parse_header_page;
 use virtprof_trace::text::PageWriter;
@@ -174,10 +174,17 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
     let mut cpus: BTreeMap<u32, CpuSamples> = BTreeMap::new();
     let mut tasks: BTreeMap<u32, Task> = BTreeMap::new();
     let mut lost_without_cpu = 0u64;
-    let mut lost_totals = 0u64;
+    let mut lost_counters = LostCounters::default();
     let mut skipped = Skipped::default();
     while let Some(record) = record_iter.next_record(&mut perf_file).map_err(|e| bad(format!("perf.data: {e}")))? {
-        let PerfFileRecord::EventRecord { attr_index, record } = record else { continue };
+        let (attr_index, record) = match record {
+            PerfFileRecord::EventRecord { attr_index, record } => (attr_index, record),
+            PerfFileRecord::UserRecord(user) if user.record_type == UserRecordType::PERF_ID_INDEX => {
+                lost_counters.index_ids(&user.data.as_slice());
+                continue;
+            }
+            PerfFileRecord::UserRecord(_) => continue,
+        };
         let common = record.common_data().ok();
         let cpu = common.as_ref().and_then(|c| c.cpu);
         let ts = common.as_ref().and_then(|c| c.timestamp);
@@ -187,7 +194,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
             // losses, so only what they add is taken, below. Others are gaps like LOST.
             let count = record.data.as_slice().get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
             match ts {
-                Some(0) | None => lost_totals = lost_totals.saturating_add(count),
+                Some(0) | None => lost_counters.totals.push((common.as_ref().and_then(|c| c.id), count)),
                 Some(_) => note_lost(&mut cpus, &mut lost_without_cpu, cpu, ts, count),
             }
             continue;
@@ -270,9 +277,16 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
         }
         pages.push((cpu, writer.pages));
     }
-    // The events' own lost counters beyond what the LOST records said: lost, place unknown.
-    let located: u64 = cpu_loss.iter().map(|l| l.dropped).sum::<u64>().saturating_add(lost_without_cpu);
-    lost_without_cpu = lost_without_cpu.saturating_add(lost_totals.saturating_sub(located));
+    // The events' own lost counters beyond what the LOST records said: samples lost where no
+    // LOST record followed (at the end of the run), on their event's CPU where the file says.
+    let (on_cpus, unplaced) = lost_counters.beyond_records(&cpu_loss, lost_without_cpu);
+    for (cpu, extra) in on_cpus {
+        match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(cpu)) {
+            Some(l) => l.dropped = l.dropped.saturating_add(extra),
+            None => cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun: 0, dropped: extra }),
+        }
+    }
+    lost_without_cpu = lost_without_cpu.saturating_add(unplaced);
     if lost_without_cpu > 0 {
         // No CPU to place them on: the figure is still the file's loss, on CPU 0.
         match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(0)) {
@@ -280,6 +294,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
             None => cpu_loss.push(KernelLoss { cpu: Cpu(0), overrun: 0, dropped: lost_without_cpu }),
         }
     }
+    cpu_loss.sort_by_key(|l| l.cpu);
     if pages.iter().all(|(_, p)| p.is_empty()) {
         return Err(bad("perf.data holds no tracepoint sample with raw data".into()));
     }
@@ -306,13 +321,63 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
         // perf_clock: the kernel's local clock, in nanoseconds.
         trace_clock: "perf".to_string(),
         header_page: dat.header_page,
-        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        formats: crate::import::kept_formats(dat.formats),
         cpus: pages.iter().map(|(c, _)| *c).collect(),
         host,
         tasks: tasks.into_values().collect(),
         ..Default::default()
     };
     Ok((metadata, pages, virtprof_store::recording::Footer { cpu_loss, ..Default::default() }))
+}
+
+/// The events' lost-sample counters perf writes at the end of a recording (LOST_SAMPLES at
+/// time 0, one per event and CPU, by sample id). A CPU's LOST records count what all its
+/// events lost in its one buffer, so the two are compared per CPU.
+#[derive(Default)]
+struct LostCounters {
+    /// (sample id, count) of each counter.
+    totals: Vec<(Option<u64>, u64)>,
+    /// Each id's CPU, from the ID_INDEX record perf writes.
+    cpus: HashMap<u64, u32>,
+}
+
+impl LostCounters {
+    /// An ID_INDEX record: `nr: u64`, then `(id, idx, cpu, tid): u64` each.
+    fn index_ids(&mut self, data: &[u8]) {
+        let word = |i: usize| data.get(i * 8..i * 8 + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+        let entries = word(0).and_then(|n| usize::try_from(n).ok()).unwrap_or(0).min(data.len() / 32);
+        for entry in 0..entries {
+            if let (Some(id), Some(cpu)) = (word(1 + entry * 4), word(3 + entry * 4)) {
+                if let Ok(cpu) = u32::try_from(cpu) {
+                    self.cpus.insert(id, cpu);
+                }
+            }
+        }
+    }
+
+    /// What the counters add to the LOST records (`placed` per CPU, `unplaced_records`
+    /// without one): samples lost where no LOST record followed (at the end of the run), per
+    /// CPU where the file says which CPU each counter's event was on; and the rest of what
+    /// all counters add to all records, whose CPU the file does not give.
+    fn beyond_records(&self, placed: &[KernelLoss], unplaced_records: u64) -> (BTreeMap<u32, u64>, u64) {
+        let mut per_cpu: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(id, total) in &self.totals {
+            if let Some(&cpu) = id.and_then(|id| self.cpus.get(&id)) {
+                *per_cpu.entry(cpu).or_insert(0) += total;
+            }
+        }
+        let on_cpus: BTreeMap<u32, u64> = per_cpu
+            .into_iter()
+            .map(|(cpu, total)| {
+                (cpu, total.saturating_sub(placed.iter().find(|l| l.cpu == Cpu(cpu)).map_or(0, |l| l.dropped)))
+            })
+            .filter(|&(_, extra)| extra > 0)
+            .collect();
+        let counted: u64 = self.totals.iter().map(|(_, n)| n).sum();
+        let recorded = placed.iter().map(|l| l.dropped).sum::<u64>().saturating_add(unplaced_records);
+        let unplaced = counted.saturating_sub(recorded).saturating_sub(on_cpus.values().sum());
+        (on_cpus, unplaced)
+    }
 }
 
 /// A loss record: on its CPU at its time where the record says, else counted apart.
@@ -326,5 +391,49 @@ fn note_lost(
     match (cpu.filter(|&c| c < crate::session::MAX_CPUS), ts) {
         (Some(cpu), Some(ts)) => cpus.entry(cpu).or_default().lost.push((ts, count)),
         _ => *without_cpu = without_cpu.saturating_add(count),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id_index(entries: &[(u64, u64)]) -> Vec<u8> {
+        let mut data = (entries.len() as u64).to_le_bytes().to_vec();
+        for &(id, cpu) in entries {
+            for word in [id, 0, cpu, u64::MAX] {
+                data.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        data
+    }
+
+    #[test]
+    fn end_of_run_counters_add_what_a_cpus_lost_records_missed_on_that_cpu() {
+        let mut counters = LostCounters::default();
+        // Two events on each of two CPUs; a fifth id perf's index does not place.
+        counters.index_ids(&id_index(&[(10, 0), (11, 1), (20, 0), (21, 1)]));
+        counters.totals = vec![(Some(10), 60), (Some(20), 40), (Some(11), 70), (Some(21), 94), (Some(99), 5)];
+        let placed = [
+            KernelLoss { cpu: Cpu(0), overrun: 0, dropped: 100 },
+            KernelLoss { cpu: Cpu(1), overrun: 0, dropped: 150 },
+        ];
+        let (on_cpus, unplaced) = counters.beyond_records(&placed, 0);
+        assert_eq!((on_cpus, unplaced), (BTreeMap::from([(1, 14)]), 5));
+        // Counters without ids (or none perf's index places) are compared as a sum: what they
+        // repeat of the records is not counted twice.
+        counters.totals = vec![(None, 260)];
+        assert_eq!(counters.beyond_records(&placed, 0), (BTreeMap::new(), 10));
+        assert_eq!(counters.beyond_records(&placed, 20), (BTreeMap::new(), 0));
+    }
+
+    #[test]
+    fn a_truncated_id_index_places_only_its_whole_entries() {
+        let mut counters = LostCounters::default();
+        let mut data = id_index(&[(10, 3), (11, 4)]);
+        data[..8].copy_from_slice(&1000u64.to_le_bytes());
+        data.truncate(8 + 32 + 10);
+        counters.index_ids(&data);
+        assert_eq!(counters.cpus, HashMap::from([(10, 3)]));
     }
 }

@@ -25,15 +25,36 @@ fn perf_script_counts(file: &Path) -> BTreeMap<String, u64> {
 }
 
 /// Lost samples per CPU as perf reads its LOST records (`perf report -D`).
+/// What perf says each CPU lost: its LOST records, or, where more, the end-of-run counters
+/// (LOST_SAMPLES, per event) of that CPU's events, each placed by perf's own ID_INDEX; a
+/// CPU's LOST records count all its events' losses in its one buffer, but losses after the
+/// last record reach only the counters.
 fn perf_lost_per_cpu(file: &Path) -> BTreeMap<String, u64> {
     let out = Command::new("perf").args(["report", "-D", "-i"]).arg(file).output().unwrap();
-    let mut lost = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("PERF_RECORD_LOST: ")) {
-        let cpu = line.split_whitespace().next().unwrap().to_string();
-        let count: u64 = line.rsplit("lost:").next().unwrap().trim().parse().unwrap();
-        *lost.entry(format!("cpu{cpu}")).or_insert(0) += count;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |line: &str, key: &str| -> Option<u64> {
+        let rest = &line[line.find(key)? + key.len()..];
+        rest.trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let mut records: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut id_cpu: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut counters: BTreeMap<u64, u64> = BTreeMap::new();
+    for line in text.lines() {
+        if line.contains("PERF_RECORD_LOST: ") {
+            let cpu: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
+            *records.entry(cpu).or_insert(0) += field(line, "lost:").unwrap();
+        } else if line.contains(" idx: ") {
+            id_cpu.insert(field(line, "id:").unwrap(), field(line, "cpu:").unwrap());
+        } else if line.contains("PERF_RECORD_LOST_SAMPLES: ") {
+            let cpu = id_cpu[&field(line, "id:").unwrap()];
+            *counters.entry(cpu).or_insert(0) += field(line, "lost samples :").unwrap();
+        }
     }
-    lost
+    for (cpu, n) in counters {
+        let recorded = records.entry(cpu).or_insert(0);
+        *recorded = (*recorded).max(n);
+    }
+    records.into_iter().filter(|(_, n)| *n > 0).map(|(cpu, n)| (format!("cpu{cpu}"), n)).collect()
 }
 
 fn perf_record(file: &Path, perf_args: &[&str], testvm: &[&str]) -> std::process::Output {
@@ -97,7 +118,8 @@ fn perf_record_of_kvm_tracepoints_reads_as_perf_reads_it() {
 
 /// perf with one page of buffer per CPU loses samples: its LOST records become the loss,
 /// CPU by CPU as perf reads them, with the gaps where they were; perf's end-of-run lost
-/// counters (LOST_SAMPLES at time 0) repeat those and are not counted twice.
+/// counters (LOST_SAMPLES at time 0) repeat those and are not counted twice, but what they
+/// count beyond them (lost after a CPU's last LOST record) is loss of that CPU.
 #[test]
 fn perf_lost_records_are_the_loss_per_cpu() {
     let test = "perf_lost_records_are_the_loss_per_cpu";
