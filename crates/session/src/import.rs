@@ -119,6 +119,11 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> Result<TraceDat<'a>>
     virtprof_trace::tracedat::read(bytes).map_err(|e| SessionError::in_file(path, e))
 }
 
+/// A trace.dat's (or perf.data's) event formats as a recording keeps them: owned text.
+pub(crate) fn kept_formats(formats: Vec<virtprof_trace::tracedat::FormatText<'_>>) -> Vec<FormatText> {
+    formats.into_iter().map(|f| f.into_owned()).map(|(system, text)| FormatText { system, text }).collect()
+}
+
 /// Each CPU's page segments, borrowed from the source (compressed ones still compressed).
 pub type CpuSegments<'a> = Vec<(u32, Vec<Segment<'a>>)>;
 
@@ -186,7 +191,7 @@ pub fn trace_dat_parts<'a>(
         origin: format!("import trace.dat {}", path.display()),
         trace_clock: dat.clock.clone(),
         header_page: dat.header_page,
-        formats: dat.formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        formats: crate::import::kept_formats(dat.formats),
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         host,
         tasks,

@@ -1,6 +1,7 @@
 //! A source opened for reading: container chunks (store) or an imported capture → decoder and
 //! per-CPU pages (trace), with the metadata, interval rows and loss every command reads.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
@@ -10,9 +11,9 @@ use virtprof_analysis::Analyzer;
 use virtprof_model::clock::{clock_unit, ClockUnit, TimeScale};
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
-use virtprof_store::recording::{Chunk, Footer, Metadata, Reader, Task, TasksFound, VmIdentity};
+use virtprof_store::recording::{Chunk, Footer, FormatText, Metadata, Reader, Task, TasksFound, VmIdentity};
 use virtprof_trace::decode::{Decoder, Layout};
-use virtprof_trace::format::{parse_event_format, parse_event_identity, parse_header_page};
+use virtprof_trace::format::{owned_text, parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
 use virtprof_trace::page::Page;
 use virtprof_trace::segment::{Codec, Segment};
@@ -49,6 +50,10 @@ pub struct Session {
     /// metadata's tasks hold them too.
     pub appeared: Vec<u32>,
     pages: Pages,
+    /// A trace.dat's event formats where its file holds them plainly: (system, byte range of
+    /// the text in the mapped bytes). Left there, and parsed only as far as a decoder needs:
+    /// a trace.dat carries thousands. Formats held any other way are in `metadata.formats`.
+    formats_in_file: Vec<(String, Range<usize>)>,
     /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
     bounds: std::sync::OnceLock<Option<(u64, u64)>>,
 }
@@ -186,6 +191,7 @@ impl Session {
             intervals,
             guests,
             appeared,
+            formats_in_file: Vec::new(),
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
         }
@@ -205,12 +211,23 @@ impl Session {
 
     fn index_trace_dat(path: &Path, map: Backing, cycles: Option<TimeScale>) -> Result<Session> {
         let base = map.as_ptr() as usize;
-        let (metadata, footer, cpus) =
-            crate::import::trace_dat_parts(path, crate::import::parse_trace_dat(path, &map)?, cycles)?;
+        let mut dat = crate::import::parse_trace_dat(path, &map)?;
+        let formats = std::mem::take(&mut dat.formats);
+        let (mut metadata, footer, cpus) = crate::import::trace_dat_parts(path, dat, cycles)?;
         let at = |bytes: &[u8]| {
             let start = bytes.as_ptr() as usize - base;
             start..start + bytes.len()
         };
+        let mut formats_in_file = Vec::new();
+        for format in formats {
+            match format.text {
+                Cow::Borrowed(text) => formats_in_file.push((format.system, at(text))),
+                Cow::Owned(_) => {
+                    let (system, text) = format.into_owned();
+                    metadata.formats.push(FormatText { system, text });
+                }
+            }
+        }
         let cpus = cpus
             .into_iter()
             .map(|(cpu, segments)| {
@@ -226,7 +243,9 @@ impl Session {
                 (cpu, spans)
             })
             .collect();
-        Session::imported(path, metadata, footer, Pages::Mapped { map, cpus }).checked()
+        let mut session = Session::imported(path, metadata, footer, Pages::Mapped { map, cpus });
+        session.formats_in_file = formats_in_file;
+        session.checked()
     }
 
     /// Refuse what every reading command would get wrong: CPU numbers no kernel has, and
@@ -297,6 +316,7 @@ impl Session {
             guests: Vec::new(),
             appeared: Vec::new(),
             pages,
+            formats_in_file: Vec::new(),
             bounds: Default::default(),
         }
     }
@@ -406,20 +426,29 @@ impl Session {
         let mut header = parse_header_page(&self.metadata.header_page)
             .map_err(|e| SessionError::in_file(&self.path, e.to_string()))?;
         header.scale = self.metadata.time_scale;
-        let formats = self
-            .metadata
-            .formats
-            .iter()
-            .map(|f| {
-                if systems.contains(&f.system.as_str()) {
-                    parse_event_format(&f.system, &f.text)
+        let kept = self.metadata.formats.iter().map(|f| (f.system.as_str(), f.text.as_bytes()));
+        let in_file =
+            self.formats_in_file.iter().map(|(system, range)| (system.as_str(), &self.file_bytes()[range.clone()]));
+        let formats = kept
+            .chain(in_file)
+            .map(|(system, text)| {
+                if systems.contains(&system) {
+                    parse_event_format(system, &owned_text(text))
                 } else {
-                    parse_event_identity(&f.system, &f.text)
+                    parse_event_identity(system, text)
                 }
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| SessionError::in_file(&self.path, format!("its event formats: {e}")))?;
         Ok(Decoder::new(Layout::new(header, formats)))
+    }
+
+    /// The bytes its pages are read from in place (none for a capture imported in memory).
+    fn file_bytes(&self) -> &[u8] {
+        match &self.pages {
+            Pages::Mapped { map, .. } => map,
+            Pages::Owned(_) => &[],
+        }
     }
 
     /// Per-CPU page streams, borrowed (never copied), for [`virtprof_trace::merge::merge_cpus`].

@@ -420,7 +420,7 @@ mod tests {
             page_size: 4096,
             scale: None,
         };
-        let name_only = parse_event_identity("alarmtimer", "name: alarmtimer_fired\nID: 1\nformat:\n").unwrap();
+        let name_only = parse_event_identity("alarmtimer", b"name: alarmtimer_fired\nID: 1\nformat:\n").unwrap();
         let fpu = parse_event_format("kvm", SWITCHLESS).unwrap();
         let mut d = Decoder::new(Layout::new(header, vec![name_only, fpu]));
         let mut data = [0u8; 12];

@@ -162,15 +162,17 @@ pub fn parse_event_format(system: &str, text: &str) -> Result<EventFormat, Forma
 }
 
 /// Only the name and id of an event (for systems whose fields nobody will read): much cheaper
-/// than [`parse_event_format`] when a trace carries thousands of formats.
-pub fn parse_event_identity(system: &str, text: &str) -> Result<EventFormat, FormatError> {
+/// than [`parse_event_format`] when a trace carries thousands of formats. It reads the first
+/// three lines of `text` (`name:`, `ID:`, `format:`), as bytes: the rest is never touched.
+pub fn parse_event_identity(system: &str, text: &[u8]) -> Result<EventFormat, FormatError> {
     let err = |message: String| FormatError { what: format!("{system}/format"), line: 0, message };
     let (mut name, mut id) = (None, None);
-    for line in text.lines().take(3) {
-        if let Some(v) = line.strip_prefix("name:") {
-            name = Some(v.trim().to_string());
-        } else if let Some(v) = line.strip_prefix("ID:") {
-            id = Some(v.trim().parse::<u16>().map_err(|e| err(format!("bad ID '{}': {e}", v.trim())))?);
+    for line in text.split(|&b| b == b'\n').take(3) {
+        if let Some(v) = line.strip_prefix(b"name:") {
+            name = Some(owned_text(v.trim_ascii()));
+        } else if let Some(v) = line.strip_prefix(b"ID:") {
+            let v = owned_text(v.trim_ascii());
+            id = Some(v.parse::<u16>().map_err(|e| err(format!("bad ID '{v}': {e}")))?);
         }
     }
     Ok(EventFormat {
@@ -181,6 +183,17 @@ pub fn parse_event_identity(system: &str, text: &str) -> Result<EventFormat, For
         print_fmt: String::new(),
         symbols: Vec::new(),
     })
+}
+
+/// `bytes` as text (bytes that are not UTF-8 replaced), copied before they are checked: bytes
+/// of a mapped file can change under the reader, and a `str` must stay valid once checked.
+pub fn owned_text(bytes: &[u8]) -> String {
+    text_of(bytes.to_vec())
+}
+
+/// `bytes` as text, any byte that is not UTF-8 replaced (copied only then).
+pub fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// `field:unsigned int exit_reason; offset:8; size:4; signed:0;`

@@ -283,20 +283,17 @@ pub fn selected_clock(text: &str) -> String {
 /// Tasks from `saved_cmdlines` (`tid comm` lines) and `saved_tgids` (`tid tgid` lines):
 /// (tid, tgid, comm), the tgid falling back to the tid where unknown.
 pub fn parse_saved_tasks(cmdlines: &str, tgids: &str) -> Vec<(u32, u32, String)> {
-    let pairs = |text: &str| -> Vec<(u32, String)> {
-        text.lines()
-            .filter_map(|l| {
-                let (a, b) = l.split_once(' ')?;
-                Some((a.trim().parse().ok()?, b.trim().to_string()))
-            })
-            .collect()
-    };
+    fn pair(line: &str) -> Option<(u32, &str)> {
+        let (a, b) = line.split_once(' ')?;
+        Some((a.trim().parse().ok()?, b.trim()))
+    }
     let tgids: std::collections::HashMap<u32, u32> =
-        pairs(tgids).into_iter().filter_map(|(t, p)| Some((t, p.parse().ok()?))).collect();
-    pairs(cmdlines)
-        .into_iter()
+        tgids.lines().filter_map(pair).filter_map(|(t, p)| Some((t, p.parse().ok()?))).collect();
+    cmdlines
+        .lines()
+        .filter_map(pair)
         .filter(|(tid, _)| *tid != 0)
-        .map(|(tid, comm)| (tid, tgids.get(&tid).copied().unwrap_or(tid), comm))
+        .map(|(tid, comm)| (tid, tgids.get(&tid).copied().unwrap_or(tid), comm.to_string()))
         .collect()
 }
 

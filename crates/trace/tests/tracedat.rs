@@ -21,7 +21,7 @@ fn trace_dat_equals_trace_cmd_report() {
     let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
     assert_eq!((dat.page_size, dat.cpus().len()), (4096, 2));
     let header = parse_header_page(&dat.header_page).unwrap();
-    let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
+    let formats = dat.formats.iter().map(|f| parse_event_format(&f.system, &f.text()).unwrap()).collect();
     let mut decoder = Decoder::new(Layout::new(header, formats));
     let slices: Vec<CpuStream<'_>> =
         dat.cpus().iter().map(|(c, segments)| CpuStream { cpu: *c, segments: segments.clone() }).collect();
@@ -81,7 +81,7 @@ fn trace_dat_equals_trace_cmd_report() {
 
 fn decoder_of(dat: &virtprof_trace::tracedat::TraceDat<'_>) -> Decoder {
     let header = parse_header_page(&dat.header_page).unwrap();
-    let formats = dat.formats.iter().map(|(s, t)| parse_event_format(s, t).unwrap()).collect();
+    let formats = dat.formats.iter().map(|f| parse_event_format(&f.system, &f.text()).unwrap()).collect();
     Decoder::new(Layout::new(header, formats))
 }
 

@@ -142,6 +142,10 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         Some(path) => Session::open_warning(path, &args.source.options())?,
         None => record_live(args)?,
     };
+    // Never dropped, nor is the decoder: unmapping a big file and freeing a trace.dat's
+    // thousands of formats and tasks took a millisecond of a 20 ms run, and the process ends
+    // right after this command, which frees them all at once.
+    let recording = std::mem::ManuallyDrop::new(recording);
     let tids = selected_tids(&recording.metadata.tasks, &args.vm, args.vcpu)?;
     let min_row_ns = match args.threshold_us {
         Some(us) if !(0.0..1e12).contains(&us) => {
@@ -152,7 +156,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         Some(us) => (us * 1000.0) as u64,
         None => 0,
     };
-    let mut decoder = recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?;
+    let mut decoder = std::mem::ManuallyDrop::new(recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?);
     let evidence_events = evidence_event_ids(&decoder);
     let rows = args.noise || args.threshold_us.is_some();
     let unrecorded = virtprof_session::unrecorded_events(&decoder);
@@ -286,9 +290,10 @@ fn comm_of(tasks: &[Task], tid: u32) -> String {
 
 /// Each vCPU thread's VM (see [`virtprof_engine::vcpu_vms`]).
 fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTreeMap<u32, VmOf> {
-    let mut tasks = recording.metadata.tasks.clone();
-    if let Some(footer) = &recording.footer {
-        tasks.extend(footer.tasks.iter().cloned());
+    // A trace.dat's saved cmdlines name thousands of tasks: copied only to add the footer's.
+    let mut tasks = std::borrow::Cow::Borrowed(recording.metadata.tasks.as_slice());
+    if let Some(footer) = recording.footer.as_ref().filter(|f| !f.tasks.is_empty()) {
+        tasks.to_mut().extend(footer.tasks.iter().cloned());
     }
     // The index the kvm events carry, else the one in the thread's name ("CPU 1/KVM"): the
     // userspace round-trip path has no kvm_exit to carry it.

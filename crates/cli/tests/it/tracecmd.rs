@@ -202,8 +202,9 @@ fn vmx_from_svm(file: &Path) -> usize {
     {
         let dat = virtprof_trace::tracedat::read(&bytes).unwrap();
         let header = parse_header_page(&dat.header_page).unwrap();
-        let (system, text) = dat.formats.iter().find(|(s, t)| s == "kvm" && t.starts_with("name: kvm_exit\n")).unwrap();
-        let format = parse_event_format(system, text).unwrap();
+        let kvm_exit =
+            dat.formats.iter().find(|f| f.system == "kvm" && f.text.starts_with(b"name: kvm_exit\n")).unwrap();
+        let format = parse_event_format(&kvm_exit.system, &kvm_exit.text()).unwrap();
         let at = |name: &str| format.field(name).unwrap().offset;
         (reason_at, isa_at, info1_at) = (at("exit_reason"), at("isa"), at("info1"));
         let base = bytes.as_ptr() as usize;

@@ -79,15 +79,15 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
 
 /// The metadata every version-6 layout starts with (perf.data's tracing data too): header
 /// page and event, ftrace and event formats, kallsyms and printk formats (skipped).
-pub(super) fn metadata(c: &mut Cursor, out: &mut TraceDat) -> Result<(), TraceDatError> {
+pub(super) fn metadata<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(), TraceDatError> {
     super::read_header_info(c, out)?;
     if c.cstr()? != "header_event" {
         return c.fail("header_page is not followed by header_event");
     }
     let len = c.size64()?;
     c.bytes(len)?;
-    super::read_ftrace_formats(c, out)?;
-    super::read_event_formats(c, out)?;
+    out.formats.extend(super::borrowed(super::ftrace_formats(c)?));
+    out.formats.extend(super::borrowed(super::event_formats(c)?));
     let kallsyms = c.size32()?;
     c.bytes(kallsyms)?;
     let printk = c.size32()?;

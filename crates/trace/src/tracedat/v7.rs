@@ -3,9 +3,11 @@
 //! size: u64`, compressed as `compressed: u32, size: u32, bytes` when flagged) that an option
 //! points to.
 
+use std::borrow::Cow;
+
 use super::cursor::Cursor;
 use super::options::{self, BUFFER, BUFFER_TEXT, CMDLINES, DONE, EVENT_FORMATS, FTRACE_EVENTS, HEADER_INFO};
-use super::{cpu_segments, Buffer, BufferText, TraceDat, TraceDatError};
+use super::{cpu_segments, Buffer, BufferText, FormatText, TraceDat, TraceDatError};
 use crate::segment::{Codec, Segment};
 
 const SECTION_COMPRESSED: u16 = 1;
@@ -60,11 +62,11 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
                 }
                 FTRACE_EVENTS => {
                     let (s, base) = section(data, b.size64()?, codec)?;
-                    super::read_ftrace_formats(&mut Cursor::within(&s, base), out)?;
+                    formats(s, base, super::ftrace_formats, out)?;
                 }
                 EVENT_FORMATS => {
                     let (s, base) = section(data, b.size64()?, codec)?;
-                    super::read_event_formats(&mut Cursor::within(&s, base), out)?;
+                    formats(s, base, super::event_formats, out)?;
                 }
                 CMDLINES => {
                     let (s, base) = section(data, b.size64()?, codec)?;
@@ -81,6 +83,25 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     }
     for (body, at) in texts {
         out.texts.push(buffer_text(data, &body, at, codec)?);
+    }
+    Ok(())
+}
+
+/// The formats of a section: left in the file where the section is stored plainly, copied
+/// out of an expanded one.
+fn formats<'a>(
+    section: Cow<'a, [u8]>,
+    base: usize,
+    read: impl for<'c> Fn(&mut Cursor<'c>) -> Result<Vec<(String, &'c [u8])>, TraceDatError>,
+    out: &mut TraceDat<'a>,
+) -> Result<(), TraceDatError> {
+    match section {
+        Cow::Borrowed(bytes) => out.formats.extend(super::borrowed(read(&mut Cursor::within(bytes, base))?)),
+        Cow::Owned(bytes) => out.formats.extend(
+            read(&mut Cursor::within(&bytes, base))?
+                .into_iter()
+                .map(|(system, text)| FormatText { system, text: Cow::Owned(text.to_vec()) }),
+        ),
     }
     Ok(())
 }
@@ -162,7 +183,7 @@ fn buffer_text(data: &[u8], body: &[u8], at: usize, codec: Option<Codec>) -> Res
 const MAX_SECTION: usize = 1 << 30;
 
 /// A section's payload (expanded if flagged), with the byte offset it came from.
-fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Vec<u8>, usize), TraceDatError> {
+fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Cow<'_, [u8]>, usize), TraceDatError> {
     let mut c = Cursor::at(data, offset);
     if offset >= data.len() {
         return c.fail(format!("a section offset points past the end of the file ({} bytes)", data.len()));
@@ -173,7 +194,7 @@ fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Vec<u8>,
     let size = c.size64()?;
     if flags & SECTION_COMPRESSED == 0 {
         let at = c.pos;
-        return Ok((c.bytes(size)?.to_vec(), at));
+        return Ok((Cow::Borrowed(c.bytes(size)?), at));
     }
     let Some(codec) = codec else { return c.fail("a compressed section in a file that says 'none'") };
     let compressed = c.size32()?;
@@ -186,5 +207,5 @@ fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Vec<u8>,
         .map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
     let mut out = Vec::new();
     frame.pages(&mut out).map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
-    Ok((out, at))
+    Ok((Cow::Owned(out), at))
 }
