@@ -133,7 +133,11 @@ fn intervals_sum_to_ground_truth_and_phases_are_found() {
         .map(|v| usize::try_from(v.as_u64().unwrap()).unwrap())
         .collect();
     for &t in &truth_rows {
-        assert!(found.iter().any(|&f| f.abs_diff(t) <= 1), "boundary at row {t} not found in {found:?}");
+        assert!(
+            found.iter().any(|&f| f.abs_diff(t) <= 1),
+            "boundary at row {t} not found in {found:?} (scripted {truth_rows:?}; rows where the vCPU waited for a CPU: {:?})",
+            (0..contended.len()).filter(|&r| contended[r]).collect::<Vec<_>>()
+        );
     }
     // And nothing splits the scripted phases in between (the first and the last one also hold
     // the VM's start-up and end, which are phases of their own), except where the same
