@@ -348,7 +348,8 @@ impl LostCounters {
         let entries = word(0).and_then(|n| usize::try_from(n).ok()).unwrap_or(0).min(data.len() / 32);
         for entry in 0..entries {
             if let (Some(id), Some(cpu)) = (word(1 + entry * 4), word(3 + entry * 4)) {
-                if let Ok(cpu) = u32::try_from(cpu) {
+                // Per-thread events have CPU -1; a CPU no kernel has is left unplaced.
+                if let Some(cpu) = u32::try_from(cpu).ok().filter(|&c| c < crate::session::MAX_CPUS) {
                     self.cpus.insert(id, cpu);
                 }
             }
@@ -363,7 +364,8 @@ impl LostCounters {
         let mut per_cpu: BTreeMap<u32, u64> = BTreeMap::new();
         for &(id, total) in &self.totals {
             if let Some(&cpu) = id.and_then(|id| self.cpus.get(&id)) {
-                *per_cpu.entry(cpu).or_insert(0) += total;
+                let sum = per_cpu.entry(cpu).or_insert(0);
+                *sum = sum.saturating_add(total);
             }
         }
         let on_cpus: BTreeMap<u32, u64> = per_cpu
@@ -373,9 +375,11 @@ impl LostCounters {
             })
             .filter(|&(_, extra)| extra > 0)
             .collect();
-        let counted: u64 = self.totals.iter().map(|(_, n)| n).sum();
+        // Saturating: a forged counter near 2^64 must not wrap to a small loss.
+        let counted = self.totals.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
         let recorded = placed.iter().map(|l| l.dropped).sum::<u64>().saturating_add(unplaced_records);
-        let unplaced = counted.saturating_sub(recorded).saturating_sub(on_cpus.values().sum());
+        let placed_extra = on_cpus.values().fold(0u64, |sum, n| sum.saturating_add(*n));
+        let unplaced = counted.saturating_sub(recorded).saturating_sub(placed_extra);
         (on_cpus, unplaced)
     }
 }
@@ -425,6 +429,9 @@ mod tests {
         counters.totals = vec![(None, 260)];
         assert_eq!(counters.beyond_records(&placed, 0), (BTreeMap::new(), 10));
         assert_eq!(counters.beyond_records(&placed, 20), (BTreeMap::new(), 0));
+        // Counts no kernel could write do not wrap around to small ones.
+        counters.totals = vec![(Some(11), u64::MAX), (Some(21), u64::MAX)];
+        assert_eq!(counters.beyond_records(&placed, 0).0, BTreeMap::from([(1, u64::MAX - 150)]));
     }
 
     #[test]
@@ -434,6 +441,9 @@ mod tests {
         data[..8].copy_from_slice(&1000u64.to_le_bytes());
         data.truncate(8 + 32 + 10);
         counters.index_ids(&data);
+        assert_eq!(counters.cpus, HashMap::from([(10, 3)]));
+        // Per-thread events (CPU -1) and CPUs no kernel has stay unplaced.
+        counters.index_ids(&id_index(&[(12, u64::MAX), (13, 1 << 40), (14, 9000)]));
         assert_eq!(counters.cpus, HashMap::from([(10, 3)]));
     }
 }

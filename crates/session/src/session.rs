@@ -384,13 +384,17 @@ impl Session {
         }
         // Imports carry no duration: a ceiling no real capture reaches (13 days at one event
         // per nanosecond) still catches a count that wrapped.
-        let most = if footer.duration_ns > 0 { footer.duration_ns.max(1_000_000_000) } else { 1 << 50 };
+        let (most, span) = match footer.duration_ns {
+            0 => (1 << 50, "13 days".to_string()),
+            ns => (ns.max(1_000_000_000), virtprof_model::units::format_duration_ns(ns.max(1_000_000_000))),
+        };
+        // An import's figures are the file's own (perf's lost records, trace-cmd's CPU stats).
+        let whose = if self.bytes > 0 { "its footer counts" } else { "it counts" };
         footer.cpu_loss.iter().find(|l| l.events() > most).map(|l| {
             format!(
-                "its footer counts {} lost events on CPU {}, more than a CPU can emit in {} (one per nanosecond)",
+                "{whose} {} lost events on CPU {}, more than a CPU can emit in {span} (one per nanosecond)",
                 l.events(),
-                l.cpu.0,
-                virtprof_model::units::format_duration_ns(most)
+                l.cpu.0
             )
         })
     }
