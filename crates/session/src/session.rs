@@ -608,10 +608,12 @@ fn add_found(metadata: &mut Metadata, found: Vec<TasksFound>, footer: Option<&Fo
     appeared
 }
 
-/// Map `path` (a `what`, for errors) read-only. Its pages are faulted in on a thread of their
-/// own, while the caller reads the headers and builds its decoder: on a big file that is
-/// milliseconds the walk no longer waits for (where the kernel cannot, before Linux 5.14,
-/// the walk's threads fault the pages in as they reach them).
+/// Map `path` (a `what`, for errors) read-only. Where some of it is not in memory, its pages
+/// are read in on a thread of their own while the caller reads the headers and builds its
+/// decoder: 3 ms of a 22 ms run on a 28 MB file read from disk here (where the kernel cannot,
+/// before Linux 5.14, the walk's threads fault the pages in as they reach them). A file
+/// already in memory is left to the walk's threads: faulting it in up front cost 0.7-1 ms of
+/// a 16 ms run there (the pass holds the mapping's lock that the caller's allocations wait on).
 fn map_file(path: &Path, what: &str) -> Result<std::sync::Arc<memmap2::Mmap>> {
     let file = virtprof_host::input::open_regular(path, what)?;
     // SAFETY: the mapping is read-only and private to this process; a file being modified
@@ -622,8 +624,21 @@ fn map_file(path: &Path, what: &str) -> Result<std::sync::Arc<memmap2::Mmap>> {
     let map = std::sync::Arc::new(map);
     let populating = std::sync::Arc::clone(&map);
     // The thread holds the mapping until it is done: nothing waits for it, nothing outlives it.
-    let _ = std::thread::Builder::new()
-        .name("populate".into())
-        .spawn(move || populating.advise(memmap2::Advice::PopulateRead));
+    let _ = std::thread::Builder::new().name("populate".into()).spawn(move || {
+        if !resident(&populating) {
+            let _ = populating.advise(memmap2::Advice::PopulateRead);
+        }
+    });
     Ok(map)
+}
+
+/// True if every page of `map` is in the page cache (mincore(2)); false where that cannot be
+/// told.
+fn resident(map: &memmap2::Mmap) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096).max(1);
+    let mut pages = vec![0u8; map.len().div_ceil(page)];
+    // SAFETY: the range is the live mapping `map` holds; `pages` has a byte per page of it.
+    let told = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, map.len(), pages.as_mut_ptr()) } == 0;
+    told && pages.iter().all(|p| p & 1 == 1)
 }
