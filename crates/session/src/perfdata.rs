@@ -377,7 +377,7 @@ impl LostCounters {
             .collect();
         // Saturating: a forged counter near 2^64 must not wrap to a small loss.
         let counted = self.totals.iter().fold(0u64, |sum, (_, n)| sum.saturating_add(*n));
-        let recorded = placed.iter().map(|l| l.dropped).sum::<u64>().saturating_add(unplaced_records);
+        let recorded = placed.iter().fold(unplaced_records, |sum, l| sum.saturating_add(l.dropped));
         let placed_extra = on_cpus.values().fold(0u64, |sum, n| sum.saturating_add(*n));
         let unplaced = counted.saturating_sub(recorded).saturating_sub(placed_extra);
         (on_cpus, unplaced)
