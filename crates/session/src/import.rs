@@ -121,7 +121,13 @@ pub fn parse_trace_dat<'a>(path: &Path, bytes: &'a [u8]) -> Result<TraceDat<'a>>
 
 /// A trace.dat's (or perf.data's) event formats as a recording keeps them: owned text.
 pub(crate) fn kept_formats(formats: Vec<virtprof_trace::tracedat::FormatText<'_>>) -> Vec<FormatText> {
-    formats.into_iter().map(|f| f.into_owned()).map(|(system, text)| FormatText { system, text }).collect()
+    formats
+        .into_iter()
+        .map(|f| {
+            let (system, text) = f.into_owned();
+            FormatText { system, text }
+        })
+        .collect()
 }
 
 /// Each CPU's page segments, borrowed from the source (compressed ones still compressed).

@@ -281,18 +281,12 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
     // LOST record followed (at the end of the run), on their event's CPU where the file says.
     let (on_cpus, unplaced) = lost_counters.beyond_records(&cpu_loss, lost_without_cpu);
     for (cpu, extra) in on_cpus {
-        match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(cpu)) {
-            Some(l) => l.dropped = l.dropped.saturating_add(extra),
-            None => cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun: 0, dropped: extra }),
-        }
+        add_dropped(&mut cpu_loss, cpu, extra);
     }
     lost_without_cpu = lost_without_cpu.saturating_add(unplaced);
     if lost_without_cpu > 0 {
         // No CPU to place them on: the figure is still the file's loss, on CPU 0.
-        match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(0)) {
-            Some(l) => l.dropped = l.dropped.saturating_add(lost_without_cpu),
-            None => cpu_loss.push(KernelLoss { cpu: Cpu(0), overrun: 0, dropped: lost_without_cpu }),
-        }
+        add_dropped(&mut cpu_loss, 0, lost_without_cpu);
     }
     cpu_loss.sort_by_key(|l| l.cpu);
     if pages.iter().all(|(_, p)| p.is_empty()) {
@@ -381,6 +375,14 @@ impl LostCounters {
         let placed_extra = on_cpus.values().fold(0u64, |sum, n| sum.saturating_add(*n));
         let unplaced = counted.saturating_sub(recorded).saturating_sub(placed_extra);
         (on_cpus, unplaced)
+    }
+}
+
+/// `count` more events dropped on `cpu`.
+fn add_dropped(cpu_loss: &mut Vec<KernelLoss>, cpu: u32, count: u64) {
+    match cpu_loss.iter_mut().find(|l| l.cpu == Cpu(cpu)) {
+        Some(l) => l.dropped = l.dropped.saturating_add(count),
+        None => cpu_loss.push(KernelLoss { cpu: Cpu(cpu), overrun: 0, dropped: count }),
     }
 }
 

@@ -11,7 +11,7 @@ use virtprof_analysis::Analyzer;
 use virtprof_model::clock::{clock_unit, ClockUnit, TimeScale};
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
-use virtprof_store::recording::{Chunk, Footer, FormatText, Metadata, Reader, Task, TasksFound, VmIdentity};
+use virtprof_store::recording::{Chunk, Footer, Metadata, Reader, Task, TasksFound, VmIdentity};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{owned_text, parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
@@ -218,16 +218,12 @@ impl Session {
             let start = bytes.as_ptr() as usize - base;
             start..start + bytes.len()
         };
-        let mut formats_in_file = Vec::new();
-        for format in formats {
-            match format.text {
-                Cow::Borrowed(text) => formats_in_file.push((format.system, at(text))),
-                Cow::Owned(_) => {
-                    let (system, text) = format.into_owned();
-                    metadata.formats.push(FormatText { system, text });
-                }
-            }
-        }
+        // Left in the file where it holds them plainly; those out of a compressed section
+        // are kept as any import keeps them.
+        let (in_file, expanded): (Vec<_>, Vec<_>) =
+            formats.into_iter().partition(|f| matches!(f.text, Cow::Borrowed(_)));
+        metadata.formats.extend(crate::import::kept_formats(expanded));
+        let formats_in_file = in_file.into_iter().map(|f| (f.system, at(&f.text))).collect();
         let cpus = cpus
             .into_iter()
             .map(|(cpu, segments)| {

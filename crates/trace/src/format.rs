@@ -171,8 +171,16 @@ pub fn parse_event_identity(system: &str, text: &[u8]) -> Result<EventFormat, Fo
         if let Some(v) = line.strip_prefix(b"name:") {
             name = Some(owned_text(v.trim_ascii()));
         } else if let Some(v) = line.strip_prefix(b"ID:") {
-            let v = owned_text(v.trim_ascii());
-            id = Some(v.parse::<u16>().map_err(|e| err(format!("bad ID '{v}': {e}")))?);
+            // Read where it lies (digits only: nothing of it is decoded as characters), and
+            // copied only to say what is wrong with it.
+            let v = v.trim_ascii();
+            id = match std::str::from_utf8(v).ok().and_then(|digits| digits.parse::<u16>().ok()) {
+                Some(id) => Some(id),
+                None => {
+                    let v = owned_text(v);
+                    Some(v.parse::<u16>().map_err(|e| err(format!("bad ID '{v}': {e}")))?)
+                }
+            };
         }
     }
     Ok(EventFormat {
