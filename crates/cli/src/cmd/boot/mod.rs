@@ -148,6 +148,11 @@ pub fn run(args: &BootArgs) -> anyhow::Result<ExitCode> {
         Source::Collect(collector) => collect(collector, &options.sampling, kernel, user, given_kaslr)?,
     };
     if profile.samples.is_empty() {
+        // Stopped (Ctrl-C, a signal) before the first tick: the source said so; a stop is
+        // how a boot profile ends, not a failure.
+        if virtprof_host::stop::requested() {
+            return Ok(ExitCode::SUCCESS);
+        }
         return Err(anyhow::anyhow!("no samples were taken (the guest ended before the first tick?)"));
     }
     if let Some(path) = &options.save {
