@@ -59,9 +59,6 @@ struct Vcpu {
     schedstat: Option<File>,
     kvm: Option<(StatsFd, Vec<usize>)>,
     counters: Counters,
-    /// Its counters were opened since the last sample: they missed the start of the interval
-    /// being sampled (the VM was found after that interval began), so its figures are unknown.
-    counters_fresh: bool,
 }
 
 struct Vm {
@@ -181,7 +178,7 @@ impl IntervalSampler {
         let (counters, unavailable) =
             Counters::open(Target::Thread(thread.tid), &self.config.counters, self.config.hw_counters);
         self.note_unavailable(unavailable);
-        Vcpu { index: thread.index, schedstat, kvm, counters, counters_fresh: true }
+        Vcpu { index: thread.index, schedstat, kvm, counters }
     }
 
     fn note_unavailable(&mut self, refused: Vec<(String, String)>) {
@@ -273,10 +270,8 @@ impl IntervalSampler {
         self.vms.iter_mut().flat_map(|vm| &mut vm.vcpus).for_each(|v| v.counters.rotate());
     }
 
-    /// Read every source and write the interval's values into `out`, one per series. A source
-    /// that cannot be read gives NaN (unknown), never zero; so does a CPU column's first
-    /// sample, which has no earlier reading to subtract, and a vCPU's perf counters in the
-    /// first interval after they were opened, whose start they missed.
+    /// Read every source and write the interval's values into `out`, one per series. A source that cannot be read gives NaN (unknown), never zero; so does a CPU
+    /// column's first sample, which has no earlier reading to subtract.
     pub fn sample(&mut self, out: &mut [f64]) {
         let raw = &mut self.raw;
         let cpus = &self.cpus;
@@ -325,9 +320,6 @@ impl IntervalSampler {
                 }
                 let n = v.counters.columns().len();
                 v.counters.sample(&mut raw[i..i + n]);
-                if std::mem::take(&mut v.counters_fresh) {
-                    raw[i..i + n].iter_mut().for_each(|value| *value = f64::NAN);
-                }
                 i += n;
             }
         }

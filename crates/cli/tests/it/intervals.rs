@@ -323,14 +323,14 @@ fn counters_by_name_take_turns_and_scale_to_what_perf_stat_counts() {
     };
     let vcpu = format!("vm{}/vcpu0", vm.pid);
 
-    // The tracepoint per vCPU thread: the trace's own count in every row it counted (the row
-    // it was opened in is unknown: it missed that row's start). The counters are read just
-    // after a row's end, the trace split at it: on a loaded host a few events fall on the
-    // other side.
+    // The tracepoint per vCPU thread: the trace's own count in every row after the one the
+    // counter was opened in (it counts from then). The counters are read just after a row's
+    // end, the trace split at it: on a loaded host a few events fall on the other side.
     let (counted, traced) = (column(&format!("{vcpu} perf.kvm:kvm_pio")), column(&format!("{vcpu} trace.pio")));
     let first = counted.iter().position(Option::is_some).expect("the counter ran");
-    // Before the opening row was left unknown, a counter showed 0 in a row and only part of
-    // the next (1 run in 3-8): rows are compared where the previous row counted too.
+    // A counter opened just after a row's end but before that row is read shows 0 there and
+    // counts only part of the next row (1 run in 3-8): rows are compared where the previous
+    // row counted too.
     let counting = |r: usize| counted[r].is_some_and(|v| v > 0.0);
     let rows: Vec<usize> = (first + 1..counted.len()).filter(|&r| counting(r) && counting(r - 1)).collect();
     assert!(rows.len() >= 5, "rows of I/O: {counted:?}");
