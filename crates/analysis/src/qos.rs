@@ -197,13 +197,16 @@ const TOP_REASONS: usize = 3;
 pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names, cpu: Option<u32>) -> WindowReport {
     let seconds = span.end_ns.saturating_sub(span.start_ns) as f64 / 1e9;
     let kvm_exit = span.has_kvm_exits();
+    let by_thread = ByThread::new(span);
     let vms = vms
         .iter()
         .map(|vm| {
             let vcpus: Vec<VcpuRow> = vm
                 .vcpus
                 .iter()
-                .map(|&VcpuThread { index, tid: Tid(tid) }| vcpu_row(span, index, tid, cpu, seconds, kvm_exit, names))
+                .map(|&VcpuThread { index, tid: Tid(tid) }| {
+                    vcpu_row(&by_thread, index, tid, cpu, seconds, kvm_exit, names)
+                })
                 .filter(|row| cpu.is_none() || row.run_ns + row.wait_ns + row.blocked_ns > 0)
                 .map(|row| if vm.emulated { VcpuRow { io_count: None, exits_per_s: None, ..row } } else { row })
                 .collect();
@@ -216,7 +219,7 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
             };
             let io_count: Option<u64> = vcpus.iter().map(|v| v.io_count).sum();
             VmRow {
-                roles: role_rows(span, vm, cpu, seconds, io_count),
+                roles: role_rows(&by_thread, vm, cpu, seconds, io_count),
                 pid: vm.pid.0,
                 name: vm.name.clone(),
                 kind: vm.kind.clone(),
@@ -242,20 +245,66 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
     }
 }
 
+/// A span's entries grouped by thread, made once per window: looking each thread up in the
+/// whole span made a window cost VMs x threads (with 256 VMs, most of a scrape).
+struct ByThread<'a> {
+    /// tid → (CPU, its counters there).
+    counters: FxHashMap<u32, Vec<(u32, &'a Counters)>>,
+    /// tid → its exits as counted ([`Span::counted_reasons`]).
+    reasons: FxHashMap<u32, Vec<(ReasonKey, u64)>>,
+}
+
+impl<'a> ByThread<'a> {
+    fn new(span: &'a Span) -> ByThread<'a> {
+        let mut counters: FxHashMap<u32, Vec<(u32, &Counters)>> = FxHashMap::default();
+        for (&(tid, cpu), c) in &span.counters {
+            counters.entry(tid).or_default().push((cpu, c));
+        }
+        let mut reasons: FxHashMap<u32, Vec<(ReasonKey, u64)>> = FxHashMap::default();
+        for (tid, key, n) in span.counted_reasons() {
+            reasons.entry(tid).or_default().push((key, n));
+        }
+        ByThread { counters, reasons }
+    }
+
+    /// A thread's entries: (CPU, counters).
+    fn entries(&self, tid: u32) -> &[(u32, &'a Counters)] {
+        self.counters.get(&tid).map_or(&[], Vec::as_slice)
+    }
+
+    /// A thread's counters on `cpu`, or on all CPUs.
+    fn thread(&self, tid: u32, cpu: Option<u32>) -> Counters {
+        let mut sum = Counters::default();
+        for (_, c) in self.entries(tid).iter().filter(|(on, _)| cpu.is_none_or(|want| want == *on)) {
+            sum.add(c);
+        }
+        sum
+    }
+
+    /// The CPU a thread ran on longest (ties: the lower CPU).
+    fn main_cpu(&self, tid: u32) -> Option<u32> {
+        self.entries(tid)
+            .iter()
+            .max_by_key(|(cpu, c)| (c.run_ns, c.observed_ns(), std::cmp::Reverse(*cpu)))
+            .map(|(cpu, _)| *cpu)
+    }
+}
+
 /// A row per role that has threads, vCPUs first.
-fn role_rows(span: &Span, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Option<u64>) -> Vec<RoleRow> {
+fn role_rows(span: &ByThread<'_>, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Option<u64>) -> Vec<RoleRow> {
     let threads: Vec<(ThreadRole, u32)> =
         vm.vcpus.iter().map(|v| (ThreadRole::Vcpu, v.tid.0)).chain(vm.others.iter().map(|t| (t.role, t.tid))).collect();
-    // One walk over the span's (thread, CPU) entries, not one per thread: a VMM may have
-    // thousands of threads.
-    let role_of: FxHashMap<u32, ThreadRole> = threads.iter().map(|&(role, tid)| (tid, role)).collect();
     let mut sums: FxHashMap<ThreadRole, (Counters, u64)> = FxHashMap::default();
-    for (&(tid, on), counters) in &span.counters {
-        let Some(&role) = role_of.get(&tid) else { continue };
-        let (c, observed) = sums.entry(role).or_insert_with(|| (Counters::default(), 0));
-        *observed += counters.observed_ns();
-        if cpu.is_none_or(|want| want == on) {
-            c.add(counters);
+    // A thread listed twice (a vCPU also among the others) counts once, as a walk over the
+    // span's entries would.
+    let mut seen = rustc_hash::FxHashSet::default();
+    for &(role, tid) in threads.iter().filter(|(_, tid)| seen.insert(*tid)) {
+        for &(on, counters) in span.entries(tid) {
+            let (c, observed) = sums.entry(role).or_insert_with(|| (Counters::default(), 0));
+            *observed += counters.observed_ns();
+            if cpu.is_none_or(|want| want == on) {
+                c.add(counters);
+            }
         }
     }
     ThreadRole::ALL
@@ -289,7 +338,7 @@ fn role_rows(span: &Span, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Optio
 }
 
 fn vcpu_row(
-    span: &Span,
+    span: &ByThread<'_>,
     index: u32,
     tid: u32,
     cpu: Option<u32>,
@@ -304,8 +353,7 @@ fn vcpu_row(
     let per = |ns: u64, n: u64| if n > 0 { ns as f64 / n as f64 / 1e3 } else { 0.0 };
     let rate = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
     let exits = if kvm_exit { c.exits } else { c.evidence };
-    let mut reasons: Vec<(ReasonKey, u64)> =
-        span.counted_reasons().filter(|(t, _, _)| *t == tid).map(|(_, key, n)| (key, n)).collect();
+    let mut reasons: Vec<(ReasonKey, u64)> = span.reasons.get(&tid).cloned().unwrap_or_default();
     reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let alloc = c.preemptions > 0;
     VcpuRow {
@@ -363,6 +411,37 @@ mod tests {
                 VmmThread { tid: 104, role: ThreadRole::Worker },
             ],
             emulated,
+        }
+    }
+
+    #[test]
+    fn a_window_reads_each_thread_as_a_walk_over_the_whole_span_would() {
+        let mut span = Span { start_ns: 0, end_ns: 1_000_000_000, ..Span::default() };
+        for tid in 1..40u32 {
+            let n = u64::from(tid);
+            // Threads on 0 to 3 CPUs, each entry different (no ties for the main CPU).
+            for cpu in 0..tid % 4 {
+                let c = counters(1_000 * n + 10 * u64::from(cpu), u64::from(cpu) + 1, n, n, u64::from(cpu));
+                span.counters.insert((tid, cpu), c);
+            }
+            span.reasons.insert((tid, ReasonKey::Userspace { reason: 2 }), n);
+            span.reasons.insert((tid, ReasonKey::Event { id: 7 }), 2 * n);
+            if tid % 5 == 0 {
+                span.reasons.insert((tid, ReasonKey::Exit { reason: 30, isa: 1 }), n);
+            }
+        }
+        let index = ByThread::new(&span);
+        for tid in 0..41 {
+            for cpu in [None, Some(0), Some(1), Some(2), Some(9)] {
+                assert_eq!(index.thread(tid, cpu), span.thread(tid, cpu), "thread {tid} on {cpu:?}");
+            }
+            assert_eq!(index.main_cpu(tid), span.main_cpu(tid), "thread {tid}");
+            let mut want: Vec<(ReasonKey, u64)> =
+                span.counted_reasons().filter(|(t, _, _)| *t == tid).map(|(_, key, n)| (key, n)).collect();
+            let mut got = index.reasons.get(&tid).cloned().unwrap_or_default();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "thread {tid}: only kvm_exit reasons, as the span has some");
         }
     }
 

@@ -10,6 +10,7 @@ pub mod input;
 pub mod kind;
 pub mod osnoise;
 pub mod output;
+pub mod procfiles;
 pub mod procfs;
 pub mod schedstat;
 pub mod stop;

@@ -53,21 +53,31 @@ pub struct TaskStat {
     pub cpu_ticks: u64,
 }
 
-/// Read a task's `stat` file (None if it is gone or not as the kernel writes it).
+/// Read a task's `stat` file (None if it is gone or not as the kernel writes it). A view that
+/// reads the same tasks at every refresh keeps them open instead ([`crate::procfiles`]).
 pub fn task_stat(path: &Path) -> Option<TaskStat> {
-    parse_task_stat(&fs::read_to_string(path).ok()?)
+    parse_task_stat(&fs::read(path).ok()?)
 }
 
-fn parse_task_stat(text: &str) -> Option<TaskStat> {
-    // The comm may hold spaces and parentheses: the fields start after the last ')'. Counted
-    // from there, state is field 0, utime 11, stime 12 and processor 36.
-    let fields: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+pub(crate) fn parse_task_stat(text: &[u8]) -> Option<TaskStat> {
+    // The comm may hold spaces, parentheses or any other byte: the fields start after the last
+    // ')', and are ASCII. Counted from there, state is field 0, utime 11, stime 12 and
+    // processor 36.
+    let after_comm = &text[text.iter().rposition(|&b| b == b')')? + 1..];
+    let fields: Vec<&str> = std::str::from_utf8(after_comm).ok()?.split_ascii_whitespace().collect();
     let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
     Some(TaskStat {
         runnable: *fields.first()? == "R",
         cpu: fields.get(36)?.parse().ok()?,
         cpu_ticks: ticks(11)? + ticks(12)?,
     })
+}
+
+/// A process's start time in clock ticks since boot (field 22 of `/proc/PID/stat`): with the
+/// pid, what tells a process from a later one given the same pid.
+pub fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
+    let after_comm = &stat[stat.iter().rposition(|&b| b == b')')? + 1..];
+    std::str::from_utf8(after_comm).ok()?.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 /// A one-line /proc file without its newline (empty if unreadable).
@@ -93,9 +103,14 @@ mod tests {
             })
             .collect();
         let text = format!("4242 (CPU 0/KVM) (x)) R {}\n", fields.join(" "));
-        let s = parse_task_stat(&text).unwrap();
+        let s = parse_task_stat(text.as_bytes()).unwrap();
         assert_eq!(s, TaskStat { runnable: true, cpu: 7, cpu_ticks: 120 });
-        assert!(parse_task_stat("garbage").is_none());
+        assert!(parse_task_stat(b"garbage").is_none());
+        // A thread may name itself with bytes that are not UTF-8: its figures still read.
+        let mut named = b"4242 (\xff\xfe)".to_vec();
+        named.extend_from_slice(text.rsplit_once(')').unwrap().1.as_bytes());
+        assert_eq!(parse_task_stat(&named), Some(s));
+        assert_eq!(parse_start_ticks(&named), Some(19), "field 22 of the file: 19th after the state");
         assert!(task_stat(Path::new("/proc/self/stat")).is_some());
     }
 

@@ -12,6 +12,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use virtprof_host::procfiles::ProcFiles;
+use virtprof_host::procfs::parse_start_ticks;
 use virtprof_model::vmm::{ThreadRole, VmOwner, VmmKind};
 
 use crate::remote::{list_kvm_fds, KvmFdKind};
@@ -200,6 +202,8 @@ pub struct Discovery {
     known: HashMap<u32, Known>,
     /// Restrict to these VMM pids (empty: every VM).
     only: Vec<u32>,
+    /// VMs' stat files, kept open: each VM's is read at every check (other processes' once).
+    stat_files: ProcFiles,
 }
 
 /// A process seen by discovery.
@@ -226,7 +230,12 @@ const RECHECK_FOR: Duration = Duration::from_secs(10);
 impl Discovery {
     /// Discovery over `proc_root`, restricted to `only` when that is not empty.
     pub fn new(proc_root: impl Into<PathBuf>, only: Vec<u32>) -> Discovery {
-        Discovery { proc_root: proc_root.into(), known: HashMap::new(), only }
+        Discovery {
+            proc_root: proc_root.into(),
+            known: HashMap::new(),
+            only,
+            stat_files: ProcFiles::for_this_process(),
+        }
     }
 
     /// The VMs alive now, by pid: every process is considered (or the `only` ones). VMs that
@@ -273,7 +282,11 @@ impl Discovery {
         match self.known.remove(&pid) {
             Some(known) if !known.worth_rechecking() => Some(known),
             Some(known) => {
-                let start = start_time(root, pid)?;
+                let stat = root.join(pid.to_string()).join("stat");
+                let start = match known.vm {
+                    Some(_) => parse_start_ticks(self.stat_files.read(&stat)?)?,
+                    None => start_time(root, pid)?,
+                };
                 if start != known.start {
                     return Some(Known { start, first_seen: Instant::now(), vm: inspect() });
                 }
@@ -299,10 +312,7 @@ impl Discovery {
 
 /// The process's start time in clock ticks (field 22 of `/proc/PID/stat`).
 fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    // The comm field may contain spaces and parentheses: fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    parse_start_ticks(&fs::read(proc_root.join(pid.to_string()).join("stat")).ok()?)
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -18,7 +17,6 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, WindowReport};
-use virtprof_host::procfs::{clock_ticks_per_second, task_stat};
 
 use virtprof_engine::sampler::{Sampler, Snapshot};
 
@@ -84,37 +82,6 @@ pub struct Scrape {
     pub collect_seconds: f64,
 }
 
-/// The VMM-thread CPU time of each VM, kept monotonic across scrapes.
-#[derive(Debug, Default)]
-pub struct VmmCpu {
-    seen: BTreeMap<u32, f64>,
-}
-
-impl VmmCpu {
-    /// CPU seconds of each VM's VMM threads other than its vCPUs: the process's total (which
-    /// keeps the time of threads that exited) minus its vCPU threads'. Reads are not atomic
-    /// across threads, so a figure never goes below what an earlier scrape showed.
-    pub fn read(&mut self, vms: &[VmInfo]) -> BTreeMap<u32, f64> {
-        let tick = clock_ticks_per_second();
-        self.seen.retain(|pid, _| vms.iter().any(|v| v.pid.0 == *pid));
-        for vm in vms {
-            let pid = vm.pid.0;
-            let vcpus: u64 = vm
-                .vcpus
-                .iter()
-                .filter_map(|v| task_stat(&Path::new("/proc").join(format!("{pid}/task/{}/stat", v.tid.0))))
-                .map(|s| s.cpu_ticks)
-                .sum();
-            let Some(total) = task_stat(&Path::new("/proc").join(format!("{pid}/stat"))) else { continue };
-            let total = total.cpu_ticks;
-            let seconds = total.saturating_sub(vcpus) as f64 / tick;
-            let kept = self.seen.entry(pid).or_insert(0.0);
-            *kept = kept.max(seconds);
-        }
-        self.seen.clone()
-    }
-}
-
 /// The per-role counters (XenMon's accounting of the work done for a VM outside its vCPUs).
 const ROLE_FAMILIES: [Family<RoleRow>; 4] = [
     (
@@ -153,7 +120,7 @@ impl Scrape {
     }
 
     /// Refresh `sampler` and gather one scrape.
-    pub fn collect(sampler: &mut Sampler, vmm_cpu: &mut VmmCpu) -> anyhow::Result<Scrape> {
+    pub fn collect(sampler: &mut Sampler) -> anyhow::Result<Scrape> {
         let started = std::time::Instant::now();
         sampler.refresh()?;
         let snapshot = sampler.run_snapshot();
@@ -162,7 +129,7 @@ impl Scrape {
             kvm_exits: sampler.kvm_exits_now(),
             reasons: sampler.traced_exit_reasons(),
             durations: sampler.exit_durations(),
-            vmm_cpu_s: vmm_cpu.read(&vms),
+            vmm_cpu_s: sampler.vmm_cpu_seconds(),
             vms,
             snapshot,
             collect_seconds: started.elapsed().as_secs_f64(),

@@ -3,7 +3,7 @@
 //! window is the difference of the reads around it, exact at refresh boundaries; no event
 //! reaches user space, so none can be lost on the way (a full map is counted instead).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey, Span};
@@ -26,6 +26,8 @@ pub(super) struct KernelSource {
     /// Threads that exited, taken out of the maps (which are bounded) after their last read:
     /// their final figures, oldest first.
     retired: VecDeque<(u32, Retired)>,
+    /// Threads in the maps: at the last read, and those added by [`KernelSource::track`] since.
+    in_maps: HashSet<u32>,
 }
 
 /// An exited thread's final figures.
@@ -57,7 +59,14 @@ impl KernelSource {
         let tracefs = Tracefs::locate_or_mount()?;
         let counter = KernelCounter::start(tracefs.root(), &virtprof_session::EVIDENCE_EVENTS, timed)?;
         let decoder = Decoder::new(load_layout(tracefs.root(), &["kvm"])?);
-        Ok(KernelSource { counter, decoder, history: History::new(), durations: Vec::new(), retired: VecDeque::new() })
+        Ok(KernelSource {
+            counter,
+            decoder,
+            history: History::new(),
+            durations: Vec::new(),
+            retired: VecDeque::new(),
+            in_maps: HashSet::new(),
+        })
     }
 
     /// Read the maps as of `now`; exited threads then leave them (their figures are kept).
@@ -78,6 +87,8 @@ impl KernelSource {
             self.retired.push_back((*tid, Retired { cpu: t.cpu, counters: t.at(now), guest: t.runs_guest, reasons }));
             self.counter.forget(*tid)?;
         }
+        self.in_maps =
+            counts.threads.iter().filter(|(_, t)| t.state != ThreadState::Exited).map(|(tid, _)| *tid).collect();
         while self.retired.len() > MAX_RETIRED {
             self.retired.pop_front();
         }
@@ -89,7 +100,14 @@ impl KernelSource {
     pub(super) fn track(&mut self, tid: u32, now: u64, cpu: u32, running: bool) {
         // A full map is counted by the program and shown as loss; nothing else can fail here
         // that a later refresh would not say again.
-        let _ = self.counter.track(tid, now, cpu, running);
+        if self.counter.track(tid, now, cpu, running).is_ok() {
+            self.in_maps.insert(tid);
+        }
+    }
+
+    /// Threads the program accounts: in its maps at the last read, or added since.
+    pub(super) fn tracked(&self) -> HashSet<u32> {
+        self.in_maps.clone()
     }
 
     /// Threads seen running guest code, at the last read.

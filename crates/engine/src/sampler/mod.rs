@@ -11,7 +11,7 @@
 mod kernel;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
@@ -19,6 +19,8 @@ use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{window_report, VmInfo, WindowReport};
 use virtprof_analysis::sched::{Counters, SchedAccounting, SchedOptions, Span};
 use virtprof_host::monotonic_ns;
+use virtprof_host::procfiles::ProcFiles;
+use virtprof_host::procfs::clock_ticks_per_second;
 use virtprof_host::Schedstat;
 use virtprof_interval::procstat::ProcStat;
 use virtprof_kvm::discover::{threads, Discovery};
@@ -228,6 +230,10 @@ pub struct Sampler {
     /// Traced threads no VM owned when last looked for.
     looked_for: std::collections::HashSet<u32>,
     energy: EnergyBook,
+    /// The tasks' /proc files read at every refresh, kept open.
+    proc_files: ProcFiles,
+    /// VMM pid → the most CPU seconds its threads other than vCPUs have shown.
+    vmm_cpu: BTreeMap<u32, f64>,
 }
 
 enum Source {
@@ -272,6 +278,7 @@ impl Sampler {
     /// Start sampling the best way `mode` allows; with `durations`, exits are timed too.
     /// Returns, for the user, why a better way was not taken and whether it is polling.
     pub fn start(only: Vec<u32>, mode: Mode, durations: bool) -> anyhow::Result<(Sampler, Fallback)> {
+        virtprof_host::procfiles::raise_open_file_limit();
         let mut fallback = Fallback::default();
         let mut source = None;
         if mode == Mode::Best {
@@ -301,6 +308,8 @@ impl Sampler {
             source,
             refreshes: 0,
             looked_for: Default::default(),
+            proc_files: ProcFiles::for_this_process(),
+            vmm_cpu: BTreeMap::new(),
         };
         sampler.refresh()?;
         Ok((sampler, fallback))
@@ -313,9 +322,10 @@ impl Sampler {
         match &mut self.source {
             Source::Kernel(k) => k.read(now)?,
             Source::Trace(t) => t.drain(now)?,
-            Source::Polling(p) => p.poll(&self.vms),
+            Source::Polling(p) => p.poll(&self.vms, &mut self.proc_files),
         }
         self.poll_kvm_stats();
+        self.proc_files.sweep();
         let run = self.window("run", u64::MAX, None);
         self.energy.update(now, &run);
         Ok(())
@@ -352,16 +362,17 @@ impl Sampler {
         let tracked = self.kvm_threads();
         let previous = std::mem::replace(&mut self.vms, self.host.vms(&tracked, &self.only));
         keep_exited_threads(&mut self.vms, &previous);
+        // Threads accounted already need no look at /proc: with hundreds of VMs, reading every
+        // thread's stat file at each refresh was most of its cost.
         let tracked: std::collections::HashSet<u32> = match &self.source {
             Source::Trace(t) => t.acc.tracked().collect(),
-            // The program keeps a thread it already tracks as it is.
-            Source::Kernel(_) => Default::default(),
+            Source::Kernel(k) => k.tracked(),
             Source::Polling(_) => return,
         };
         for vm in &self.vms {
             let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
             for tid in threads.filter(|tid| !tracked.contains(tid)) {
-                let Some((cpu, running)) = proc_state(vm.pid.0, tid) else { continue };
+                let Some((cpu, running)) = proc_state(&mut self.proc_files, vm.pid.0, tid) else { continue };
                 match &mut self.source {
                     Source::Trace(t) => t.acc.track_from_proc(tid, now, cpu, running),
                     Source::Kernel(k) => k.track(tid, now, cpu, running),
@@ -369,6 +380,30 @@ impl Sampler {
                 }
             }
         }
+    }
+
+    /// CPU seconds of each VM's VMM threads other than its vCPUs: the process's total (which
+    /// keeps the time of threads that exited) minus its vCPU threads'. Reads are not atomic
+    /// across threads, so a figure never goes below what an earlier call showed.
+    pub fn vmm_cpu_seconds(&mut self) -> BTreeMap<u32, f64> {
+        let tick = clock_ticks_per_second();
+        let vms = &self.vms;
+        self.vmm_cpu.retain(|pid, _| vms.iter().any(|v| v.pid.0 == *pid));
+        for vm in vms {
+            let pid = vm.pid.0;
+            let files = &mut self.proc_files;
+            let vcpus: u64 = vm
+                .vcpus
+                .iter()
+                .filter_map(|v| files.task_stat(Path::new(&format!("/proc/{pid}/task/{}/stat", v.tid.0))))
+                .map(|s| s.cpu_ticks)
+                .sum();
+            let Some(total) = files.task_stat(Path::new(&format!("/proc/{pid}/stat"))) else { continue };
+            let seconds = total.cpu_ticks.saturating_sub(vcpus) as f64 / tick;
+            let kept = self.vmm_cpu.entry(pid).or_insert(0.0);
+            *kept = kept.max(seconds);
+        }
+        self.vmm_cpu.clone()
     }
 
     /// Threads seen running guest code (none known when polling).
@@ -609,15 +644,14 @@ impl TraceSource {
 impl PollSource {
     /// Read every vCPU's schedstat, timestamped when read (not when the refresh began: a
     /// slow /proc scan before it would otherwise count as blocked time).
-    fn poll(&mut self, vms: &[VmInfo]) {
+    fn poll(&mut self, vms: &[VmInfo], files: &mut ProcFiles) {
         let now = monotonic_ns();
         let mut sample = PollSample { host: HostCpu::read(&mut self.stat), ..Default::default() };
         for vm in vms {
             for tid in vm.vcpus.iter().map(|v| v.tid.0) {
-                let base = format!("/proc/{}/task/{tid}", vm.pid);
-                let stat = std::fs::read_to_string(format!("{base}/schedstat")).ok();
-                if let Some(s) = stat.as_deref().and_then(Schedstat::parse) {
-                    let cpu = proc_state(vm.pid.0, tid).map_or(0, |(cpu, _)| cpu);
+                let schedstat = PathBuf::from(format!("/proc/{}/task/{tid}/schedstat", vm.pid));
+                if let Some(s) = files.schedstat(&schedstat) {
+                    let cpu = proc_state(files, vm.pid.0, tid).map_or(0, |(cpu, _)| cpu);
                     sample.threads.insert(tid, (cpu, s));
                 }
             }
@@ -653,8 +687,8 @@ impl PollSource {
 }
 
 /// `/proc` state of a thread: (the CPU it last ran on, whether it is runnable).
-fn proc_state(pid: u32, tid: u32) -> Option<(u32, bool)> {
-    let stat = virtprof_host::procfs::task_stat(Path::new(&format!("/proc/{pid}/task/{tid}/stat")))?;
+fn proc_state(files: &mut ProcFiles, pid: u32, tid: u32) -> Option<(u32, bool)> {
+    let stat = files.task_stat(Path::new(&format!("/proc/{pid}/task/{tid}/stat")))?;
     Some((stat.cpu, stat.runnable))
 }
 

@@ -15,7 +15,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 
 use crate::args::ServeArgs;
 use crate::exit::usage;
-use crate::watch::metrics::{exposition, Format, Scrape, VmmCpu};
+use crate::watch::metrics::{exposition, Format, Scrape};
 use virtprof_engine::sampler::{Mode, Sampler};
 
 /// How often the sampler refreshes between scrapes: at least every second while the trace
@@ -32,7 +32,6 @@ const TEXTFILE_MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// The sampler and what scrapes keep between them.
 pub struct Collector {
     sampler: Sampler,
-    vmm_cpu: VmmCpu,
     refreshed: Instant,
     /// When the next refresh is due after `refreshed`.
     next: Duration,
@@ -56,7 +55,7 @@ impl Collector {
         if let Some(why) = fallback.polling {
             eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
         }
-        Ok(Collector { sampler, vmm_cpu: VmmCpu::default(), refreshed: Instant::now(), next: REFRESH_MIN })
+        Ok(Collector { sampler, refreshed: Instant::now(), next: REFRESH_MIN })
     }
 
     /// Drain the trace if a refresh is due.
@@ -70,7 +69,7 @@ impl Collector {
 
     /// One scrape, as text in `format`.
     pub fn scrape(&mut self, format: Format) -> anyhow::Result<String> {
-        let scrape = Scrape::collect(&mut self.sampler, &mut self.vmm_cpu)?;
+        let scrape = Scrape::collect(&mut self.sampler)?;
         self.refreshed();
         Ok(exposition(scrape, format))
     }
