@@ -413,22 +413,15 @@ impl KernelCounter {
     /// Everything counted so far.
     pub fn counts(&self) -> Result<KernelCounts, KernelCountError> {
         let map = |name: &str| self.ebpf.map(name).ok_or_else(|| KernelCountError::Format(format!("no map {name}")));
-        let exits: BpfHashMap<&MapData, RawKey, u64> = BpfHashMap::try_from(map("exits")?).map_err(bpf("map exits"))?;
-        let mut reasons = Vec::new();
-        for entry in exits.iter() {
-            let (key, n) = entry.map_err(bpf("reading map exits"))?;
-            if let Some(reason) = reason_key(key.kind, key.reason, key.isa) {
-                reasons.push((key.tid, reason, n));
-            }
-        }
+        let mut reasons: Vec<(u32, ReasonKey, u64)> = entries::<RawKey, u64>(map("exits")?, "exits")?
+            .into_iter()
+            .filter_map(|(key, n)| Some((key.tid, reason_key(key.kind, key.reason, key.isa)?, n)))
+            .collect();
         reasons.sort();
-        let table: BpfHashMap<&MapData, u32, RawThread> =
-            BpfHashMap::try_from(map("threads")?).map_err(bpf("map threads"))?;
-        let mut threads = Vec::new();
-        for entry in table.iter() {
-            let (tid, t) = entry.map_err(bpf("reading map threads"))?;
-            threads.push((tid, totals(&t)));
-        }
+        let mut threads: Vec<(u32, ThreadTotals)> = entries::<u32, RawThread>(map("threads")?, "threads")?
+            .into_iter()
+            .map(|(tid, t)| (tid, totals(&t)))
+            .collect();
         threads.sort_by_key(|(tid, _)| *tid);
         let full: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map("full")?).map_err(bpf("map full"))?;
         let sum = |i: u32| -> Result<u64, KernelCountError> {
@@ -457,11 +450,8 @@ impl KernelCounter {
     /// Each reason's durations, from its summary entry and its bucket entries.
     fn durations(&self) -> Result<Vec<(ReasonKey, Histogram)>, KernelCountError> {
         let map = self.ebpf.map("timings").ok_or_else(|| KernelCountError::Format("no map timings".into()))?;
-        let timings: BpfHashMap<&MapData, RawTimingKey, RawTiming> =
-            BpfHashMap::try_from(map).map_err(bpf("map timings"))?;
         let mut parts: std::collections::BTreeMap<ReasonKey, TimingParts> = Default::default();
-        for entry in timings.iter() {
-            let (key, value) = entry.map_err(bpf("reading map timings"))?;
+        for (key, value) in entries::<RawTimingKey, RawTiming>(map, "timings")? {
             let Some(reason) = reason_key(key.kind, key.reason, key.isa) else { continue };
             let part = parts.entry(reason).or_default();
             if key.bucket == SUMMARY {
@@ -477,6 +467,21 @@ impl KernelCounter {
                 Some((reason, Histogram::from_parts(buckets, s.sum, s.min, s.max)?))
             })
             .collect())
+    }
+}
+
+/// Every entry of hash map `name`: in batches where the kernel can, else one by one.
+fn entries<K: Pod, V: Pod>(map: &aya::maps::Map, name: &str) -> Result<Vec<(K, V)>, KernelCountError> {
+    // Made first so aya checks the map's key and value sizes against K and V.
+    let table: BpfHashMap<&MapData, K, V> = BpfHashMap::try_from(map).map_err(bpf(format!("map {name}")))?;
+    let data = match map {
+        aya::maps::Map::HashMap(data) | aya::maps::Map::LruHashMap(data) => data,
+        _ => return Err(KernelCountError::Format(format!("map {name} is not a hash map"))),
+    };
+    match crate::bpf_maps::entries::<K, V>(data) {
+        Ok(Some(all)) => Ok(all),
+        Ok(None) => table.iter().map(|entry| entry.map_err(bpf(format!("reading map {name}")))).collect(),
+        Err(e) => Err(bpf(format!("reading map {name}"))(e)),
     }
 }
 

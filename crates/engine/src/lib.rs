@@ -8,6 +8,7 @@
 
 pub mod balance;
 pub mod boot;
+mod bpf_maps;
 pub mod energy;
 pub mod guests;
 pub mod kernel_counts;

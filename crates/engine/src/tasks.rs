@@ -35,29 +35,34 @@ impl HostTasks {
         pids.sort_unstable();
         pids.dedup();
         pids.retain(|p| only.is_empty() || only.contains(p));
+        // Each process's threads, and the vhost workers serving it, gathered once (in tid order):
+        // looking through every thread of the host for each VM cost VMs x threads.
+        let mut own: BTreeMap<u32, Vec<(u32, &str)>> = BTreeMap::new();
+        let mut vhost: BTreeMap<u32, Vec<(u32, &str)>> = BTreeMap::new();
+        for (&tid, (pid, comm)) in &self.threads {
+            own.entry(*pid).or_default().push((tid, comm));
+            if let Some(owner) = vhost_owner(comm) {
+                vhost.entry(owner).or_default().push((tid, comm));
+            }
+        }
         pids.into_iter()
             .filter_map(|pid| {
-                let mut vcpus: Vec<VcpuThread> = self
-                    .threads
-                    .iter()
-                    .filter(|(_, (p, _))| *p == pid)
-                    .filter_map(|(tid, (_, comm))| Some(VcpuThread::new(vcpu_index(comm)?, *tid)))
-                    .collect();
+                let threads = own.get(&pid).map_or(&[][..], Vec::as_slice);
+                let mut vcpus: Vec<VcpuThread> =
+                    threads.iter().filter_map(|&(tid, comm)| Some(VcpuThread::new(vcpu_index(comm)?, tid))).collect();
                 let mut emulated = false;
                 if vcpus.is_empty() {
-                    vcpus = self
-                        .threads
+                    vcpus = threads
                         .iter()
-                        .filter(|(_, (p, _))| *p == pid)
-                        .filter_map(|(tid, (_, comm))| Some(VcpuThread::new(emulated_vcpu_index(comm)?, *tid)))
+                        .filter_map(|&(tid, comm)| Some(VcpuThread::new(emulated_vcpu_index(comm)?, tid)))
                         .collect();
                     emulated = !vcpus.is_empty();
                 }
                 if vcpus.is_empty() {
-                    let unnamed = self.threads.iter().filter(|(t, (p, _))| *p == pid && tracked.contains(t));
+                    let unnamed = threads.iter().filter(|(t, _)| tracked.contains(t));
                     vcpus = unnamed
                         .enumerate()
-                        .map(|(i, (tid, _))| VcpuThread::new(u32::try_from(i).unwrap_or(u32::MAX), *tid))
+                        .map(|(i, &(tid, _))| VcpuThread::new(u32::try_from(i).unwrap_or(u32::MAX), tid))
                         .collect();
                 }
                 vcpus.sort_unstable();
@@ -69,23 +74,26 @@ impl HostTasks {
                     let kind = virtprof_kvm::discover::vmm_kind(process_comm, &[]);
                     VmIdentity { pid, kind: kind.to_string(), name: format!("{kind}-{pid}"), owner: VmOwner::default() }
                 });
-                let others = self.others(pid, &vcpus);
+                let serving = vhost.get(&pid).map_or(&[][..], Vec::as_slice);
+                let others = others(pid, threads, serving, &vcpus);
                 Some(VmInfo { pid: Pid(pid), name: id.name, kind: id.kind, owner: id.owner, vcpus, others, emulated })
             })
             .collect()
     }
+}
 
-    /// The threads of VMM `pid` that are not its `vcpus`, by role, and the vhost workers
-    /// serving it (threads of its own or, before Linux 6.4, kernel threads).
-    fn others(&self, pid: u32, vcpus: &[VcpuThread]) -> Vec<VmmThread> {
-        self.threads
-            .iter()
-            .filter(|(tid, (p, comm))| {
-                (*p == pid || vhost_owner(comm) == Some(pid)) && !vcpus.iter().any(|v| v.tid.0 == **tid)
-            })
-            .map(|(&tid, (_, comm))| VmmThread { tid, role: thread_role(pid, tid, comm) })
-            .collect()
-    }
+/// The threads of VMM `pid` (`own`) that are not its `vcpus`, by role, and the vhost workers
+/// serving it (`serving`: threads of its own or, before Linux 6.4, kernel threads), in tid
+/// order, each once.
+fn others(pid: u32, own: &[(u32, &str)], serving: &[(u32, &str)], vcpus: &[VcpuThread]) -> Vec<VmmThread> {
+    let mut threads: Vec<(u32, &str)> = own.iter().chain(serving).copied().collect();
+    threads.sort_unstable_by_key(|(tid, _)| *tid);
+    threads.dedup_by_key(|(tid, _)| *tid);
+    threads
+        .into_iter()
+        .filter(|(tid, _)| !vcpus.iter().any(|v| v.tid.0 == *tid))
+        .map(|(tid, comm)| VmmThread { tid, role: thread_role(pid, tid, comm) })
+        .collect()
 }
 
 fn is_vmm(comm: &str) -> bool {

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::procfs::{parse_task_stat, TaskStat};
+use crate::procfs::{parse_task_stat, trimmed_text, TaskStat};
 use crate::schedstat::Schedstat;
 
 /// The longest text read: the files kept are a few hundred bytes; one that fills the buffer is
@@ -79,6 +79,24 @@ impl ProcFiles {
     /// How long a file may go unread before a sweep closes it: longer than any scrape
     /// interval, so the files a scrape reads stay open between scrapes.
     pub const IDLE: Duration = Duration::from_secs(300);
+
+    /// The threads of `pid`, sorted: (tid, comm), as [`crate::procfs::threads`] lists them,
+    /// with each name read through a kept file.
+    pub fn threads(&mut self, proc_root: &Path, pid: u32) -> Vec<(u32, String)> {
+        let task = proc_root.join(pid.to_string()).join("task");
+        let Ok(entries) = std::fs::read_dir(&task) else { return Vec::new() };
+        let tids: Vec<u32> =
+            entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+        let mut out: Vec<(u32, String)> = tids
+            .into_iter()
+            .map(|tid| {
+                let comm = self.read(&task.join(tid.to_string()).join("comm")).map(trimmed_text).unwrap_or_default();
+                (tid, comm)
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
 
     /// Close the files unread for [`ProcFiles::IDLE`] (tasks no longer looked at, e.g. of a VM
     /// that a filter now leaves out).
@@ -177,6 +195,15 @@ mod tests {
         // The thread is reaped with its process's next look; its kept file fails either way.
         assert!(files.task_stat(&path).is_none());
         assert_eq!(files.open_count(), 0);
+    }
+
+    #[test]
+    fn threads_are_listed_as_procfs_lists_them() {
+        let mut files = ProcFiles::new(64);
+        let (root, pid) = (Path::new("/proc"), std::process::id());
+        assert_eq!(files.threads(root, pid), crate::procfs::threads(root, pid));
+        assert_eq!(files.threads(root, pid), crate::procfs::threads(root, pid), "again, from kept files");
+        assert!(files.open_count() > 0);
     }
 
     #[test]

@@ -82,7 +82,12 @@ pub fn parse_start_ticks(stat: &[u8]) -> Option<u64> {
 
 /// A one-line /proc file without its newline (empty if unreadable).
 pub fn read_trimmed(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    trimmed_text(&fs::read(path).unwrap_or_default())
+}
+
+/// A one-line /proc file's text without its newline, printable.
+pub(crate) fn trimmed_text(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
     // A thread names itself: escape what a terminal would act on.
     virtprof_model::units::printable(text.trim_end_matches('\n')).into_owned()
 }

@@ -7,8 +7,9 @@
 //!
 //! Everything reads through a `proc_root` so tests can point it at a fake `/proc` tree.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -171,7 +172,7 @@ fn describe(proc_root: &Path, pid: u32, vcpu_fds: u32, index_of: fn(&str) -> Opt
         .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect();
     let kind = vmm_kind(&comm, &argv);
-    let mut vcpus: Vec<VcpuThread> = threads(proc_root, pid)
+    let mut vcpus: Vec<VcpuThread> = virtprof_host::procfs::threads(proc_root, pid)
         .into_iter()
         .filter_map(|(tid, name)| Some(VcpuThread { index: index_of(&name)?, tid }))
         .collect();
@@ -186,11 +187,6 @@ fn describe(proc_root: &Path, pid: u32, vcpu_fds: u32, index_of: fn(&str) -> Opt
     }
 }
 
-/// The threads of `pid`: (tid, comm).
-pub fn threads(proc_root: &Path, pid: u32) -> Vec<(u32, String)> {
-    virtprof_host::procfs::threads(proc_root, pid)
-}
-
 /// Keeps the host's VM list current. [`Discovery::scan`] lists `/proc` and inspects the fd
 /// tables of new processes; [`Discovery::rescan_known`] skips the listing (a dentry lookup per
 /// process) and only re-checks known VMs and recently seen processes, for callers that refresh
@@ -202,7 +198,11 @@ pub struct Discovery {
     known: HashMap<u32, Known>,
     /// Restrict to these VMM pids (empty: every VM).
     only: Vec<u32>,
-    /// VMs' stat files, kept open: each VM's is read at every check (other processes' once).
+    /// Known VMs' pidfds (Linux 5.3 on): one `poll` over them says which VMs exited, where
+    /// reading each VM's stat file again cost a /proc read per VM at every check.
+    pidfds: HashMap<u32, OwnedFd>,
+    /// VMs' stat files, kept open, where a pidfd cannot be had (a test's stand-in root, an
+    /// older kernel): each VM's is read at every check (other processes' once).
     stat_files: ProcFiles,
 }
 
@@ -234,6 +234,7 @@ impl Discovery {
             proc_root: proc_root.into(),
             known: HashMap::new(),
             only,
+            pidfds: HashMap::new(),
             stat_files: ProcFiles::for_this_process(),
         }
     }
@@ -248,13 +249,15 @@ impl Discovery {
         } else {
             self.only.clone()
         };
+        let exited = self.exited_vms();
         let mut alive = HashMap::with_capacity(pids.len());
         for pid in pids {
-            if let Some(known) = self.check(pid) {
+            if let Some(known) = self.check(pid, &exited) {
                 alive.insert(pid, known);
             }
         }
         self.known = alive;
+        self.watch_new_vms();
         self.vms()
     }
 
@@ -263,17 +266,57 @@ impl Discovery {
     /// started since the last [`Discovery::scan`] are not found.
     pub fn rescan_known(&mut self) -> Vec<DiscoveredVm> {
         let pids: Vec<u32> = self.known.iter().filter(|(_, k)| k.worth_rechecking()).map(|(pid, _)| *pid).collect();
+        let exited = self.exited_vms();
         for pid in pids {
-            match self.check(pid) {
+            match self.check(pid, &exited) {
                 Some(known) => self.known.insert(pid, known),
                 None => self.known.remove(&pid),
             };
         }
+        self.watch_new_vms();
         self.vms()
     }
 
-    /// What process `pid` is now (None if it is gone, or is this process).
-    fn check(&mut self, pid: u32) -> Option<Known> {
+    /// The watched VMs whose process has exited (its pidfd is readable then).
+    fn exited_vms(&self) -> HashSet<u32> {
+        let (pids, mut fds): (Vec<u32>, Vec<libc::pollfd>) = self
+            .pidfds
+            .iter()
+            .map(|(pid, fd)| (*pid, libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }))
+            .unzip();
+        let Ok(count) = libc::nfds_t::try_from(fds.len()) else { return HashSet::new() };
+        // SAFETY: `fds` is an array of `count` pollfds; a zero timeout does not block.
+        if unsafe { libc::poll(fds.as_mut_ptr(), count, 0) } <= 0 {
+            return HashSet::new();
+        }
+        pids.into_iter().zip(&fds).filter(|(_, p)| p.revents != 0).map(|(pid, _)| pid).collect()
+    }
+
+    /// Open a pidfd for each VM found since the last look (where the kernel has them), and
+    /// close those of processes no longer known as VMs.
+    fn watch_new_vms(&mut self) {
+        let known = &self.known;
+        self.pidfds.retain(|pid, _| known.get(pid).is_some_and(|k| k.vm.is_some()));
+        if self.proc_root != Path::new("/proc") {
+            return;
+        }
+        let new: Vec<(u32, u64)> = known
+            .iter()
+            .filter(|(pid, k)| k.vm.is_some() && !self.pidfds.contains_key(pid))
+            .map(|(pid, k)| (*pid, k.start))
+            .collect();
+        for (pid, start) in new {
+            let Some(fd) = pidfd_open(pid) else { continue };
+            // The pid may have been given to a new process since it was checked: the pidfd is
+            // kept only if the process it holds started when the VM's did.
+            if start_time(&self.proc_root, pid) == Some(start) {
+                self.pidfds.insert(pid, fd);
+            }
+        }
+    }
+
+    /// `exited`: watched VMs whose process has exited.
+    fn check(&mut self, pid: u32, exited: &HashSet<u32>) -> Option<Known> {
         if pid == std::process::id() {
             return None;
         }
@@ -283,9 +326,12 @@ impl Discovery {
             Some(known) if !known.worth_rechecking() => Some(known),
             Some(known) => {
                 let stat = root.join(pid.to_string()).join("stat");
-                let start = match known.vm {
-                    Some(_) => parse_start_ticks(self.stat_files.read(&stat)?)?,
-                    None => start_time(root, pid)?,
+                let start = match (&known.vm, self.pidfds.contains_key(&pid)) {
+                    // Its pidfd holds this very process: alive, it is the same VM.
+                    (Some(_), true) if !exited.contains(&pid) => known.start,
+                    (Some(_), true) => return None,
+                    (Some(_), false) => parse_start_ticks(self.stat_files.read(&stat)?)?,
+                    (None, _) => start_time(root, pid)?,
                 };
                 if start != known.start {
                     return Some(Known { start, first_seen: Instant::now(), vm: inspect() });
@@ -308,6 +354,16 @@ impl Discovery {
         vms.sort_by_key(|v| v.pid);
         vms
     }
+}
+
+/// A pidfd for process `pid` (None where the kernel has none, before Linux 5.3, or refuses).
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = std::os::fd::RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the fd was just returned by the kernel and is owned by nobody else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// The process's start time in clock ticks (field 22 of `/proc/PID/stat`).
@@ -481,5 +537,22 @@ mod tests {
         assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu", "-name", "guest=g,debug-threads=on"]), 1), "g");
         assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu", "-name", "debug-threads=on"]), 1), "qemu-1");
         assert_eq!(vm_name(VmmKind::Qemu, &argv(&["qemu"]), 9), "qemu-9");
+    }
+
+    #[test]
+    fn a_watched_process_is_seen_to_exit_by_one_poll() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut discovery = Discovery::new("/proc", Vec::new());
+        let Some(fd) = pidfd_open(child.id()) else {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            eprintln!("skipped: this kernel gives no pidfds (before Linux 5.3)");
+            return;
+        };
+        discovery.pidfds.insert(child.id(), fd);
+        assert!(discovery.exited_vms().is_empty(), "alive");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(discovery.exited_vms(), HashSet::from([child.id()]), "exited and reaped");
     }
 }

@@ -172,7 +172,8 @@ pub fn render(frame: &mut Frame, snapshot: &Snapshot, state: &ViewState, status:
                     Start one with `virtprof testvm --duration 60s`, or try `virtprof demo`.";
         frame.render_widget(Paragraph::new(hint), body);
     } else {
-        frame.render_widget(table(window, state), body);
+        // The header takes a line; rows past the body's height would be cut off anyway.
+        frame.render_widget(table(window, state, usize::from(body.height.saturating_sub(1))), body);
     }
     let key_line = if state.editing_filter {
         format!("filter: {}_   (Enter apply, Esc clear)", state.filter)
@@ -227,14 +228,21 @@ pub fn visible_vms<'a>(window: &'a WindowReport, state: &ViewState) -> Vec<&'a V
     vms
 }
 
-fn table<'a>(window: &'a WindowReport, state: &ViewState) -> Table<'a> {
+/// The table's first `max_rows` rows: with hundreds of VMs, formatting the rows no terminal
+/// shows was most of a refresh's drawing.
+fn table<'a>(window: &'a WindowReport, state: &ViewState, max_rows: usize) -> Table<'a> {
     let header = Row::new(COLUMNS).style(Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED));
     let mut rows = Vec::new();
     for vm in visible_vms(window, state) {
+        if rows.len() >= max_rows {
+            break;
+        }
         rows.push(Row::new(vm_cells(vm)).style(Style::new().add_modifier(Modifier::BOLD)));
         if state.vcpu_rows {
-            rows.extend(vm.vcpus.iter().map(|v| Row::new(vcpu_cells(v))));
-            let outside = vm.roles.iter().filter(|r| r.role != ThreadRole::Vcpu);
+            let room = max_rows.saturating_sub(rows.len());
+            rows.extend(vm.vcpus.iter().take(room).map(|v| Row::new(vcpu_cells(v))));
+            let room = max_rows.saturating_sub(rows.len());
+            let outside = vm.roles.iter().filter(|r| r.role != ThreadRole::Vcpu).take(room);
             rows.extend(outside.map(|r| Row::new(role_cells(r)).style(Style::new().add_modifier(Modifier::ITALIC))));
         }
     }

@@ -23,7 +23,7 @@ use virtprof_host::procfiles::ProcFiles;
 use virtprof_host::procfs::clock_ticks_per_second;
 use virtprof_host::Schedstat;
 use virtprof_interval::procstat::ProcStat;
-use virtprof_kvm::discover::{threads, Discovery};
+use virtprof_kvm::discover::Discovery;
 use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_model::units::saturating_u64;
 use virtprof_model::Loss;
@@ -191,18 +191,19 @@ impl History<StatsSample> {
     /// the counts at both ends interpolated between the samples around them (KVM stats are
     /// read at refreshes; windows start and end between them).
     fn counts_over(&self, key: (u32, u32), from: u64, to: u64) -> Option<StatsDelta> {
-        let holding = || self.first.iter().chain(self.recent.iter()).filter(|(_, s)| s.contains_key(&key));
-        let first = holding().map(|(at, _)| *at).min()?;
-        let last = holding().map(|(at, _)| *at).max()?;
+        // The samples that hold it, looked up once (a window asks this for every vCPU).
+        let holding: Vec<(u64, (u64, u64))> =
+            self.first.iter().chain(self.recent.iter()).filter_map(|(at, s)| Some((*at, *s.get(&key)?))).collect();
+        let first = holding.iter().map(|(at, _)| *at).min()?;
+        let last = holding.iter().map(|(at, _)| *at).max()?;
         let clipped = from < first;
         let (from, to) = (from.max(first), to.min(last));
         if to <= from {
             return None;
         }
         let at = |t: u64| {
-            let (t0, s0) = holding().filter(|(at, _)| *at <= t).max_by_key(|(at, _)| *at)?;
-            let (t1, s1) = holding().filter(|(at, _)| *at >= t).min_by_key(|(at, _)| *at)?;
-            let (a, b) = (s0[&key], s1[&key]);
+            let &(t0, a) = holding.iter().filter(|(at, _)| *at <= t).max_by_key(|(at, _)| *at)?;
+            let &(t1, b) = holding.iter().filter(|(at, _)| *at >= t).min_by_key(|(at, _)| *at)?;
             let f = if t1 > t0 { (t - t0) as f64 / (t1 - t0) as f64 } else { 0.0 };
             let lerp = |x: u64, y: u64| x as f64 + f * (y as f64 - x as f64);
             Some((lerp(a.0, b.0), lerp(a.1, b.1)))
@@ -353,7 +354,7 @@ impl Sampler {
             let known = self.host.threads.values().any(|(pid, _)| *pid == vm.pid);
             if periodic || !known {
                 self.host.threads.retain(|_, (pid, _)| *pid != vm.pid);
-                for (tid, comm) in threads(Path::new("/proc"), vm.pid) {
+                for (tid, comm) in self.proc_files.threads(Path::new("/proc"), vm.pid) {
                     self.host.threads.insert(tid, (vm.pid, comm));
                 }
             }
