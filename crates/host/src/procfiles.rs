@@ -115,7 +115,7 @@ impl ProcFiles {
 }
 
 /// How many files this process may have open (its soft `RLIMIT_NOFILE`).
-fn open_file_limit() -> u64 {
+pub fn open_file_limit() -> u64 {
     let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit fills the struct it is given.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 {

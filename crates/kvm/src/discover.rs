@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use virtprof_host::procfiles::ProcFiles;
+use virtprof_host::procfiles::{open_file_limit, ProcFiles};
 use virtprof_host::procfs::parse_start_ticks;
 use virtprof_model::vmm::{ThreadRole, VmOwner, VmmKind};
 
@@ -300,10 +300,14 @@ impl Discovery {
         if self.proc_root != Path::new("/proc") {
             return;
         }
+        // At most an eighth of the files this process may open: VMs past that are checked
+        // through their stat files (which keep to a budget of their own).
+        let room = usize::try_from(open_file_limit() / 8).unwrap_or(usize::MAX).saturating_sub(self.pidfds.len());
         let new: Vec<(u32, u64)> = known
             .iter()
             .filter(|(pid, k)| k.vm.is_some() && !self.pidfds.contains_key(pid))
             .map(|(pid, k)| (*pid, k.start))
+            .take(room)
             .collect();
         for (pid, start) in new {
             let Some(fd) = pidfd_open(pid) else { continue };

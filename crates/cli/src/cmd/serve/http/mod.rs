@@ -78,9 +78,7 @@ impl Limits {
     /// The defaults, with at most a quarter of the fds this process may open given to
     /// connections (the rest stay for the trace, /proc and the VMs' stats fds).
     fn for_this_process() -> Limits {
-        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit fills the struct it is given.
-        let fds = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 { limit.rlim_cur } else { 1024 };
+        let fds = virtprof_host::procfiles::open_file_limit();
         Limits {
             connections: usize::try_from(fds / 4).unwrap_or(usize::MAX).clamp(4, 256),
             idle: Duration::from_secs(30),
