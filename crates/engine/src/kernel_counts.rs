@@ -410,6 +410,17 @@ impl KernelCounter {
         Ok(())
     }
 
+    /// Whether this kernel reads the program's maps in batches (`BPF_MAP_LOOKUP_BATCH`, Linux
+    /// 5.6 on), or one entry at a time (two system calls each).
+    pub fn reads_in_batches(&self) -> bool {
+        match self.ebpf.map("threads") {
+            Some(aya::maps::Map::HashMap(data)) => {
+                matches!(crate::bpf_maps::entries::<u32, RawThread>(data), Ok(Some(_)))
+            }
+            _ => false,
+        }
+    }
+
     /// Everything counted so far.
     pub fn counts(&self) -> Result<KernelCounts, KernelCountError> {
         let map = |name: &str| self.ebpf.map(name).ok_or_else(|| KernelCountError::Format(format!("no map {name}")));

@@ -39,6 +39,12 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
     let mut counter =
         KernelCounter::start(Path::new(TRACEFS), &EVIDENCE_EVENTS, true).expect("the program loads and attaches");
     assert!(counter.attached().iter().any(|e| e == "kvm:kvm_userspace_exit"), "{:?}", counter.attached());
+    // The counts below are then read in batches, the path live views take on Linux 5.6 and later.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let version: Vec<u32> = release.split(['.', '-']).take(2).filter_map(|p| p.trim().parse().ok()).collect();
+    if version >= vec![5, 6] {
+        assert!(counter.reads_in_batches(), "Linux {release} has BPF_MAP_LOOKUP_BATCH");
+    }
     // The traced path reads the same events, so both see the same CPUs' last events.
     let events: Vec<&str> = counter.attached().iter().map(String::as_str).collect();
     let mut trace = LiveTrace::start(&events, "mono", 16384, &["kvm", "sched"]).expect("a tracefs instance");

@@ -363,7 +363,15 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
         Ok(counter) => check(
             NAME,
             Status::Ok,
-            format!("loads (verifier accepted) and attaches to {}", counter.attached().join(", ")),
+            format!(
+                "loads (verifier accepted) and attaches to {}; its maps are read {}",
+                counter.attached().join(", "),
+                if counter.reads_in_batches() {
+                    "in batches (BPF_MAP_LOOKUP_BATCH)"
+                } else {
+                    "one entry at a time (no BPF_MAP_LOOKUP_BATCH before Linux 5.6: a refresh costs more)"
+                }
+            ),
             None,
         ),
         Err(e) => check(
