@@ -13,7 +13,7 @@ use virtprof_model::Loss;
 use crate::args::SchedArgs;
 use crate::exit::usage;
 use crate::qos::{log_rows, roles_table, table, LOG_HEADER};
-use virtprof_engine::pass::{recording_tasks, VcpuAccounting};
+use virtprof_engine::pass::{recording_tasks, VcpuAccounting, ACCOUNTING_SYSTEMS};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// `sched --json`: the same `windows[]` as `top --once --json`.
@@ -54,7 +54,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             listed.join(", ")
         )));
     }
-    let mut decoder = recording.decoder(&["kvm", "sched"])?;
+    let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
     if let (Some(window), Some((first, last))) = (window_ns, recording.time_range(&decoder)) {
         let windows = (last - first) / window + 1;
         if windows > MAX_WINDOWS {
