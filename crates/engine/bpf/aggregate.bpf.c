@@ -455,24 +455,24 @@ int kvm_mmio(void *ctx)
 	return 1;
 }
 
-SEC("tracepoint/sched/sched_switch")
-int sched_switch(void *ctx)
+// A switch on this CPU from `prev` (which leaves running, blocked or exited) to `next`.
+#define LEAVES_RUNNABLE 0
+#define LEAVES_BLOCKED 1
+#define LEAVES_EXITED 2
+static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 {
 	__u64 ts = bpf_ktime_get_ns();
 	__u32 cpu = bpf_get_smp_processor_id();
-	__u32 prev = field_u32(ctx, switch_prev_pid_offset);
-	__u32 next = field_u32(ctx, switch_next_pid_offset);
 	on_event(current_tid(), cpu, ts);
 	struct thread *t = prev ? bpf_map_lookup_elem(&threads, &prev) : 0;
 	if (t) {
 		if (t->state == UNKNOWN)
 			resolve(t, RUNNING, ts);
 		if (t->state == UNKNOWN || t->state == RUNNING) {
-			__u64 prev_state = field_u64(ctx, switch_prev_state_offset, switch_prev_state_size);
 			__u32 state = BLOCKED;
-			if (prev_state & EXITING_STATES) {
+			if (leaves == LEAVES_EXITED) {
 				state = EXITED;
-			} else if ((prev_state & STATE_BITS) == 0) {
+			} else if (leaves == LEAVES_RUNNABLE) {
 				// Preempted: the execution's length is an allocation.
 				__u64 len = ts > t->exec_start ? ts - t->exec_start : 0;
 				t->preemptions += 1;
@@ -499,6 +499,45 @@ int sched_switch(void *ctx)
 		t->exec_start = ts;
 		t->execs += 1;
 	}
+}
+
+// Thread `pid` was woken onto `target_cpu`.
+static __always_inline void on_wakeup(__u32 pid, __u32 target_cpu)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
+	if (!t)
+		return;
+	if (t->state == UNKNOWN)
+		resolve(t, BLOCKED, ts);
+	else if (t->state != BLOCKED)
+		return; // waking a runnable task changes nothing
+	transition(t, RUNNABLE, target_cpu, ts);
+	t->wakeups += 1;
+}
+
+// Thread `pid` was moved to `dest_cpu`.
+static __always_inline void on_migrate(__u32 pid, __u32 dest_cpu)
+{
+	__u64 ts = bpf_ktime_get_ns();
+	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
+	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
+	if (t && t->state != RUNNING)
+		transition(t, t->state, dest_cpu, ts);
+}
+
+// The sched events as tracepoint programs, reading the formatted record: every kernel.
+SEC("tracepoint/sched/sched_switch")
+int sched_switch(void *ctx)
+{
+	__u64 prev_state = field_u64(ctx, switch_prev_state_offset, switch_prev_state_size);
+	__u32 leaves = LEAVES_BLOCKED;
+	if (prev_state & EXITING_STATES)
+		leaves = LEAVES_EXITED;
+	else if ((prev_state & STATE_BITS) == 0)
+		leaves = LEAVES_RUNNABLE;
+	on_switch(field_u32(ctx, switch_prev_pid_offset), field_u32(ctx, switch_next_pid_offset), leaves);
 	return 1;
 }
 
@@ -506,29 +545,73 @@ int sched_switch(void *ctx)
 SEC("tracepoint/sched/wakeup")
 int sched_wakeup(void *ctx)
 {
-	__u64 ts = bpf_ktime_get_ns();
-	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
-	__u32 pid = field_u32(ctx, wakeup_pid_offset);
-	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
-	if (!t)
-		return 1;
-	if (t->state == UNKNOWN)
-		resolve(t, BLOCKED, ts);
-	else if (t->state != BLOCKED)
-		return 1; // waking a runnable task changes nothing
-	transition(t, RUNNABLE, field_u32(ctx, wakeup_target_cpu_offset), ts);
-	t->wakeups += 1;
+	on_wakeup(field_u32(ctx, wakeup_pid_offset), field_u32(ctx, wakeup_target_cpu_offset));
 	return 1;
 }
 
 SEC("tracepoint/sched/sched_migrate_task")
 int sched_migrate_task(void *ctx)
 {
-	__u64 ts = bpf_ktime_get_ns();
-	on_event(current_tid(), bpf_get_smp_processor_id(), ts);
-	__u32 pid = field_u32(ctx, migrate_pid_offset);
-	struct thread *t = bpf_map_lookup_elem(&threads, &pid);
-	if (t && t->state != RUNNING)
-		transition(t, t->state, field_u32(ctx, migrate_dest_cpu_offset), ts);
+	on_migrate(field_u32(ctx, migrate_pid_offset), field_u32(ctx, migrate_dest_cpu_offset));
 	return 1;
+}
+
+// The same as raw tracepoint programs, reading the tracepoint's arguments, where the kernel has
+// BTF to place the task fields (the loader uses them only then). Why: the kernel does not run
+// a tracepoint program while its CPU is inside a BPF map syscall or another such program
+// (one per-CPU guard for all of them), so a reader of the maps, or an interrupt during a kvm
+// event's program, made it skip wakeups (counted; 2-18 in 2 s on a loaded CPU read every
+// millisecond); a raw tracepoint program is only kept from running inside itself.
+struct task_struct {
+	int pid;
+	int exit_state;
+	int wake_cpu; // where it is being woken: set with task_cpu() when placed (what the
+	              // event reports as target_cpu; a NUMA swap of a sleeping task may set it alone)
+} __attribute__((preserve_access_index));
+
+static __always_inline __u32 task_field(const int *field)
+{
+	int value = 0;
+	bpf_probe_read_kernel(&value, sizeof(value), field);
+	return (__u32)value;
+}
+
+// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
+//          unsigned int prev_state): the fourth argument since Linux 5.18; where it is missing
+// the kernel refuses to attach this program, and the loader takes the one above.
+SEC("raw_tracepoint/sched_switch")
+int raw_sched_switch(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *prev = (struct task_struct *)ctx->args[1];
+	struct task_struct *next = (struct task_struct *)ctx->args[2];
+	// As the event's prev_state: preempted tasks are runnable whatever their state; an
+	// exiting one shows its exit state (X, Z); no reportable state bit is still runnable.
+	__u32 state = ((__u32)ctx->args[3] | task_field(&prev->exit_state)) & 0x7f;
+	__u32 leaves = LEAVES_BLOCKED;
+	if (ctx->args[0] & 1)
+		leaves = LEAVES_RUNNABLE;
+	else if (state & EXITING_STATES)
+		leaves = LEAVES_EXITED;
+	else if (state == 0)
+		leaves = LEAVES_RUNNABLE;
+	on_switch(task_field(&prev->pid), task_field(&next->pid), leaves);
+	return 0;
+}
+
+// sched_wakeup and sched_wakeup_new: TP_PROTO(struct task_struct *p).
+SEC("raw_tracepoint/sched_wakeup")
+int raw_sched_wakeup(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *p = (struct task_struct *)ctx->args[0];
+	on_wakeup(task_field(&p->pid), task_field(&p->wake_cpu));
+	return 0;
+}
+
+// TP_PROTO(struct task_struct *p, int dest_cpu).
+SEC("raw_tracepoint/sched_migrate_task")
+int raw_sched_migrate_task(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *p = (struct task_struct *)ctx->args[0];
+	on_migrate(task_field(&p->pid), (__u32)ctx->args[1]);
+	return 0;
 }

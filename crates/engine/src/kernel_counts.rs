@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
-use aya::programs::TracePoint;
+use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader, Pod};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey};
@@ -220,6 +220,8 @@ pub struct KernelCounter {
     ebpf: Ebpf,
     /// Tracepoints attached, `system:event`.
     attached: Vec<String>,
+    /// Of those, the sched events read by raw tracepoint programs (see `attach_sched`).
+    raw: Vec<String>,
 }
 
 /// The running kernel's format of `system:event`, if it has the event.
@@ -300,12 +302,17 @@ impl KernelCounter {
         if let Some(f) = &fpu {
             globals.push(("fpu_load_offset", field(f, "load", 4)?.0));
         }
+        // The raw programs' task fields are placed by the kernel's BTF; without it they would
+        // read wherever the source's own layout puts them, so they are not used at all.
+        let btf = aya::Btf::from_sys_fs().ok();
         let mut loader = EbpfLoader::new();
+        loader.btf(btf.as_ref());
         for (name, value) in &globals {
             loader.set_global(name, value, true);
         }
         let ebpf = loader.load(OBJECT).map_err(bpf("loading the in-kernel aggregation program"))?;
-        let mut counter = KernelCounter { ebpf, attached: Vec::new() };
+        let mut counter = KernelCounter { ebpf, attached: Vec::new(), raw: Vec::new() };
+        let raw = btf.is_some();
 
         if exit.is_some() {
             counter.attach("kvm_exit", "kvm", "kvm_exit")?;
@@ -332,18 +339,48 @@ impl KernelCounter {
                 counter.attach("kvm_fpu", "kvm", "kvm_fpu")?;
             }
         }
-        counter.attach("sched_switch", "sched", "sched_switch")?;
-        counter.attach("sched_wakeup", "sched", "sched_wakeup")?;
+        counter.attach_sched("sched_switch", "sched_switch", raw)?;
+        counter.attach_sched("sched_wakeup", "sched_wakeup", raw)?;
         if let Some(f) = sched("sched_wakeup_new")? {
-            // One program reads both: only where their layouts agree.
+            // One tracepoint program reads both: only where their layouts agree.
             if (field(&f, "pid", 4)?.0, field(&f, "target_cpu", 4)?.0) == wakeup_fields {
-                counter.attach("sched_wakeup", "sched", "sched_wakeup_new")?;
+                counter.attach_sched("sched_wakeup", "sched_wakeup_new", raw)?;
             }
         }
         if migrate.is_some() {
-            counter.attach("sched_migrate_task", "sched", "sched_migrate_task")?;
+            counter.attach_sched("sched_migrate_task", "sched_migrate_task", raw)?;
         }
         Ok(counter)
+    }
+
+    /// Attach `program` to `sched:event`: as a raw tracepoint program (`raw_PROGRAM`) where
+    /// `raw` allows and the kernel takes it, else as a tracepoint program. The kernel skips a
+    /// tracepoint program on a CPU that is inside a BPF map syscall or another such program
+    /// (one guard for them all): a reader of the maps, or an interrupt during a kvm event's
+    /// program, made it miss wakeups. A raw one is only kept from running inside itself. The
+    /// kernel refuses it where the tracepoint has fewer arguments than it reads
+    /// (`sched_switch` before Linux 5.18).
+    fn attach_sched(&mut self, program: &str, event: &str, raw: bool) -> Result<(), KernelCountError> {
+        if raw && self.attach_raw(&format!("raw_{program}"), event).is_ok() {
+            self.attached.push(format!("sched:{event}"));
+            self.raw.push(format!("sched:{event}"));
+            return Ok(());
+        }
+        self.attach(program, "sched", event)
+    }
+
+    fn attach_raw(&mut self, program: &str, event: &str) -> Result<(), KernelCountError> {
+        let tp: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| KernelCountError::Format(format!("the object has no program {program}")))?
+            .try_into()
+            .map_err(bpf(format!("program {program}")))?;
+        if tp.fd().is_err() {
+            tp.load().map_err(bpf(format!("the kernel's verifier, on program {program}")))?;
+        }
+        tp.attach(event).map_err(bpf(format!("attaching to raw tracepoint {event}")))?;
+        Ok(())
     }
 
     fn attach(&mut self, program: &str, system: &str, event: &str) -> Result<(), KernelCountError> {
@@ -359,6 +396,12 @@ impl KernelCounter {
         tp.attach(system, event).map_err(bpf(format!("attaching to {system}:{event}")))?;
         self.attached.push(format!("{system}:{event}"));
         Ok(())
+    }
+
+    /// The sched events read by raw tracepoint programs (not skipped while the maps are read),
+    /// `system:event`; the others are read by tracepoint programs.
+    pub fn raw_events(&self) -> &[String] {
+        &self.raw
     }
 
     /// The tracepoints the program is attached to, `system:event`.

@@ -364,12 +364,17 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
             NAME,
             Status::Ok,
             format!(
-                "loads (verifier accepted) and attaches to {}; its maps are read {}",
+                "loads (verifier accepted) and attaches to {}; its maps are read {}; {}",
                 counter.attached().join(", "),
                 if counter.reads_in_batches() {
                     "in batches (BPF_MAP_LOOKUP_BATCH)"
                 } else {
                     "one entry at a time (no BPF_MAP_LOOKUP_BATCH before Linux 5.6: a refresh costs more)"
+                },
+                if counter.raw_events().iter().any(|e| e == "sched:sched_switch") {
+                    "the sched events through raw tracepoints (never skipped while the maps are read)"
+                } else {
+                    "the sched events through tracepoint programs (no kernel BTF, or before Linux 5.18): the kernel skips them while a CPU reads the maps, counted as lost events"
                 }
             ),
             None,
