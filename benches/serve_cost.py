@@ -2,9 +2,9 @@
 """Cost of `virtprof serve` against node_exporter on the same host, as VMs are added.
 
 For 16, 64 and 256 testvm VMs (one vCPU each, I/O-bound with a long --io-latency, so they
-make exits and context switches without loading the CPUs), scrapes `virtprof serve --bpf` (in
-the kernel: the eBPF program), `virtprof serve` (every traced event decoded in user space), `virtprof serve --no-trace` (polling schedstat and KVM
-stats) and then node_exporter (Debian's prometheus-node-exporter, default collectors) every
+make exits and context switches without loading the CPUs), scrapes `virtprof serve` (in the
+kernel: the eBPF program, the default), `virtprof serve --trace` (every traced event decoded in
+user space), `virtprof serve --no-trace` (polling schedstat and KVM stats) and then node_exporter (Debian's prometheus-node-exporter, default collectors) every
 1 s and every 15 s for SECONDS (default 60) each, and reports per exporter: CPU (utime + stime
 from /proc/PID/stat) as % of one core and per scrape, peak RSS (VmHWM), the slowest scrape
 seen by the client, and the response size; then each serve's CPU against node_exporter's and
@@ -108,8 +108,8 @@ def main():
                 port = free_port()
                 url = f"http://127.0.0.1:{port}/metrics"
                 rows = [
-                    ("serve --bpf", [V, "serve", "--bpf", "--listen", f"127.0.0.1:{port}"], url),
                     ("virtprof serve", [V, "serve", "--listen", f"127.0.0.1:{port}"], url),
+                    ("serve --trace", [V, "serve", "--trace", "--listen", f"127.0.0.1:{port}"], url),
                     ("serve no-trace", [V, "serve", "--no-trace", "--listen", f"127.0.0.1:{port}"], url),
                     ("node_exporter", [node_exporter, f"--web.listen-address=127.0.0.1:{port}"], url),
                 ]
@@ -120,10 +120,10 @@ def main():
                     print(f"{count:>4} {interval:>5}s {name:>14} {pct:>7.3f} {per:>10.2f} {rss:>8.1f} {slow:>11.1f} {size:>8}", flush=True)
                 node = max(figures["node_exporter"][0], 1e-9)
                 ratios = " ".join(
-                    f"{name} {figures[name][0] / node:.2f}x" for name in ("serve --bpf", "virtprof serve", "serve no-trace")
+                    f"{name} {figures[name][0] / node:.2f}x" for name in ("virtprof serve", "serve --trace", "serve no-trace")
                 )
                 print(f"{count:>4} {interval:>5}s {'vs node':>14} {ratios}", flush=True)
-                traced = figures["virtprof serve"][0] / max(figures["serve --bpf"][0], 1e-9)
+                traced = figures["serve --trace"][0] / max(figures["virtprof serve"][0], 1e-9)
                 print(f"{count:>4} {interval:>5}s {'traced/kernel':>14} {traced:.1f}x", flush=True)
         finally:
             for v in vms:

@@ -2,7 +2,8 @@
 """CPU per scrape of two `virtprof` builds side by side, as VMs are added.
 
 Starts N testvm VMs (I/O-bound, one vCPU each, as in serve_cost.py), then for each mode
-(`serve --bpf`, `serve`, `serve --no-trace`) runs build A and build B in turn, twice, and
+(`serve --bpf`, `serve --trace`, `serve --no-trace`; builds before --trace existed took no flag
+for the traced path: set TRACED_FLAG= to give them none) runs build A and build B in turn, twice, and
 prints per run: serve's CPU (utime + stime from /proc/PID/stat) over 15 scrapes 1 s apart,
 per scrape (each scrape refreshes the sampler, so this is the whole cost of a scrape), and the
 slowest scrape the client saw. Alternating the builds keeps the host's drift out of the
@@ -74,7 +75,8 @@ def main():
     try:
         time.sleep(3 + count / 50)  # every VMM up
         for _ in range(2):
-            for mode in (["--bpf"], [], ["--no-trace"]):
+            traced = [f for f in [os.environ.get("TRACED_FLAG", "--trace")] if f]
+            for mode in (["--bpf"], traced, ["--no-trace"]):
                 for name, build in builds.items():
                     per, slowest = measure(build, mode)
                     label = " ".join(mode) or "traced"

@@ -4,7 +4,7 @@
 Two loads, each watched for SECONDS (default 30) per mode:
   compute: 8 busy vCPUs (4 testvm compute VMs x 2 vCPUs), few events;
   exits:   2 testvm pio-kernel VMs, ~10^5 exits/s each, the event-heavy case.
-Modes: kernel (--bpf: an eBPF program counts in the kernel), trace (the default: every event
+Modes: kernel (the default: an eBPF program counts in the kernel), trace (--trace: every event
 decoded in user space), polling (--no-trace). Printed per mode: the CPU time top itself used
 (utime + stime from /proc/PID/stat, in tmux like a user's terminal), and, for the exits load,
 what the guests lost: their iterations per second against a run with no top (the kernel-side
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 V = os.environ.get("VIRTPROF", os.path.join(ROOT, "target/release/virtprof"))
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
 TICK = os.sysconf("SC_CLK_TCK")
-MODES = [("kernel", ["--bpf"]), ("trace", []), ("polling", ["--no-trace"])]
+MODES = [("kernel", []), ("trace", ["--trace"]), ("polling", ["--no-trace"])]
 
 
 def cpu_seconds(pid):

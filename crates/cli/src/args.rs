@@ -406,10 +406,11 @@ pub struct ExitsArgs {
 Per vCPU thread, from sched_switch/sched_wakeup and the kvm events: RUN% (on a CPU), WAIT%
 (runnable, waiting: host-side steal), BLK% (sleeping, e.g. on I/O or halt), executions, CPU and
 wait per execution, blocked time per I/O, allocation (executions ended by preemption), I/O
-count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Decoded from a
-private tracefs instance (mode trace); with --bpf, counted in the kernel by an eBPF program where
-it loads (mode kernel; `virtprof doctor` says); without tracefs (or with --no-trace) it polls
-schedstat and KVM stats instead and says so.
+count, exits/s with top reasons. Per VM: vCPU shares averaged, counts summed. Counted in the
+kernel by an eBPF program on the sched and kvm tracepoints (mode kernel; `virtprof doctor` says
+whether it loads here); with --trace, or where it does not load, decoded from a private tracefs
+instance (mode trace); without tracefs (or with --no-trace) it polls schedstat and KVM stats
+instead and says so.
 
 KEYS: q quit  c cycle physical CPU  s sort  f filter  v VM/vCPU rows  w 1 s/10 s window
       p pause  ? help
@@ -419,7 +420,7 @@ EXAMPLES:
   virtprof top -d 2 --vm 4242               one VMM, refresh every 2 s
   virtprof top --once --json                sample 1 s, print the JSON (schema: docs/top.md)
   virtprof top --log qos.csv                also append CSV rows per VM and vCPU per refresh
-  virtprof top --once --bpf                 the same, counted in the kernel (eBPF)")]
+  virtprof top --once --trace               the same, every traced event decoded here")]
 pub struct TopArgs {
     #[command(flatten)]
     pub watch: WatchArgs,
@@ -445,7 +446,7 @@ and exits (virtprof_vcpu_*_total, with vm, vmm, pid and vcpu labels), traced exi
 exit-duration histogram, the VMM's own CPU time outside the vCPUs, virtprof_vm_info (uuid, libvirt
 domain, pod, container), per-core energy, power and temperature estimates, and its own lost events
 and collection time. Counters start when serve starts; figures come from the same sampler as `top`
-(with --bpf counted in the kernel by eBPF where it loads, instead of every traced event decoded),
+(counted in the kernel by eBPF where it loads; with --trace every traced event decoded here),
 refreshed every second and at each scrape. See docs/fleet.md for every metric, the scrape config and
 the Grafana dashboard.
 
@@ -486,10 +487,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
     /// Do not trace: poll schedstat and KVM stats (no reasons, durations or I/O from the trace).
-    #[arg(long, conflicts_with = "bpf")]
+    #[arg(long, conflicts_with_all = ["bpf", "trace"])]
     pub no_trace: bool,
-    /// Count in the kernel (eBPF) instead of decoding every traced event here: far cheaper; not
-    /// the default yet (see docs/fleet.md).
+    /// Decode every traced event here instead of counting in the kernel (eBPF): exact exit
+    /// durations from the ring buffer's timestamps, at several times the CPU (docs/fleet.md).
+    #[arg(long, conflicts_with = "bpf")]
+    pub trace: bool,
+    /// Count in the kernel (eBPF), falling back to --trace where the program does not load:
+    /// the default.
     #[arg(long)]
     pub bpf: bool,
 }
@@ -507,10 +512,14 @@ pub struct WatchArgs {
     #[arg(long, requires = "once")]
     pub json: bool,
     /// Do not trace: poll schedstat and KVM stats (approximate; what `top` does without tracefs).
-    #[arg(long, conflicts_with = "bpf")]
+    #[arg(long, conflicts_with_all = ["bpf", "trace"])]
     pub no_trace: bool,
-    /// Count in the kernel (eBPF) instead of decoding every traced event here: far cheaper; not
-    /// the default yet (see docs/top.md#modes).
+    /// Decode every traced event here instead of counting in the kernel (eBPF): the same
+    /// figures at several times the CPU (docs/top.md#modes).
+    #[arg(long, conflicts_with = "bpf")]
+    pub trace: bool,
+    /// Count in the kernel (eBPF), falling back to --trace where the program does not load:
+    /// the default.
     #[arg(long)]
     pub bpf: bool,
 }

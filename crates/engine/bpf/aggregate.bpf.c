@@ -63,7 +63,7 @@ struct thread {
 	__u64 inferred_execs;
 	__u64 preemptions;
 	__u64 alloc_sum_ns;
-	__u64 alloc_min_ns;
+	__u64 alloc_min_ns; // the extremes (these three) since the read `generation` numbers
 	__u64 alloc_max_ns;
 	__u64 wait_max_ns;
 	__u64 wakeups;
@@ -71,7 +71,7 @@ struct thread {
 	__u32 state;
 	__u32 cpu;
 	__u32 runs_guest; // it emitted kvm events: a vCPU thread
-	__u32 pad;
+	__u32 generation; // of its extremes
 	__u64 exit_start; // the exit in flight: when, and its key
 	__u32 exit_kind;
 	__u32 exit_reason;
@@ -138,6 +138,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } cpu_last SEC(".maps");
+
+// Which read of the maps the extremes are counted from: user space adds one after each read,
+// and a thread's extremes start afresh at its first update after that. Extremes cannot be
+// differenced between reads as sums can.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} generation SEC(".maps");
 
 // Byte offsets (and sizes where they vary) of the fields read, from the format files.
 volatile const __u32 exit_reason_offset = 8;
@@ -272,6 +282,20 @@ static __always_inline void count(__u32 tid, __u32 kind, __u32 reason, __u32 isa
 	// Only this thread's events insert its keys: a failure means the map is full.
 	if (bpf_map_update_elem(&exits, &key, &one, BPF_NOEXIST) != 0)
 		map_full(0);
+}
+
+// The thread's extremes, from the current read on.
+static __always_inline void extremes_since_read(struct thread *t)
+{
+	__u32 zero = 0;
+	__u32 *now = bpf_map_lookup_elem(&generation, &zero);
+	__u32 current = now ? *now : 0;
+	if (t->generation != current) {
+		t->generation = current;
+		t->alloc_min_ns = ~0ULL;
+		t->alloc_max_ns = 0;
+		t->wait_max_ns = 0;
+	}
 }
 
 // Add the time since `since` to the thread's current state.
@@ -475,6 +499,7 @@ static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 			} else if (leaves == LEAVES_RUNNABLE) {
 				// Preempted: the execution's length is an allocation.
 				__u64 len = ts > t->exec_start ? ts - t->exec_start : 0;
+				extremes_since_read(t);
 				t->preemptions += 1;
 				t->alloc_sum_ns += len;
 				if (len < t->alloc_min_ns)
@@ -490,6 +515,7 @@ static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 	if (t) {
 		if (t->state == RUNNABLE) {
 			__u64 waited = ts > t->entered ? ts - t->entered : 0;
+			extremes_since_read(t);
 			if (waited > t->wait_max_ns)
 				t->wait_max_ns = waited;
 		}

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
 use aya::programs::{RawTracePoint, TracePoint};
 use aya::{Ebpf, EbpfLoader, Pod};
 use virtprof_analysis::hist::Histogram;
@@ -55,7 +55,7 @@ struct RawThread {
     state: u32,
     cpu: u32,
     runs_guest: u32,
-    pad: u32,
+    generation: u32,
     exit_start: u64,
     exit_kind: u32,
     exit_reason: u32,
@@ -153,7 +153,8 @@ pub struct ThreadTotals {
     pub cpu: u32,
     /// It emitted kvm events: a vCPU thread.
     pub runs_guest: bool,
-    /// Time and counts up to `since_ns` (exits and evidence are in [`KernelCounts::reasons`]).
+    /// Time and counts up to `since_ns` (exits and evidence are in [`KernelCounts::reasons`]);
+    /// the extremes since the previous read.
     pub counters: Counters,
 }
 
@@ -222,6 +223,8 @@ pub struct KernelCounter {
     attached: Vec<String>,
     /// Of those, the sched events read by raw tracepoint programs (see `attach_sched`).
     raw: Vec<String>,
+    /// The program's `generation`: the number of reads so far (extremes are since the last).
+    generation: u32,
 }
 
 /// The running kernel's format of `system:event`, if it has the event.
@@ -311,7 +314,7 @@ impl KernelCounter {
             loader.set_global(name, value, true);
         }
         let ebpf = loader.load(OBJECT).map_err(bpf("loading the in-kernel aggregation program"))?;
-        let mut counter = KernelCounter { ebpf, attached: Vec::new(), raw: Vec::new() };
+        let mut counter = KernelCounter { ebpf, attached: Vec::new(), raw: Vec::new(), generation: 0 };
         let raw = btf.is_some();
 
         if exit.is_some() {
@@ -464,8 +467,21 @@ impl KernelCounter {
         }
     }
 
-    /// Everything counted so far.
-    pub fn counts(&self) -> Result<KernelCounts, KernelCountError> {
+    /// Everything counted so far; the extremes (longest wait, allocation range) since the
+    /// previous call, which starts them afresh.
+    pub fn counts(&mut self) -> Result<KernelCounts, KernelCountError> {
+        let counts = self.read()?;
+        // Extremes are the program's since this number changed: from here on, the next read's.
+        let next = self.generation.wrapping_add(1);
+        let map =
+            self.ebpf.map_mut("generation").ok_or_else(|| KernelCountError::Format("no map generation".into()))?;
+        let mut generation: Array<&mut MapData, u32> = Array::try_from(map).map_err(bpf("map generation"))?;
+        generation.set(0, next, 0).map_err(bpf("starting the next read's extremes"))?;
+        self.generation = next;
+        Ok(counts)
+    }
+
+    fn read(&self) -> Result<KernelCounts, KernelCountError> {
         let map = |name: &str| self.ebpf.map(name).ok_or_else(|| KernelCountError::Format(format!("no map {name}")));
         let mut reasons: Vec<(u32, ReasonKey, u64)> = entries::<RawKey, u64>(map("exits")?, "exits")?
             .into_iter()
@@ -474,7 +490,7 @@ impl KernelCounter {
         reasons.sort();
         let mut threads: Vec<(u32, ThreadTotals)> = entries::<u32, RawThread>(map("threads")?, "threads")?
             .into_iter()
-            .map(|(tid, t)| (tid, totals(&t)))
+            .map(|(tid, t)| (tid, totals(&t, self.generation)))
             .collect();
         threads.sort_by_key(|(tid, _)| *tid);
         let full: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map("full")?).map_err(bpf("map full"))?;
@@ -551,7 +567,10 @@ fn reason_key(kind: u32, reason: u32, isa: u32) -> Option<ReasonKey> {
     }
 }
 
-fn totals(t: &RawThread) -> ThreadTotals {
+/// A thread's figures; its extremes only where the program counted them since read `generation`
+/// (else none: it was not preempted, nor did it wait, since).
+fn totals(t: &RawThread, generation: u32) -> ThreadTotals {
+    let fresh = t.generation == generation;
     ThreadTotals {
         state: ThreadState::from_raw(t.state),
         since_ns: t.since,
@@ -566,9 +585,9 @@ fn totals(t: &RawThread) -> ThreadTotals {
             inferred_execs: t.inferred_execs,
             preemptions: t.preemptions,
             alloc_sum_ns: t.alloc_sum_ns,
-            alloc_min_ns: t.alloc_min_ns,
-            alloc_max_ns: t.alloc_max_ns,
-            wait_max_ns: t.wait_max_ns,
+            alloc_min_ns: if fresh { t.alloc_min_ns } else { u64::MAX },
+            alloc_max_ns: if fresh { t.alloc_max_ns } else { 0 },
+            wait_max_ns: if fresh { t.wait_max_ns } else { 0 },
             wakeups: t.wakeups,
             io: t.io,
             ..Counters::default()

@@ -140,6 +140,16 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
             );
         }
         assert_eq!(k.io, t.io, "vCPU {}: I/O", vcpu.index);
+        // Read once, the extremes are the whole run's: the same ones, up to what separates the
+        // program's clock reads from the ring buffer's.
+        for (what, a, b) in [
+            ("shortest allocation", k.alloc_min_ns, t.alloc_min_ns),
+            ("longest allocation", k.alloc_max_ns, t.alloc_max_ns),
+            ("longest wait", k.wait_max_ns, t.wait_max_ns),
+        ] {
+            println!("vCPU {}: {what} {a} ns in the kernel, {b} traced", vcpu.index);
+            assert!(a.abs_diff(b) <= b / 100 + 20_000, "vCPU {}: {what} {a} ns in the kernel, {b} traced", vcpu.index);
+        }
         // A wakeup racing its wakee's switch-in on another CPU (the wakee is queued before
         // the wakeup tracepoint fires) is seen in either order, by the program as by the
         // ring buffer's timestamps: the one second is not a wakeup from blocked.
@@ -229,7 +239,7 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
         return;
     }
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let counter = KernelCounter::start(Path::new(TRACEFS), &EVIDENCE_EVENTS, false).expect("the program loads");
+    let mut counter = KernelCounter::start(Path::new(TRACEFS), &EVIDENCE_EVENTS, false).expect("the program loads");
     if !Path::new("/sys/kernel/btf/vmlinux").exists() || kernel_version() < vec![5, 18] {
         eprintln!("skipped: the sched events are read by tracepoint programs here (no BTF, or before Linux 5.18)");
         return;
@@ -239,7 +249,8 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
         ["sched:sched_switch", "sched:sched_wakeup", "sched:sched_wakeup_new", "sched:sched_migrate_task"],
         "every sched event through a raw tracepoint program"
     );
-    let events: Vec<&str> = counter.attached().iter().map(String::as_str).collect();
+    let events: Vec<String> = counter.attached().to_vec();
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
     let mut trace = LiveTrace::start(&events, "mono", 16384, &["kvm", "sched"]).expect("a tracefs instance");
     let evidence = evidence_event_ids(trace.decoder());
     let mut traced = SchedAccounting::new(SchedOptions { bucket_ns: 100_000_000, keep_buckets: 1 }, evidence);
@@ -258,12 +269,13 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
         noise_threshold_ns: 0,
     };
     let done = std::sync::atomic::AtomicBool::new(false);
+    let reading = &mut counter;
     let (report, reads) = std::thread::scope(|s| {
         let reader = s.spawn(|| {
             virtprof_host::affinity::set(0, &[0]).expect("pinning the reader");
             let mut reads = 0u64;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                counter.counts().expect("the maps read");
+                reading.counts().expect("the maps read");
                 reads += 1;
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }

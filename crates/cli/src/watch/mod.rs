@@ -38,7 +38,7 @@ pub struct Watch<'a> {
     pub json: bool,
     /// Append CSV rows here.
     pub log: Option<&'a Path>,
-    /// Where the figures may come from (`--no-trace`: polled; `--bpf`: in the kernel first).
+    /// Where the figures may come from (in the kernel first; `--trace`: traced; `--no-trace`: polled).
     pub mode: Mode,
     /// Stop when this returns true (demo: its VMs ended).
     pub done: &'a dyn Fn() -> bool,
@@ -62,10 +62,10 @@ const ONCE_REFRESH: Duration = Duration::from_millis(250);
 
 /// Where `top` and `demo` may get their figures, from their flags.
 pub fn mode(args: &crate::args::WatchArgs) -> Mode {
-    match (args.no_trace, args.bpf) {
+    match (args.no_trace, args.trace) {
         (true, _) => Mode::Polled,
-        (false, true) => Mode::Best,
-        (false, false) => Mode::Traced,
+        (false, true) => Mode::Traced,
+        (false, false) => Mode::Best,
     }
 }
 

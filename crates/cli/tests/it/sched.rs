@@ -237,9 +237,11 @@ fn top_once_finds_the_vm_by_name_in_every_mode() {
     let log = std::env::temp_dir().join(format!("virtprof-it-top-{}.csv", std::process::id()));
     let mut modes: Vec<(Vec<&str>, &str)> = vec![(vec!["--no-trace"], "polling")];
     if have_tracefs(test) {
-        modes.push((vec![], "trace"));
-        // In the kernel where the eBPF program loads (doctor says).
-        modes.push((vec!["--bpf"], if bpf_loads() { "kernel" } else { "trace" }));
+        // In the kernel where the eBPF program loads (doctor says), by default.
+        let best = if bpf_loads() { "kernel" } else { "trace" };
+        modes.push((vec![], best));
+        modes.push((vec!["--bpf"], best));
+        modes.push((vec!["--trace"], "trace"));
     }
     for (mode, expected) in &modes {
         let mut extra = vec!["--vm", pid.as_str(), "--log", log.to_str().unwrap()];

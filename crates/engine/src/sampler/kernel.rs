@@ -42,14 +42,45 @@ struct Retired {
 /// One read of the maps.
 #[derive(Clone, Default)]
 struct KernelSample {
-    /// tid → (the CPU it runs on or last ran on, its counters as of the read, runs guest code).
+    /// tid → (the CPU it runs on or last ran on, its counters as of the read, runs guest code);
+    /// the extremes in the counters are those since the previous read.
     threads: BTreeMap<u32, (u32, Counters, bool)>,
+    /// tid → its extremes since the first read (older reads leave the history).
+    run_extremes: BTreeMap<u32, Extremes>,
     /// Exits and evidence so far, per (thread, reason).
     reasons: BTreeMap<(u32, ReasonKey), u64>,
     /// Events a full map could not count: exits, threads, timings; and events the kernel
     /// skipped the program for.
     full: [u64; 3],
     missed: u64,
+}
+
+/// A thread's longest wait and allocation range over some reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extremes {
+    alloc_min_ns: u64,
+    alloc_max_ns: u64,
+    wait_max_ns: u64,
+}
+
+impl Extremes {
+    const NONE: Extremes = Extremes { alloc_min_ns: u64::MAX, alloc_max_ns: 0, wait_max_ns: 0 };
+
+    fn of(c: &Counters) -> Extremes {
+        Extremes { alloc_min_ns: c.alloc_min_ns, alloc_max_ns: c.alloc_max_ns, wait_max_ns: c.wait_max_ns }
+    }
+
+    fn merge(self, other: Extremes) -> Extremes {
+        Extremes {
+            alloc_min_ns: self.alloc_min_ns.min(other.alloc_min_ns),
+            alloc_max_ns: self.alloc_max_ns.max(other.alloc_max_ns),
+            wait_max_ns: self.wait_max_ns.max(other.wait_max_ns),
+        }
+    }
+
+    fn set(self, c: &mut Counters) {
+        (c.alloc_min_ns, c.alloc_max_ns, c.wait_max_ns) = (self.alloc_min_ns, self.alloc_max_ns, self.wait_max_ns);
+    }
 }
 
 impl KernelSource {
@@ -77,10 +108,14 @@ impl KernelSource {
         // A retired thread's id in use again is a new thread: the old one's figures go.
         self.retired.retain(|(tid, _)| counts.threads.binary_search_by_key(tid, |(t, _)| *t).is_err());
         for (tid, r) in &self.retired {
-            sample.threads.insert(*tid, (r.cpu, r.counters, r.guest));
+            // Gone: nothing new since the previous read.
+            let mut counters = r.counters;
+            Extremes::NONE.set(&mut counters);
+            sample.threads.insert(*tid, (r.cpu, counters, r.guest));
             sample.reasons.extend(r.reasons.iter().map(|(reason, n)| ((*tid, *reason), *n)));
         }
         sample.threads.extend(counts.threads.iter().map(|(tid, t)| (*tid, (t.cpu, t.at(now), t.runs_guest))));
+
         sample.reasons.extend(counts.reasons.iter().map(|(tid, reason, n)| ((*tid, *reason), *n)));
         for (tid, t) in counts.threads.iter().filter(|(_, t)| t.state == ThreadState::Exited) {
             let reasons = counts.reasons.iter().filter(|(t, _, _)| t == tid).map(|(_, r, n)| (*r, *n)).collect();
@@ -92,7 +127,7 @@ impl KernelSource {
         while self.retired.len() > MAX_RETIRED {
             self.retired.pop_front();
         }
-        self.history.push(now, sample);
+        push(&mut self.history, now, sample);
         Ok(())
     }
 
@@ -144,11 +179,41 @@ impl KernelSource {
     }
 }
 
+/// Add a read to `history`, with each thread's extremes since the first read (the first
+/// read's own are from before it).
+fn push(history: &mut History<KernelSample>, now: u64, mut sample: KernelSample) {
+    if let Some((_, previous)) = history.recent.back() {
+        sample.run_extremes = sample
+            .threads
+            .iter()
+            .map(|(tid, (_, c, _))| {
+                let before = previous.run_extremes.get(tid).copied().unwrap_or(Extremes::NONE);
+                (*tid, before.merge(Extremes::of(c)))
+            })
+            .collect();
+    }
+    history.push(now, sample);
+}
+
 /// The last `ns` of `history` (u64::MAX: since its first read).
 fn span_of(history: &History<KernelSample>, ns: u64) -> Span {
     let from = history.recent.back().map_or(0, |(end, _)| end.saturating_sub(ns));
     let Some(((start, earliest), (end, latest))) = history.window(from) else { return Span::default() };
     let mut span = Span { start_ns: *start, end_ns: *end, ..Default::default() };
+    // Extremes of the reads after the window's first one; from the first read ever where the
+    // history no longer holds it.
+    let in_recent = history.recent.front().is_some_and(|(t, _)| t <= start);
+    let extremes = |tid: u32| -> Extremes {
+        if !in_recent {
+            return latest.run_extremes.get(&tid).copied().unwrap_or(Extremes::NONE);
+        }
+        history
+            .recent
+            .iter()
+            .filter(|(t, _)| t > start)
+            .filter_map(|(_, s)| s.threads.get(&tid))
+            .fold(Extremes::NONE, |e, (_, c, _)| e.merge(Extremes::of(c)))
+    };
     for ((tid, reason), n) in &latest.reasons {
         let d = n.saturating_sub(earliest.reasons.get(&(*tid, *reason)).copied().unwrap_or(0));
         if d > 0 {
@@ -160,6 +225,7 @@ fn span_of(history: &History<KernelSample>, ns: u64) -> Span {
             Some((_, then, _)) => difference(now, then),
             None => *now,
         };
+        extremes(*tid).set(&mut c);
         for ((_, reason), n) in span.reasons.iter().filter(|((t, _), _)| t == tid) {
             if reason.is_kvm_exit() {
                 c.exits += n;
@@ -172,8 +238,7 @@ fn span_of(history: &History<KernelSample>, ns: u64) -> Span {
     span
 }
 
-/// `now − then` for times and counts. Extremes (longest wait, allocation range) are the
-/// program's over the whole run: it keeps no per-window extremes.
+/// `now − then` for times and counts (the extremes are set by the caller).
 fn difference(now: &Counters, then: &Counters) -> Counters {
     Counters {
         run_ns: now.run_ns.saturating_sub(then.run_ns),
@@ -205,6 +270,7 @@ mod tests {
             ]),
             full: [0; 3],
             missed: 0,
+            ..KernelSample::default()
         }
     }
 
@@ -225,5 +291,50 @@ mod tests {
         assert_eq!(span.reasons[&(7, ReasonKey::Exit { reason: 30, isa: 1 })], 60);
         // The whole run: from the first read.
         assert_eq!(span_of(&history, u64::MAX).counters[&(7, 1)].run_ns, 600_000_000);
+    }
+
+    /// Extremes cannot be differenced: each read brings those since the previous one, and a
+    /// window's are those of the reads it spans (the run's too, once the first read has left
+    /// the history).
+    #[test]
+    fn a_windows_extremes_are_those_of_its_reads() {
+        let ms = 1_000_000;
+        let read = |i: u64, extremes: Option<(u64, u64, u64)>| {
+            let mut s = sample(100 * i, 0, 0, 0, 0);
+            let e = extremes.map_or(Extremes::NONE, |(min, max, wait)| Extremes {
+                alloc_min_ns: min * ms,
+                alloc_max_ns: max * ms,
+                wait_max_ns: wait * ms,
+            });
+            e.set(&mut s.threads.get_mut(&7).unwrap().1);
+            s
+        };
+        let second = 1_000_000_000;
+        let mut history = History::new();
+        push(&mut history, second, read(1, Some((1, 90, 50)))); // before the first read: not counted
+        push(&mut history, 2 * second, read(2, Some((4, 6, 3))));
+        push(&mut history, 3 * second, read(3, None)); // neither preempted nor waiting
+        push(&mut history, 4 * second, read(4, Some((2, 5, 7))));
+        let extremes = |history: &History<KernelSample>, ns| Extremes::of(&span_of(history, ns).counters[&(7, 1)]);
+        let e = |min: u64, max: u64, wait: u64| Extremes {
+            alloc_min_ns: min * ms,
+            alloc_max_ns: max * ms,
+            wait_max_ns: wait * ms,
+        };
+        assert_eq!(extremes(&history, second), e(2, 5, 7));
+        assert_eq!(extremes(&history, 2 * second), e(2, 5, 7));
+        assert_eq!(extremes(&history, 3 * second), e(2, 6, 7));
+        assert_eq!(extremes(&history, u64::MAX), e(2, 6, 7));
+        // A window of a read with none has none.
+        let mut quiet = History::new();
+        push(&mut quiet, second, read(1, Some((1, 90, 50))));
+        push(&mut quiet, 2 * second, read(2, None));
+        assert_eq!(Extremes::of(&span_of(&quiet, second).counters[&(7, 1)]), Extremes::NONE);
+        // Once the first read has left the history, the run's extremes are the kept ones.
+        for i in 5..40 {
+            push(&mut history, i * second, read(i, None));
+        }
+        assert!(history.recent.front().unwrap().0 > second);
+        assert_eq!(extremes(&history, u64::MAX), e(2, 6, 7));
     }
 }

@@ -248,7 +248,7 @@ enum Source {
 pub enum Mode {
     /// In the kernel where eBPF loads, else traced, else polled.
     Best,
-    /// Traced (every event decoded in user space), else polled: what timing exits needs.
+    /// Traced (every event decoded in user space), else polled (`--trace`).
     Traced,
     /// Polled only (`--no-trace`).
     Polled,

@@ -392,9 +392,9 @@ fn in_kernel_check(tracefs: Option<&Tracefs>, kvm_events: bool) -> Check {
 fn in_kernel_mode(check: &Check) -> String {
     match check.status {
         Status::Ok => concat!(
-            "with --bpf, `top`, `demo` and `serve` count exits by reason, exit durations and run/wait/",
-            "blocked per vCPU thread in the kernel (eBPF); not the default yet (docs/top.md#modes); ",
-            "events the kernel skips the program for are counted as lost"
+            "`top`, `demo` and `serve` count exits by reason, exit durations and run/wait/blocked per ",
+            "vCPU thread in the kernel (eBPF; --trace decodes every traced event instead); events the ",
+            "kernel skips the program for are counted as lost"
         )
         .to_string(),
         _ => format!("unavailable ({}): `top`, `demo` and `serve` decode every traced event", check.detail),
@@ -436,7 +436,7 @@ fn agent_mode() -> String {
 /// What `virtprof serve` exports here.
 fn serve_mode(tracefs: bool, exits_live: Option<bool>) -> String {
     let figures = if tracefs {
-        "run/wait/blocked seconds, executions, I/O and exit reasons from the traced kvm and sched events (counted in the kernel with --bpf)"
+        "run/wait/blocked seconds, executions, I/O and exit reasons from the traced kvm and sched events (counted in the kernel by eBPF where it loads; --trace decodes them)"
     } else {
         "run/wait from schedstat polling (blocked as the remainder; no exit reasons or traced I/O: needs tracefs)"
     };

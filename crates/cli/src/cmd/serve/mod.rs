@@ -39,10 +39,10 @@ pub struct Collector {
 
 /// Where `serve` may get its figures, from its flags.
 fn mode(args: &ServeArgs) -> Mode {
-    match (args.no_trace, args.bpf) {
+    match (args.no_trace, args.trace) {
         (true, _) => Mode::Polled,
-        (false, true) => Mode::Best,
-        (false, false) => Mode::Traced,
+        (false, true) => Mode::Traced,
+        (false, false) => Mode::Best,
     }
 }
 
