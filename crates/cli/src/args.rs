@@ -355,6 +355,7 @@ threads by process, by the trace.dat's GUEST option, or by their vCPU indexes (G
 
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
+  virtprof exits --duration 60s --bpf            live, counted in the kernel: no event decoded
   virtprof exits run.vprec                       per reason
   virtprof exits trace.dat                       a trace-cmd capture (v6/v7, any compression)
   virtprof exits perf.data                       perf record -e 'kvm:*' or perf kvm stat record
@@ -393,6 +394,11 @@ pub struct ExitsArgs {
     /// shows what the guest did just before it (placed by the file's TIME_SHIFT).
     #[arg(long, value_name = "GUEST.dat", requires = "file")]
     pub guest: Option<PathBuf>,
+    /// Live mode: count in the kernel (eBPF) instead of tracing: exits per reason and their
+    /// durations with no event handed to user space; the per-reason light/heavy split,
+    /// descheduling and per-exit rows are then unknown.
+    #[arg(long, conflicts_with_all = ["file", "noise", "threshold_us"])]
+    pub bpf: bool,
     /// Print JSON (schema in docs/exits.md).
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,

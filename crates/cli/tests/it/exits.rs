@@ -159,3 +159,91 @@ fn bad_inputs_are_usage_errors() {
     }
     let _ = std::fs::remove_file(not_rec);
 }
+
+/// `exits --duration --bpf` (counted in the kernel) beside `exits --duration` (traced), both
+/// around the whole life of a test VM: its vCPU's exits to the VMM equal the VMM's own count in
+/// both, and where kvm_exit fires, every exit and the light/heavy split agree too.
+#[test]
+fn live_exits_counted_in_the_kernel_match_the_trace_and_the_vmm() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let test = "live_exits_counted_in_the_kernel_match_the_trace_and_the_vmm";
+    let Some(_vms) = super::util::have_kvm(test) else { return };
+    if !super::util::have_tracefs(test) {
+        return;
+    }
+    // Each says when it is counting (the traced one just before its instance starts).
+    let start = |extra: &[&str], ready: &'static str| {
+        let mut child = virtprof()
+            .args(["exits", "--duration", "12s", "--by", "vcpu", "--json"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(ready) {
+                    let _ = tx.send(());
+                }
+                all += &line;
+                all += "\n";
+            }
+            all
+        });
+        (child, rx, lines)
+    };
+    let (kernel, kernel_ready, kernel_err) = start(&["--bpf"], "counting in the kernel");
+    let (traced, traced_ready, traced_err) = start(&[], "recording for");
+    let within = std::time::Duration::from_secs(10);
+    if kernel_ready.recv_timeout(within).is_err() {
+        let out = kernel.wait_with_output().unwrap();
+        let stderr = kernel_err.join().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--bpf: the in-kernel program is unavailable"), "{stderr}");
+        note(test, format!("SKIP: {stderr}"));
+        return;
+    }
+    traced_ready.recv_timeout(within).expect("the traced run started");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let vm =
+        super::util::testvm(&["-w", "phases", "--phases", "pio-user:3000,cpuid:2000,mmio-user:1000", "--name", "kx"]);
+    let (kernel, traced) = (kernel.wait_with_output().unwrap(), traced.wait_with_output().unwrap());
+    let (kernel_err, traced_err) = (kernel_err.join().unwrap(), traced_err.join().unwrap());
+    assert!(kernel.status.success(), "{kernel_err}");
+    assert!(traced.status.success(), "{traced_err}");
+    let kernel: Value = serde_json::from_slice(&kernel.stdout).unwrap();
+    let traced: Value = serde_json::from_slice(&traced.stdout).unwrap();
+    let vcpu = vm.vcpus().next().unwrap();
+    let row = |report: &Value| {
+        report["by_vcpu"].as_array().unwrap().iter().find(|r| r["tid"] == vcpu.tid).cloned().unwrap_or_else(|| {
+            panic!("no row for vCPU thread {} in {}", vcpu.tid, report["by_vcpu"]);
+        })
+    };
+    let (k, t) = (row(&kernel), row(&traced));
+    let to_vmm: u64 = vcpu.userspace_exits.values().sum();
+    note(test, format!("vCPU {}: kernel {k}, traced {t}, the VMM's own userspace exits {to_vmm}", vcpu.tid));
+    assert_eq!(k["heavyweight"], to_vmm, "in the kernel: exits to the VMM vs the VMM's count");
+    assert_eq!(t["heavyweight"], to_vmm, "traced: exits to the VMM vs the VMM's count");
+    assert_eq!(kernel["lost_events"], 0, "{kernel_err}");
+    assert!(kernel["source"]["unavailable"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|u| u.as_str().unwrap().contains("lightweight")));
+    if kernel["source"]["path"] == "in-kernel kvm_exit" {
+        assert_eq!(
+            (&k["exits"], &k["lightweight"]),
+            (&t["exits"], &t["lightweight"]),
+            "every exit, where kvm_exit fires"
+        );
+    } else {
+        // Handled in the kernel: unknown without kvm_exit, never zero.
+        assert!(k["lightweight"].is_null(), "{k}");
+        assert_eq!(k["exits"], to_vmm);
+    }
+    assert!(k["total_ns"].is_null(), "per-thread time is unknown in the kernel: {k}");
+}

@@ -2,6 +2,8 @@
 //! `perf kvm stat report`, plus percentiles, the light/heavy split and descheduling), per vCPU
 //! or per VM, and per-exit `vm_noise` rows.
 
+mod in_kernel;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::ExitCode;
@@ -138,6 +140,9 @@ struct VmRow {
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
+    if args.bpf {
+        return in_kernel::run(args);
+    }
     let recording = match &args.file {
         Some(path) => Session::open_warning(path, &args.source.options())?,
         None => record_live(args)?,
