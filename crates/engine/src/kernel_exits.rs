@@ -102,11 +102,17 @@ pub fn exit_report(counts: &KernelCounts, names: &dyn Names, tids: Option<&[u32]
             total_ns: 0,
         })
         .collect();
-    let mut unavailable = vec![
-        "per kvm_exit reason, lightweight/heavyweight: the in-kernel program does not pair exits with userspace exits (--trace pairs them)".to_string(),
-        "descheduled, VMM, preempted and blocked time: the in-kernel program does not follow a thread through an exit".to_string(),
+    let mut unavailable = Vec::new();
+    if exit_path {
+        unavailable.push(
+            "per kvm_exit reason, lightweight/heavyweight: the in-kernel program does not pair exits with userspace exits (--trace pairs them)".to_string(),
+        );
+    }
+    unavailable.extend([
+        "descheduled, VMM, preempted and blocked time: the in-kernel program does not follow a thread through an exit"
+            .to_string(),
         "per vCPU, exit time: durations are kept per reason".to_string(),
-    ];
+    ]);
     if tids.is_some() {
         unavailable
             .push("durations with --vm/--vcpu: the in-kernel program keeps them per reason for all threads".into());
