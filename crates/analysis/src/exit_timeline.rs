@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn exit(ts: u64, rip: u64, reason: u32) -> Event {
-        let kind = EventKind::KvmExit { reason, isa: 2, guest_rip: rip, vcpu_id: 0, info1: 0, info2: 0 };
+        let kind = EventKind::KvmExit { reason, isa: 2, guest_rip: rip, vcpu_id: 0 };
         Event { ts, cpu: 0, tid: 9, kind }
     }
 

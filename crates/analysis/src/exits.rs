@@ -640,7 +640,7 @@ impl ExitAnalyzer {
         }
     }
 
-    fn on_switch(&mut self, e: &Event, prev: u32, prev_state: u64, next: u32, next_comm: StrId) {
+    fn on_switch(&mut self, e: &Event, prev: u32, prev_state: u32, next: u32, next_comm: StrId) {
         if let Some(t) = self.threads.get_mut(prev).filter(|t| t.exit.is_some()) {
             // Low byte 0 is TASK_RUNNING (0x100 marks preemption on newer kernels): runnable.
             let blocked = prev_state & 0xff != 0;
@@ -920,7 +920,7 @@ mod tests {
     }
 
     fn exit(ts: u64, tid: u32, reason: u32) -> Event {
-        ev(ts, 0, tid, EventKind::KvmExit { reason, isa: 2, guest_rip: 0, vcpu_id: 0, info1: 0, info2: 0 })
+        ev(ts, 0, tid, EventKind::KvmExit { reason, isa: 2, guest_rip: 0, vcpu_id: 0 })
     }
 
     fn entry(ts: u64, tid: u32) -> Event {
@@ -1025,7 +1025,7 @@ mod tests {
         assert!(r.by_reason.iter().any(|x| x.reason == "event33 (in kernel)"));
     }
 
-    fn switch(ts: u64, prev: u32, prev_state: u64, next: u32) -> Event {
+    fn switch(ts: u64, prev: u32, prev_state: u32, next: u32) -> Event {
         let kind = EventKind::SchedSwitch {
             prev_tid: prev,
             prev_state,

@@ -30,14 +30,14 @@ use virtprof_model::{Event, EventKind, Timestamp};
 use crate::Names;
 
 /// `sched_switch` prev_state bits of a task that is exiting (`X` dead, `Z` zombie).
-const EXITING_STATES: u64 = 0x10 | 0x20;
+const EXITING_STATES: u32 = 0x10 | 0x20;
 /// The low byte of prev_state holds the task-state bits; 0 there (`R`, or `R+` = 0x100 in
 /// newer kernels, the preemption marker) means the task was still runnable: preempted.
-const STATE_BITS: u64 = 0xff;
+const STATE_BITS: u32 = 0xff;
 
 /// What a `sched_switch` prev_state says of the task switched out: None if it is exiting,
 /// `Some(true)` if it is still runnable (preempted), `Some(false)` if it sleeps (blocked).
-pub fn preempted(prev_state: u64) -> Option<bool> {
+pub fn preempted(prev_state: u32) -> Option<bool> {
     if prev_state & EXITING_STATES != 0 {
         None
     } else {
@@ -583,7 +583,7 @@ impl SchedAccounting {
         }
     }
 
-    fn switch_out(&mut self, tid: u32, prev_state: u64, e: &Event) {
+    fn switch_out(&mut self, tid: u32, prev_state: u32, e: &Event) {
         let state = self.threads[&tid].state;
         if state == State::Unknown {
             self.resolve(tid, State::Running, e.ts);
@@ -768,7 +768,7 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
-    fn switch(ts: u64, cpu: u32, prev: u32, prev_state: u64, next: u32) -> Event {
+    fn switch(ts: u64, cpu: u32, prev: u32, prev_state: u32, next: u32) -> Event {
         Event {
             ts,
             cpu,

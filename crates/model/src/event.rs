@@ -23,6 +23,11 @@ pub struct Event {
     pub kind: EventKind,
 }
 
+// Every event of a walk is written by a decoding thread and read on another core by the merge:
+// its size is memory traffic per event. 56 bytes (with two kvm_exit fields no analysis read)
+// cost a walk of 800k events about a tenth more CPU than 40; keep it from growing unnoticed.
+const _: () = assert!(std::mem::size_of::<Event>() == 40);
+
 /// The events virtprof understands, plus [`EventKind::Other`] for the rest.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EventKind {
@@ -36,10 +41,6 @@ pub enum EventKind {
         guest_rip: u64,
         /// vCPU id (0 if the kernel lacks the field).
         vcpu_id: u32,
-        /// Exit qualification / info1.
-        info1: u64,
-        /// info2.
-        info2: u64,
     },
     /// `kvm:kvm_entry`: the vCPU is about to enter guest mode.
     KvmEntry {
@@ -91,8 +92,9 @@ pub enum EventKind {
     SchedSwitch {
         /// Task leaving the CPU.
         prev_tid: u32,
-        /// Its state (0 = runnable/preempted; otherwise sleeping or other).
-        prev_state: u64,
+        /// Its state (0 = runnable/preempted; otherwise sleeping or other). The kernel records a
+        /// `long`, but every state bit, the preemption marker included, lies in the low 32.
+        prev_state: u32,
         /// Its name.
         prev_comm: StrId,
         /// Task taking the CPU.

@@ -161,7 +161,7 @@ impl EventTable {
             EventKind::KvmPio { port, .. } => (None, None, Some(u64::from(port))),
             EventKind::KvmMmio { gpa, .. } => (None, None, Some(gpa)),
             EventKind::KvmEmulateInsn { rip, .. } => (None, None, Some(rip)),
-            EventKind::SchedSwitch { prev_state, next_tid, .. } => (None, Some(next_tid), Some(prev_state)),
+            EventKind::SchedSwitch { prev_state, next_tid, .. } => (None, Some(next_tid), Some(u64::from(prev_state))),
             EventKind::SchedWakeup { tid, target_cpu } => (None, Some(tid), Some(u64::from(target_cpu))),
             EventKind::SchedMigrate { tid, dest_cpu, .. } => (None, Some(tid), Some(u64::from(dest_cpu))),
             EventKind::SchedFork { parent_tid, child_tid } => (None, Some(child_tid), Some(u64::from(parent_tid))),

@@ -90,7 +90,7 @@ impl Slot {
 /// Per event id: how to build its [`EventKind`].
 #[derive(Debug, Clone, Copy)]
 enum Typed {
-    KvmExit { reason: Slot, isa: Slot, rip: Slot, vcpu: Slot, info1: Slot, info2: Slot },
+    KvmExit { reason: Slot, isa: Slot, rip: Slot, vcpu: Slot },
     KvmEntry { vcpu: Slot, rip: Slot },
     KvmUserspaceExit { reason: Slot, errno: Slot },
     KvmPio { rw: Slot, port: Slot, size: Slot, count: Slot },
@@ -121,14 +121,9 @@ impl Typed {
     fn for_format(f: &EventFormat) -> Typed {
         let s = |name| Slot::of(f, name);
         match (f.system.as_str(), f.name.as_str()) {
-            ("kvm", "kvm_exit") => Typed::KvmExit {
-                reason: s("exit_reason"),
-                isa: s("isa"),
-                rip: s("guest_rip"),
-                vcpu: s("vcpu_id"),
-                info1: s("info1"),
-                info2: s("info2"),
-            },
+            ("kvm", "kvm_exit") => {
+                Typed::KvmExit { reason: s("exit_reason"), isa: s("isa"), rip: s("guest_rip"), vcpu: s("vcpu_id") }
+            }
             ("kvm", "kvm_entry") => Typed::KvmEntry { vcpu: s("vcpu_id"), rip: s("rip") },
             ("kvm", "kvm_userspace_exit") => Typed::KvmUserspaceExit { reason: s("reason"), errno: s("errno") },
             ("kvm", "kvm_pio") => Typed::KvmPio { rw: s("rw"), port: s("port"), size: s("size"), count: s("count") },
@@ -264,13 +259,11 @@ impl Decoder {
         let id = u16::from_le_bytes([d[0], d[1]]);
         let tid = self.common_pid.read(d) as u32;
         let kind = match *self.typed.get(id as usize).unwrap_or(&Typed::Other { id }) {
-            Typed::KvmExit { reason, isa, rip, vcpu, info1, info2 } => EventKind::KvmExit {
+            Typed::KvmExit { reason, isa, rip, vcpu } => EventKind::KvmExit {
                 reason: reason.read(d) as u32,
                 isa: isa.read(d) as u32,
                 guest_rip: rip.read(d),
                 vcpu_id: vcpu.read(d) as u32,
-                info1: info1.read(d),
-                info2: info2.read(d),
             },
             Typed::KvmEntry { vcpu, rip } => EventKind::KvmEntry { vcpu_id: vcpu.read(d) as u32, rip: rip.read(d) },
             Typed::KvmUserspaceExit { reason, errno } => {
@@ -294,7 +287,7 @@ impl Decoder {
             }
             Typed::SchedSwitch { prev_pid, prev_state, prev_comm, next_pid, next_comm } => EventKind::SchedSwitch {
                 prev_tid: prev_pid.read(d) as u32,
-                prev_state: prev_state.read(d),
+                prev_state: prev_state.read(d) as u32,
                 prev_comm: self.strings.intern(prev_comm.bytes(d)),
                 next_tid: next_pid.read(d) as u32,
                 next_comm: self.strings.intern(next_comm.bytes(d)),

@@ -442,6 +442,21 @@ impl Feed {
     }
 }
 
+/// How far ahead of the event being delivered the merge prefetches its batch. The batch was
+/// written on another core, so each cache line is a cross-core miss; fetching them early cut
+/// the merge's share of a 22 ms `exits` run by about a tenth (any distance from 8 to 64 did).
+const PREFETCH_EVENTS: usize = 16;
+
+/// Ask the CPU to start loading `event`, which a decoding thread wrote on another core.
+#[inline(always)]
+fn prefetch(event: &Event) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults and reads nothing into the program.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(event).cast());
+    }
+}
+
 /// Where a CPU's stream is in the merge order: its next event's timestamp, then the CPU.
 type Key = (u64, u32);
 
@@ -479,6 +494,9 @@ fn merge_feeds(
         let Some(((_, cpu), i)) = first else { break };
         let feed = &mut feeds[i];
         loop {
+            if let Some(ahead) = feed.batch.get(feed.next + PREFETCH_EVENTS) {
+                prefetch(ahead);
+            }
             sink(&feed.batch[feed.next], decoder);
             feed.next += 1;
             match (feed.batch.get(feed.next), runner_up) {

@@ -274,7 +274,7 @@ fn text_trace_reencoded_equals_the_raw_pages() {
                         EventKind::SchedSwitch { prev_tid, next_tid, prev_state, .. } => {
                             assert_eq!((prev_tid, next_tid), (field32("prev_pid"), field32("next_pid")));
                             // The text shows the state's task-state bits ("R", "S", "I", "R+" ...).
-                            assert_eq!(prev_state & 0xff, field("prev_state") & 0xff, "{run}: prev_state");
+                            assert_eq!(u64::from(prev_state) & 0xff, field("prev_state") & 0xff, "{run}: prev_state");
                         }
                         EventKind::IrqVectorEntry { vector, .. } | EventKind::IrqVectorExit { vector, .. } => {
                             assert_eq!(u64::from(vector), field("vector"));
