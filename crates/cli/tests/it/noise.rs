@@ -111,7 +111,9 @@ fn guest_steal_equals_schedstat_wait_and_the_host_explains_it() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let stolen_before = stolen_from_this_machine_ns(&cpu);
     let r = json(&["noise", "--testvm", "--pin", &cpu, "--duration", "2s", "--json"]);
+    let stolen_below = stolen_from_this_machine_ns(&cpu).saturating_sub(stolen_before);
     hog.kill().unwrap();
     let _ = hog.wait();
     let steal = r["guest"]["steal_ns"].as_f64().unwrap();
@@ -124,8 +126,35 @@ fn guest_steal_equals_schedstat_wait_and_the_host_explains_it() {
     let (who, ns) = r["preemptors"].as_object().unwrap().iter().max_by_key(|(_, v)| v.as_u64().unwrap()).unwrap();
     assert_eq!(who, "sh", "{ns}");
     assert_eq!(r["lost_events"], 0);
-    assert!(r["explained_pct"].as_f64().unwrap() >= 95.0, "{}", r["explained_pct"]);
+    // What the host trace cannot see: this machine's own hypervisor taking the CPU (the guest
+    // sees a gap, the host no event). CI once measured 94.8 % explained while QEMU TCG beds
+    // loaded both CPUs; 99.4-99.6 % here alone or beside CPU and memory hogs. Allowed: 5 %
+    // of the noise plus what the machine's steal clock says was taken from this CPU.
+    let (explained, noise) = (r["explained_pct"].as_f64().unwrap(), r["guest"]["noise_ns"].as_f64().unwrap());
+    let unexplained = r["by_cause"]["unexplained"]["ns"].as_f64().unwrap_or(0.0);
+    assert!(
+        explained >= 95.0 || unexplained <= 0.05 * noise + stolen_below as f64,
+        "explained {explained} %: unexplained {unexplained} ns of {noise}, {stolen_below} ns stolen from this machine; {}",
+        r["by_cause"]
+    );
+    if explained < 95.0 {
+        note(
+            test,
+            format!("explained {explained:.1} %; this machine's hypervisor took {stolen_below} ns of CPU {cpu}"),
+        );
+    }
     assert!(r["clock"]["bound_ns"].as_u64().unwrap() < 50_000, "{}", r["clock"]);
+}
+
+/// Time this machine's own hypervisor has taken from `cpu` (the steal column of /proc/stat,
+/// in clock ticks), in nanoseconds; 0 where it is not told.
+fn stolen_from_this_machine_ns(cpu: &str) -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(&format!("cpu{cpu}")));
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100).max(1);
+    let ticks = line.and_then(|l| l.split_whitespace().nth(8)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    ticks * (1_000_000_000 / hz)
 }
 
 #[test]
