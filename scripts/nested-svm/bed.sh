@@ -51,33 +51,7 @@ kernel_package() {
 
 # Modules named after DIR, with everything they depend on, in load order.
 module_order() {
-    local dir=$1
-    shift
-    python3 - "$dir" "$@" <<'PY'
-import os, sys
-root, wanted = sys.argv[1], sys.argv[2:]
-paths = {}
-for base, _, files in os.walk(root):
-    for f in files:
-        if f.endswith(".ko"):
-            paths[f[:-3].replace("-", "_")] = os.path.join(base, f)
-order = []
-def visit(name):
-    name = name.replace("-", "_")
-    if name in order or name not in paths:  # built into the kernel
-        return
-    # The .modinfo section holds NUL-separated key=value strings, one of them depends=.
-    data = open(paths[name], "rb").read()
-    at = data.find(b"\0depends=")
-    deps = data[at + 9:data.index(b"\0", at + 1)].decode() if at >= 0 else ""
-    for dep in filter(None, deps.split(",")):
-        visit(dep)
-    order.append(name)
-for name in wanted:
-    visit(name)
-for name in order:
-    print(paths[name])
-PY
+    python3 "$root/scripts/module-order.py" "$@"
 }
 
 # The kernel package unpacked under $cache/kernel, its vmlinuz at $cache/vmlinuz (call with

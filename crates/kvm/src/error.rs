@@ -91,6 +91,9 @@ pub enum VmmError {
     /// Statistics could not be read.
     #[error(transparent)]
     Stats(#[from] StatsError),
+    /// This architecture cannot run the micro-VM (yet).
+    #[error("not on this architecture: {0}")]
+    Unsupported(String),
     /// A VMM child process failed.
     #[error("VM {index} (pid {pid}): {message}")]
     Child {

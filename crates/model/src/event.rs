@@ -28,16 +28,26 @@ pub struct Event {
 // cost a walk of 800k events about a tenth more CPU than 40; keep it from growing unnoticed.
 const _: () = assert!(std::mem::size_of::<Event>() == 40);
 
+/// [`EventKind::KvmExit`]'s `isa` for an arm64 exit. arm64's `kvm_exit` records an exit code
+/// (`ret`: IRQ, SERROR, TRAP, ...) and the exception class of the last trap (`esr_ec`, stale
+/// unless the code is TRAP): the reason is the class for a trap, else the code with
+/// [`ARM64_NOT_A_TRAP`] set.
+pub const ISA_ARM64: u32 = 64;
+/// Marks an arm64 reason that is an exit code, not an exception class (classes are 6 bits).
+pub const ARM64_NOT_A_TRAP: u32 = 1 << 31;
+
 /// The events virtprof understands, plus [`EventKind::Other`] for the rest.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum EventKind {
     /// `kvm:kvm_exit`: the vCPU left guest mode.
     KvmExit {
-        /// Raw exit reason (VMX basic reason with flags, or SVM exit code).
+        /// Raw exit reason (VMX basic reason with flags, or SVM exit code; on arm64 see
+        /// [`ISA_ARM64`]).
         reason: u32,
-        /// Instruction set of the reason (1 = VMX, 2 = SVM; 0 if the kernel lacks the field).
+        /// Instruction set of the reason (1 = VMX, 2 = SVM, [`ISA_ARM64`]; 0 if the kernel
+        /// lacks the field).
         isa: u32,
-        /// Guest RIP at the exit.
+        /// Guest RIP (on arm64, PC) at the exit.
         guest_rip: u64,
         /// vCPU id (0 if the kernel lacks the field).
         vcpu_id: u32,

@@ -20,7 +20,7 @@ pub mod units;
 pub mod vmm;
 
 pub use entity::{KernelLoss, VcpuThread};
-pub use event::{Event, EventKind, StrId, Timestamp};
+pub use event::{Event, EventKind, StrId, Timestamp, ARM64_NOT_A_TRAP, ISA_ARM64};
 pub use host::HostKind;
 pub use ids::{Cpu, Pid, Tid};
 pub use loss::{CpuLoss, Loss};

@@ -33,7 +33,7 @@ pub struct DecoderNames<'a>(pub &'a Decoder);
 
 impl Names for DecoderNames<'_> {
     fn exit_reason(&self, reason: u32, isa: u32) -> String {
-        self.0.exit_reason_name(reason, isa).map_or_else(|| format!("reason {reason:#x}"), str::to_string)
+        self.0.exit_name(reason, isa).unwrap_or_else(|| format!("reason {reason:#x}"))
     }
 
     fn userspace_reason(&self, reason: u32) -> String {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use virtprof_model::{Event, EventKind, StrId};
+use virtprof_model::{Event, EventKind, StrId, ARM64_NOT_A_TRAP, ISA_ARM64};
 
 use crate::format::{Condition, EventFormat, Field, FieldKind, PageHeader};
 use crate::page::RawRecord;
@@ -90,24 +90,90 @@ impl Slot {
 /// Per event id: how to build its [`EventKind`].
 #[derive(Debug, Clone, Copy)]
 enum Typed {
-    KvmExit { reason: Slot, isa: Slot, rip: Slot, vcpu: Slot },
-    KvmEntry { vcpu: Slot, rip: Slot },
-    KvmUserspaceExit { reason: Slot, errno: Slot },
-    KvmPio { rw: Slot, port: Slot, size: Slot, count: Slot },
-    KvmMmio { kind: Slot, len: Slot, gpa: Slot },
-    KvmEmulateInsn { rip: Slot, failed: Slot },
-    KvmFpu { load: Slot },
-    KvmVcpuWakeup { ns: Slot, waited: Slot },
-    SchedSwitch { prev_pid: Slot, prev_state: Slot, prev_comm: Slot, next_pid: Slot, next_comm: Slot },
-    SchedWakeup { pid: Slot, target_cpu: Slot },
-    SchedFork { parent: Slot, child: Slot },
-    SchedMigrate { pid: Slot, orig: Slot, dest: Slot },
-    IrqEntry { irq: Slot },
-    IrqExit { irq: Slot },
-    Softirq { vec: Slot, phase: SoftirqPhase },
-    Vector { vector: Slot, entry: bool, id: u16 },
-    Nmi { delta: Slot },
-    Other { id: u16 },
+    KvmExit {
+        reason: Slot,
+        isa: Slot,
+        rip: Slot,
+        vcpu: Slot,
+    },
+    /// arm64's kvm_exit; `trap` is the exit code that means a trap (ARM_EXCEPTION_TRAP).
+    KvmExitArm64 {
+        ret: Slot,
+        ec: Slot,
+        pc: Slot,
+        trap: u32,
+    },
+    KvmEntry {
+        vcpu: Slot,
+        rip: Slot,
+    },
+    KvmUserspaceExit {
+        reason: Slot,
+        errno: Slot,
+    },
+    KvmPio {
+        rw: Slot,
+        port: Slot,
+        size: Slot,
+        count: Slot,
+    },
+    KvmMmio {
+        kind: Slot,
+        len: Slot,
+        gpa: Slot,
+    },
+    KvmEmulateInsn {
+        rip: Slot,
+        failed: Slot,
+    },
+    KvmFpu {
+        load: Slot,
+    },
+    KvmVcpuWakeup {
+        ns: Slot,
+        waited: Slot,
+    },
+    SchedSwitch {
+        prev_pid: Slot,
+        prev_state: Slot,
+        prev_comm: Slot,
+        next_pid: Slot,
+        next_comm: Slot,
+    },
+    SchedWakeup {
+        pid: Slot,
+        target_cpu: Slot,
+    },
+    SchedFork {
+        parent: Slot,
+        child: Slot,
+    },
+    SchedMigrate {
+        pid: Slot,
+        orig: Slot,
+        dest: Slot,
+    },
+    IrqEntry {
+        irq: Slot,
+    },
+    IrqExit {
+        irq: Slot,
+    },
+    Softirq {
+        vec: Slot,
+        phase: SoftirqPhase,
+    },
+    Vector {
+        vector: Slot,
+        entry: bool,
+        id: u16,
+    },
+    Nmi {
+        delta: Slot,
+    },
+    Other {
+        id: u16,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -121,8 +187,15 @@ impl Typed {
     fn for_format(f: &EventFormat) -> Typed {
         let s = |name| Slot::of(f, name);
         match (f.system.as_str(), f.name.as_str()) {
+            ("kvm", "kvm_exit") if f.field("esr_ec").is_some() => {
+                Typed::KvmExitArm64 { ret: s("ret"), ec: s("esr_ec"), pc: s("vcpu_pc"), trap: arm64_trap_code(f) }
+            }
             ("kvm", "kvm_exit") => {
                 Typed::KvmExit { reason: s("exit_reason"), isa: s("isa"), rip: s("guest_rip"), vcpu: s("vcpu_id") }
+            }
+            // x86 records `rip` (and the vCPU), arm64 `vcpu_pc` only.
+            ("kvm", "kvm_entry") if f.field("rip").is_none() => {
+                Typed::KvmEntry { vcpu: s("vcpu_id"), rip: s("vcpu_pc") }
             }
             ("kvm", "kvm_entry") => Typed::KvmEntry { vcpu: s("vcpu_id"), rip: s("rip") },
             ("kvm", "kvm_userspace_exit") => Typed::KvmUserspaceExit { reason: s("reason"), errno: s("errno") },
@@ -160,6 +233,16 @@ impl Typed {
             _ => Typed::Other { id: f.id },
         }
     }
+}
+
+/// The `ret` of arm64's kvm_exit that means a trap: the value its print fmt names TRAP (2,
+/// ARM_EXCEPTION_TRAP, in every kernel so far).
+fn arm64_trap_code(f: &EventFormat) -> u32 {
+    f.tables_for("ret")
+        .flat_map(|t| &t.entries)
+        .find(|(_, name)| name == "TRAP")
+        .and_then(|&(value, _)| u32::try_from(value).ok())
+        .unwrap_or(2)
 }
 
 /// A record the decoder could not use.
@@ -265,6 +348,12 @@ impl Decoder {
                 guest_rip: rip.read(d),
                 vcpu_id: vcpu.read(d) as u32,
             },
+            Typed::KvmExitArm64 { ret, ec, pc, trap } => {
+                // Bit 31 of `ret` flags an SError pending beside the code (ARM_EXIT_WITH_SERROR_BIT).
+                let code = ret.read(d) as u32 & !ARM64_NOT_A_TRAP;
+                let reason = if code == trap { ec.read(d) as u32 } else { ARM64_NOT_A_TRAP | code };
+                EventKind::KvmExit { reason, isa: ISA_ARM64, guest_rip: pc.read(d), vcpu_id: 0 }
+            }
             Typed::KvmEntry { vcpu, rip } => EventKind::KvmEntry { vcpu_id: vcpu.read(d) as u32, rip: rip.read(d) },
             Typed::KvmUserspaceExit { reason, errno } => {
                 EventKind::KvmUserspaceExit { reason: reason.read(d) as u32, errno: errno.read(d) as u32 as i32 }
@@ -332,7 +421,27 @@ impl Decoder {
         format.tables_for(field).filter(|t| t.condition == Condition::Always).find_map(|t| t.lookup(value))
     }
 
-    /// The kernel's name for a `kvm_exit` reason, from the recorded print fmt's tables.
+    /// An exit's name as users read it: x86's from the `exit_reason` tables
+    /// ([`Decoder::exit_reason_name`]); arm64's from the exception class's table, with the class
+    /// in hex as the architecture numbers them (`DABT_LOW (EC 0x24)`), or else the exit code's
+    /// (`IRQ`). None where the file has no kvm_exit format.
+    pub fn exit_name(&self, reason: u32, isa: u32) -> Option<String> {
+        if isa != ISA_ARM64 {
+            return self.exit_reason_name(reason, isa).map(str::to_string);
+        }
+        let format = self.layout.format_by_name("kvm", "kvm_exit")?;
+        let named = |field: &'static str, value: u32| {
+            format.tables_for(field).find_map(|t| t.lookup(u64::from(value))).map(str::to_string)
+        };
+        Some(if reason & ARM64_NOT_A_TRAP != 0 {
+            let code = reason & !ARM64_NOT_A_TRAP;
+            named("ret", code).unwrap_or_else(|| format!("exit code {code:#x}"))
+        } else {
+            named("esr_ec", reason).map_or_else(|| format!("EC {reason:#04x}"), |n| format!("{n} (EC {reason:#04x})"))
+        })
+    }
+
+    /// The kernel's name for an x86 `kvm_exit` reason, from the recorded print fmt's tables.
     pub fn exit_reason_name(&self, reason: u32, isa: u32) -> Option<&str> {
         let format = self.layout.format_by_name("kvm", "kvm_exit")?;
         format.tables_for("exit_reason").find_map(|t| {

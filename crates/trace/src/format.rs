@@ -355,6 +355,8 @@ pub(crate) fn parse_entries(s: &str) -> Vec<(i64, String)> {
         };
         // Adjacent C string literals concatenate: `"KVM_EXIT_" "IO"` is `KVM_EXIT_IO`.
         let name: String = name.split('"').skip(1).step_by(2).collect();
+        // Macro-expanded constants come parenthesized: arm64's `{ (0x24), "DABT_LOW" }`.
+        let value = value.replace(['(', ')'], "");
         let value: Option<i64> = value.split('+').map(|t| parse_int(t.trim())).sum();
         if let Some(value) = value {
             entries.push((value, name));
@@ -476,6 +478,24 @@ mod tests {
         assert_eq!(t[1].lookup(0x72), Some("cpuid"));
         assert_eq!(t[1].lookup(u64::MAX), Some("invalid_guest_state"));
         assert_eq!(t[1].lookup(0x999), None);
+    }
+
+    /// arm64's kvm_exit as Debian's 6.1 kernel writes it: the exception classes come
+    /// parenthesized by macro expansion (`{ (0x24), "DABT_LOW" }`).
+    #[test]
+    fn reads_arm64_kvm_exit_tables() {
+        let text = include_str!("../tests/fixtures/arm64-6.1-debian/kvm_exit.format");
+        let f = parse_event_format("kvm", text).unwrap();
+        let ec = f.tables_for("esr_ec").next().unwrap();
+        assert_eq!(
+            (ec.lookup(0x24), ec.lookup(0x16), ec.lookup(0x01), ec.lookup(0x3c)),
+            (Some("DABT_LOW"), Some("HVC64"), Some("WFx"), Some("BRK64"))
+        );
+        let ret = f.tables_for("ret").next().unwrap();
+        assert_eq!(
+            (ret.lookup(0), ret.lookup(2), ret.lookup(0xbadca11)),
+            (Some("IRQ"), Some("TRAP"), Some("HYP_GONE"))
+        );
     }
 
     #[test]

@@ -447,7 +447,8 @@ impl Feed {
 /// the merge's share of a 22 ms `exits` run by about a tenth (any distance from 8 to 64 did).
 const PREFETCH_EVENTS: usize = 16;
 
-/// Ask the CPU to start loading `event`, which a decoding thread wrote on another core.
+/// Ask the CPU to start loading `event`, which a decoding thread wrote on another core (a
+/// no-op where the hint is not stable Rust).
 #[inline(always)]
 fn prefetch(event: &Event) {
     #[cfg(target_arch = "x86_64")]
@@ -455,6 +456,8 @@ fn prefetch(event: &Event) {
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(event).cast());
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = event;
 }
 
 /// Where a CPU's stream is in the merge order: its next event's timestamp, then the CPU.

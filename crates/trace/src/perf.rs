@@ -48,8 +48,13 @@ mod tests {
     #[test]
     fn software_events_open_where_perf_exists() {
         // Every Linux with perf_event_open has task-clock for the calling thread at paranoid <= 2.
-        if paranoid_level().is_some_and(|p| p <= 2) {
-            assert_eq!(probe_software(), Availability::Available);
+        // Under QEMU user mode (the aarch64 tests in CI) the system call itself is missing.
+        match probe_software() {
+            Availability::Unavailable(e) if e.contains("os error 38") => {
+                eprintln!("SKIP: no perf_event_open here ({e}: QEMU user mode?)");
+            }
+            found if paranoid_level().is_some_and(|p| p <= 2) => assert_eq!(found, Availability::Available),
+            _ => {}
         }
     }
 }

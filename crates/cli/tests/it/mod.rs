@@ -1,4 +1,5 @@
 mod agent;
+mod arm64;
 mod balance;
 mod boot;
 mod dataset;

@@ -6,10 +6,8 @@
 //! first [`RAM_SIZE`] bytes, and the MMIO doorbells sit above RAM where no memslot backs them.
 
 use iced_x86::code_asm::*;
-use kvm_bindings::{kvm_segment, kvm_sregs};
 
 use super::program::{asm_err, GuestProgram, ProgramBuilder};
-use super::workload::Privilege;
 use crate::error::VmmError;
 
 /// Start of the `noise` workload's sample buffers, one [`NOISE_AREA`] per vCPU.
@@ -32,7 +30,7 @@ pub const TSS_ADDR: u64 = 0x6000;
 /// Offset of the I/O permission bitmap inside the TSS (right after the 104-byte TSS proper).
 const IO_BITMAP_OFFSET: u64 = 0x68;
 /// TSS limit: the bitmap covers all 65536 ports (8 KiB) plus the required 0xff terminator byte.
-const TSS_LIMIT: u64 = IO_BITMAP_OFFSET + 0x2000;
+pub(crate) const TSS_LIMIT: u64 = IO_BITMAP_OFFSET + 0x2000;
 /// Page-map level 4.
 pub const PML4_ADDR: u64 = 0x2000;
 /// Page-directory-pointer table.
@@ -58,11 +56,16 @@ pub const MMIO_USER_ADDR: u64 = 0x2000_0000;
 /// In-kernel MMIO doorbells (ioeventfd), 8 bytes per vCPU.
 pub const MMIO_KERNEL_BASE: u64 = 0x2000_1000;
 
-const SEL_KERNEL_CODE: u16 = 0x08;
-const SEL_KERNEL_DATA: u16 = 0x10;
-const SEL_USER_DATA: u16 = 0x18 | 3;
-const SEL_USER_CODE: u16 = 0x20 | 3;
-const SEL_TSS: u16 = 0x28;
+/// The GDT's selectors (user ones with RPL 3); the vCPU setup of `vmm::arch` loads them, and
+/// there is none but x86-64's yet.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) mod selectors {
+    pub(crate) const KERNEL_CODE: u16 = 0x08;
+    pub(crate) const KERNEL_DATA: u16 = 0x10;
+    pub(crate) const USER_DATA: u16 = 0x18 | 3;
+    pub(crate) const USER_CODE: u16 = 0x20 | 3;
+    pub(crate) const TSS: u16 = 0x28;
+}
 
 /// I/O ports the guest programs use.
 pub mod ports {
@@ -235,7 +238,7 @@ fn tss_descriptor_low(base: u64, limit: u64) -> u64 {
 fn interrupt_gate(handler: u64) -> (u64, u64) {
     let type_attr = 0x8eu64; // present, DPL0, 64-bit interrupt gate
     let lo = (handler & 0xffff)
-        | (u64::from(SEL_KERNEL_CODE) << 16)
+        | (u64::from(selectors::KERNEL_CODE) << 16)
         | (type_attr << 40)
         | (((handler >> 16) & 0xffff) << 48);
     (lo, handler >> 32)
@@ -244,56 +247,6 @@ fn interrupt_gate(handler: u64) -> (u64, u64) {
 fn put_u64(ram: &mut [u8], addr: u64, value: u64) {
     ram[addr as usize..addr as usize + 8].copy_from_slice(&value.to_le_bytes());
 }
-
-/// Special registers for long mode with paging, starting at `privilege`'s CPL.
-pub fn long_mode_sregs(mut sregs: kvm_sregs, privilege: Privilege) -> kvm_sregs {
-    let flat = |selector: u16, type_: u8, dpl: u8, code: bool| kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector,
-        type_,
-        present: 1,
-        dpl,
-        db: u8::from(!code),
-        s: 1,
-        l: u8::from(code),
-        g: 1,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    };
-    let (code, data) = match privilege {
-        Privilege::User => (SEL_USER_CODE, SEL_USER_DATA),
-        Privilege::Kernel => (SEL_KERNEL_CODE, SEL_KERNEL_DATA),
-    };
-    let dpl = privilege.cpl();
-    sregs.cs = flat(code, 0xb, dpl, true);
-    let data = flat(data, 0x3, dpl, false);
-    (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (data, data, data, data, data);
-    sregs.tr = kvm_segment {
-        base: TSS_ADDR,
-        limit: TSS_LIMIT as u32,
-        selector: SEL_TSS,
-        type_: 0xb, // busy 64-bit TSS, as VMX entry checks require
-        present: 1,
-        s: 0,
-        ..Default::default()
-    };
-    sregs.ldt = kvm_segment { type_: 0x2, unusable: 1, ..Default::default() };
-    sregs.gdt.base = GDT_ADDR;
-    sregs.gdt.limit = 7 * 8 - 1;
-    sregs.idt.base = IDT_ADDR;
-    sregs.idt.limit = (FAULT_VECTORS * 16 - 1) as u16;
-    sregs.cr3 = PML4_ADDR;
-    sregs.cr4 = (1 << 5) | (1 << 9) | (1 << 10); // PAE, OSFXSR, OSXMMEXCPT
-    sregs.cr0 = (1 << 0) | (1 << 1) | (1 << 4) | (1 << 5) | (1 << 16) | (1 << 31); // PE MP ET NE WP PG
-    sregs.efer = (1 << 8) | (1 << 10); // LME, LMA
-    sregs
-}
-
-/// RFLAGS for the workload: reserved bit 1 and IOPL 3, so CPL3 code may use IN/OUT; interrupts
-/// stay off (there is no interrupt controller to deliver any).
-pub const USER_RFLAGS: u64 = 0x3002;
 
 // The memory map checks itself at compile time: tables, stacks and code never overlap.
 const _: () = {

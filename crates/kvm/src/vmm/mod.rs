@@ -5,6 +5,7 @@
 //! vCPUs in long mode at CPL3, register ioeventfds, enable steal time. [`Vm::run`] then runs
 //! every vCPU on its own named thread and gathers the ground truth.
 
+mod arch;
 mod exits;
 mod pc_sampler;
 mod shared_page;
@@ -16,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use virtprof_host::stop::STOP_REQUESTED;
 
-use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
@@ -26,14 +27,11 @@ use virtprof_model::testvm::VmReport;
 
 use crate::error::VmmError;
 use crate::guest::layout::{self, ports, shared};
-use crate::guest::{GuestProgram, Privilege, Script};
+use crate::guest::{GuestProgram, Script};
 use crate::stats::StatsFd;
 
 pub use exits::exit_reason_name;
 use shared_page::SharedPage;
-
-/// `MSR_KVM_STEAL_TIME`: the guest-physical address of the steal-time record, bit 0 enables.
-const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
 
 /// What one VMM process runs. Serialized to the child process on its stdin.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -106,9 +104,6 @@ impl Vm {
         }
         let kvm = Kvm::new().map_err(VmmError::OpenKvm)?;
         let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-        // Intel VMX needs a TSS area below 4 GiB for real-mode emulation; other hosts ignore
-        // or reject it, and we never enter real mode.
-        let _ = vm.set_tss_address(0xfffb_d000);
 
         // Guest RAM lives in a named memfd so that a profiler in another process can map the
         // shared pages read-only and sample the application counters (`crate::guest_counters`).
@@ -131,15 +126,8 @@ impl Vm {
         // which owns both the mapping and the VM fd.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
 
-        let supported_cpuid =
-            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
-        let mut vcpus = Vec::with_capacity(config.vcpus as usize);
-        for index in 0..config.vcpus {
-            let vcpu = vm.create_vcpu(u64::from(index)).map_err(kvm_err("KVM_CREATE_VCPU"))?;
-            vcpu.set_cpuid2(&supported_cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
-            vcpus.push(vcpu);
-        }
-        let tsc_khz = u64::from(vcpus[0].get_tsc_khz().map_err(kvm_err("KVM_GET_TSC_KHZ"))?);
+        let vcpus = arch::create_vcpus(&kvm, &vm, config.vcpus)?;
+        let tsc_khz = arch::counter_khz(&vcpus[0])?;
         let program = config.script.assemble(tsc_khz)?;
 
         let mut image = vec![0u8; layout::CODE_ADDR as usize];
@@ -162,21 +150,9 @@ impl Vm {
             page.store(shared::NOISE_THRESHOLD, config.noise_threshold_ns * tsc_khz / 1_000_000);
             page.store(shared::NOISE_BUFFER, layout::noise_buffer(index));
             doorbells.push(register_doorbells(&vm, index)?);
-            init_vcpu_registers(vcpu, &program, config.script.privilege, index)?;
+            arch::init_registers(vcpu, &program, config.script.privilege, index)?;
             if config.steal_time {
-                let gpa = layout::shared_page(index) + shared::STEAL_TIME;
-                let msrs = Msrs::from_entries(&[kvm_msr_entry {
-                    index: MSR_KVM_STEAL_TIME,
-                    data: gpa | 1,
-                    ..Default::default()
-                }])
-                .map_err(|e| VmmError::Memory(format!("MSR list: {e:?}")))?;
-                let written = vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS (steal time)"))?;
-                if written != 1 {
-                    return Err(VmmError::Memory(
-                        "the host refused MSR_KVM_STEAL_TIME (is CONFIG_SCHED_INFO off?)".into(),
-                    ));
-                }
+                arch::enable_steal_time(vcpu, layout::shared_page(index) + shared::STEAL_TIME)?;
             }
         }
         Ok(Vm { config, vm, memory, program, vcpus, doorbells })
@@ -307,22 +283,6 @@ fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
     vm.register_ioevent(&mmio, &IoEventAddress::Mmio(mmio_doorbell(index)), NoDatamatch)
         .map_err(kvm_err("KVM_IOEVENTFD (MMIO)"))?;
     Ok([pio, mmio])
-}
-
-fn init_vcpu_registers(
-    vcpu: &VcpuFd,
-    program: &GuestProgram,
-    privilege: Privilege,
-    index: u32,
-) -> Result<(), VmmError> {
-    let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
-    vcpu.set_sregs(&layout::long_mode_sregs(sregs, privilege)).map_err(kvm_err("KVM_SET_SREGS"))?;
-    let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
-    regs.rip = program.base;
-    regs.rsp = layout::stack_top(index);
-    regs.rflags = layout::USER_RFLAGS;
-    regs.r15 = layout::shared_page(index);
-    vcpu.set_regs(&regs).map_err(kvm_err("KVM_SET_REGS"))
 }
 
 pub(crate) fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {

@@ -14,7 +14,6 @@ use kvm_ioctls::VcpuFd;
 use virtprof_model::pcsample::{PcSample, Realm};
 
 use super::exits::exit_reason_name;
-use super::kvm_err;
 use crate::error::VmmError;
 use virtprof_host::monotonic_ns;
 
@@ -108,11 +107,11 @@ impl<'a> PcSampler<'a> {
             return Ok(());
         }
         let in_vmm = LANDED_IN_VMM.with(|f| f.replace(false));
-        let rip = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rip;
+        let rip = super::arch::program_counter(vcpu)?;
         let (realm, activity) = if in_vmm {
             (Realm::Hypervisor, format!("vmm:{}", exit_reason_name(last_exit)))
         } else {
-            let cpl = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?.cs.dpl;
+            let cpl = super::arch::privilege_level(vcpu)?;
             (Realm::of_cpl(cpl), String::new())
         };
         let t_ns = self.slot.kicked_at.load(Ordering::Acquire);

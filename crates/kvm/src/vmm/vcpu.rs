@@ -157,7 +157,7 @@ pub(crate) fn run_vcpu(
             Action::Block => std::thread::sleep(ctx.io_latency),
             Action::Sync => {
                 let before_ns = monotonic_ns();
-                let tsc = guest_tsc(&vcpu)?;
+                let tsc = super::arch::guest_counter(&vcpu)?;
                 sync.push(SyncPoint { tsc, before_ns, after_ns: monotonic_ns() });
                 match sync.len() as u64 {
                     n if n == SYNC_ROUNDS => loop_sched.0 = Some(read_schedstat()),
@@ -175,7 +175,7 @@ pub(crate) fn run_vcpu(
             }
             Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
             Action::Unexpected(what) => {
-                let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                let rip = super::arch::program_counter(&vcpu).unwrap_or(0);
                 return Err(VmmError::Guest {
                     vcpu: ctx.index,
                     message: format!(
@@ -247,17 +247,6 @@ pub(crate) fn run_vcpu(
     Ok((report, vcpu))
 }
 
-/// The guest's TSC now (`IA32_TSC` through `KVM_GET_MSRS`: the vCPU is stopped, so the read
-/// takes one ioctl, and bracketing it with the host clock gives a tight sync point).
-fn guest_tsc(vcpu: &VcpuFd) -> Result<u64, VmmError> {
-    const MSR_IA32_TSC: u32 = 0x10;
-    let mut msrs =
-        kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry { index: MSR_IA32_TSC, ..Default::default() }])
-            .map_err(|e| VmmError::Memory(format!("MSR list: {e:?}")))?;
-    vcpu.get_msrs(&mut msrs).map_err(kvm_err("KVM_GET_MSRS (IA32_TSC)"))?;
-    Ok(msrs.as_slice()[0].data)
-}
-
 /// The noise workload's samples, read out of guest memory.
 fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>, loop_kicks: u64, loop_wait_ns: u64) -> GuestNoise {
     let detected = ctx.page.load(shared::NOISE_SAMPLES);
@@ -315,12 +304,12 @@ const VECTOR_NAMES: [&str; 22] = [
 
 /// Read the exception frame the fault stub left on the CPL0 stack and describe it.
 fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
-    let rsp = vcpu.get_regs().map(|r| r.rsp).unwrap_or(0);
+    let rsp = super::arch::stack_pointer(vcpu).unwrap_or(0);
     let word = |i: u64| ctx.memory.read_obj::<u64>(GuestAddress(rsp + 8 * i)).unwrap_or(0);
     let (error_code, rip) = (word(1), word(2));
     let name = VECTOR_NAMES.get(vector as usize).copied().unwrap_or("exception");
     let cr2 = if vector == 14 {
-        vcpu.get_sregs().map(|s| format!(", CR2 {:#x}", s.cr2)).unwrap_or_default()
+        super::arch::fault_address(vcpu).map(|cr2| format!(", CR2 {cr2:#x}")).unwrap_or_default()
     } else {
         String::new()
     };

@@ -286,7 +286,13 @@ fn features(
     rapl: bool,
 ) -> Vec<Feature> {
     let f = |feature, mode: &str| Feature { feature, mode: mode.to_string() };
-    let testvm = if kvm.api_version.is_ok() { "available" } else { "unavailable: no /dev/kvm" };
+    let testvm = if cfg!(not(target_arch = "x86_64")) {
+        "unavailable on this architecture: the guest programs are x86-64 code (arm64 exits are read from any recording or trace; kvm-probe in scripts/arm64 is the bed's known guest)"
+    } else if kvm.api_version.is_ok() {
+        "available"
+    } else {
+        "unavailable: no /dev/kvm"
+    };
     let exits = match (tracefs, exits_live) {
         (false, _) => "unavailable: needs tracefs",
         (true, Some(true)) => "per-exit durations from kvm_exit/kvm_entry, light/heavy split, vm_noise rows",

@@ -57,7 +57,7 @@ impl Explanation {
             let name = if heavy {
                 decoder.symbol("kvm", "kvm_userspace_exit", "reason", u64::from(reason)).map(str::to_string)
             } else {
-                decoder.exit_reason_name(reason, isa).map(str::to_string)
+                decoder.exit_name(reason, isa)
             };
             *self.exit_reasons.entry(name.unwrap_or_else(|| reason.to_string())).or_default() += 1;
         }
