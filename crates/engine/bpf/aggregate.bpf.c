@@ -448,17 +448,36 @@ int kvm_fpu(void *ctx)
 	return 1;
 }
 
-// Attached to each evidence event; the event's id is the record's common_type.
-SEC("tracepoint/kvm/evidence")
-int evidence(void *ctx)
+// The evidence events, a program each: a tracepoint program cannot read its record's
+// common_type (the kernel stores its pt_regs pointer over the common fields before the program
+// runs), so each reports the event id the loader found in tracefs for it.
+const volatile __u32 evidence_id_kvm_cpuid = 0;
+const volatile __u32 evidence_id_kvm_msr = 0;
+const volatile __u32 evidence_id_kvm_hypercall = 0;
+const volatile __u32 evidence_id_kvm_hv_hypercall = 0;
+const volatile __u32 evidence_id_kvm_cr = 0;
+const volatile __u32 evidence_id_kvm_xsetbv = 0;
+
+static __always_inline int evidence(__u32 id)
 {
 	__u32 tid = current_tid();
 	kvm_event(tid, bpf_get_smp_processor_id(), bpf_ktime_get_ns());
-	__u16 id = 0;
-	bpf_probe_read_kernel(&id, sizeof(id), ctx);
 	count(tid, KIND_EVIDENCE, id, 0);
 	return 1;
 }
+
+#define EVIDENCE(event)                                     \
+	SEC("tracepoint/kvm/" #event)                       \
+	int evidence_##event(void *ctx)                     \
+	{                                                   \
+		return evidence(evidence_id_##event);       \
+	}
+EVIDENCE(kvm_cpuid)
+EVIDENCE(kvm_msr)
+EVIDENCE(kvm_hypercall)
+EVIDENCE(kvm_hv_hypercall)
+EVIDENCE(kvm_cr)
+EVIDENCE(kvm_xsetbv)
 
 SEC("tracepoint/kvm/kvm_pio")
 int kvm_pio(void *ctx)

@@ -301,6 +301,19 @@ impl KernelCounter {
         if let Some(f) = &mmio {
             globals.push(("mmio_type_offset", field(f, "type", 4)?.0));
         }
+        // Each evidence event's program reports the id tracefs gives the event (see
+        // `evidence_id_*` in the program's source).
+        let mut evidence_ids = Vec::new();
+        for &event in evidence {
+            if let Some(f) = kvm(event)? {
+                evidence_ids.push((event, u32::from(f.id)));
+            }
+        }
+        let evidence_globals: Vec<String> =
+            evidence_ids.iter().map(|(event, _)| format!("evidence_id_{event}")).collect();
+        for ((_, id), name) in evidence_ids.iter().zip(&evidence_globals) {
+            globals.push((name, *id));
+        }
         let fpu = if timed { kvm("kvm_fpu")? } else { None };
         if let Some(f) = &fpu {
             globals.push(("fpu_load_offset", field(f, "load", 4)?.0));
@@ -323,10 +336,8 @@ impl KernelCounter {
         if userspace.is_some() {
             counter.attach("kvm_userspace_exit", "kvm", "kvm_userspace_exit")?;
         }
-        for event in evidence {
-            if kvm(event)?.is_some() {
-                counter.attach("evidence", "kvm", event)?;
-            }
+        for (event, _) in &evidence_ids {
+            counter.attach(&format!("evidence_{event}"), "kvm", event)?;
         }
         if kvm("kvm_pio")?.is_some() {
             counter.attach("kvm_pio", "kvm", "kvm_pio")?;
@@ -560,7 +571,7 @@ fn reason_key(kind: u32, reason: u32, isa: u32) -> Option<ReasonKey> {
     match kind {
         KIND_EXIT => Some(ReasonKey::Exit { reason, isa }),
         KIND_USERSPACE => Some(ReasonKey::Userspace { reason }),
-        // The program stores a u16 event id.
+        // The program stores the u16 event id the loader gave it.
         #[allow(clippy::cast_possible_truncation)]
         KIND_EVIDENCE => Some(ReasonKey::Event { id: reason as u16 }),
         _ => None,
