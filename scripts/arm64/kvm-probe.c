@@ -5,8 +5,8 @@
 // then one more store to the DONE address. The probe prints what it saw return from KVM_RUN:
 //     mmio EXITS hvc N done 1 pid PID tid TID
 // so a test knows DABT_LOW = N + 1 and HVC64 = N exactly (IRQ exits come on top, as the host
-// interrupts the vCPU thread). WFx is left out: KVM stops trapping WFI/WFE when the vCPU's CPU
-// runs nothing else, so their count is not the guest's.
+// interrupts the vCPU thread). WFI is `virtprof testvm --workload wfi`'s (a trapped WFI waits
+// for an interrupt, which needs a VMM that raises one).
 //
 //   aarch64-linux-gnu-gcc -O2 -static -o kvm-probe kvm-probe.c
 #include <errno.h>

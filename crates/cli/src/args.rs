@@ -203,10 +203,19 @@ WORKLOADS:
   phases       a script: --phases compute:200ms,pio-user:10000,io-bound:50
   boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
 
-Guest code runs at CPL3 unless --cpl 0 asks for CPL0, where a guest kernel runs; every
-workload runs at either, except hlt and rdmsr (privileged: CPL0 only).
+ON ARM64 HOSTS (no port I/O: markers and io-bound are stores to an MMIO window, so MMIO exits):
+  compute, mmio-user, mmio-kernel, io-bound, fault, phases, and
+  hvc          HVC #0 with PSCI_VERSION, at --cpl 0 (EL1) only: KVM's PSCI answers it in the
+               kernel (1 lightweight HVC64 exit per iteration; KVM stats fd: hvc_exit_stat)
+  wfi          WFI: KVM traps it and the vCPU waits until the VMM raises its IRQ line, about
+               1 ms (1 WFx exit per iteration, mostly guest idle; stats fd: wfi_exit_stat)
+  sysreg       a read of ID_AA64PFR0_EL1, at --cpl 0 (EL1) only: KVM traps ID registers and
+               answers in the kernel (1 lightweight SYS64 exit per iteration)
 
-Every vCPU also makes one IO exit per phase start and one when done (markers). Which
+Guest code runs at CPL3 (arm64: EL0) unless --cpl 0 asks for CPL0 (EL1), where a guest kernel
+runs; every workload runs at either, except hlt, rdmsr, hvc and sysreg (privileged: --cpl 0).
+
+Every vCPU also makes one IO exit (arm64: MMIO) per phase start and one when done (markers). Which
 operations reach KVM depends on the host: each phase's exits into KVM are read from the vCPU's
 KVM stats fd at its markers and printed per phase (JSON: phases[].kvm_exits); an operation that
 made none is noted, not reported as missing exits.
@@ -216,7 +225,8 @@ EXAMPLES:
   virtprof testvm --workload compute --vms 2 --pin 0 --duration 2s
   virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json
   virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
-  virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one VMM exit per halt")]
+  virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one VMM exit per halt
+  virtprof testvm --workload hvc --cpl 0 -n 1000     (arm64) 1000 HVC64 exits answered by KVM")]
 pub struct TestvmArgs {
     /// What every vCPU runs.
     #[arg(short, long, value_name = "WORKLOAD", default_value = "compute")]
@@ -266,9 +276,9 @@ pub struct TestvmArgs {
     /// `virtprof top` finds it); default: the workload name.
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
-    /// Run the guest program at this privilege level: 3 (user, like an application) or 0
-    /// (kernel, like a guest OS; needed by hlt and rdmsr). PVM hosts interpret every CPL0
-    /// instruction, so CPL0 loops run far slower there.
+    /// Run the guest program at this privilege level: 3 (user, like an application; EL0 on
+    /// arm64) or 0 (kernel, like a guest OS; EL1 on arm64; needed by hlt, rdmsr, hvc and sysreg).
+    /// PVM hosts interpret every CPL0 instruction, so CPL0 loops run far slower there.
     #[arg(long, value_name = "0|3", default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub cpl: u8,
     /// Print the ground truth as one JSON object.

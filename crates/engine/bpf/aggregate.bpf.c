@@ -5,7 +5,9 @@
 // refresh instead of decoding every event. What is counted, and how, is what the user-space
 // analysis (`analysis::sched::SchedAccounting`) does with the same tracepoints:
 //   exits, per (thread, kind, reason):
-//     kind 1: kvm_exit           (reason = exit_reason, isa = isa)
+//     kind 1: kvm_exit           (reason = exit_reason, isa = isa; on arm64, as the decoder
+//                                 keys them: a trap by its exception class, anything else by
+//                                 ARM64_NOT_A_TRAP | ret, isa = ISA_ARM64)
 //     kind 2: kvm_userspace_exit (reason = the KVM_EXIT_* reason)
 //     kind 3: evidence events    (reason = the event's id: kvm_cpuid, kvm_msr, ...)
 //   durations, per (kind, reason): a log-linear histogram (as `analysis::hist`) of each exit
@@ -152,6 +154,10 @@ struct {
 // Byte offsets (and sizes where they vary) of the fields read, from the format files.
 volatile const __u32 exit_reason_offset = 8;
 volatile const __u32 exit_isa_offset = 0;
+// arm64's kvm_exit (ret, esr_ec) where these are nonzero, and the ret its print fmt calls TRAP.
+volatile const __u32 exit_ret_offset = 0;
+volatile const __u32 exit_esr_ec_offset = 0;
+volatile const __u32 arm64_trap_code = 2;
 volatile const __u32 userspace_reason_offset = 8;
 volatile const __u32 switch_prev_pid_offset = 24;
 volatile const __u32 switch_prev_state_offset = 32;
@@ -163,6 +169,10 @@ volatile const __u32 migrate_pid_offset = 12;
 volatile const __u32 migrate_dest_cpu_offset = 24;
 volatile const __u32 mmio_type_offset = 8;
 volatile const __u32 fpu_load_offset = 8;
+
+// As virtprof_model's ISA_ARM64 and ARM64_NOT_A_TRAP.
+#define ISA_ARM64 64
+#define ARM64_NOT_A_TRAP 0x80000000U
 
 // `sched_switch` prev_state bits of an exiting task (X dead, Z zombie), and the state bits.
 #define EXITING_STATES 0x30
@@ -399,8 +409,15 @@ int kvm_exit(void *ctx)
 	__u32 tid = current_tid();
 	__u64 ts = bpf_ktime_get_ns();
 	struct thread *t = kvm_event(tid, bpf_get_smp_processor_id(), ts);
-	__u32 isa = exit_isa_offset ? field_u32(ctx, exit_isa_offset) : 0;
-	__u32 reason = field_u32(ctx, exit_reason_offset);
+	__u32 isa, reason;
+	if (exit_ret_offset) {
+		__u32 ret = field_u32(ctx, exit_ret_offset);
+		reason = ret == arm64_trap_code ? field_u32(ctx, exit_esr_ec_offset) : (ARM64_NOT_A_TRAP | ret);
+		isa = ISA_ARM64;
+	} else {
+		isa = exit_isa_offset ? field_u32(ctx, exit_isa_offset) : 0;
+		reason = field_u32(ctx, exit_reason_offset);
+	}
 	count(tid, KIND_EXIT, reason, isa);
 	__u32 at = 4;
 	__u64 *seen = bpf_map_lookup_elem(&full, &at);

@@ -278,9 +278,17 @@ impl KernelCounter {
 
         let mut globals: Vec<(&str, u32)> = Vec::new();
         if let Some(f) = &exit {
-            globals.push(("exit_reason_offset", field(f, "exit_reason", 4)?.0));
-            if f.fields.iter().any(|x| x.name == "isa") {
-                globals.push(("exit_isa_offset", field(f, "isa", 4)?.0));
+            let has = |name: &str| f.fields.iter().any(|x| x.name == name);
+            if has("ret") && has("esr_ec") && !has("exit_reason") {
+                // arm64: keyed as the decoder keys them (`decode::arm64_trap_code`).
+                globals.push(("exit_ret_offset", field(f, "ret", 4)?.0));
+                globals.push(("exit_esr_ec_offset", field(f, "esr_ec", 4)?.0));
+                globals.push(("arm64_trap_code", virtprof_trace::decode::arm64_trap_code(f)));
+            } else {
+                globals.push(("exit_reason_offset", field(f, "exit_reason", 4)?.0));
+                if has("isa") {
+                    globals.push(("exit_isa_offset", field(f, "isa", 4)?.0));
+                }
             }
         }
         if let Some(f) = &userspace {

@@ -6,8 +6,12 @@ use std::path::Path;
 
 use virtprof_model::HostKind;
 
-/// The host kind from its KVM module, else its CPU flags; None when neither says.
+/// The host kind from its KVM module, else its CPU flags (on arm64, where KVM is built in and
+/// has no vendor module: a `/dev/kvm`); None when neither says.
 pub fn detect() -> Option<HostKind> {
+    if cfg!(target_arch = "aarch64") {
+        return Path::new("/dev/kvm").exists().then_some(HostKind::Arm64);
+    }
     let modules = ["kvm_intel", "kvm_amd", "kvm_pvm"].into_iter().filter(|m| Path::new("/sys/module").join(m).is_dir());
     HostKind::from_modules(modules)
         .or_else(|| from_cpuinfo(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()))

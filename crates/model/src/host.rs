@@ -14,6 +14,8 @@ pub enum HostKind {
     Svm,
     /// Pagetable-based Virtual Machine (`kvm_pvm`): no VMX/SVM needed.
     Pvm,
+    /// KVM on arm64 (built into the kernel; VHE, nVHE or pKVM).
+    Arm64,
     /// `/dev/kvm` exists but the vendor module could not be identified.
     Unknown,
 }
@@ -31,13 +33,15 @@ impl HostKind {
 
     /// The kind named by [`HostKind::as_str`] (how recordings store it).
     pub fn from_name(name: &str) -> Option<HostKind> {
-        [HostKind::Vmx, HostKind::Svm, HostKind::Pvm, HostKind::Unknown].into_iter().find(|k| k.as_str() == name)
+        [HostKind::Vmx, HostKind::Svm, HostKind::Pvm, HostKind::Arm64, HostKind::Unknown]
+            .into_iter()
+            .find(|k| k.as_str() == name)
     }
 
     /// Whether KVM on this kind of host emits `kvm_exit`/`kvm_entry` (unknown: None).
     pub fn traces_exits(self) -> Option<bool> {
         match self {
-            HostKind::Vmx | HostKind::Svm => Some(true),
+            HostKind::Vmx | HostKind::Svm | HostKind::Arm64 => Some(true),
             HostKind::Pvm => Some(false),
             HostKind::Unknown => None,
         }
@@ -49,6 +53,7 @@ impl HostKind {
             HostKind::Vmx => "vmx",
             HostKind::Svm => "svm",
             HostKind::Pvm => "pvm",
+            HostKind::Arm64 => "arm64",
             HostKind::Unknown => "unknown",
         }
     }

@@ -237,7 +237,7 @@ impl Typed {
 
 /// The `ret` of arm64's kvm_exit that means a trap: the value its print fmt names TRAP (2,
 /// ARM_EXCEPTION_TRAP, in every kernel so far).
-fn arm64_trap_code(f: &EventFormat) -> u32 {
+pub fn arm64_trap_code(f: &EventFormat) -> u32 {
     f.tables_for("ret")
         .flat_map(|t| &t.entries)
         .find(|(_, name)| name == "TRAP")

@@ -51,7 +51,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     let privilege = Privilege::from_cpl(args.cpl)
         .ok_or_else(|| usage(format!("--cpl {}: the test bed runs at CPL 3 or CPL 0", args.cpl)))?;
     let script = script.at(privilege);
-    script.check_privilege().map_err(usage)?;
+    script.check().map_err(usage)?;
     if args.phases.is_some() && (args.iterations.is_some() || args.duration.is_some()) {
         return Err(usage("--phases gives each phase its own bound; drop --iterations/--duration"));
     }

@@ -103,45 +103,29 @@ fn our_counts(reasons: &BTreeMap<String, (u64, u64, u64, bool)>) -> BTreeMap<Kin
         .collect()
 }
 
-/// On a live arm64 KVM host (the bed): `virtprof record` by the aarch64 build around the probe;
-/// per reason, the exits it recorded equal the kernel's hist trigger over the same run and the
-/// probe's own counts, and the x86-64 build reads the recording as the aarch64 one does.
-#[test]
-fn on_an_arm64_host_recorded_exits_equal_the_kernels_count_and_the_guests() {
-    let test = "on_an_arm64_host_recorded_exits_equal_the_kernels_count_and_the_guests";
+/// Runs `job` in the arm64 bed with the aarch64 build, its /out in a fresh folder; None (and a
+/// note saying why) where the bed cannot run here.
+fn run_in_bed(test: &str, job: &str) -> Option<PathBuf> {
     let Some(aarch64) = std::env::var_os("VIRTPROF_AARCH64").map(PathBuf::from).filter(|p| p.exists()) else {
         note(test, "SKIP: no aarch64 build (scripts/test.sh builds one and sets VIRTPROF_AARCH64)");
-        return;
+        return None;
     };
     let have = |program: &str| Command::new("sh").arg("-c").arg(format!("command -v {program}")).output();
     for program in ["qemu-system-aarch64", "aarch64-linux-gnu-gcc"] {
         if !have(program).is_ok_and(|o| o.status.success()) {
             note(test, format!("SKIP: the arm64 bed needs {program} (scripts/test.sh installs it)"));
-            return;
+            return None;
         }
     }
-    let _cpus = vm_lock();
-    let out = temp("arm64-bed-out");
+    let out = temp(&format!("{test}-out"));
     let _ = std::fs::remove_dir_all(&out);
-    let job = temp("arm64-bed.sh");
-    std::fs::write(
-        &job,
-        r#"set -e
-t=/sys/kernel/tracing/events/kvm/kvm_exit/trigger
-echo 'hist:keys=esr_ec,ret' > $t
-virtprof record -o /out/run.vprec -- kvm-probe 300 > /out/probe.txt 2> /out/record.txt
-cat /sys/kernel/tracing/events/kvm/kvm_exit/hist > /out/hist.txt
-echo '!hist:keys=esr_ec,ret' > $t
-virtprof exits /out/run.vprec --json > /out/exits.json
-virtprof doctor > /out/doctor.txt 2>&1 || true
-"#,
-    )
-    .unwrap();
+    let script = temp(&format!("{test}.sh"));
+    std::fs::write(&script, job).unwrap();
     let bed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/arm64/bed.sh");
     let run = Command::new("bash")
         .arg(bed)
         .args(["run", "-t", "600"])
-        .arg(&job)
+        .arg(&script)
         .env("VIRTPROF", &aarch64)
         .env("BED_OUT", &out)
         .output()
@@ -153,6 +137,26 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
+    Some(out)
+}
+
+/// On a live arm64 KVM host (the bed): `virtprof record` by the aarch64 build around the probe;
+/// per reason, the exits it recorded equal the kernel's hist trigger over the same run and the
+/// probe's own counts, and the x86-64 build reads the recording as the aarch64 one does.
+#[test]
+fn on_an_arm64_host_recorded_exits_equal_the_kernels_count_and_the_guests() {
+    let test = "on_an_arm64_host_recorded_exits_equal_the_kernels_count_and_the_guests";
+    let _cpus = vm_lock();
+    let job = r#"set -e
+t=/sys/kernel/tracing/events/kvm/kvm_exit/trigger
+echo 'hist:keys=esr_ec,ret' > $t
+virtprof record -o /out/run.vprec -- kvm-probe 300 > /out/probe.txt 2> /out/record.txt
+cat /sys/kernel/tracing/events/kvm/kvm_exit/hist > /out/hist.txt
+echo '!hist:keys=esr_ec,ret' > $t
+virtprof exits /out/run.vprec --json > /out/exits.json
+virtprof doctor > /out/doctor.txt 2>&1 || true
+"#;
+    let Some(out) = run_in_bed(test, job) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
     let (mmio, hvc) = probe_truth(&read("probe.txt"));
     assert_eq!((mmio, hvc), (301, 300), "the probe's own count");
@@ -170,5 +174,126 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     assert_eq!(outside["totals"], inside["totals"]);
     let doctor = read("doctor.txt");
     assert!(doctor.contains("aarch64"), "{doctor}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// One testvm run's ground truth in the bed: (iterations, KVM stats fd deltas, exits the VMM
+/// handled by reason, ioeventfd signals).
+struct Truth {
+    iterations: u64,
+    stats: BTreeMap<String, u64>,
+    userspace: BTreeMap<String, u64>,
+    ioeventfd: u64,
+}
+
+fn truth(report: &Value) -> Truth {
+    let vcpu = &report["vms"][0]["vcpus"][0];
+    let map = |v: &Value| -> BTreeMap<String, u64> {
+        v.as_object().unwrap().iter().filter_map(|(k, n)| Some((k.clone(), n.as_u64()?))).collect()
+    };
+    assert_eq!(vcpu["completed"], true, "{vcpu}");
+    Truth {
+        iterations: vcpu["iterations"].as_u64().unwrap(),
+        stats: map(&vcpu["kvm_stats"]),
+        userspace: map(&vcpu["userspace_exits"]),
+        ioeventfd: vcpu["ioeventfd_signals"].as_u64().unwrap(),
+    }
+}
+
+/// testvm on an arm64 KVM host (the bed): each workload, at EL1 and EL0, makes exactly the
+/// exits it is written to make, by KVM's own stats fd (hvc_exit_stat, wfi_exit_stat,
+/// mmio_exit_user/kernel) and by the VMM's counts; a recording of a phase script names and
+/// splits them as the guest made them (HVC64 and SYS64 lightweight, WFx guest idle, DABT_LOW
+/// heavyweight = the VMM's MMIO exits), read alike by the aarch64 and x86-64 builds.
+#[test]
+fn on_an_arm64_host_testvm_guests_make_exactly_their_exits() {
+    let test = "on_an_arm64_host_testvm_guests_make_exactly_their_exits";
+    let _cpus = vm_lock();
+    let job = r#"set -e
+for spec in compute:0 mmio-user:0 mmio-kernel:0 io-bound:0 hvc:0 sysreg:0 wfi:0 \
+            compute:3 mmio-user:3 mmio-kernel:3 io-bound:3 wfi:3; do
+    w=${spec%:*} cpl=${spec#*:}
+    virtprof testvm --workload $w --cpl $cpl -n 200 --io-latency 100us --json > /out/$w-$cpl.json
+done
+virtprof record -o /out/phases.vprec -- virtprof testvm --workload phases \
+    --phases compute:20ms,hvc:300,sysreg:300,wfi:100,mmio-user:300 --cpl 0 --json > /out/phases.json 2> /out/record.txt
+virtprof exits /out/phases.vprec --json > /out/exits.json
+virtprof exits --duration 8s --bpf --json > /out/bpf.json 2> /out/bpf.err &
+counting=$!
+sleep 2
+virtprof testvm --workload phases --phases hvc:300,sysreg:300,wfi:100,mmio-user:300 --cpl 0 --json > /out/counted.json
+wait $counting
+virtprof testvm --workload hvc --cpl 0 --duration 6s --name watched > /dev/null &
+watched=$!
+sleep 2
+virtprof top --once -d 2 > /out/top.txt 2>&1
+wait $watched
+! virtprof testvm --workload hvc -n 1 2> /out/hvc-el0.txt
+! virtprof testvm --workload fault --cpl 0 -n 1 2> /out/fault-el1.txt
+! virtprof testvm --workload fault -n 1 2> /out/fault-el0.txt
+virtprof doctor > /out/doctor.txt 2>&1 || true
+"#;
+    let Some(out) = run_in_bed(test, job) else { return };
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
+    let stat = |t: &Truth, name: &str| t.stats.get(name).copied().unwrap_or(u64::MAX);
+    let mmio = |t: &Truth| t.userspace.get("MMIO").copied().unwrap_or(0);
+    for cpl in ["0", "3"] {
+        let run = |w: &str| truth(&serde_json::from_str(&read(&format!("{w}-{cpl}.json"))).unwrap());
+        let (compute, user, kernel, io, wfi) =
+            (run("compute"), run("mmio-user"), run("mmio-kernel"), run("io-bound"), run("wfi"));
+        for t in [&compute, &user, &kernel, &io, &wfi] {
+            assert_eq!(t.iterations, 200, "--cpl {cpl}");
+        }
+        // No port I/O: the phase and done markers are MMIO exits too (2 per run).
+        assert_eq!((stat(&compute, "mmio_exit_user"), mmio(&compute)), (2, 2), "compute --cpl {cpl}");
+        assert_eq!((stat(&user, "mmio_exit_user"), mmio(&user)), (202, 202), "mmio-user --cpl {cpl}");
+        assert_eq!((stat(&kernel, "mmio_exit_kernel"), kernel.ioeventfd, mmio(&kernel)), (200, 200, 2), "--cpl {cpl}");
+        assert_eq!(stat(&io, "mmio_exit_user"), 202, "io-bound --cpl {cpl}");
+        // Every WFI trapped and waited for the VMM's wake-up, acknowledged by an MMIO store.
+        assert_eq!(stat(&wfi, "wfi_exit_stat"), 200, "wfi --cpl {cpl}: {:?}", wfi.stats);
+        assert!(stat(&wfi, "halt_wakeup") >= 199, "wfi --cpl {cpl}: {:?}", wfi.stats);
+        assert!(mmio(&wfi) >= 202, "wfi --cpl {cpl}: a wake-up acknowledgement per wait");
+    }
+    let run = |w: &str| truth(&serde_json::from_str(&read(&format!("{w}-0.json"))).unwrap());
+    assert_eq!(stat(&run("hvc"), "hvc_exit_stat"), 200);
+    assert_eq!(run("sysreg").iterations, 200);
+
+    let phases = truth(&serde_json::from_str(&read("phases.json")).unwrap());
+    let inside: Value = serde_json::from_str(&read("exits.json")).unwrap();
+    let ours = by_reason(&inside);
+    assert_eq!(ours["HVC64 (EC 0x16)"], (300, 300, 0, false), "{ours:?}");
+    assert_eq!(ours["SYS64 (EC 0x18)"], (300, 300, 0, false), "{ours:?}");
+    assert_eq!(ours["WFx (EC 0x01)"], (100, 100, 0, true), "{ours:?}");
+    assert_eq!(stat(&phases, "wfi_exit_stat"), 100);
+    let stores = mmio(&phases);
+    assert_eq!(ours["DABT_LOW (EC 0x24)"].2, stores, "heavyweight DABT_LOW = the VMM's MMIO exits: {ours:?}");
+    assert_eq!(inside["totals"]["exits"].as_u64(), Some(stat(&phases, "exits")), "every exit KVM counted: {inside}");
+    let outside = exits_json(&out.join("phases.vprec"));
+    assert_eq!(by_reason(&outside), ours);
+
+    // Counted in the kernel (eBPF, keyed as the decoder keys arm64 exits) over the whole life of
+    // a second run: every exit KVM counted, each kind as the guest made it.
+    let counted = truth(&serde_json::from_str(&read("counted.json")).unwrap());
+    let bpf: Value = serde_json::from_str(&read("bpf.json")).unwrap();
+    let kernel: BTreeMap<String, (u64, bool)> = bpf["by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["reason"].as_str().unwrap().to_string(), (x["count"].as_u64().unwrap(), x["guest_idle"] == true)))
+        .collect();
+    assert_eq!(kernel["HVC64 (EC 0x16)"], (300, false), "{kernel:?}");
+    assert_eq!(kernel["SYS64 (EC 0x18)"], (300, false), "{kernel:?}");
+    assert_eq!(kernel["WFx (EC 0x01)"], (100, true), "{kernel:?}");
+    assert_eq!(bpf["totals"]["exits"].as_u64(), Some(stat(&counted, "exits")), "{bpf}");
+    let top = read("top.txt");
+    assert!(top.contains("mode kernel") && top.contains("watched") && top.contains("HVC64 (EC 0x16)"), "{top}");
+
+    assert!(read("hvc-el0.txt").contains("privileged"), "{}", read("hvc-el0.txt"));
+    for (file, from) in [("fault-el1.txt", "current EL"), ("fault-el0.txt", "from EL0")] {
+        let text = read(file);
+        assert!(text.contains(from) && text.contains("UNKNOWN") && text.contains("phase0_fault_loop+0x0"), "{text}");
+    }
+    let doctor = read("doctor.txt");
+    assert!(doctor.contains("hvc, wfi, sysreg"), "{doctor}");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -55,6 +55,21 @@ pub const MAX_VCPUS: u32 = ((NOISE_BASE - PER_VCPU_BASE) / PER_VCPU_SIZE) as u32
 pub const MMIO_USER_ADDR: u64 = 0x2000_0000;
 /// In-kernel MMIO doorbells (ioeventfd), 8 bytes per vCPU.
 pub const MMIO_KERNEL_BASE: u64 = 0x2000_1000;
+/// Where architectures without port I/O (arm64) reach the [`ports`]: a store to
+/// [`port_address`]`(P)` is what `OUT` to port P is on x86-64.
+pub const PORT_WINDOW: u64 = 0x2100_0000;
+
+/// The MMIO address standing for port `port` (8 bytes apart, so 32-bit stores reach each one
+/// with an immediate offset).
+pub const fn port_address(port: u16) -> u64 {
+    PORT_WINDOW + 8 * port as u64
+}
+
+/// The port an MMIO address in the port window stands for.
+pub fn port_at(addr: u64) -> Option<u16> {
+    let offset = addr.checked_sub(PORT_WINDOW)?;
+    (offset % 8 == 0).then_some(offset / 8).and_then(|p| u16::try_from(p).ok())
+}
 
 /// The GDT's selectors (user ones with RPL 3); the vCPU setup of `vmm::arch` loads them, and
 /// there is none but x86-64's yet.
@@ -84,6 +99,9 @@ pub mod ports {
     /// Clock sync: the VMM reads the guest's TSC between two CLOCK_MONOTONIC readings (the
     /// guest also leaves its own reading in [`super::shared::SYNC_TSC`], for checking).
     pub const SYNC: u16 = 0xf5;
+    /// The guest took the interrupt that ended a `wfi` wait: the VMM lowers the line before
+    /// the guest runs on, so its next WFI waits again (arm64).
+    pub const WAKE_ACK: u16 = 0xf6;
 }
 
 /// Offsets inside a vCPU's shared page (first page of its per-vCPU area).
@@ -255,6 +273,7 @@ const _: () = {
     assert!(KERNEL_STACK_TOP <= CODE_ADDR);
     assert!(shared::STEAL_TIME % 64 == 0);
     assert!(MMIO_USER_ADDR >= RAM_SIZE && MMIO_KERNEL_BASE >= RAM_SIZE);
+    assert!(PORT_WINDOW >= MMIO_KERNEL_BASE + 8 * MAX_VCPUS as u64);
     assert!(PER_VCPU_BASE + MAX_VCPUS as u64 * PER_VCPU_SIZE <= NOISE_BASE);
 };
 

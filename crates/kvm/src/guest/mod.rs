@@ -1,6 +1,7 @@
 //! What runs inside the micro-VMs: the memory map, the CPU state that puts a vCPU in 64-bit
 //! long mode at CPL3 (or CPL0), and the workload programs.
 
+pub mod arm64;
 pub mod boot;
 pub mod layout;
 pub mod program;

@@ -1,4 +1,5 @@
-//! A guest program: machine code assembled with iced-x86 plus the symbol map its labels become.
+//! A guest program: machine code plus the symbol map its labels become; x86-64 programs are
+//! assembled here with iced-x86 (arm64's in [`super::arm64`]).
 //!
 //! Workload generators call [`ProgramBuilder::function`] for every named routine; the symbols
 //! are what `virtprof boot` later resolves sampled RIPs against, and what guest-fault messages
@@ -25,6 +26,8 @@ pub struct Symbol {
 pub struct GuestProgram {
     /// Load address.
     pub base: u64,
+    /// Where the vCPU starts (x86-64: the base; arm64: after the exception vector table).
+    pub entry: u64,
     /// Machine code.
     pub code: Vec<u8>,
     /// Symbols sorted by address.
@@ -32,6 +35,26 @@ pub struct GuestProgram {
 }
 
 impl GuestProgram {
+    /// A program of `code` loaded at `base`, started at `entry`, with its labels (`size` 0):
+    /// each symbol's size becomes the distance to the next one or to the end of the code.
+    /// Refused if it does not fit below the per-vCPU areas.
+    pub fn new(base: u64, entry: u64, code: Vec<u8>, mut symbols: Vec<Symbol>) -> Result<Self, VmmError> {
+        if code.len() as u64 > super::layout::CODE_MAX {
+            return Err(VmmError::Assemble(format!(
+                "program of {} bytes exceeds {}",
+                code.len(),
+                super::layout::CODE_MAX
+            )));
+        }
+        symbols.sort_by_key(|s| s.addr);
+        let end = base + code.len() as u64;
+        for i in 0..symbols.len() {
+            let next = symbols.get(i + 1).map_or(end, |s| s.addr);
+            symbols[i].size = next - symbols[i].addr;
+        }
+        Ok(GuestProgram { base, entry, code, symbols })
+    }
+
     /// The address of a symbol, if defined.
     pub fn symbol_addr(&self, name: &str) -> Option<u64> {
         self.symbols.iter().find(|s| s.name == name).map(|s| s.addr)
@@ -83,13 +106,7 @@ impl ProgramBuilder {
             let addr = result.label_ip(label).map_err(asm_err)?;
             symbols.push(Symbol { name: name.clone(), addr, size: 0 });
         }
-        symbols.sort_by_key(|s| s.addr);
-        let end = base + code.len() as u64;
-        for i in 0..symbols.len() {
-            let next = symbols.get(i + 1).map_or(end, |s| s.addr);
-            symbols[i].size = next - symbols[i].addr;
-        }
-        Ok(GuestProgram { base, code, symbols })
+        GuestProgram::new(base, base, code, symbols)
     }
 }
 

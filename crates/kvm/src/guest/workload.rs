@@ -43,6 +43,15 @@ pub enum Workload {
     /// `RDMSR` of IA32_APIC_BASE (CPL0 only): KVM answers it itself, a lightweight `msr` exit
     /// on VMX/SVM.
     Rdmsr,
+    /// `HVC #0` with PSCI_VERSION (arm64, EL1 only): KVM's PSCI answers it in the kernel, a
+    /// lightweight `HVC64` exit.
+    Hvc,
+    /// `WFI` (arm64): KVM traps it and blocks the vCPU until the VMM raises its interrupt line
+    /// (every millisecond): one `WFx` exit per iteration, most of it the guest idling.
+    Wfi,
+    /// A read of `ID_AA64PFR0_EL1` (arm64, EL1 only): KVM traps ID registers (HCR_EL2.TID3)
+    /// and answers in the kernel, a lightweight `SYS64` exit.
+    Sysreg,
     /// An OS-noise loop: reads the TSC; a step above the VMM-given threshold is a sample,
     /// stored with the steal time and the VMM's exit counters accumulated since the previous
     /// sample. Clock-sync exits before and after let the host map guest TSC to its clock.
@@ -51,7 +60,7 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in help order.
-    pub const ALL: [Workload; 11] = [
+    pub const ALL: [Workload; 14] = [
         Workload::Compute,
         Workload::PioUser,
         Workload::PioKernel,
@@ -63,6 +72,9 @@ impl Workload {
         Workload::Noise,
         Workload::Hlt,
         Workload::Rdmsr,
+        Workload::Hvc,
+        Workload::Wfi,
+        Workload::Sysreg,
     ];
 
     /// The command-line name.
@@ -79,15 +91,48 @@ impl Workload {
             Workload::Noise => "noise",
             Workload::Hlt => "hlt",
             Workload::Rdmsr => "rdmsr",
+            Workload::Hvc => "hvc",
+            Workload::Wfi => "wfi",
+            Workload::Sysreg => "sysreg",
         }
     }
 
-    /// Privileged instructions: at CPL3 they raise #GP instead of reaching the hypervisor.
-    pub fn needs_cpl0(self) -> bool {
-        matches!(self, Workload::Hlt | Workload::Rdmsr)
+    /// Privileged instructions: at CPL3 (EL0) they fault instead of reaching the hypervisor.
+    pub fn needs_kernel(self) -> bool {
+        matches!(self, Workload::Hlt | Workload::Rdmsr | Workload::Hvc | Workload::Sysreg)
     }
 
-    fn symbol(self) -> String {
+    /// Whether x86-64 has this workload (port I/O, CPUID, HLT and MSRs are x86's).
+    pub fn runs_on_x86_64(self) -> bool {
+        !matches!(self, Workload::Hvc | Workload::Wfi | Workload::Sysreg)
+    }
+
+    /// Whether arm64 has this workload (HVC, WFI and system registers are arm64's; the noise
+    /// loop is not written for it yet).
+    pub fn runs_on_arm64(self) -> bool {
+        matches!(
+            self,
+            Workload::Compute
+                | Workload::MmioUser
+                | Workload::MmioKernel
+                | Workload::IoBound
+                | Workload::Fault
+                | Workload::Hvc
+                | Workload::Wfi
+                | Workload::Sysreg
+        )
+    }
+
+    /// Whether this host's architecture has this workload.
+    pub fn runs_here(self) -> bool {
+        if cfg!(target_arch = "aarch64") {
+            self.runs_on_arm64()
+        } else {
+            self.runs_on_x86_64()
+        }
+    }
+
+    pub(crate) fn symbol(self) -> String {
         self.name().replace('-', "_")
     }
 }
@@ -227,11 +272,26 @@ impl Script {
         Script { privilege, ..self }
     }
 
+    /// Why this script cannot run on this host (its architecture or privilege level), if it
+    /// cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(p) = self.phases.iter().find(|p| !p.workload.runs_here()) {
+            let here: Vec<_> = Workload::ALL.iter().filter(|w| w.runs_here()).map(|w| w.name()).collect();
+            return Err(format!(
+                "the {} workload does not exist on {}; this host has: {}",
+                p.workload,
+                std::env::consts::ARCH,
+                here.join(", ")
+            ));
+        }
+        self.check_privilege()
+    }
+
     /// Why this script cannot run at its privilege level, if it cannot.
     pub fn check_privilege(&self) -> Result<(), String> {
-        match self.phases.iter().find(|p| p.workload.needs_cpl0()) {
+        match self.phases.iter().find(|p| p.workload.needs_kernel()) {
             Some(p) if self.privilege == Privilege::User => Err(format!(
-                "the {} workload is privileged (at CPL3 it raises #GP); run it at CPL0 with --cpl 0",
+                "the {} workload is privileged (at CPL3/EL0 it faults); run it at CPL0/EL1 with --cpl 0",
                 p.workload
             )),
             _ => Ok(()),
@@ -243,9 +303,22 @@ impl Script {
         self.phases.len() as u64 + 1
     }
 
-    /// Assemble the program for this script. `tsc_khz` converts duration bounds into guest
-    /// TSC ticks.
+    /// Assemble the program for this script for this host's architecture. `tsc_khz` (the
+    /// guest's counter rate) converts duration bounds into counter ticks.
     pub fn assemble(&self, tsc_khz: u64) -> Result<GuestProgram, VmmError> {
+        self.check().map_err(VmmError::Assemble)?;
+        if cfg!(target_arch = "aarch64") {
+            super::arm64::assemble(self, tsc_khz)
+        } else {
+            self.assemble_x86_64(tsc_khz)
+        }
+    }
+
+    /// The x86-64 program for this script.
+    pub fn assemble_x86_64(&self, tsc_khz: u64) -> Result<GuestProgram, VmmError> {
+        if let Some(p) = self.phases.iter().find(|p| !p.workload.runs_on_x86_64()) {
+            return Err(VmmError::Assemble(format!("the {} workload is arm64's", p.workload)));
+        }
         self.check_privilege().map_err(VmmError::Assemble)?;
         let mut b = ProgramBuilder::new()?;
         b.function("_start")?;
@@ -257,15 +330,7 @@ impl Script {
         b.asm.out(i32::from(ports::DONE), al).map_err(asm_err)?;
         b.asm.jmp(done).map_err(asm_err)?;
         layout::emit_fault_handlers(&mut b)?;
-        let program = b.finish(layout::CODE_ADDR)?;
-        if program.code.len() as u64 > layout::CODE_MAX {
-            return Err(VmmError::Assemble(format!(
-                "program of {} bytes exceeds {}",
-                program.code.len(),
-                layout::CODE_MAX
-            )));
-        }
-        Ok(program)
+        b.finish(layout::CODE_ADDR)
     }
 }
 
@@ -348,6 +413,7 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
             a(b.asm.rdmsr())?
         }
         Workload::Noise => unreachable!("noise phases have their own loop"),
+        Workload::Hvc | Workload::Wfi | Workload::Sysreg => unreachable!("refused by assemble_x86_64"),
     }
     a(b.asm.inc(qword_ptr(r15 + shared::ITERATIONS as i32)))?;
     a(b.asm.cmp(qword_ptr(r15 + shared::STOP as i32), 0))?;
@@ -499,10 +565,9 @@ mod tests {
     fn privileged_workloads_need_cpl0() {
         let s = Script::parse_phases("cpuid:2,hlt:2,rdmsr:2").unwrap();
         assert!(s.check_privilege().unwrap_err().contains("--cpl 0"));
-        assert!(s.assemble(2_000_000).is_err());
+        assert!(s.assemble_x86_64(2_000_000).is_err());
         let kernel = s.at(Privilege::Kernel);
-        assert!(kernel.check_privilege().is_ok());
-        assert!(kernel.assemble(2_000_000).unwrap().symbol_addr("phase1_hlt_loop").is_some());
+        assert!(kernel.assemble_x86_64(2_000_000).unwrap().symbol_addr("phase1_hlt_loop").is_some());
         assert_eq!(Privilege::from_cpl(0), Some(Privilege::Kernel));
         assert_eq!(Privilege::from_cpl(1), None);
     }
@@ -510,7 +575,7 @@ mod tests {
     #[test]
     fn assembles_with_symbols_for_every_phase() {
         let s = Script::parse_phases("compute:1ms,pio-kernel:3,cpuid:2").unwrap();
-        let p = s.assemble(2_000_000).unwrap();
+        let p = s.assemble_x86_64(2_000_000).unwrap();
         assert_eq!(p.symbol_addr("_start"), Some(layout::CODE_ADDR));
         for name in ["phase0_compute_loop", "phase1_pio_kernel", "phase2_cpuid_loop", "done", "fault_vector_13"] {
             assert!(p.symbol_addr(name).is_some(), "missing {name}");

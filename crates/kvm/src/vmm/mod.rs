@@ -1,8 +1,9 @@
 //! The micro-VMM: one VM per process, one thread per vCPU, raw KVM ioctls.
 //!
 //! Setup in [`Vm::new`] follows the kvm-ioctls walk-through: open `/dev/kvm`, create the VM,
-//! back guest RAM with anonymous memory, write the descriptor tables and the program, create
-//! vCPUs in long mode at CPL3, register ioeventfds, enable steal time. [`Vm::run`] then runs
+//! back guest RAM with anonymous memory, write the program (and on x86-64 the descriptor
+//! tables), create vCPUs at the script's privilege level ([`arch`] per architecture), register
+//! ioeventfds, enable steal time. [`Vm::run`] then runs
 //! every vCPU on its own named thread and gathers the ground truth.
 
 mod arch;
@@ -10,6 +11,7 @@ mod exits;
 mod pc_sampler;
 mod shared_page;
 mod vcpu;
+mod wake;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -81,7 +83,7 @@ pub struct Vm {
     memory: GuestMemoryMmap,
     program: GuestProgram,
     vcpus: Vec<VcpuFd>,
-    doorbells: Vec<[EventFd; 2]>,
+    doorbells: Vec<Vec<EventFd>>,
 }
 
 impl Vm {
@@ -131,7 +133,7 @@ impl Vm {
         let program = config.script.assemble(tsc_khz)?;
 
         let mut image = vec![0u8; layout::CODE_ADDR as usize];
-        layout::write_system_tables(&mut image, &program)?;
+        arch::prepare_memory(&mut image, &program)?;
         memory.write_slice(&image, GuestAddress(0)).map_err(|e| VmmError::Memory(e.to_string()))?;
         memory.write_slice(&program.code, GuestAddress(program.base)).map_err(|e| VmmError::Memory(e.to_string()))?;
 
@@ -184,6 +186,9 @@ impl Vm {
         if noise {
             keep_off_vcpu_cpus(&config.pin);
         }
+        let waits = config.script.phases.iter().any(|p| p.workload == crate::guest::Workload::Wfi);
+        let wake_slots: Vec<wake::WakeSlot> = (0..config.vcpus).map(|_| wake::WakeSlot::new()).collect();
+        let mut wake_error = None;
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
             for (((index, vcpu), page), stats) in (0u32..).zip(vcpus).zip(pages.iter().cloned()).zip(&vcpu_stats) {
@@ -197,6 +202,7 @@ impl Vm {
                     memory: &memory,
                     page,
                     kick: sampling.then(|| &slots[index as usize]),
+                    wake: waits.then(|| (&vm, &wake_slots[index as usize])),
                 };
                 let handle = std::thread::Builder::new()
                     .name(format!("vcpu{index}"))
@@ -213,9 +219,19 @@ impl Vm {
                 if noise {
                     publish_lightweight_exits(&pages, &vcpu_stats);
                 }
+                if waits {
+                    for (index, slot) in (0u32..).zip(&wake_slots) {
+                        if let Err(e) = slot.tick(&vm, index) {
+                            // The run cannot be what was asked: stop every guest (a later tick
+                            // may still wake those in WFI) and report the error.
+                            pages.iter().for_each(|p| p.store(shared::STOP, 1));
+                            wake_error.get_or_insert(e);
+                        }
+                    }
+                }
                 if sampling {
                     kicker.tick(&slots);
-                } else if noise {
+                } else if noise || waits {
                     std::thread::sleep(Duration::from_micros(100));
                 } else {
                     std::thread::sleep(Duration::from_millis(5));
@@ -227,6 +243,9 @@ impl Vm {
                 .collect::<Result<Vec<_>, VmmError>>()
         })?;
 
+        if let Some(e) = wake_error {
+            return Err(e);
+        }
         let mut vcpu_reports = Vec::with_capacity(results.len());
         let mut finished_vcpus = Vec::with_capacity(results.len());
         for ((mut report, vcpu), bells) in results.into_iter().zip(&doorbells) {
@@ -275,14 +294,20 @@ fn mmio_doorbell(index: u32) -> u64 {
     layout::MMIO_KERNEL_BASE + 8 * u64::from(index)
 }
 
-fn register_doorbells(vm: &VmFd, index: u32) -> Result<[EventFd; 2], VmmError> {
+/// vCPU `index`'s in-kernel doorbells: an MMIO one, and a PIO one where there is port I/O.
+fn register_doorbells(vm: &VmFd, index: u32) -> Result<Vec<EventFd>, VmmError> {
     let new_fd = || EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Os { what: "eventfd".into(), source: e });
-    let (pio, mmio) = (new_fd()?, new_fd()?);
-    vm.register_ioevent(&pio, &IoEventAddress::Pio(u64::from(pio_doorbell(index))), NoDatamatch)
-        .map_err(kvm_err("KVM_IOEVENTFD (PIO)"))?;
+    let mmio = new_fd()?;
     vm.register_ioevent(&mmio, &IoEventAddress::Mmio(mmio_doorbell(index)), NoDatamatch)
         .map_err(kvm_err("KVM_IOEVENTFD (MMIO)"))?;
-    Ok([pio, mmio])
+    let mut bells = vec![mmio];
+    if arch::HAS_PORT_IO {
+        let pio = new_fd()?;
+        vm.register_ioevent(&pio, &IoEventAddress::Pio(u64::from(pio_doorbell(index))), NoDatamatch)
+            .map_err(kvm_err("KVM_IOEVENTFD (PIO)"))?;
+        bells.push(pio);
+    }
+    Ok(bells)
 }
 
 pub(crate) fn kvm_err(what: &'static str) -> impl Fn(kvm_ioctls::Error) -> VmmError {

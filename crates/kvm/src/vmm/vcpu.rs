@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kvm_ioctls::{VcpuExit, VcpuFd};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use virtprof_model::testvm::{GuestNoise, NoiseRecord, PhaseReport, SyncPoint, VcpuReport};
@@ -13,6 +13,7 @@ use super::exits::exit_reason_name;
 use super::kvm_err;
 use super::pc_sampler::{KickSlot, PcSampler};
 use super::shared_page::SharedPage;
+use super::wake::WakeSlot;
 use crate::error::VmmError;
 use crate::guest::layout::{self, ports, shared};
 use crate::guest::SYNC_ROUNDS;
@@ -32,6 +33,8 @@ pub(crate) struct VcpuContext<'a> {
     pub page: SharedPage,
     /// Where the VMM's sampling timer kicks this vCPU, when sampling.
     pub kick: Option<&'a KickSlot>,
+    /// The VM and this vCPU's wake-up line, when the script waits in WFI.
+    pub wake: Option<(&'a VmFd, &'a WakeSlot)>,
 }
 
 /// What the VMM does about one return from `KVM_RUN`.
@@ -49,6 +52,8 @@ pub(crate) enum Action {
     Fault(u32),
     /// A clock-sync exit of the noise workload.
     Sync,
+    /// The guest took the interrupt that ended its WFI.
+    WakeAck,
     /// Something the test bed never asks for.
     Unexpected(String),
 }
@@ -57,6 +62,12 @@ pub(crate) enum Action {
 pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
     let first_u32 =
         |data: &[u8]| data.iter().take(4).enumerate().fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (8 * i));
+    // Without port I/O (arm64) the guest stores to the port window instead.
+    if let VcpuExit::MmioWrite(addr, data) = exit {
+        if let Some(port) = layout::port_at(*addr) {
+            return classify(&VcpuExit::IoOut(port, data));
+        }
+    }
     match exit {
         // HLT reaches the VMM only from the CPL0 `hlt` workload (at CPL3 it faults).
         VcpuExit::IoOut(ports::PIO_USER, _) | VcpuExit::Intr | VcpuExit::Hlt => Action::Resume,
@@ -64,6 +75,7 @@ pub(crate) fn classify(exit: &VcpuExit<'_>) -> Action {
         VcpuExit::IoOut(ports::DONE, _) => Action::Done,
         VcpuExit::IoOut(ports::IO_BLOCK, _) => Action::Block,
         VcpuExit::IoOut(ports::SYNC, _) => Action::Sync,
+        VcpuExit::IoOut(ports::WAKE_ACK, _) => Action::WakeAck,
         VcpuExit::IoOut(ports::FAULT, data) => Action::Fault(first_u32(data)),
         VcpuExit::MmioWrite(layout::MMIO_USER_ADDR, _) => Action::Resume,
         VcpuExit::IoOut(port, _) => Action::Unexpected(format!("OUT to unexpected port {port:#x}")),
@@ -155,6 +167,15 @@ pub(crate) fn run_vcpu(
         match action {
             Action::Resume => {}
             Action::Block => std::thread::sleep(ctx.io_latency),
+            Action::WakeAck => match ctx.wake {
+                Some((vm, slot)) => slot.acknowledged(vm, ctx.index)?,
+                None => {
+                    return Err(VmmError::Guest {
+                        vcpu: ctx.index,
+                        message: "the guest acknowledged a wake-up nobody sent".into(),
+                    })
+                }
+            },
             Action::Sync => {
                 let before_ns = monotonic_ns();
                 let tsc = super::arch::guest_counter(&vcpu)?;
@@ -173,13 +194,18 @@ pub(crate) fn run_vcpu(
                 clock.done = Some((monotonic_ns(), ctx.page.load(shared::ITERATIONS)));
                 clock.exits_at.push(stats.read()?.get("exits"));
             }
-            Action::Fault(vector) => return Err(fault_error(&vcpu, &ctx, vector)),
+            Action::Fault(vector) => {
+                return Err(VmmError::Guest {
+                    vcpu: ctx.index,
+                    message: super::arch::fault_message(&vcpu, ctx.memory, ctx.program, vector),
+                })
+            }
             Action::Unexpected(what) => {
                 let rip = super::arch::program_counter(&vcpu).unwrap_or(0);
                 return Err(VmmError::Guest {
                     vcpu: ctx.index,
                     message: format!(
-                        "{what} (exit reason {}) at RIP {}",
+                        "{what} (exit reason {}) at PC {}",
                         exit_reason_name(reason),
                         ctx.program.describe(rip)
                     ),
@@ -277,51 +303,6 @@ fn guest_noise(ctx: &VcpuContext<'_>, sync: Vec<SyncPoint>, loop_kicks: u64, loo
     }
 }
 
-const VECTOR_NAMES: [&str; 22] = [
-    "#DE",
-    "#DB",
-    "NMI",
-    "#BP",
-    "#OF",
-    "#BR",
-    "#UD",
-    "#NM",
-    "#DF",
-    "coprocessor overrun",
-    "#TS",
-    "#NP",
-    "#SS",
-    "#GP",
-    "#PF",
-    "reserved",
-    "#MF",
-    "#AC",
-    "#MC",
-    "#XM",
-    "#VE",
-    "#CP",
-];
-
-/// Read the exception frame the fault stub left on the CPL0 stack and describe it.
-fn fault_error(vcpu: &VcpuFd, ctx: &VcpuContext<'_>, vector: u32) -> VmmError {
-    let rsp = super::arch::stack_pointer(vcpu).unwrap_or(0);
-    let word = |i: u64| ctx.memory.read_obj::<u64>(GuestAddress(rsp + 8 * i)).unwrap_or(0);
-    let (error_code, rip) = (word(1), word(2));
-    let name = VECTOR_NAMES.get(vector as usize).copied().unwrap_or("exception");
-    let cr2 = if vector == 14 {
-        super::arch::fault_address(vcpu).map(|cr2| format!(", CR2 {cr2:#x}")).unwrap_or_default()
-    } else {
-        String::new()
-    };
-    VmmError::Guest {
-        vcpu: ctx.index,
-        message: format!(
-            "guest exception {name} (vector {vector}, error code {error_code:#x}{cr2}) at RIP {} (reported through an IO exit on the fault port)",
-            ctx.program.describe(rip)
-        ),
-    }
-}
-
 fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
     virtprof_host::affinity::set(0, &[cpu])
 }
@@ -350,5 +331,16 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(classify(&VcpuExit::Shutdown), Action::Unexpected(m) if m.contains("triple-faulted")));
+    }
+
+    #[test]
+    fn stores_to_the_port_window_are_the_ports() {
+        let store = |port| layout::port_address(port);
+        assert_eq!(classify(&VcpuExit::MmioWrite(store(ports::PHASE), &[3, 0, 0, 0])), Action::Phase(3));
+        assert_eq!(classify(&VcpuExit::MmioWrite(store(ports::DONE), &[0; 4])), Action::Done);
+        assert_eq!(classify(&VcpuExit::MmioWrite(store(ports::FAULT), &[8, 0, 0, 0])), Action::Fault(8));
+        assert_eq!(classify(&VcpuExit::MmioWrite(store(ports::IO_BLOCK), &[0; 4])), Action::Block);
+        assert_eq!(classify(&VcpuExit::MmioWrite(store(ports::WAKE_ACK), &[0; 4])), Action::WakeAck);
+        assert!(matches!(classify(&VcpuExit::MmioWrite(layout::PORT_WINDOW + 4, &[0; 4])), Action::Unexpected(_)));
     }
 }

@@ -286,8 +286,10 @@ fn features(
     rapl: bool,
 ) -> Vec<Feature> {
     let f = |feature, mode: &str| Feature { feature, mode: mode.to_string() };
-    let testvm = if cfg!(not(target_arch = "x86_64")) {
-        "unavailable on this architecture: the guest programs are x86-64 code (arm64 exits are read from any recording or trace; kvm-probe in scripts/arm64 is the bed's known guest)"
+    let testvm = if cfg!(not(any(target_arch = "x86_64", target_arch = "aarch64"))) {
+        "unavailable on this architecture: guest programs exist for x86-64 and arm64"
+    } else if kvm.api_version.is_ok() && cfg!(target_arch = "aarch64") {
+        "available (arm64: compute, mmio-user, mmio-kernel, io-bound, fault, hvc, wfi, sysreg at EL1/EL0; no noise workload or --steal-time yet)"
     } else if kvm.api_version.is_ok() {
         "available"
     } else {

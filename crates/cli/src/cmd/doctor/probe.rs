@@ -51,6 +51,11 @@ const PROBE_SCRIPTS: [(Privilege, &str); 2] = [
     ),
     (Privilege::Kernel, "compute:50,cpuid:200,pio-user:200,hlt:200,rdmsr:200,compute:2000"),
 ];
+/// The same on arm64, with its own operations (no port I/O; HVC and ID-register reads at EL1).
+const PROBE_SCRIPTS_ARM64: [(Privilege, &str); 2] = [
+    (Privilege::User, "compute:200,mmio-user:200,mmio-kernel:200,wfi:50,compute:2000000"),
+    (Privilege::Kernel, "compute:50,hvc:200,sysreg:200,mmio-user:200,wfi:50,compute:200000"),
+];
 /// A probed phase: its workload, what it is, the kvm event that shows KVM handled it, and where
 /// it is expected to be handled on VMX/SVM.
 struct Probed {
@@ -60,7 +65,7 @@ struct Probed {
     usual: &'static str,
 }
 
-const PROBED: [Probed; 7] = [
+const PROBED: [Probed; 10] = [
     Probed { workload: "cpuid", operation: "CPUID", evidence: "kvm_cpuid", usual: "a lightweight exit on VMX/SVM" },
     Probed {
         workload: "pio-user",
@@ -98,6 +103,24 @@ const PROBED: [Probed; 7] = [
         evidence: "kvm_msr",
         usual: "a lightweight exit handled in KVM",
     },
+    Probed {
+        workload: "hvc",
+        operation: "HVC (PSCI_VERSION)",
+        evidence: "kvm_hvc_arm64",
+        usual: "a lightweight exit handled in KVM",
+    },
+    Probed {
+        workload: "sysreg",
+        operation: "MRS ID_AA64PFR0_EL1",
+        evidence: "kvm_handle_sys_reg",
+        usual: "a lightweight exit handled in KVM",
+    },
+    Probed {
+        workload: "wfi",
+        operation: "WFI (woken by the VMM)",
+        evidence: "kvm_wfx_arm64",
+        usual: "an exit in which the vCPU waits (guest idle), plus the wake-up's acknowledgement",
+    },
 ];
 
 /// One line of the probe's trace: which thread, when (CLOCK_MONOTONIC ns), which event.
@@ -119,7 +142,8 @@ pub(super) fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
     instance.write("tracing_on", "1")?;
     let exe = std::env::current_exe()?;
     let mut reports = Vec::new();
-    for (privilege, script) in PROBE_SCRIPTS {
+    let scripts = if cfg!(target_arch = "aarch64") { PROBE_SCRIPTS_ARM64 } else { PROBE_SCRIPTS };
+    for (privilege, script) in scripts {
         let config = TestvmConfig {
             script: Script::parse_phases(script).map_err(anyhow::Error::msg)?.at(privilege),
             vms: 1,
@@ -234,6 +258,15 @@ fn parse_text_events<'a>(text: &'a str, tids: &[u32]) -> Vec<Traced<'a>> {
         .collect()
 }
 
+/// A privilege level as this architecture names it (arm64: EL0 for CPL3, EL1 for CPL0).
+fn level_name(cpl: u8) -> String {
+    match (cfg!(target_arch = "aarch64"), cpl) {
+        (true, 3) => "EL0".into(),
+        (true, _) => "EL1".into(),
+        (false, _) => format!("CPL{cpl}"),
+    }
+}
+
 /// What a user of this host must know against a VMX/SVM one, from the host kind and what the
 /// probe measured.
 pub(super) fn host_differences(kind: Option<HostKind>, probe: &Probe) -> Vec<String> {
@@ -244,6 +277,15 @@ pub(super) fn host_differences(kind: Option<HostKind>, probe: &Probe) -> Vec<Str
         lines.push(
             "none: this is a VMX/SVM host. Every probed guest operation exits to KVM at both privilege levels, and \
              kvm_exit/kvm_entry time each exit (README, \"On a real kvm_amd host\", lists what a PVM host lacks)."
+                .to_string(),
+        );
+    }
+    if traced && kind == Some(HostKind::Arm64) {
+        lines.push(
+            "arm64: kvm_exit/kvm_entry time every exit; an exit is its code (IRQ, ...) or, for a trap, its \
+             exception class, named from the kernel's print fmt with the class in hex (DABT_LOW (EC 0x24)). \
+             WFx exits are guest idle, reported apart from handling time. KVM traps WFI while no interrupt is \
+             pending, and WFE only while the vCPU's CPU has other tasks to run. No port I/O: devices are MMIO."
                 .to_string(),
         );
     }
@@ -261,7 +303,7 @@ pub(super) fn host_differences(kind: Option<HostKind>, probe: &Probe) -> Vec<Str
             .operations
             .iter()
             .filter(|o| o.verdict == verdict)
-            .map(|o| format!("{} at CPL{}", o.operation, o.cpl))
+            .map(|o| format!("{} at {}", o.operation, level_name(o.cpl)))
             .collect();
         (!ops.is_empty()).then(|| ops.join(", "))
     };

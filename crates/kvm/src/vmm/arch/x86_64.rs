@@ -3,6 +3,7 @@
 
 use kvm_bindings::{kvm_msr_entry, kvm_segment, kvm_sregs, Msrs, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::super::kvm_err;
 use crate::error::VmmError;
@@ -48,7 +49,7 @@ pub(crate) fn init_registers(
     let sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
     vcpu.set_sregs(&long_mode_sregs(sregs, privilege)).map_err(kvm_err("KVM_SET_SREGS"))?;
     let mut regs = vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
-    regs.rip = program.base;
+    regs.rip = program.entry;
     regs.rsp = layout::stack_top(index);
     regs.rflags = USER_RFLAGS;
     regs.r15 = layout::shared_page(index);
@@ -85,14 +86,59 @@ pub(crate) fn privilege_level(vcpu: &VcpuFd) -> Result<u8, VmmError> {
     Ok(vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?.cs.dpl)
 }
 
-/// A stopped vCPU's stack pointer.
-pub(crate) fn stack_pointer(vcpu: &VcpuFd) -> Result<u64, VmmError> {
-    Ok(vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rsp)
+/// Whether guests here have port I/O (and so PIO ioeventfds).
+pub(crate) const HAS_PORT_IO: bool = true;
+
+/// Write the descriptor tables and page tables into `image` (guest RAM from address 0).
+pub(crate) fn prepare_memory(image: &mut [u8], program: &GuestProgram) -> Result<(), VmmError> {
+    layout::write_system_tables(image, program)
 }
 
-/// The address the last page fault was on (CR2).
-pub(crate) fn fault_address(vcpu: &VcpuFd) -> Result<u64, VmmError> {
-    Ok(vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?.cr2)
+/// No x86-64 workload waits for an interrupt (HLT returns to the VMM), so there is no line to
+/// raise.
+pub(crate) fn set_wake_line(_vm: &VmFd, _index: u32, _level: bool) -> Result<(), VmmError> {
+    Err(VmmError::Unsupported("no x86-64 workload waits for an interrupt".into()))
+}
+
+const VECTOR_NAMES: [&str; 22] = [
+    "#DE",
+    "#DB",
+    "NMI",
+    "#BP",
+    "#OF",
+    "#BR",
+    "#UD",
+    "#NM",
+    "#DF",
+    "coprocessor overrun",
+    "#TS",
+    "#NP",
+    "#SS",
+    "#GP",
+    "#PF",
+    "reserved",
+    "#MF",
+    "#AC",
+    "#MC",
+    "#XM",
+    "#VE",
+    "#CP",
+];
+
+/// Describe the exception a fault stub reported, from the frame it left on the CPL0 stack.
+pub(crate) fn fault_message(vcpu: &VcpuFd, memory: &GuestMemoryMmap, program: &GuestProgram, vector: u32) -> String {
+    let rsp = vcpu.get_regs().map(|r| r.rsp).unwrap_or(0);
+    let word = |i: u64| memory.read_obj::<u64>(GuestAddress(rsp + 8 * i)).unwrap_or(0);
+    let (error_code, rip) = (word(1), word(2));
+    let name = VECTOR_NAMES.get(vector as usize).copied().unwrap_or("exception");
+    let cr2 = match (vector, vcpu.get_sregs()) {
+        (14, Ok(sregs)) => format!(", CR2 {:#x}", sregs.cr2),
+        _ => String::new(),
+    };
+    format!(
+        "guest exception {name} (vector {vector}, error code {error_code:#x}{cr2}) at RIP {} (reported through an IO exit on the fault port)",
+        program.describe(rip)
+    )
 }
 
 /// Special registers for long mode with paging, starting at `privilege`'s CPL.
