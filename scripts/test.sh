@@ -38,6 +38,8 @@ if [ "$(id -u)" = 0 ]; then
     command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
     command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
     command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
+    # The bed's L2 Linux guest gets its device tree from dtc.
+    command -v dtc >/dev/null || need+=(device-tree-compiler)
     if ! dpkg --print-foreign-architectures | grep -qx arm64; then
         echo "test.sh: adding the arm64 package architecture (for the arm64 bed's kernel)"
         dpkg --add-architecture arm64

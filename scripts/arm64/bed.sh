@@ -12,8 +12,11 @@
 # VIRTPROF: the aarch64 binary under test (default
 # target/aarch64-unknown-linux-gnu/release/virtprof, static: `cargo build --release --target
 # aarch64-unknown-linux-gnu`, set up in .cargo/config.toml). Inside L1: `virtprof` on PATH,
-# busybox, `kvm-probe` (a KVM guest with exactly known exits: kvm-probe.c), /out (a host folder whose files come back: BED_OUT, default a fresh folder under
-# the cache whose path is printed). Everything in L1 is emulated: commands take 10-50x longer
+# busybox, `kvm-probe` (a KVM guest with exactly known exits: kvm-probe.c), `kvm-boot` (a minimal
+# VMM that boots Linux as an L2 guest: kvm-boot.c), /bed/l2 (what it boots: `kvm-boot
+# /bed/l2/Image /bed/l2/machine.dtb /bed/l2/initrd.gz` boots the same Debian kernel with a
+# busybox init that prints "L2 booted" and powers off), /out (a host folder whose files come
+# back: BED_OUT, default a fresh folder under the cache whose path is printed). Everything in L1 is emulated: commands take 10-50x longer
 # than on the host.
 # Cache: target/arm64-bed (the kernel package, about 60 MB, fetched once with apt, which needs
 # the arm64 architecture added: `dpkg --add-architecture arm64 && apt-get update`).
@@ -65,11 +68,32 @@ prepare() {
             basename "$ko" .ko >> "$ir/lib/modules/order"
         done
     aarch64-linux-gnu-strip -o "$ir/usr/bin/virtprof" "$virtprof" 2> /dev/null || cp "$virtprof" "$ir/usr/bin/virtprof"
-    aarch64-linux-gnu-gcc -O2 -static -o "$ir/usr/bin/kvm-probe" "$root/scripts/arm64/kvm-probe.c" ||
-        die "cannot build kvm-probe (apt-get install gcc-aarch64-linux-gnu)"
+    local tool
+    for tool in kvm-probe kvm-boot; do
+        aarch64-linux-gnu-gcc -O2 -static -o "$ir/usr/bin/$tool" "$root/scripts/arm64/$tool.c" ||
+            die "cannot build $tool (apt-get install gcc-aarch64-linux-gnu)"
+    done
     cp "$root/scripts/arm64/init" "$ir/init" && chmod +x "$ir/init"
     python3 "$root/scripts/newc.py" "$ir" | gzip -1 > "$1"
     rm -rf "$ir"
+}
+
+# The L2 guest kvm-boot boots, into $1/l2: the kernel Image, a busybox initramfs whose init
+# says "L2 booted" and powers off, and the machine's device tree (dtc).
+l2_files() {
+    command -v dtc > /dev/null || die "needs dtc (apt-get install device-tree-compiler)"
+    local l2=$1/l2 ir=$1/l2-initramfs
+    mkdir -p "$l2" "$ir"/{bin,proc,sys,dev}
+    cp "$cache/vmlinuz" "$l2/Image"
+    cp "$cache/busybox/bin/busybox" "$ir/bin/busybox"
+    printf '%s\n' '#!/bin/busybox sh' '/bin/busybox mount -t proc proc /proc' \
+        'echo "L2 booted: $(/bin/busybox cat /proc/version)"' '/bin/busybox poweroff -f' > "$ir/init"
+    chmod +x "$ir/init"
+    python3 "$root/scripts/newc.py" "$ir" | gzip -1 > "$l2/initrd.gz"
+    rm -rf "$ir"
+    local end
+    end=$(printf '0x%x' $((0x48000000 + $(stat -c %s "$l2/initrd.gz"))))
+    sed "s/INITRD_END/$end/" "$root/scripts/arm64/kvm-boot.dts" | dtc -q -I dts -O dtb -o "$l2/machine.dtb" -
 }
 
 # L1's QEMU (its `timeout` wrapper's pid) while it runs.
@@ -86,11 +110,12 @@ run() {
     out=$(realpath -m "${BED_OUT:-$share/out}")
     mkdir -p "$out"
     prepare "$share/initrd.gz"
+    l2_files "$share"
     cp "$script" "$share/job.sh"
     # QEMU in the background so that a signal reaches the trap above between commands.
-    timeout -k 5 "$timeout" qemu-system-aarch64 -M virt,virtualization=on -cpu max -smp 2 -m 1G \
+    timeout -k 5 "$timeout" qemu-system-aarch64 -M virt,virtualization=on,gic-version=3 -cpu max -smp 2 -m 1G \
         -nographic -no-reboot -kernel "$cache/vmlinuz" -initrd "$share/initrd.gz" \
-        -append "console=ttyAMA0 panic=-1 quiet ${BED_APPEND:-}" \
+        -append "console=ttyAMA0 panic=-1 quiet nokaslr ${BED_APPEND:-}" \
         -virtfs "local,path=$share,mount_tag=bed,security_model=none" \
         -virtfs "local,path=$out,mount_tag=out,security_model=none" \
         > "$share/console.log" 2>&1 < /dev/null &

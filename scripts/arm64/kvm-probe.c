@@ -9,19 +9,13 @@
 // for an interrupt, which needs a VMM that raises one).
 //
 //   aarch64-linux-gnu-gcc -O2 -static -o kvm-probe kvm-probe.c
-#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <linux/kvm.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "kvm-util.h"
 
 #define RAM_BASE 0ull
 #define RAM_SIZE 0x10000ull
@@ -62,27 +56,7 @@ __asm__(".pushsection .rodata\n"
         "guest_size: .quad guest_end - guest_start\n"
         ".popsection\n");
 
-static void die(const char *what) {
-    fprintf(stderr, "kvm-probe: %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-static void set_core_reg(int vcpu, uint64_t offset, uint64_t value) {
-    struct kvm_one_reg reg = {
-        .id = KVM_REG_ARM64 | KVM_REG_SIZE_U64 | KVM_REG_ARM_CORE | (offset / sizeof(uint32_t)),
-        .addr = (uint64_t)&value,
-    };
-    if (ioctl(vcpu, KVM_SET_ONE_REG, &reg) < 0) die("KVM_SET_ONE_REG");
-}
-
-static uint64_t get_reg(int vcpu, uint64_t id) {
-    uint64_t value = 0;
-    struct kvm_one_reg reg = {.id = id, .addr = (uint64_t)&value};
-    if (ioctl(vcpu, KVM_GET_ONE_REG, &reg) < 0) die("KVM_GET_ONE_REG");
-    return value;
-}
-
-#define CORE(field) (KVM_REG_ARM64 | KVM_REG_SIZE_U64 | KVM_REG_ARM_CORE | (offsetof(struct kvm_regs, field) / sizeof(uint32_t)))
+const char *tool = "kvm-probe";
 
 // A guest that made no exit to this VMM for 10 s is stuck: say where, and what it last took.
 static void stuck(int vcpu, void *ram) {
@@ -109,14 +83,9 @@ int main(int argc, char **argv) {
     struct kvm_userspace_memory_region region = {
         .slot = 0, .guest_phys_addr = RAM_BASE, .memory_size = RAM_SIZE, .userspace_addr = (uint64_t)ram};
     if (ioctl(vm, KVM_SET_USER_MEMORY_REGION, &region) < 0) die("KVM_SET_USER_MEMORY_REGION");
-    int vcpu = ioctl(vm, KVM_CREATE_VCPU, 0);
-    if (vcpu < 0) die("KVM_CREATE_VCPU");
-    struct kvm_vcpu_init init;
-    if (ioctl(vm, KVM_ARM_PREFERRED_TARGET, &init) < 0) die("KVM_ARM_PREFERRED_TARGET");
-    init.features[0] |= 1u << KVM_ARM_VCPU_PSCI_0_2;
-    if (ioctl(vcpu, KVM_ARM_VCPU_INIT, &init) < 0) die("KVM_ARM_VCPU_INIT");
-    set_core_reg(vcpu, offsetof(struct kvm_regs, regs.pc), RAM_BASE);
-    set_core_reg(vcpu, offsetof(struct kvm_regs, regs.regs[19]), (uint64_t)rounds);
+    int vcpu = create_vcpu(vm);
+    set_reg(vcpu, CORE(regs.pc), RAM_BASE);
+    set_reg(vcpu, CORE(regs.regs[19]), (uint64_t)rounds);
     int size = ioctl(kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
     struct kvm_run *run = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, vcpu, 0);
     if (run == MAP_FAILED) die("mmap kvm_run");

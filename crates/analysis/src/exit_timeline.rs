@@ -28,8 +28,9 @@ pub struct TooManySamples {
     pub covered_ns: u64,
 }
 
-/// Start of the x86-64 upper canonical half, where 64-bit kernels live.
-const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+/// Where 64-bit kernels live: addresses with the top bit set (x86-64's upper canonical half,
+/// arm64's TTBR1 range, whatever its VA size).
+const KERNEL_HALF: u64 = 1 << 63;
 
 /// Where one vCPU is on its timeline.
 #[derive(Debug, Clone, Copy)]

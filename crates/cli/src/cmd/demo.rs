@@ -1,7 +1,7 @@
 //! `virtprof demo`: the embedded default. Starts a mix of test VMs that show every column of
 //! `top` doing something — two compute VMs contending for one CPU (run/wait ~50/50), an
 //! io-bound VM (mostly blocked, one I/O per wakeup), an exit-heavy VM (port I/O handled by the
-//! VMM) — then watches them, and stops them on the way out whatever happens.
+//! VMM; MMIO on arm64, which has no port I/O) — then watches them, and stops them on the way out whatever happens.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use virtprof_engine::testvms::TestVms;
 const VMS: [(&str, &[&str]); 3] = [
     ("contend", &["--workload", "compute", "--vms", "2", "--pin", "0"]),
     ("io", &["--workload", "io-bound", "--io-latency", "2ms"]),
-    ("exits", &["--workload", "pio-user"]),
+    ("exits", &["--workload", if cfg!(target_arch = "aarch64") { "mmio-user" } else { "pio-user" }]),
 ];
 /// VMM processes the demo starts (the compute entry starts two).
 const VMM_COUNT: usize = 4;

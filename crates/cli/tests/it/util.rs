@@ -209,3 +209,28 @@ pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// `boot --recording RECORDING --system-map MAP` of a Linux guest's boot, as JSON, checked for
+/// what every such profile must show: the hypervisor's share equal to the time the note says
+/// the vCPUs spent in exits, firmware (code before the kernel's half) and kernel samples, and
+/// the kernel's samples resolved through the map.
+pub fn linux_boot_profile(recording: &std::path::Path, system_map: &std::path::Path) -> serde_json::Value {
+    let boot = virtprof()
+        .args(["boot", "--recording"])
+        .arg(recording)
+        .arg("--system-map")
+        .arg(system_map)
+        .args(["--rate", "10000", "--json"])
+        .output()
+        .unwrap();
+    assert!(boot.status.success(), "{}", String::from_utf8_lossy(&boot.stderr));
+    let boot: serde_json::Value = serde_json::from_slice(&boot.stdout).unwrap();
+    let realm = |name: &str| boot["realms"][name].as_f64().unwrap();
+    let note_text = boot["note"].as_str().unwrap();
+    let measured: f64 = note_text.split("; ").last().unwrap().split('%').next().unwrap().parse().unwrap();
+    assert!((100.0 * realm("hypervisor") - measured).abs() < 1.0, "{} vs {measured}%", realm("hypervisor"));
+    assert!(realm("firmware") > 0.0 && realm("kernel") > 0.0, "{}", boot["realms"]);
+    let resolved = boot["resolved"]["kernel"].as_f64().unwrap();
+    assert!(resolved > 0.9, "kernel samples resolved through {}: {resolved}", system_map.display());
+    boot
+}
