@@ -204,7 +204,8 @@ WORKLOADS:
   boot         named functions, each for its --shares of --duration (profiled by virtprof boot)
 
 ON ARM64 HOSTS (no port I/O: markers and io-bound are stores to an MMIO window, so MMIO exits):
-  compute, mmio-user, mmio-kernel, io-bound, fault, phases, and
+  compute, mmio-user, mmio-kernel, io-bound, fault, noise (the virtual counter; steal time from
+  KVM's PV time record), phases, and
   hvc          HVC #0 with PSCI_VERSION, at --cpl 0 (EL1) only: KVM's PSCI answers it in the
                kernel (1 lightweight HVC64 exit per iteration; KVM stats fd: hvc_exit_stat)
   wfi          WFI: KVM traps it and the vCPU waits until the VMM raises its IRQ line, about

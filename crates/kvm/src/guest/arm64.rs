@@ -20,7 +20,7 @@ use dynasmrt::{dynasm, DynamicLabel, DynasmApi, DynasmLabelApi, VecAssembler};
 
 use super::layout::{self, ports, shared};
 use super::program::{GuestProgram, Symbol};
-use super::workload::{Bound, Phase, Script, Workload};
+use super::workload::{Bound, Phase, Script, Workload, SYNC_ROUNDS};
 use crate::error::VmmError;
 
 /// The vector table's size: 16 entries of 0x80 bytes; `_start` follows it.
@@ -116,9 +116,7 @@ fn emit_phase(b: &mut Builder, index: usize, phase: &Phase, counter_khz: u64) ->
         Workload::MmioKernel => {
             dynasm!(b.ops ; .arch aarch64 ; ldr X(X_DOORBELL), [X(X_SHARED), shared::MMIO_KERNEL_ADDR as u32])
         }
-        Workload::Noise => {
-            return Err(VmmError::Assemble("the noise workload is not written for arm64 yet".into()));
-        }
+        Workload::Noise => return emit_noise(b, &name, phase.bound, counter_khz),
         w if !w.runs_on_arm64() => {
             return Err(VmmError::Assemble(format!("the {w} workload is x86-64's; arm64 has {}", arm64_names())));
         }
@@ -176,6 +174,101 @@ fn emit_phase(b: &mut Builder, index: usize, phase: &Phase, counter_khz: u64) ->
     }
     dynasm!(b.ops ; .arch aarch64 ; =>end ; nop);
     Ok(())
+}
+
+/// The noise loop, as x86-64's (`workload::emit_noise`) with the virtual counter for the TSC
+/// and KVM's PV time record for the steal-time one. Registers: x19 = threshold ticks, x20 =
+/// sample buffer, x21 = samples seen, x22 = previous counter, x27 = deadline; x9/x10/x11 =
+/// steal, heavyweight and lightweight counters at the previous sample.
+fn emit_noise(b: &mut Builder, name: &str, bound: Bound, counter_khz: u64) -> Result<(), VmmError> {
+    let Bound::Duration { ns } = bound else {
+        return Err(VmmError::Assemble("the noise workload runs for a duration, not a count".into()));
+    };
+    let capacity = layout::NOISE_AREA / layout::NOISE_RECORD;
+    // Touch every page of the sample buffer first: a first touch inside the loop is an exit
+    // (the host maps the page) that would land in the middle of storing a sample.
+    let touch = b.ops.new_dynamic_label();
+    dynasm!(b.ops ; .arch aarch64 ; ldr x2, [X(X_SHARED), shared::NOISE_BUFFER as u32]);
+    mov_imm(&mut b.ops, 3, layout::NOISE_AREA / 4096);
+    dynasm!(b.ops ; .arch aarch64
+        ; =>touch
+        ; str xzr, [x2]
+        ; add x2, x2, 1, lsl 12
+        ; subs x3, x3, 1
+        ; b.ne =>touch
+    );
+    emit_sync(b);
+    let ticks = u128::from(ns) * u128::from(counter_khz) / 1_000_000;
+    dynasm!(b.ops ; .arch aarch64
+        ; ldr x19, [X(X_SHARED), shared::NOISE_THRESHOLD as u32]
+        ; ldr x20, [X(X_SHARED), shared::NOISE_BUFFER as u32]
+        ; movz x21, 0
+        ; ldr x9, [X(X_SHARED), shared::STEAL_NS_ARM64 as u32]
+        ; ldr x10, [X(X_SHARED), shared::VMM_USERSPACE_EXITS as u32]
+        ; ldr x11, [X(X_SHARED), shared::VMM_LW_EXITS as u32]
+    );
+    mov_imm(&mut b.ops, X_BOUND, u64::try_from(ticks).unwrap_or(u64::MAX / 2));
+    mov_imm(&mut b.ops, 8, capacity);
+    dynasm!(b.ops ; .arch aarch64 ; mrs x0, CNTVCT_EL0 ; mov x22, x0 ; add X(X_BOUND), X(X_BOUND), x0);
+    let (quiet, full, end) = (b.ops.new_dynamic_label(), b.ops.new_dynamic_label(), b.ops.new_dynamic_label());
+    let top = b.function(format!("{name}_loop"));
+    dynasm!(b.ops ; .arch aarch64
+        ; mrs x0, CNTVCT_EL0
+        ; sub x1, x0, x22
+        ; cmp x1, x19
+        ; b.ls =>quiet
+        // A sample: [x20 + 32 * x21] = start, length, steal delta, exit deltas.
+        ; cmp x21, x8
+        ; b.hs =>full
+        ; add x3, x20, x21, lsl 5
+        ; str x22, [x3]
+        ; str x1, [x3, 8]
+        ; ldr x4, [X(X_SHARED), shared::STEAL_NS_ARM64 as u32]
+        ; sub x5, x4, x9
+        ; mov x9, x4
+        ; str x5, [x3, 16]
+        ; ldr x4, [X(X_SHARED), shared::VMM_USERSPACE_EXITS as u32]
+        ; sub w5, w4, w10
+        ; mov x10, x4
+        ; ldr x6, [X(X_SHARED), shared::VMM_LW_EXITS as u32]
+        ; sub w7, w6, w11
+        ; mov x11, x6
+        ; orr x5, x5, x7, lsl 32
+        ; str x5, [x3, 24]
+        ; =>full
+        ; add x21, x21, 1
+        ; str x21, [X(X_SHARED), shared::NOISE_SAMPLES as u32]
+        // The next step is measured from the end of this gap, so storing the sample is inside
+        // it (as on x86-64).
+        ; =>quiet
+        ; mov x22, x0
+        ; ldr x4, [X(X_SHARED), shared::ITERATIONS as u32]
+        ; add x4, x4, 1
+        ; str x4, [X(X_SHARED), shared::ITERATIONS as u32]
+        ; ldr x4, [X(X_SHARED), shared::STOP as u32]
+        ; cbnz x4, =>end
+        ; cmp x0, X(X_BOUND)
+        ; b.lo =>top
+        ; =>end
+    );
+    emit_sync(b);
+    Ok(())
+}
+
+/// [`SYNC_ROUNDS`] clock-sync exits: the counter into the shared page, then a store to the
+/// sync port (the VMM reads the counter itself between two host clock readings).
+fn emit_sync(b: &mut Builder) {
+    let again = b.ops.new_dynamic_label();
+    let sync = port_offset(ports::SYNC);
+    mov_imm(&mut b.ops, 12, SYNC_ROUNDS);
+    dynasm!(b.ops ; .arch aarch64
+        ; =>again
+        ; mrs x0, CNTVCT_EL0
+        ; str x0, [X(X_SHARED), shared::SYNC_TSC as u32]
+        ; str w0, [X(X_PORTS), sync]
+        ; subs x12, x12, 1
+        ; b.ne =>again
+    );
 }
 
 /// The byte offset of port `port`'s doorbell from the port window (x25).
@@ -245,8 +338,10 @@ mod tests {
 
     #[test]
     fn starts_after_the_vector_table_and_names_every_phase() {
-        let s = Script::parse_phases("compute:1ms,hvc:3,wfi:2,sysreg:2,mmio-user:1,mmio-kernel:1,io-bound:1").unwrap();
+        let s = Script::parse_phases("compute:1ms,hvc:3,wfi:2,sysreg:2,mmio-user:1,mmio-kernel:1,io-bound:1,noise:5ms")
+            .unwrap();
         let p = assemble(&s.at(Privilege::Kernel), 62_500).unwrap();
+        assert!(p.symbol_addr("phase7_noise_loop").is_some());
         assert_eq!(p.entry, layout::CODE_ADDR + 0x800);
         assert_eq!(p.symbol_addr("_start"), Some(p.entry));
         assert_eq!(p.symbol_addr("vector_4"), Some(layout::CODE_ADDR + 4 * 0x80));
@@ -283,6 +378,12 @@ mod tests {
         // str wzr, [x25, #0x7b0] ; eret
         assert_eq!(words(&p, "vector_5", 2), [0xb907_b33f, 0xd69f_03e0]);
         assert_eq!(words(&p, "vector_9", 2), [0xb907_b33f, 0xd69f_03e0]);
+    }
+
+    #[test]
+    fn the_noise_loop_runs_for_a_duration() {
+        let err = assemble(&Script::single(Workload::Noise, Bound::Iterations(5)), 62_500).unwrap_err();
+        assert!(err.to_string().contains("runs for a duration"), "{err}");
     }
 
     #[test]

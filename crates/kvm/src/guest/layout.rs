@@ -158,6 +158,12 @@ pub mod shared {
     pub const SYNC_TSC: u64 = 0x98;
     /// The KVM steal-time record (64-byte aligned), when `--steal-time` is on.
     pub const STEAL_TIME: u64 = 0x800;
+    /// Where that record keeps the stolen nanoseconds: first in x86-64's `kvm_steal_time`,
+    /// after the revision and attributes words in arm64's PV time record
+    /// (`pvclock_vcpu_stolen_time`).
+    pub const STEAL_NS_X86_64: u64 = STEAL_TIME;
+    /// See [`STEAL_NS_X86_64`].
+    pub const STEAL_NS_ARM64: u64 = STEAL_TIME + 8;
     /// Magic value.
     pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"VPROFSHR");
 }

@@ -107,8 +107,7 @@ impl Workload {
         !matches!(self, Workload::Hvc | Workload::Wfi | Workload::Sysreg)
     }
 
-    /// Whether arm64 has this workload (HVC, WFI and system registers are arm64's; the noise
-    /// loop is not written for it yet).
+    /// Whether arm64 has this workload (HVC, WFI and system registers are arm64's).
     pub fn runs_on_arm64(self) -> bool {
         matches!(
             self,
@@ -120,6 +119,7 @@ impl Workload {
                 | Workload::Hvc
                 | Workload::Wfi
                 | Workload::Sysreg
+                | Workload::Noise
         )
     }
 

@@ -3,8 +3,8 @@
 //! Setup in [`Vm::new`] follows the kvm-ioctls walk-through: open `/dev/kvm`, create the VM,
 //! back guest RAM with anonymous memory, write the program (and on x86-64 the descriptor
 //! tables), create vCPUs at the script's privilege level ([`arch`] per architecture), register
-//! ioeventfds, enable steal time. [`Vm::run`] then runs
-//! every vCPU on its own named thread and gathers the ground truth.
+//! ioeventfds, enable steal time. [`Vm::run`] then runs every vCPU on its own named thread and
+//! gathers the ground truth.
 
 mod arch;
 mod exits;

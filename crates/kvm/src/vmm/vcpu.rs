@@ -257,7 +257,7 @@ pub(crate) fn run_vcpu(
         timeslices: sched.timeslices,
         wall_ns,
         ns_per_iteration: if iterations == 0 { 0.0 } else { wall_ns as f64 / iterations as f64 },
-        steal_ns: ctx.steal_time.then(|| ctx.page.load(shared::STEAL_TIME)),
+        steal_ns: ctx.steal_time.then(|| ctx.page.load(super::arch::STEAL_NS)),
         start_monotonic_ns: start_ns,
         phases,
         kvm_stats,

@@ -289,7 +289,7 @@ fn features(
     let testvm = if cfg!(not(any(target_arch = "x86_64", target_arch = "aarch64"))) {
         "unavailable on this architecture: guest programs exist for x86-64 and arm64"
     } else if kvm.api_version.is_ok() && cfg!(target_arch = "aarch64") {
-        "available (arm64: compute, mmio-user, mmio-kernel, io-bound, fault, hvc, wfi, sysreg at EL1/EL0; no noise workload or --steal-time yet)"
+        "available (arm64: compute, mmio-user, mmio-kernel, io-bound, fault, noise, hvc, wfi, sysreg at EL1/EL0; steal time from KVM's PV time record)"
     } else if kvm.api_version.is_ok() {
         "available"
     } else {

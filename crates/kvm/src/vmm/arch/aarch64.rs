@@ -6,9 +6,9 @@
 use std::mem::offset_of;
 
 use kvm_bindings::{
-    kvm_regs, kvm_vcpu_init, user_pt_regs, KVM_ARM_IRQ_CPU_IRQ, KVM_ARM_IRQ_TYPE_CPU, KVM_ARM_IRQ_TYPE_SHIFT,
-    KVM_ARM_IRQ_VCPU_SHIFT, KVM_ARM_VCPU_PSCI_0_2, KVM_REG_ARM64, KVM_REG_ARM64_SYSREG, KVM_REG_ARM_CORE,
-    KVM_REG_SIZE_U64,
+    kvm_device_attr, kvm_regs, kvm_vcpu_init, user_pt_regs, KVM_ARM_IRQ_CPU_IRQ, KVM_ARM_IRQ_TYPE_CPU,
+    KVM_ARM_IRQ_TYPE_SHIFT, KVM_ARM_IRQ_VCPU_SHIFT, KVM_ARM_VCPU_PSCI_0_2, KVM_ARM_VCPU_PVTIME_CTRL,
+    KVM_ARM_VCPU_PVTIME_IPA, KVM_REG_ARM64, KVM_REG_ARM64_SYSREG, KVM_REG_ARM_CORE, KVM_REG_SIZE_U64,
 };
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
@@ -87,10 +87,23 @@ pub(crate) fn prepare_memory(_image: &mut [u8], _program: &GuestProgram) -> Resu
     Ok(())
 }
 
-/// Steal time on arm64 is KVM's PV time device attribute, with a record laid out unlike x86's;
-/// the test bed does not set it up yet.
-pub(crate) fn enable_steal_time(_vcpu: &VcpuFd, _gpa: u64) -> Result<(), VmmError> {
-    Err(VmmError::Unsupported("--steal-time is not available for arm64 micro-VMs yet".into()))
+/// Where KVM's PV time record keeps the stolen nanoseconds, in the shared page.
+pub(crate) const STEAL_NS: u64 = layout::shared::STEAL_NS_ARM64;
+
+/// Have KVM keep the vCPU's PV time record (stolen time) at guest-physical `gpa`.
+pub(crate) fn enable_steal_time(vcpu: &VcpuFd, gpa: u64) -> Result<(), VmmError> {
+    let attr = kvm_device_attr {
+        group: KVM_ARM_VCPU_PVTIME_CTRL,
+        attr: u64::from(KVM_ARM_VCPU_PVTIME_IPA),
+        addr: &gpa as *const u64 as u64,
+        flags: 0,
+    };
+    vcpu.set_device_attr(&attr).map_err(|source| match source.errno() {
+        libc::ENXIO | libc::ENODEV | libc::EINVAL => VmmError::Unsupported(format!(
+            "this host's KVM has no PV time for arm64 guests (KVM_ARM_VCPU_PVTIME_CTRL: {source}); steal time is unavailable"
+        )),
+        _ => kvm_err("KVM_SET_DEVICE_ATTR (PV time)")(source),
+    })
 }
 
 /// The guest's virtual counter now (`KVM_REG_ARM_TIMER_CNT`, which the UAPI encodes as

@@ -86,6 +86,9 @@ pub(crate) fn privilege_level(vcpu: &VcpuFd) -> Result<u8, VmmError> {
     Ok(vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?.cs.dpl)
 }
 
+/// Where the steal-time record keeps the stolen nanoseconds, in the shared page.
+pub(crate) const STEAL_NS: u64 = layout::shared::STEAL_NS_X86_64;
+
 /// Whether guests here have port I/O (and so PIO ioeventfds).
 pub(crate) const HAS_PORT_IO: bool = true;
 
