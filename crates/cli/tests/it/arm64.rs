@@ -223,23 +223,28 @@ counting=$!
 sleep 2
 virtprof testvm --workload phases --phases hvc:300,sysreg:300,wfi:100,mmio-user:300 --cpl 0 --json > /out/counted.json
 wait $counting
-virtprof testvm --workload hvc --cpl 0 --duration 12s --name watched > /dev/null &
+virtprof testvm --workload hvc --cpl 0 --duration 25s --name watched > /dev/null &
 watched=$!
 sleep 2
+virtprof exits --duration 2s --bpf --json > /out/bpf-running.json 2> /out/bpf-running.err
 virtprof top --once -d 2 > /out/top.txt 2>&1
+virtprof top --once -d 2 --json > /out/top.json 2> /out/top-json.err
 virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
 serving=$!
 sleep 4
 wget -q -O /out/metrics.txt http://127.0.0.1:9477/metrics
 kill -INT $serving
 wait $serving
-kill -INT $watched
+kill -INT $watched 2> /dev/null || true
 wait $watched || true
 ls /sys/kernel/tracing/instances > /out/instances.txt
 taskset -c 1 sh -c 'while :; do :; done' &
 hog=$!
 virtprof noise --testvm --pin 1 --duration 2s --json > /out/noise.json
 kill $hog
+virtprof record -o /out/noise.vprec -- virtprof testvm -w noise --pin 1 --duration 1s --inject-hz 100 --json \
+    > /out/noise-guest.json 2> /out/noise-record.txt
+virtprof noise --host-recording /out/noise.vprec --guest /out/noise-guest.json --json > /out/noise-rec.json
 ! virtprof testvm --workload hvc -n 1 2> /out/hvc-el0.txt
 ! virtprof testvm --workload fault --cpl 0 -n 1 2> /out/fault-el1.txt
 ! virtprof testvm --workload fault -n 1 2> /out/fault-el0.txt
@@ -297,6 +302,11 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     assert_eq!(kernel["SYS64 (EC 0x18)"], (300, false), "{kernel:?}");
     assert_eq!(kernel["WFx (EC 0x01)"], (100, true), "{kernel:?}");
     assert_eq!(bpf["totals"]["exits"].as_u64(), Some(stat(&counted, "exits")), "{bpf}");
+    // Counting a guest that was running before the program was attached: only the exit in
+    // flight at the start can lack its end (the ends are attached before the starts).
+    let running: Value = serde_json::from_str(&read("bpf-running.json")).unwrap();
+    assert!(running["totals"]["exits"].as_u64().unwrap() > 1000, "{running}");
+    assert!(running["totals"]["incomplete"].as_u64().unwrap() <= 1, "{}", running["totals"]);
     // top counts in the kernel there too (its reasons are named as above where it shows them:
     // only when the window's exits are its own exact count, not the stats fd's).
     let top = read("top.txt");
@@ -325,6 +335,31 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     assert_eq!(who, "sh");
     assert_eq!(noise["lost_events"], 0);
     note(test, format!("noise on arm64: explained {} %", noise["explained_pct"]));
+    // The same loop recorded and explained afterwards (`noise --host-recording`), by the
+    // aarch64 build in the bed and by this build alike: each kick (a signal to the vCPU
+    // thread) is one guest sample, one heavyweight exit (KVM_EXIT_INTR) and one host hyp_hw
+    // sample; the guest's steal is no more than the thread's schedstat wait.
+    let guest = out.join("noise-guest.json");
+    let here = super::noise::json(&[
+        "noise",
+        "--host-recording",
+        out.join("noise.vprec").to_str().unwrap(),
+        "--guest",
+        guest.to_str().unwrap(),
+        "--json",
+    ]);
+    let there: Value = serde_json::from_str(&read("noise-rec.json")).unwrap();
+    for key in ["injected", "by_cause", "exit_reasons", "guest", "schedstat_wait_ns", "lost_events"] {
+        assert_eq!(here[key], there[key], "{key}: this build and the aarch64 build read the recording alike");
+    }
+    let injected = there["injected"].as_u64().unwrap();
+    assert!((1..=105).contains(&injected), "100 Hz for 1 s: {injected}");
+    assert_eq!(there["guest"]["hw_exit_samples"], injected, "{}", there["guest"]);
+    assert_eq!(there["by_cause"]["hyp_hw"]["samples"], injected, "{}", there["by_cause"]);
+    assert_eq!(there["exit_reasons"]["KVM_EXIT_INTR"], injected, "{}", there["exit_reasons"]);
+    assert_eq!(there["lost_events"], 0, "{}", read("noise-record.txt"));
+    let (steal, wait) = (there["guest"]["steal_ns"].as_f64().unwrap(), there["schedstat_wait_ns"].as_f64().unwrap());
+    assert!(steal <= wait + 0.02 * wait.max(1e6), "guest steal {steal} vs schedstat wait {wait}");
 
     assert!(read("hvc-el0.txt").contains("privileged"), "{}", read("hvc-el0.txt"));
     for (file, from) in [("fault-el1.txt", "current EL"), ("fault-el0.txt", "from EL0")] {

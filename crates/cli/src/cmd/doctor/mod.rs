@@ -462,7 +462,12 @@ fn boot_sources(kvm: &KvmCaps, tracefs: bool, exits_live: Option<bool>) -> Strin
         std::process::Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success());
     let mut parts = vec![
         if kvm.api_version.is_ok() { "--testvm (micro-VMM kicks)" } else { "no --testvm (no /dev/kvm)" },
-        if qemu { "--qemu/--gdb (QEMU gdbstub)" } else { "--gdb only (qemu-system-x86_64 not installed)" },
+        // The gdbstub sampler reads x86-64 registers, whatever this host's architecture.
+        if qemu {
+            "--qemu/--gdb (QEMU gdbstub; x86-64 guests)"
+        } else {
+            "--gdb only (x86-64 guests; qemu-system-x86_64 not installed)"
+        },
     ];
     parts.push(match (tracefs, exits_live) {
         (true, Some(true)) => "--recording (kvm_exit/kvm_entry timeline: the hypervisor realm measured)",

@@ -284,8 +284,9 @@ pub(super) fn host_differences(kind: Option<HostKind>, probe: &Probe) -> Vec<Str
         lines.push(
             "arm64: kvm_exit/kvm_entry time every exit; an exit is its code (IRQ, ...) or, for a trap, its \
              exception class, named from the kernel's print fmt with the class in hex (DABT_LOW (EC 0x24)). \
-             WFx exits are guest idle, reported apart from handling time. KVM traps WFI while no interrupt is \
-             pending, and WFE only while the vCPU's CPU has other tasks to run. No port I/O: devices are MMIO."
+             WFx exits (WFI and WFE, one class) are guest idle, reported apart from handling time. KVM traps WFI \
+             while no interrupt is pending, and WFE only while the vCPU's CPU has other tasks to run (on an L1 \
+             emulated by QEMU TCG, WFE never traps). No port I/O: devices are MMIO."
                 .to_string(),
         );
     }
