@@ -3,13 +3,17 @@
 // kernel's console, polled), a device tree and an initramfs; it ends when the guest powers off
 // (PSCI SYSTEM_OFF) and prints what it saw:
 //     boot exits E uart U system_event TYPE pid PID tid TID
+// With a deadline, a guest still running after it is stopped and described (its PC, the
+// VMM's exits so far, the last unbacked address it touched), and kvm-boot exits 3: a boot
+// that hangs under an emulated L1 ends with what it was doing, not with a killed bed.
 // Memory map (as QEMU's virt): GIC distributor 0x08000000, redistributor 0x080a0000, UART
 // 0x09000000, RAM at 0x40000000; the device tree at the start of RAM, the kernel 2 MiB in,
 // the initramfs 128 MiB in.
 //
 //   aarch64-linux-gnu-gcc -O2 -static -o kvm-boot kvm-boot.c
-//   kvm-boot IMAGE DTB INITRD [MEM_MIB]     (the DTB from kvm-boot.dts, whose addresses match)
+//   kvm-boot IMAGE DTB INITRD [MEM_MIB [DEADLINE_S]]   (the DTB from kvm-boot.dts)
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -26,6 +30,9 @@
 #define INITRD_OFFSET 0x8000000ull
 
 const char *tool = "kvm-boot";
+
+static volatile sig_atomic_t expired;
+static void on_deadline(int signal) { (void)signal; expired = 1; }
 
 // `path` read into guest RAM at `at`, within `room` bytes; returns its size.
 static size_t load(const char *path, uint8_t *at, size_t room) {
@@ -54,7 +61,7 @@ static void set_attr(int device, uint32_t group, uint64_t attr, void *value) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: kvm-boot IMAGE DTB INITRD [MEM_MIB]\n");
+        fprintf(stderr, "usage: kvm-boot IMAGE DTB INITRD [MEM_MIB [DEADLINE_S]]\n");
         return 2;
     }
     uint64_t ram_size = (argc > 4 ? strtoull(argv[4], NULL, 10) : 256) << 20;
@@ -91,9 +98,25 @@ int main(int argc, char **argv) {
     int size = ioctl(kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
     struct kvm_run *run = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, vcpu, 0);
     if (run == MAP_FAILED) die("mmap kvm_run");
-    long exits = 0, uart = 0;
+    unsigned deadline = argc > 5 ? (unsigned)atoi(argv[5]) : 0;
+    if (deadline) {
+        struct sigaction action = {.sa_handler = on_deadline};
+        sigaction(SIGALRM, &action, NULL);
+        alarm(deadline);
+    }
+    long exits = 0, uart = 0, unbacked = 0;
+    uint64_t last_unbacked = 0;
     for (;;) {
         if (ioctl(vcpu, KVM_RUN, 0) < 0) {
+            if (errno == EINTR && expired) {
+                fflush(stdout);
+                fprintf(stderr,
+                        "kvm-boot: the guest did not power off within %u s: PC %#llx, %ld exits to this VMM "
+                        "(uart %ld, unbacked %ld, the last at %#llx)\n",
+                        deadline, (unsigned long long)get_reg(vcpu, CORE(regs.pc)), exits, uart, unbacked,
+                        (unsigned long long)last_unbacked);
+                return 3;
+            }
             if (errno == EINTR || errno == EAGAIN) continue;
             die("KVM_RUN");
         }
@@ -107,6 +130,8 @@ int main(int argc, char **argv) {
         if (run->mmio.phys_addr < UART || offset >= 8) {
             // Unbacked: reads are zero, writes go nowhere (as a bus with nothing there).
             if (!run->mmio.is_write) memset(run->mmio.data, 0, run->mmio.len);
+            unbacked++;
+            last_unbacked = run->mmio.phys_addr;
             continue;
         }
         uart++;
