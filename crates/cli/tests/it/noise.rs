@@ -238,8 +238,12 @@ fn noise_runs_inside_a_qemu_tcg_debian_guest() {
         Command::new("bash").arg(&script).arg(assert_cmd::cargo::cargo_bin("virtprof")).arg(&initrd).output().unwrap();
     assert!(built.status.success(), "guest-initrd.sh: {}", String::from_utf8_lossy(&built.stderr));
     let command = "/virtprof noise --cpus 1 --duration 1s --period 500ms --threshold 20us --json";
+    // One host thread for both vCPUs: with a thread each (MTTCG), two CI runs under load saw the
+    // guest lock up as virtprof enabled its tracepoints (CPU 0 stuck in virtprof for 250 s,
+    // CPU 1 stuck in its idle task with its timers dead): the cross-vCPU code patching that
+    // enabling a tracepoint does is where multi-threaded TCG went wrong.
     let out = Command::new("timeout")
-        .args(["300", "qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1G"])
+        .args(["300", "qemu-system-x86_64", "-accel", "tcg,thread=single", "-cpu", "max", "-smp", "2", "-m", "1G"])
         .args(["-nographic", "-no-reboot", "-net", "none", "-kernel"])
         .arg(dir.join("vmlinuz"))
         .arg("-initrd")
