@@ -745,9 +745,11 @@ pub struct RecordArgs {
     /// Stop after this long.
     #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size (4 to 1048576; all CPUs' within half the free memory).
-    #[arg(long = "buffer-size", value_name = "KB", default_value_t = virtprof_engine::recorder::DEFAULT_BUFFER_KB)]
-    pub buffer_size_kb: u32,
+    /// Per-CPU ring buffer size (4 to 1048576; all CPUs' within half the free memory)
+    /// [default: 4 s of the busiest CPU's event rate, measured for 0.1 s before the recording
+    /// starts; at least 8192].
+    #[arg(long = "buffer-size", value_name = "KB")]
+    pub buffer_size_kb: Option<u32>,
     /// Trace clock, one counting nanoseconds: local, global, perf, mono, mono_raw, boot, tai
     /// (mono aligns with CLOCK_MONOTONIC, as testvm reports).
     #[arg(long, value_name = "CLOCK", default_value = virtprof_engine::recorder::DEFAULT_CLOCK)]

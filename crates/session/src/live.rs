@@ -42,6 +42,7 @@ impl LiveTrace {
         let config = CaptureConfig {
             events: events.iter().map(|e| (*e).to_string()).collect(),
             buffer_size_kb,
+            fit_to_rate: false,
             clock: clock.into(),
         };
         let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;

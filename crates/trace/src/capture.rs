@@ -1,9 +1,10 @@
 //! Live capture from a private tracefs instance: configure it, then read whole raw pages from
 //! every CPU's `trace_pipe_raw` (non-blocking) and hand them to a consumer in batches. Between
 //! reads the reader sleeps until a buffer is [`WAKE_PERCENT`] full (the kernel wakes it) or a
-//! short timer runs out. The buffers keep the size they start with: resizing them while tracing
-//! leaves a hole of 100-200 ms in the trace that no loss counter shows (seen here: perf counted
-//! 21 805 kvm_pio in a 100 ms row the trace had none of). Loss figures come from
+//! short timer runs out. The buffers keep the size they start with (sized from the rate first,
+//! when asked: [`crate::buffer_sizing`]): resizing them while tracing leaves a hole of 100-200 ms
+//! in the trace that no loss counter shows (seen here: perf counted 21 805 kvm_pio in a 100 ms
+//! row the trace had none of). Loss figures come from
 //! `per_cpu/cpuN/stats` at the end. Dropping the capture removes the instance (see
 //! [`crate::tracefs::Instance`]).
 
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 use virtprof_model::clock::{clock_unit, ClockUnit};
 use virtprof_model::{Cpu, KernelLoss};
 
+use crate::buffer_sizing::{self, Sizing};
 use crate::error::TraceError;
 use crate::tracefs::{Instance, Tracefs};
 
@@ -26,8 +28,11 @@ use crate::tracefs::{Instance, Tracefs};
 pub struct CaptureConfig {
     /// `system` or `system:event` entries (`kvm`, `sched:sched_switch`).
     pub events: Vec<String>,
-    /// Per-CPU ring buffer size.
+    /// Per-CPU ring buffer size (the least, with `fit_to_rate`).
     pub buffer_size_kb: u32,
+    /// Grow the buffers to the event rate measured before tracing starts
+    /// ([`crate::buffer_sizing`]).
+    pub fit_to_rate: bool,
     /// Trace clock; `mono` matches CLOCK_MONOTONIC so guest/VMM timestamps align directly.
     pub clock: String,
 }
@@ -99,9 +104,7 @@ fn check_buffer_size(kb: u32, cpus: usize) -> Result<(), TraceError> {
             ),
         });
     }
-    let available_kb = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines().find_map(|l| l.strip_prefix("MemAvailable:")?.split_whitespace().next()?.parse::<u64>().ok())
-    });
+    let available_kb = buffer_sizing::available_kb();
     let total_kb = u64::from(kb) * cpus.max(1) as u64;
     match available_kb {
         Some(available) if total_kb > available / 2 => Err(TraceError::BufferSize {
@@ -127,6 +130,8 @@ pub struct Capture {
     page_size: usize,
     /// The systems whose formats the recording needs.
     pub systems: Vec<String>,
+    /// The buffers' size, and the rate it was fitted to.
+    pub sizing: Sizing,
 }
 
 impl Capture {
@@ -173,9 +178,15 @@ impl Capture {
                 systems.push(system.to_string());
             }
         }
+        let cpus = online_cpus();
+        let sizing = if config.fit_to_rate {
+            fit_to_rate(&instance, &cpus, config.buffer_size_kb)?
+        } else {
+            Sizing::fixed(config.buffer_size_kb)
+        };
         let mut readers = Vec::new();
         let per_cpu = instance.path().join("per_cpu");
-        for cpu in online_cpus() {
+        for cpu in cpus {
             let path = per_cpu.join(format!("cpu{cpu}")).join("trace_pipe_raw");
             let file = std::fs::OpenOptions::new()
                 .read(true)
@@ -185,7 +196,7 @@ impl Capture {
             readers.push((cpu, file));
         }
         instance.write("tracing_on", "1")?;
-        Ok((Capture { readers, instance, page_size, systems }, missing))
+        Ok((Capture { readers, instance, page_size, systems, sizing }, missing))
     }
 
     /// The instance directory.
@@ -306,6 +317,21 @@ impl Capture {
         drop(readers);
         drop(instance);
     }
+}
+
+/// Probe the rate into `instance` (events enabled, not yet tracing), grow its buffers to fit
+/// it, and clear what the probe traced: the capture proper starts empty.
+fn fit_to_rate(instance: &Instance, cpus: &[u32], floor_kb: u32) -> Result<Sizing, TraceError> {
+    let busiest = buffer_sizing::probe(instance, cpus, floor_kb)?;
+    let (kb, capped) = buffer_sizing::fit(floor_kb, busiest, cpus.len(), buffer_sizing::available_kb());
+    let mut kb = kb;
+    if kb > floor_kb {
+        instance.write("buffer_size_kb", &kb.to_string())?;
+        // What the kernel made of it (it rounds to whole pages).
+        kb = instance.read("buffer_size_kb").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(kb);
+    }
+    instance.clear()?;
+    Ok(Sizing { kb, busiest_bytes_per_s: Some(busiest), capped })
 }
 
 /// Tasks the kernel saw while tracing: (tid, tgid, comm) from `saved_tgids` and

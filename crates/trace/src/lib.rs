@@ -4,6 +4,7 @@
 //! Only [`tracefs`] touches files; decoding stays sans-IO.
 #![deny(missing_docs)]
 
+pub mod buffer_sizing;
 pub mod capture;
 pub mod decode;
 pub mod dump;

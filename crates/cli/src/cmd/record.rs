@@ -10,6 +10,7 @@ use virtprof_agent::transport::Address;
 use crate::args::RecordArgs;
 use crate::exit::usage;
 use virtprof_engine::recorder::{record, RecordOptions};
+use virtprof_trace::buffer_sizing::FIT_SECONDS;
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     let options = options(args)?;
@@ -22,6 +23,20 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
         args.output.display(),
         summary.lost
     );
+    let buffer = summary.buffer;
+    if let Some(rate) = buffer.busiest_bytes_per_s.filter(|_| buffer.kb > virtprof_engine::recorder::DEFAULT_BUFFER_KB)
+    {
+        eprintln!(
+            "virtprof: trace buffers grown to {} MiB per CPU for {:.1} MiB/s on the busiest CPU at the start{}",
+            buffer.kb / 1024,
+            rate as f64 / (1 << 20) as f64,
+            if buffer.capped {
+                format!(" (capped below {FIT_SECONDS} s of it; --buffer-size to choose)")
+            } else {
+                format!(" ({FIT_SECONDS} s of it)")
+            }
+        );
+    }
     let iv = summary.intervals;
     if iv.interval_ns > 0 {
         eprintln!(
@@ -108,7 +123,8 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         agent_wait: args.agent_wait,
         events,
         duration: args.duration,
-        buffer_size_kb: args.buffer_size_kb,
+        buffer_size_kb: args.buffer_size_kb.unwrap_or(virtprof_engine::recorder::DEFAULT_BUFFER_KB),
+        fit_buffer_to_rate: args.buffer_size_kb.is_none(),
         clock: args.clock.clone(),
         vm: args.vm.clone(),
         interval_ns,

@@ -307,3 +307,91 @@ fn noise_explains_a_tiny_buffer_recording_with_records_loss_figure() {
     }
     let _ = (std::fs::remove_file(rec), std::fs::remove_file(guest));
 }
+
+/// `record` without `--buffer-size` measures the event rate before it starts and sizes each
+/// CPU's buffer to hold [`FIT_SECONDS`] of the busiest CPU's (at least the 8 MiB default): the
+/// size and the rate are in the recording, the rate is the one the recording then shows, and
+/// a recorder stalled (SIGSTOP) for 1.5 s at that rate loses nothing, where a 512 KB buffer
+/// under the same stall loses events and says how many.
+#[test]
+fn buffers_fit_the_rate_seen_at_the_start_and_ride_out_a_stalled_reader() {
+    use virtprof_trace::buffer_sizing::FIT_SECONDS;
+    let test = "buffers_fit_the_rate_seen_at_the_start_and_ride_out_a_stalled_reader";
+    let Some(_vms) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let _load = Reaped(
+        virtprof()
+            .args(["testvm", "--workload", "pio-kernel", "--vcpus", "2", "--duration", "30s", "--name", "fitload"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let stalled_record = |extra: &[&str], file: &Path| -> String {
+        let child = Reaped(
+            virtprof()
+                .args(["record", "--duration", "4s", "-o"])
+                .arg(file)
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.0.id();
+        // Past the probe (0.1 s) and tracing for real.
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        // SAFETY: kill with our child's pid and valid signals.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // SAFETY: as above.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
+        let mut child = child;
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(child.0.wait().unwrap().success(), "record {extra:?}: {stderr}");
+        stderr
+    };
+
+    let fitted = temp("fitted.vprec");
+    let said = stalled_record(&[], &fitted);
+    let report = run(&["report", "--json"], &fitted);
+    let host = serde_json::from_slice::<Value>(&report.stdout).unwrap()["host"].clone();
+    let figure =
+        |key: &str| host[key].as_str().and_then(|v| v.parse::<u64>().ok()).unwrap_or_else(|| panic!("{key}: {host}"));
+    let (kb, rate) = (figure("buffer_size_kb"), figure("buffer_fitted_to_bytes_per_s"));
+    let want = rate * FIT_SECONDS;
+    assert!(kb >= 8192, "{kb} KB is under the default");
+    assert!(kb * 1024 >= want.min(256 << 20), "{kb} KB holds less than {FIT_SECONDS} s of {rate} B/s");
+    assert!(kb == 8192 || kb * 1024 < want + (2 << 20), "{kb} KB is more than {FIT_SECONDS} s of {rate} B/s");
+    assert_eq!(kb > 8192, said.contains("trace buffers grown to"), "{said}");
+    // The probe's rate is the recording's: its pages per CPU per second, within a factor 3
+    // (the reader's own stall speeds the guest up).
+    let exits = run(&["exits", "--json"], &fitted);
+    let pages = said.split("recorded ").nth(1).and_then(|t| t.split(' ').next()?.parse::<u64>().ok()).unwrap();
+    let per_cpu = pages * 4096 / 4 / std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    assert!(
+        rate > per_cpu / 3 && rate < per_cpu * 3,
+        "probed {rate} B/s on the busiest CPU, recorded {per_cpu} B/s per CPU: {said}"
+    );
+    assert_eq!(recorded_loss(&said), 0, "a {kb} KB buffer lost events in a 1.5 s stall at {rate} B/s: {said}");
+    assert!(serde_json::from_slice::<Value>(&exits.stdout).unwrap()["lost_events"] == 0);
+
+    let small = temp("small.vprec");
+    let said_small = stalled_record(&["--buffer-size", "512"], &small);
+    assert!(!said_small.contains("trace buffers grown"), "{said_small}");
+    let lost = recorded_loss(&said_small);
+    assert!(lost > 0, "a 512 KB buffer lost nothing in a 1.5 s stall at {rate} B/s: {said_small}");
+    note(
+        test,
+        format!(
+            "probed {:.2} MiB/s on the busiest CPU -> {kb} KB per CPU; 1.5 s stall: 0 lost; with 512 KB: {lost} lost",
+            rate as f64 / f64::from(1 << 20)
+        ),
+    );
+    let _ = std::fs::remove_file(fitted);
+    let _ = std::fs::remove_file(small);
+}

@@ -23,6 +23,7 @@ use virtprof_store::recording::{
     AgentRecord, Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task,
     TasksFound, VmIdentity, Writer,
 };
+use virtprof_trace::buffer_sizing::Sizing;
 use virtprof_trace::capture::{Capture, CaptureConfig};
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
@@ -65,6 +66,8 @@ pub struct RecordSummary {
     pub missing_events: Vec<String>,
     pub intervals: IntervalStats,
     pub command_status: Option<std::process::ExitStatus>,
+    /// The per-CPU buffers' size, and the rate it was fitted to.
+    pub buffer: Sizing,
     /// Each guest agent's link figures.
     pub agents: Vec<virtprof_store::recording::AgentFooter>,
 }
@@ -83,8 +86,10 @@ pub struct RecordOptions {
     pub events: Vec<String>,
     /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Per-CPU ring buffer size.
+    /// Per-CPU ring buffer size (the least, with `fit_buffer_to_rate`).
     pub buffer_size_kb: u32,
+    /// Grow the buffers to hold seconds of the event rate seen as the recording starts.
+    pub fit_buffer_to_rate: bool,
     /// Trace clock.
     pub clock: String,
     /// VMMs whose KVM stats must be snapshotted.
@@ -111,6 +116,7 @@ impl Default for RecordOptions {
             events: Vec::new(),
             duration: None,
             buffer_size_kb: DEFAULT_BUFFER_KB,
+            fit_buffer_to_rate: false,
             clock: DEFAULT_CLOCK.into(),
             vm: Vec::new(),
             interval_ns: None,
@@ -166,7 +172,12 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let header_page = virtprof_trace::tracefs::read_file(&header_path)
         .map_err(|e| virtprof_trace::TraceError::File { path: header_path, source: e })?;
     let page_size = virtprof_trace::format::parse_header_page(&header_page)?.page_size;
-    let config = CaptureConfig { events, buffer_size_kb: options.buffer_size_kb, clock: options.clock.clone() };
+    let config = CaptureConfig {
+        events,
+        buffer_size_kb: options.buffer_size_kb,
+        fit_to_rate: options.fit_buffer_to_rate,
+        clock: options.clock.clone(),
+    };
 
     for &pid in &options.vm {
         if kvm_snapshot(pid).is_none() {
@@ -206,13 +217,18 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let formats =
         format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();
     let mut tasks = scan_tasks();
+    let mut host = host_facts();
+    host.insert("buffer_size_kb".into(), capture.sizing.kb.to_string());
+    if let Some(rate) = capture.sizing.busiest_bytes_per_s {
+        host.insert("buffer_fitted_to_bytes_per_s".into(), rate.to_string());
+    }
     let metadata = Metadata {
         origin: "virtprof record".into(),
         trace_clock: config.clock.clone(),
         header_page,
         formats,
         cpus: capture.cpus(),
-        host: host_facts(),
+        host,
         tasks: tasks.values().cloned().collect(),
         vms: vms.clone(),
         kvm_stats,
@@ -340,6 +356,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         }
     }
     let loss = capture.loss();
+    let buffer = capture.sizing;
     capture.close();
     let intervals = match interval_thread {
         Some(thread) => thread.finish()?,
@@ -374,6 +391,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         missing_events,
         intervals,
         command_status,
+        buffer,
         agents: footer.agents.clone(),
     };
     if let Some(e) = write_error {
