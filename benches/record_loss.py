@@ -7,7 +7,7 @@ and then spins in its panic loop, so both of its emulating threads stay busy), a
 host's CPUs. Then RUNS recordings of SECONDS each at default settings (plus any RECORD_ARGS),
 one after another under the same load. Printed per run: events lost (the kernel's overrun
 and dropped counts, as `record` reports them), MiB recorded and per second, record's own CPU
-time; then how many runs lost anything.
+time and the per-CPU buffer it sized from the rate it probed; then how many runs lost anything.
 
 Needs root, tracefs, /dev/kvm, qemu-system-x86_64 and the Debian kernel
 (`bash scripts/debian-kernel/fetch.sh target/debian-kernel`).
@@ -66,7 +66,9 @@ def record_once(path):
         sys.exit(f"record failed ({out.returncode}): {text}")
     lost = int(re.search(r"lost events: (\d+)", text).group(1))
     mib = float(re.search(r"\(([\d.]+) MiB\)", text).group(1))
-    return lost, mib, wall, cpu
+    grown = re.search(r"grown to (\d+) MiB per CPU", text)
+    buffer = int(grown.group(1)) if grown else None
+    return lost, mib, wall, cpu, buffer
 
 
 def main():
@@ -76,11 +78,12 @@ def main():
     path = f"/tmp/record-loss-{os.getpid()}.vprec"
     lossy = 0
     try:
-        print(f"{'run':>3} {'lost':>10} {'MiB':>8} {'MiB/s':>7} {'record CPU %':>12}")
+        print(f"{'run':>3} {'lost':>10} {'MiB':>8} {'MiB/s':>7} {'record CPU %':>12} {'buffer/CPU':>10}")
         for run in range(1, RUNS + 1):
-            lost, mib, wall, cpu = record_once(path)
+            lost, mib, wall, cpu, buffer = record_once(path)
             lossy += lost > 0
-            print(f"{run:>3} {lost:>10} {mib:>8.1f} {mib / wall:>7.2f} {100 * cpu / wall:>12.2f}",
+            size = f"{buffer} MiB" if buffer else ("given" if extra else "8 MiB")
+            print(f"{run:>3} {lost:>10} {mib:>8.1f} {mib / wall:>7.2f} {100 * cpu / wall:>12.2f} {size:>10}",
                   flush=True)
     finally:
         for p in load:

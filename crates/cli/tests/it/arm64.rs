@@ -228,7 +228,6 @@ watched=$!
 sleep 2
 virtprof exits --duration 2s --bpf --json > /out/bpf-running.json 2> /out/bpf-running.err
 virtprof top --once -d 2 > /out/top.txt 2>&1
-virtprof top --once -d 2 --json > /out/top.json 2> /out/top-json.err
 virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
 serving=$!
 sleep 4
