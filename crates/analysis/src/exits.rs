@@ -138,6 +138,8 @@ struct Thread {
     pending: Option<Evidence>,
     /// Its exits (lightweight, heavyweight, time in timed ones); None until it has one.
     exits: Option<(u64, u64, u64)>,
+    /// The vCPU index its last kvm_exit/kvm_entry carried.
+    vcpu_id: Option<u32>,
 }
 
 impl Thread {
@@ -428,8 +430,6 @@ pub struct ExitAnalyzer {
     threads: Threads,
     cpus: Vec<CpuCounters>,
     stats: StatsTable,
-    /// The vCPU index each thread's kvm_exit/kvm_entry carried.
-    vcpu_ids: HashMap<u32, u32>,
     /// Halted time the kernel measured (`kvm_vcpu_wakeup`): (all, halt-polling only).
     halted_ns: (u64, u64),
     rows: Vec<(Key, RowDraft)>,
@@ -522,9 +522,9 @@ impl ExitAnalyzer {
             EventKind::KvmExit { reason, isa, vcpu_id, .. } => {
                 self.count(Seen::Exit);
                 self.exit_path = true;
-                self.vcpu_ids.insert(e.tid, vcpu_id);
                 let (irqs, softirqs) = self.cpus.get(e.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
                 let thread = self.threads.entry(e.tid);
+                thread.vcpu_id = Some(vcpu_id);
                 // The previous exit's kvm_entry is not in the trace: it happened (the kernel's
                 // count has it) but cannot be timed.
                 if let Some(x) = thread.exit.take() {
@@ -582,7 +582,8 @@ impl ExitAnalyzer {
                 }
             }
             EventKind::KvmEntry { vcpu_id, .. } => {
-                self.vcpu_ids.insert(e.tid, vcpu_id);
+                // The thread's row, kept at hand in the table's cache for the calls below.
+                self.threads.entry(e.tid).vcpu_id = Some(vcpu_id);
                 self.count(Seen::Entry);
                 self.vmm_done(e);
                 self.settle_pending(e.tid);
@@ -788,14 +789,14 @@ impl ExitAnalyzer {
             lost_events: self.lost,
             incomplete: self.incomplete,
         };
-        let mut per_vcpu: Vec<(u32, (u64, u64, u64))> =
-            self.threads.iter().filter_map(|(tid, t)| Some((*tid, t.exits?))).collect();
+        let mut per_vcpu: Vec<_> =
+            self.threads.iter().filter_map(|(tid, t)| Some((*tid, t.vcpu_id, t.exits?))).collect();
         per_vcpu.sort_unstable();
         let by_vcpu = per_vcpu
             .into_iter()
-            .map(|(tid, (light, heavy, total_ns))| VcpuRow {
+            .map(|(tid, vcpu_id, (light, heavy, total_ns))| VcpuRow {
                 tid,
-                vcpu_id: self.vcpu_ids.get(&tid).copied(),
+                vcpu_id,
                 exits: light + heavy,
                 lightweight: known(light),
                 heavyweight: known(heavy),
