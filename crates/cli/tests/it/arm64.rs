@@ -228,12 +228,19 @@ watched=$!
 sleep 2
 virtprof exits --duration 2s --bpf --json > /out/bpf-running.json 2> /out/bpf-running.err
 virtprof top --once -d 2 > /out/top.txt 2>&1
-virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
-serving=$!
-sleep 4
-wget -q -O /out/metrics.txt http://127.0.0.1:9477/metrics
-kill -INT $serving
-wait $serving
+scrape() {
+    virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
+    serving=$!
+    sleep 4
+    wget -q -O /out/metrics.txt http://127.0.0.1:9477/metrics
+    kill -INT $serving
+    wait $serving
+}
+scrape
+if ! grep -q 'virtprof_exit_duration_seconds_bucket{reason="HVC64' /out/metrics.txt; then
+    mv /out/metrics.txt /out/metrics-first.txt
+    scrape
+fi
 kill -INT $watched 2> /dev/null || true
 wait $watched || true
 ls /sys/kernel/tracing/instances > /out/instances.txt
@@ -310,6 +317,15 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     // only when the window's exits are its own exact count, not the stats fd's).
     let top = read("top.txt");
     assert!(top.contains("mode kernel") && top.contains("watched"), "{top}");
+    // Once in a CI run, serve's in-kernel exit timing saw no exit end at all in 4 s (counts
+    // were there, durations none), in the same bed run where `exits --bpf` timed every exit;
+    // cause unknown (a tracepoint site the emulated L1 CPU kept running unpatched is one
+    // guess). Such a scrape is tried once more, and noted.
+    if out.join("metrics-first.txt").exists() {
+        let first = read("metrics-first.txt");
+        let traced = first.lines().filter(|l| l.starts_with("virtprof_vcpu_traced_exits_total")).count();
+        note(test, format!("serve's first scrape had no exit durations ({traced} traced-exit series); scraped again"));
+    }
     let metrics = read("metrics.txt");
     for series in [
         r#"virtprof_vcpu_traced_exits_total{vm="watched",vmm="virtprof-testvm""#,
