@@ -323,8 +323,7 @@ impl Capture {
 /// it, and clear what the probe traced: the capture proper starts empty.
 fn fit_to_rate(instance: &Instance, cpus: &[u32], floor_kb: u32) -> Result<Sizing, TraceError> {
     let busiest = buffer_sizing::probe(instance, cpus, floor_kb)?;
-    let (kb, capped) = buffer_sizing::fit(floor_kb, busiest, cpus.len(), buffer_sizing::available_kb());
-    let mut kb = kb;
+    let (mut kb, capped) = buffer_sizing::fit(floor_kb, busiest, cpus.len(), buffer_sizing::available_kb());
     if kb > floor_kb {
         instance.write("buffer_size_kb", &kb.to_string())?;
         // What the kernel made of it (it rounds to whole pages).

@@ -449,21 +449,13 @@ impl Feed {
 /// the merge's share of a 22 ms `exits` run by about a tenth (any distance from 8 to 64 did).
 const PREFETCH_EVENTS: usize = 16;
 
-/// Ask the CPU to start loading `event`, which a decoding thread wrote on another core (a
-/// no-op where the hint is not stable Rust).
+/// Ask the CPU to start loading `event`, which a decoding thread wrote on another core.
 #[inline(always)]
 fn prefetch(event: &Event) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults and reads nothing into the program.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(std::ptr::from_ref(event).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = event;
+    prefetch_address(std::ptr::from_ref(event).cast());
 }
 
 /// How far past the record being decoded a cursor asks for its pages' bytes.
-#[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 1024;
 
 /// Ask the CPU to start loading the bytes [`PREFETCH_BYTES`] past `record`, which a cursor
@@ -474,18 +466,23 @@ const PREFETCH_BYTES: usize = 1024;
 /// third of a decoding thread's time. One hint per record cut `exits` on an 804k-event v6
 /// trace.dat from 37-39 to 32-34 ms of CPU (512 to 2048 bytes ahead did about as well; the
 /// whole next page at once, at page open, stalled on the load buffers and gained a third as
-/// much). A no-op where the hint is not stable Rust.
+/// much).
 #[inline(always)]
 fn prefetch_ahead(record: &[u8]) {
+    prefetch_address(record.as_ptr().wrapping_add(PREFETCH_BYTES));
+}
+
+/// The prefetch hint for the cache line at `address` (a no-op where the hint is not stable
+/// Rust). Any address will do: a prefetch never faults and reads nothing into the program.
+#[inline(always)]
+fn prefetch_address(address: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults and reads nothing into the program.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            record.as_ptr().wrapping_add(PREFETCH_BYTES).cast(),
-        )
-    };
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(address.cast());
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = record;
+    let _ = address;
 }
 
 /// Where a CPU's stream is in the merge order: its next event's timestamp, then the CPU.

@@ -103,6 +103,21 @@ fn our_counts(reasons: &BTreeMap<String, (u64, u64, u64, bool)>) -> BTreeMap<Kin
         .collect()
 }
 
+/// Job lines that enable every kvm event, for good, in an instance that keeps nothing (its
+/// filter matches no event). Why: L1 runs under QEMU TCG, and there a tracepoint's code, patched
+/// on when its first reader starts while a guest runs, now and then stays unpatched: in 3 of 22
+/// `serve` starts in the bed, its kvm_exit program never ran, and a tracefs instance enabled
+/// beside it saw no kvm_exit either, for seconds and through context switches, while kvm_entry
+/// in the same run loop fired 20 000 times a second; the next start was fine. With the events
+/// held on from before any guest runs, no reader's start patches code: 0 of 20 starts went
+/// wrong. The test checks virtprof, not the emulator's code patching. The job removes the
+/// instance (`rmdir`) before it lists the instances left.
+const KEEP_KVM_EVENTS_ON: &str = "keep=/sys/kernel/tracing/instances/keep-kvm-on
+mkdir $keep
+echo 'common_pid < 0' > $keep/events/kvm/filter
+echo 1 > $keep/events/kvm/enable
+";
+
 /// Runs `job` in the arm64 bed with the aarch64 build, its /out in a fresh folder; None (and a
 /// note saying why) where the bed cannot run here.
 fn run_in_bed(test: &str, job: &str) -> Option<PathBuf> {
@@ -209,8 +224,11 @@ fn truth(report: &Value) -> Truth {
 fn on_an_arm64_host_testvm_guests_make_exactly_their_exits() {
     let test = "on_an_arm64_host_testvm_guests_make_exactly_their_exits";
     let _cpus = vm_lock();
-    let job = r#"set -e
-for spec in compute:0 mmio-user:0 mmio-kernel:0 io-bound:0 hvc:0 sysreg:0 wfi:0 \
+    // The kvm events stay enabled in an instance of the job's own while the guests that are
+    // already running when a reader starts (below) run: see KEEP_KVM_EVENTS_ON.
+    let job = format!(
+        "set -e\n{KEEP_KVM_EVENTS_ON}{}",
+        r#"for spec in compute:0 mmio-user:0 mmio-kernel:0 io-bound:0 hvc:0 sysreg:0 wfi:0 \
             compute:3 mmio-user:3 mmio-kernel:3 io-bound:3 wfi:3; do
     w=${spec%:*} cpl=${spec#*:}
     virtprof testvm --workload $w --cpl $cpl -n 200 --io-latency 100us --json > /out/$w-$cpl.json
@@ -228,21 +246,15 @@ watched=$!
 sleep 2
 virtprof exits --duration 2s --bpf --json > /out/bpf-running.json 2> /out/bpf-running.err
 virtprof top --once -d 2 > /out/top.txt 2>&1
-scrape() {
-    virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
-    serving=$!
-    sleep 4
-    wget -q -O /out/metrics.txt http://127.0.0.1:9477/metrics
-    kill -INT $serving
-    wait $serving
-}
-scrape
-if ! grep -q 'virtprof_exit_duration_seconds_bucket{reason="HVC64' /out/metrics.txt; then
-    mv /out/metrics.txt /out/metrics-first.txt
-    scrape
-fi
+virtprof serve --listen 127.0.0.1:9477 > /out/serve.txt 2>&1 &
+serving=$!
+sleep 4
+wget -q -O /out/metrics.txt http://127.0.0.1:9477/metrics
+kill -INT $serving
+wait $serving
 kill -INT $watched 2> /dev/null || true
 wait $watched || true
+rmdir /sys/kernel/tracing/instances/keep-kvm-on
 ls /sys/kernel/tracing/instances > /out/instances.txt
 taskset -c 1 sh -c 'while :; do :; done' &
 hog=$!
@@ -255,8 +267,9 @@ virtprof noise --host-recording /out/noise.vprec --guest /out/noise-guest.json -
 ! virtprof testvm --workload fault --cpl 0 -n 1 2> /out/fault-el1.txt
 ! virtprof testvm --workload fault -n 1 2> /out/fault-el0.txt
 virtprof doctor > /out/doctor.txt 2>&1 || true
-"#;
-    let Some(out) = run_in_bed(test, job) else { return };
+"#
+    );
+    let Some(out) = run_in_bed(test, &job) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
     let stat = |t: &Truth, name: &str| t.stats.get(name).copied().unwrap_or(u64::MAX);
     let mmio = |t: &Truth| t.userspace.get("MMIO").copied().unwrap_or(0);
@@ -317,15 +330,6 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     // only when the window's exits are its own exact count, not the stats fd's).
     let top = read("top.txt");
     assert!(top.contains("mode kernel") && top.contains("watched"), "{top}");
-    // Once in a CI run, serve's in-kernel exit timing saw no exit end at all in 4 s (counts
-    // were there, durations none), in the same bed run where `exits --bpf` timed every exit;
-    // cause unknown (a tracepoint site the emulated L1 CPU kept running unpatched is one
-    // guess). Such a scrape is tried once more, and noted.
-    if out.join("metrics-first.txt").exists() {
-        let first = read("metrics-first.txt");
-        let traced = first.lines().filter(|l| l.starts_with("virtprof_vcpu_traced_exits_total")).count();
-        note(test, format!("serve's first scrape had no exit durations ({traced} traced-exit series); scraped again"));
-    }
     let metrics = read("metrics.txt");
     for series in [
         r#"virtprof_vcpu_traced_exits_total{vm="watched",vmm="virtprof-testvm""#,

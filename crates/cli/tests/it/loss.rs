@@ -225,6 +225,19 @@ impl Drop for Reaped {
     }
 }
 
+/// Exit-heavy testvm VMs (`pio-kernel`, with `args`) running in the background, quietly.
+fn testvm_load(args: &[&str]) -> Reaped {
+    Reaped(
+        virtprof()
+            .args(["testvm", "--workload", "pio-kernel"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 #[test]
 fn live_views_keep_running_through_loss_under_load() {
     let test = "live_views_keep_running_through_loss_under_load";
@@ -233,14 +246,7 @@ fn live_views_keep_running_through_loss_under_load() {
         return;
     }
     // The test's own load: 16 exit-heavy VMs and a CPU hog per CPU.
-    let vms = Reaped(
-        virtprof()
-            .args(["testvm", "--workload", "pio-kernel", "--vms", "16", "--duration", "25s", "--name", "lossload"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let vms = testvm_load(&["--vms", "16", "--duration", "25s", "--name", "lossload"]);
     let hogs: Vec<Reaped> = (0..2)
         .map(|_| Reaped(Command::new("sh").args(["-c", "while :; do :; done"]).stdout(Stdio::null()).spawn().unwrap()))
         .collect();
@@ -321,14 +327,7 @@ fn buffers_fit_the_rate_seen_at_the_start_and_ride_out_a_stalled_reader() {
     if !have_tracefs(test) {
         return;
     }
-    let _load = Reaped(
-        virtprof()
-            .args(["testvm", "--workload", "pio-kernel", "--vcpus", "2", "--duration", "30s", "--name", "fitload"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _load = testvm_load(&["--vcpus", "2", "--duration", "30s", "--name", "fitload"]);
     std::thread::sleep(std::time::Duration::from_millis(700));
     let stalled_record = |extra: &[&str], file: &Path| -> String {
         let child = Reaped(

@@ -94,10 +94,19 @@ pub fn run(result: &RunResult, config: &RunConfig, json: bool, html: Option<&Pat
     Ok(verdict(result))
 }
 
-/// A run whose sched trace showed a thread on the wrong CPU failed.
+/// A run whose sched trace showed a thread on the wrong CPU failed, and says so on standard
+/// error whatever the output format (a script reading `--json` sees the exit code and why).
 fn verdict(result: &RunResult) -> ExitCode {
     match &result.verify {
-        Some(v) if v.wrong_cpu > 0 => ExitCode::FAILURE,
+        Some(v) if v.wrong_cpu > 0 => {
+            eprintln!(
+                "virtprof balance: --verify failed: {} of {} switches of vCPU threads were on a CPU they were not placed on ({})",
+                v.wrong_cpu,
+                v.switches,
+                v.examples.join("; ")
+            );
+            ExitCode::FAILURE
+        }
         _ => ExitCode::SUCCESS,
     }
 }
