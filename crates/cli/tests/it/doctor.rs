@@ -21,6 +21,16 @@ fn doctor_json_reports_kvm_and_the_live_probe() {
         return;
     }
     assert_eq!(check("/dev/kvm").unwrap()["status"], "ok");
+    // How near the in-kernel figures come to the trace's is said, with whether this kernel has
+    // the hist triggers that would bucket on the trace's own timestamps.
+    let feature = |name: &str| report["features"].as_array().unwrap().iter().find(|f| f["feature"] == name).cloned();
+    let aggregation = feature("in-kernel aggregation").expect("the in-kernel aggregation feature");
+    let mode = aggregation["mode"].as_str().unwrap();
+    let hist = std::path::Path::new("/sys/kernel/tracing/events/kvm/kvm_exit/hist").exists();
+    if check("eBPF aggregation").unwrap()["status"] == "ok" {
+        let said = if hist { "this kernel has hist triggers" } else { "no hist triggers here" };
+        assert!(mode.contains(said) && mode.contains("neighbouring bucket"), "{mode}");
+    }
     let probe = check("kvm events in probe").expect("live probe ran");
     let detail = probe["detail"].as_str().unwrap();
     let traced = |event: &str| -> u64 {
