@@ -6,8 +6,9 @@
 #   virtprof import big.dat + exits        (decode + exit analysis, via a recording)
 #   virtprof exits big.vprec               (decode + exit analysis)
 # and prints the ratios; then the same file as zlib (v7) and as version 6, written and read by
-# trixie's zlib-capable trace-cmd 3.3 (scripts/trace-cmd/fetch.sh). Needs root, tracefs,
-# /dev/kvm; installs trace-cmd if missing.
+# trixie's zlib-capable trace-cmd 3.3 (scripts/trace-cmd/fetch.sh); then virtprof's events per
+# second per core of CPU time on each (perf stat). Needs root, tracefs, /dev/kvm, perf;
+# installs trace-cmd if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${VIRTPROF:-target/release/virtprof}
@@ -88,6 +89,15 @@ printf '%-36s %8s ms\n' "trace-cmd 3.3 report (zstd)" "$tc33z" "trace-cmd 3.3 re
 awk -v a="$tczl" -v d="$directzl" 'BEGIN { printf "ratio on the zlib-compressed trace.dat: %.1fx (goal >= 40x)\n", a/d }'
 awk -v a="$tc6" -v d="$direct6" 'BEGIN { printf "ratio on the version 6 trace.dat: %.1fx (goal >= 40x)\n", a/d }'
 awk -v z="$directz" -v l="$directzl" 'BEGIN { printf "virtprof on zlib against zstd: %.2fx the time\n", l/z }'
+# CPU time per event (all of virtprof's threads), the issue's per-core figure: perf's task-clock
+# over REPS runs, events over milliseconds of CPU.
+cpu_ms() { perf stat -x, -e task-clock -r "$REPS" "$@" 2>&1 >/dev/null | awk -F, '/task-clock/ { print $1; exit }'; }
+per_core=""
+for f in big zstd zlib v6; do
+    ms=$(cpu_ms "$V" exits "$work/$f.dat")
+    per_core+=$(awk -v n="$events" -v ms="$ms" -v f="$f" 'BEGIN { printf "%s %.1f M (%.1f ms), ", f, n / ms / 1000, ms }')
+done
+echo "virtprof exits, events per second per core of CPU time: ${per_core%, } (goal >= 30 M)"
 # Memory: compressed frames are expanded per CPU as the walk reaches them, so the peak stays
 # far below the pages' expanded size (which the whole file would take if expanded first).
 rss() { /usr/bin/time -f %M "$@" 2>&1 >/dev/null | tail -1; }

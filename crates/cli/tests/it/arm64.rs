@@ -108,7 +108,7 @@ fn our_counts(reasons: &BTreeMap<String, (u64, u64, u64, bool)>) -> BTreeMap<Kin
 /// on when its first reader starts while a guest runs, now and then stays unpatched: in 3 of 22
 /// `serve` starts in the bed, its kvm_exit program never ran, and a tracefs instance enabled
 /// beside it saw no kvm_exit either, for seconds and through context switches, while kvm_entry
-/// in the same run loop fired 20 000 times a second; the next start was fine. With the events
+/// in the same run loop fired ~15 000 times a second; the next start was fine. With the events
 /// held on from before any guest runs, no reader's start patches code: 0 of 20 starts went
 /// wrong. The test checks virtprof, not the emulator's code patching. The job removes the
 /// instance (`rmdir`) before it lists the instances left.
