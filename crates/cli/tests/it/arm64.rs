@@ -291,9 +291,11 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
         assert_eq!((stat(&user, "mmio_exit_user"), mmio(&user)), (202, 202), "mmio-user --cpl {cpl}");
         assert_eq!((stat(&kernel, "mmio_exit_kernel"), kernel.ioeventfd, mmio(&kernel)), (200, 200, 2), "--cpl {cpl}");
         assert_eq!(stat(&io, "mmio_exit_user"), 202, "io-bound --cpl {cpl}");
-        // Every WFI trapped and waited for the VMM's wake-up, acknowledged by an MMIO store.
+        // Every WFI trapped and waited for the VMM's wake-up, acknowledged by an MMIO store;
+        // nearly every one slept until it came (KVM counts no sleep for a wake-up that arrives
+        // before the vCPU blocks: 4 of 200 once, in the emulated L1 under a CI run's load).
         assert_eq!(stat(&wfi, "wfi_exit_stat"), 200, "wfi --cpl {cpl}: {:?}", wfi.stats);
-        assert!(stat(&wfi, "halt_wakeup") >= 199, "wfi --cpl {cpl}: {:?}", wfi.stats);
+        assert!((190..=200).contains(&stat(&wfi, "halt_wakeup")), "wfi --cpl {cpl}: {:?}", wfi.stats);
         assert!(mmio(&wfi) >= 202, "wfi --cpl {cpl}: a wake-up acknowledgement per wait");
     }
     let run = |w: &str| truth(&serde_json::from_str(&read(&format!("{w}-0.json"))).unwrap());
