@@ -337,6 +337,13 @@ pub(super) fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// Whether process `pid` has a handler for `signal` (its SigCgt mask in /proc).
+fn catches(pid: u32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(str::trim);
+    mask.and_then(|m| u64::from_str_radix(m, 16).ok()).is_some_and(|m| m & (1 << (signal - 1)) != 0)
+}
+
 pub(super) fn alive(pid: u32) -> bool {
     // A zombie is gone for our purpose: it runs nothing.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -376,6 +383,12 @@ fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
                 let _ = std::fs::remove_file(&recording);
                 let child = virtprof().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
                 let pid = child.id();
+                // Counted from when it catches the signal: before that (exec, the loader, the
+                // arguments; CI's load once made that 50 ms) the kernel's default ends any program.
+                let catching = Instant::now() + Duration::from_secs(10);
+                while !catches(pid, signal) && Instant::now() < catching {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 std::thread::sleep(Duration::from_millis(delay_ms));
                 let kids = children(pid);
                 // SAFETY: kill on the pid of the child we spawned, not yet reaped.

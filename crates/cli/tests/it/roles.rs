@@ -224,6 +224,7 @@ fn a_qemu_guests_threads_by_role_match_the_kernels_schedstat() {
     match Command::new("python3").args(["-c", script]).arg(&parquet).arg(pid.to_string()).output() {
         Ok(py) if py.status.success() => {
             let got: Value = serde_json::from_slice(&py.stdout).unwrap();
+            eprintln!("roles.parquet run_ns: {got}");
             // The export's pass keeps time buckets (as report's does): the same within their edges.
             for name in ["vcpu", "main-loop", "io-thread"] {
                 let (a, b) = (got[name].as_u64().unwrap(), role(name)["run_ns"].as_u64().unwrap());

@@ -1,6 +1,7 @@
 //! What `balance` prints: text tables, JSON (docs/balance.md), and HTML charts.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -99,7 +100,9 @@ pub fn run(result: &RunResult, config: &RunConfig, json: bool, html: Option<&Pat
 fn verdict(result: &RunResult) -> ExitCode {
     match &result.verify {
         Some(v) if v.wrong_cpu > 0 => {
-            eprintln!(
+            // Not eprintln!: with standard error gone, the exit code still says it failed.
+            let _ = writeln!(
+                std::io::stderr(),
                 "virtprof balance: --verify failed: {} of {} switches of vCPU threads were on a CPU they were not placed on ({})",
                 v.wrong_cpu,
                 v.switches,
