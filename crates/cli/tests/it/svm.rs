@@ -404,14 +404,24 @@ hang-guard 120 virtprof top --once --json -d 2 --trace > /out/top-trace.json
 hang-guard 120 virtprof top --once --json -d 2 --no-trace > /out/top-notrace.json
 kill %1
 wait || true
-virtprof testvm -w io-bound -n 100000 --io-latency 1ms --name steady > /dev/null &
+ls $T/instances > /out/instances
+"#;
+    // A job of its own, with its own attempts: emulated SVM breaks L1 now and then (a lost
+    // timer, a frozen clock), most often about a minute into a run, and a break here would
+    // otherwise repeat the boot above as well (CI once saw five attempts of the whole job break).
+    let steady_job = r#"
+set -e
+virtprof testvm -w io-bound -n 100000 --io-latency 1ms --name steady > /dev/null 2> /tmp/steady.err &
 sleep 2
 for i in 1 2 3; do hang-guard 120 virtprof top --once --json -d 3 > /out/top-steady.$i.json; done
 kill %1
 wait || true
-ls $T/instances > /out/instances
+# A micro-VM that triple-faults here did so under emulation (seen once in three runs).
+if grep -q triple-faulted /tmp/steady.err; then hang-guard --broken "the steady testvm triple-faulted"; fi
+ls /sys/kernel/tracing/instances > /out/instances
 "#;
     let Some(out) = in_l1(test, job, 600) else { return };
+    let Some(steady_out) = in_l1(&format!("{test}-steady"), steady_job, 300) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(read("l2console.txt").contains("L2-INIT-MARKER"), "L2 booted to its marker");
 
@@ -461,7 +471,8 @@ ls $T/instances > /out/instances
     let mut disagreements = Vec::new();
     let mut agreed = false;
     for i in 1..=3 {
-        let steady: Value = serde_json::from_str(&read(&format!("top-steady.{i}.json"))).unwrap();
+        let steady = std::fs::read_to_string(steady_out.join(format!("top-steady.{i}.json"))).unwrap();
+        let steady: Value = serde_json::from_str(&steady).unwrap();
         let lost = steady["lost_events"].as_u64().unwrap();
         if lost > 0 {
             note(test, format!("top lost {lost} events in L1 (sample {i}): not compared"));
@@ -479,7 +490,10 @@ ls $T/instances > /out/instances
         note(test, format!("top ({}) vs KVM stats: {}", top["mode"], disagreements.join("; ")));
     }
     assert!(agreed || disagreements.is_empty(), "no sample agreed: {}", disagreements.join("; "));
-    assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
+    for folder in [&out, &steady_out] {
+        let left = std::fs::read_to_string(folder.join("instances")).unwrap();
+        assert_eq!(left.trim(), "", "no tracefs instance left in L1");
+    }
     note(
         test,
         format!(
@@ -489,6 +503,7 @@ ls $T/instances > /out/instances
         ),
     );
     let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&steady_out);
 }
 
 /// Every window of a `top --once --json` sample whose KVM stats cover it (at least the last
