@@ -554,12 +554,11 @@ impl SchedAccounting {
         if matches!(e.kind, EventKind::SchedSwitch { next_tid, .. } if next_tid == e.tid) {
             return;
         }
-        // Queued on this CPU, it ran from then: an idle CPU runs what is queued on it at once
-        // (from where accounting has reached, if a window closed since). Otherwise (woken
-        // unseen, or queued elsewhere) from the last event on this CPU since it stopped: what
-        // the CPU did before it (an interrupt in idle, the one that woke it) came first, and
-        // the thread's own first event can be a whole tick later. With no such event, from
-        // this one.
+        // Queued on this CPU, it ran from then: an idle CPU runs what is queued on it at once.
+        // Otherwise (woken unseen, or queued elsewhere) from the last event on this CPU since
+        // it stopped: what the CPU did before it (an interrupt in idle, the one that woke it)
+        // came first, and the thread's own first event can be a whole tick later. With no such
+        // event, from this one. Windows closed since then are restated.
         let before = self.cpu_last_ts.get(e.cpu as usize).copied().filter(|&ts| ts > t.entered && ts <= e.ts);
         let at = if t.state == State::Runnable && t.cpu == e.cpu { t.queued.min(e.ts) } else { before.unwrap_or(e.ts) };
         self.ran_already_from(e.tid, at, e.cpu);
