@@ -2,11 +2,13 @@
 # The long fuzzing run: ITERS inputs (default 1 000 000) per target, in release, through
 #   crates/trace/tests/fuzz.rs    pages, event formats, header_page (decoder level)
 #   crates/session/tests/fuzz.rs  recording (CRC-valid damage), trace.dat, perf.data, a
-#                                  host+guest pair's guest, ftrace text
+#                                  host+guest pair's guest, ftrace text, and bombs (trace.dat
+#                                  and perf.data whose sizes are claims: shared, repeated or
+#                                  over-expanding chunks, support/bombs.rs; a tenth as many)
 #                                  (whole sources through Session and two analyzers)
 #   crates/agent/tests/fuzz.rs    agent: the guest link's frame decoder (untrusted guests)
 #   cli serve::http::request      http: serve's request-head parser (untrusted clients)
-# TARGETS picks some of them (default: all eight). Each whole-source target runs as SHARDS
+# TARGETS picks some of them (default: all nine). Each whole-source target runs as SHARDS
 # processes with their own seeds (default: one per CPU). Any panic, abort (a runaway
 # allocation meets the 8 GiB address-space limit) or hang (an input over 20 s) fails the run
 # and names the seed and iteration to replay; a hang also saves its input to
@@ -16,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=${ITERS:-1000000}
 SHARDS=${SHARDS:-$(nproc)}
-TARGETS=${TARGETS:-decoders recording tracedat perfdata pair text agent http}
+TARGETS=${TARGETS:-decoders recording tracedat perfdata pair text bombs agent http}
 out=benches/results/$(date +%F)-fuzz-$(echo "$TARGETS" | tr ' ' '-').txt
 # Kept after the run: a failure's seed, iteration and backtrace are in the target's logs.
 work=target/fuzz-logs
@@ -73,7 +75,10 @@ summary() { # target inputs status log
         status=0
         for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
         cat "$work"/"$target".*.log > "$work/$target.log"
-        summary "$target" "$((per_shard * SHARDS))" "$status" "$work/$target.log"
+        inputs=$((per_shard * SHARDS))
+        # The bombs target runs a tenth as many inputs (each compresses up to 32 MiB).
+        [ "$target" = bombs ] && inputs=$(( (per_shard + 9) / 10 * SHARDS ))
+        summary "$target" "$inputs" "$status" "$work/$target.log"
     done
 } | tee "$out"
 echo "saved in $out; logs in $work"

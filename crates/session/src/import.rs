@@ -1,7 +1,7 @@
 //! Captures made elsewhere, read into recording metadata, per-CPU pages and loss figures:
 //! a tracefs dump directory (`events/`, `per_cpu/cpuN/trace_pipe_raw`, `saved_cmdlines`...),
-//! a trace-cmd trace.dat (version 7), or ftrace text re-encoded through the traced kernel's
-//! formats.
+//! a perf.data, or ftrace text re-encoded through the traced kernel's formats. A trace-cmd
+//! trace.dat is read in place instead ([`trace_dat_parts`], by `Session`).
 
 use std::path::Path;
 
@@ -17,7 +17,7 @@ use virtprof_trace::tracefs::{format_texts, parse_saved_tasks, selected_clock};
 
 use crate::error::{Result, SessionError};
 
-/// A capture made elsewhere, in memory: a tracefs dump directory, a trace.dat, or ftrace text
+/// A capture made elsewhere, in memory: a tracefs dump directory, a perf.data, or ftrace text
 /// (which needs the traced kernel's formats).
 pub fn read_source(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPages, Footer)> {
     let parts = read_capture(src, options)?;
@@ -37,8 +37,6 @@ fn read_capture(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPag
     // when the dump is read, not taken for "not a dump".
     if src.is_dir() && src.join("events/header_page").exists() {
         read_tracefs_dump(src)
-    } else if virtprof_trace::tracedat::is_trace_dat(&head) {
-        read_trace_dat(src, options.cycles())
     } else if head.starts_with(crate::perfdata::MAGIC) {
         crate::perfdata::read(src, MAX_IMPORT)
     } else if head.starts_with(virtprof_store::recording::MAGIC) {
@@ -96,22 +94,6 @@ pub fn file_head(path: &Path) -> Vec<u8> {
         let _ = std::io::Read::read_to_end(&mut std::io::Read::take(file, 16), &mut head);
     }
     head
-}
-
-/// Read a trace-cmd trace.dat (version 7) into recording metadata, pages and loss figures.
-fn read_trace_dat(path: &Path, cycles: Option<TimeScale>) -> Result<(Metadata, CpuPages, Footer)> {
-    let bytes = virtprof_host::input::read_bytes(path, "trace.dat", MAX_IMPORT)?;
-    let (metadata, footer, cpus) = trace_dat_parts(path, parse_trace_dat(path, &bytes)?, cycles)?;
-    let mut pages = Vec::with_capacity(cpus.len());
-    let mut buffer = Vec::new();
-    for (cpu, segments) in cpus {
-        let mut raw = Vec::with_capacity(segments.iter().map(Segment::len).sum());
-        for segment in segments {
-            raw.extend_from_slice(segment.pages(&mut buffer).map_err(|e| SessionError::in_file(path, e))?);
-        }
-        pages.push((cpu, raw));
-    }
-    Ok((metadata, pages, footer))
 }
 
 /// Parse a trace.dat held in `bytes`, the error naming `path`.
@@ -234,6 +216,19 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
                 format!("line {}: not an ftrace text line: '{}'", number + 1, line.escape_debug()),
             ));
         };
+        // Each CPU gets pages of its own: lines naming CPUs no kernel has would make a page
+        // out of every short line.
+        if parsed.cpu >= crate::session::MAX_CPUS {
+            return Err(SessionError::in_file(
+                path,
+                format!(
+                    "line {}: CPU {}; no kernel has more than {} CPUs",
+                    number + 1,
+                    parsed.cpu,
+                    crate::session::MAX_CPUS
+                ),
+            ));
+        }
         match encoder.encode(&parsed) {
             Ok(record) => {
                 writers

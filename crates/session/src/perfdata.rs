@@ -24,16 +24,35 @@ const EVENT_DESC_FEATURE: usize = 12;
 
 /// A record whose processor-trace data follows it in the file.
 const PERF_RECORD_AUXTRACE: u32 = 71;
+/// Records holding a zstd stream of other records (`perf record -z`): the whole body, or
+/// (COMPRESSED2, Linux 6.16) `data_size: u64` and that many bytes.
+const PERF_RECORD_COMPRESSED: u32 = 81;
+const PERF_RECORD_COMPRESSED2: u32 = 83;
+
+/// perf's zstd compresses tracepoint samples about 14:1 at any level (measured here, levels 1
+/// and 22): a stream expanding to more than this many times its size is a bomb.
+const MAX_EXPANSION_RATIO: u64 = 64;
+/// Below this, any expansion is taken (a short file's small stream).
+const MIN_EXPANSION_LIMIT: u64 = 16 << 20;
 
 /// perf.data's magic (version 2, little-endian).
 pub const MAGIC: &[u8] = b"PERFILE2";
 
-/// One CPU's samples before they are laid into pages: (time, raw record) and gaps
-/// (time, count).
+/// One CPU's samples before they are laid into pages: their raw records one after another,
+/// each as (time, where in `bytes`, length), and gaps (time, count). One buffer, not one per
+/// sample: a sample's own allocation would cost more than its record.
 #[derive(Default)]
 struct CpuSamples {
-    records: Vec<(u64, Vec<u8>)>,
+    bytes: Vec<u8>,
+    records: Vec<(u64, usize, usize)>,
     lost: Vec<(u64, u64)>,
+}
+
+impl CpuSamples {
+    fn push(&mut self, ts: u64, raw: &[u8]) {
+        self.records.push((ts, self.bytes.len(), raw.len()));
+        self.bytes.extend_from_slice(raw);
+    }
 }
 
 /// What a perf.data holds besides its tracepoint samples, said once.
@@ -97,9 +116,12 @@ fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
         section(at, "event ids")?;
     }
     // Records: an AUXTRACE record's data follows it, sized by the record: it must end inside
-    // the data section (the parser allocates what it says before reading).
+    // the data section (the parser allocates what it says before reading). Compressed ones
+    // expand within a bound, checked before the parser expands them (it holds a record's
+    // whole expansion at once).
     let end = data_at + data_size;
     let mut at = data_at;
+    let mut compressed: Vec<&[u8]> = Vec::new();
     while at + 8 <= end {
         let i = usize::try_from(at).map_err(|e| e.to_string())?;
         let kind = u32::from_le_bytes(data[i..i + 4].try_into().expect("4"));
@@ -108,6 +130,15 @@ fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
             return Err(format!("a record at byte {at} claims {size} bytes"));
         }
         let mut next = at + size;
+        let body =
+            data.get(i + 8..(i + usize::from(u16::try_from(size).unwrap_or(0))).min(data.len())).unwrap_or_default();
+        if kind == PERF_RECORD_COMPRESSED {
+            compressed.push(body);
+        } else if kind == PERF_RECORD_COMPRESSED2 {
+            let len = body.get(..8).map_or(u64::MAX, |b| u64::from_le_bytes(b.try_into().expect("8")));
+            let stream = usize::try_from(len).ok().and_then(|len| body.get(8..8 + len));
+            compressed.push(stream.ok_or_else(|| format!("a compressed record at byte {at} claims {len} bytes"))?);
+        }
         if kind == PERF_RECORD_AUXTRACE {
             let aux = if size >= 16 { u64_at(i + 8)? } else { u64::MAX };
             next = next.checked_add(aux).filter(|&n| n <= end).ok_or_else(|| {
@@ -116,6 +147,7 @@ fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
         }
         at = next;
     }
+    check_expansion(&compressed)?;
     section(56, "event types")?;
     let bits: Vec<u64> = (0..4).map(|w| u64_at(72 + 8 * w)).collect::<std::result::Result<_, _>>()?;
     let table = usize::try_from(data_at + data_size).map_err(|e| e.to_string())?;
@@ -131,6 +163,40 @@ fn check_layout(data: &[u8]) -> std::result::Result<(), String> {
             let start = usize::try_from(offset).map_err(|e| e.to_string())?;
             let end = start + usize::try_from(size).map_err(|e| e.to_string())?;
             check_event_desc(&data[start..end])?;
+        }
+    }
+    Ok(())
+}
+
+/// perf's compressed records are one zstd stream, cut into records: expanded without keeping
+/// it (a buffer at a time), it must stay within [`MAX_EXPANSION_RATIO`] times its size (or
+/// [`MIN_EXPANSION_LIMIT`]).
+fn check_expansion(records: &[&[u8]]) -> std::result::Result<(), String> {
+    use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
+    if records.is_empty() {
+        return Ok(());
+    }
+    let compressed: u64 = records.iter().map(|r| r.len() as u64).sum();
+    let limit = compressed.saturating_mul(MAX_EXPANSION_RATIO).max(MIN_EXPANSION_LIMIT);
+    let mut decoder = Decoder::new().map_err(|e| format!("zstd: {e}"))?;
+    let mut scratch = vec![0u8; 1 << 20];
+    let mut expanded = 0u64;
+    for record in records {
+        let mut input = InBuffer::around(record);
+        loop {
+            let mut output = OutBuffer::around(&mut scratch[..]);
+            decoder.run(&mut input, &mut output).map_err(|e| format!("a compressed record does not expand: {e}"))?;
+            let produced = output.pos();
+            expanded += produced as u64;
+            if expanded > limit {
+                return Err(format!(
+                    "its {} compressed records ({compressed} bytes) expand past {limit} bytes, more than {MAX_EXPANSION_RATIO} times their size (perf's zstd gives about 14): the file is damaged, or made to exhaust memory",
+                    records.len()
+                ));
+            }
+            if input.pos() == record.len() && produced < scratch.len() {
+                break;
+            }
         }
     }
     Ok(())
@@ -223,7 +289,7 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
                 if cpu >= crate::session::MAX_CPUS {
                     return Err(bad(format!("perf.data: a sample on CPU {cpu}; no kernel has that many")));
                 }
-                cpus.entry(cpu).or_default().records.push((ts, raw.as_slice().into_owned()));
+                cpus.entry(cpu).or_default().push(ts, &raw.as_slice());
             }
             EventRecord::Comm(comm) => {
                 let (Ok(pid), Ok(tid)) = (u32::try_from(comm.pid), u32::try_from(comm.tid)) else { continue };
@@ -254,18 +320,19 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_stor
     for (cpu, mut samples) in cpus {
         // Each CPU's ring buffer is written in time order; perf's rounds interleave CPUs, and
         // a sort keeps any record a round put late in place.
-        samples.records.sort_by_key(|(ts, _)| *ts);
+        samples.records.sort_by_key(|&(ts, _, _)| ts);
         samples.lost.sort_unstable();
         let mut writer = PageWriter::new(&layout);
         let mut gaps = samples.lost.iter().peekable();
         let mut dropped = 0u64;
-        for (ts, raw) in &samples.records {
-            while let Some(&&(at, count)) = gaps.peek().filter(|g| g.0 <= *ts) {
+        for &(ts, at, len) in &samples.records {
+            while let Some(&&(at, count)) = gaps.peek().filter(|g| g.0 <= ts) {
                 writer.lost(at, count);
                 dropped = dropped.saturating_add(count);
                 gaps.next();
             }
-            writer.push(*ts, raw).map_err(|e| bad(format!("perf.data: a sample on CPU {cpu}: {e}")))?;
+            let raw = &samples.bytes[at..at + len];
+            writer.push(ts, raw).map_err(|e| bad(format!("perf.data: a sample on CPU {cpu}: {e}")))?;
         }
         for &(at, count) in gaps {
             writer.lost(at, count);

@@ -443,6 +443,19 @@ impl Session {
         Ok(Decoder::new(Layout::new(header, formats)))
     }
 
+    /// Its metadata as a recording of it would keep: with the event formats a trace.dat holds
+    /// plainly (read in place otherwise) copied in.
+    pub fn recording_metadata(&self) -> Metadata {
+        let mut metadata = self.metadata.clone();
+        metadata.formats.extend(self.formats_in_file.iter().map(|(system, range)| {
+            virtprof_store::recording::FormatText {
+                system: system.clone(),
+                text: owned_text(&self.file_bytes()[range.clone()]),
+            }
+        }));
+        metadata
+    }
+
     /// The bytes its pages are read from in place (none for a capture imported in memory).
     fn file_bytes(&self) -> &[u8] {
         match &self.pages {

@@ -11,7 +11,10 @@
 //!   sched:sched_switch -a` over a testvm run (pio-user, 2 vCPUs, 40 iterations);
 //! - `text`: ftrace text of that run, re-encoded through its formats;
 //! - `pair`: the guest half of a host + guest pair (`trace-cmd attach` on the kvm_amd bed),
-//!   mutated mostly in its last options (TIME_SHIFT), read beside its host and placed.
+//!   mutated mostly in its last options (TIME_SHIFT), read beside its host and placed;
+//! - `bombs`: trace.dat files of `support/bombs.rs` with random CPU counts, chunk sizes,
+//!   sharing and repetition (v6, v7 in every codec), and perf.data with a compressed record of
+//!   random expansion, then mutated: each read within the address-space limit or refused.
 //!
 //! Every input must give a value or a clean error: no panic, no hang (each input has a time
 //! limit), memory bounded (the process runs under an address-space limit, so a runaway
@@ -32,6 +35,9 @@ use virtprof_analysis::sched::{SchedAccounting, SchedOptions};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::Event;
 use virtprof_session::Session;
+
+mod support;
+use support::bombs::{Codec, DatBomb};
 
 /// An input running longer than this is a hang.
 const INPUT_TIME_LIMIT: Duration = Duration::from_secs(20);
@@ -375,6 +381,48 @@ fn whole_sources_never_panic_hang_or_grow_on_mutated_input() {
             let Ok(mut decoder) = guest.session.decoder(&["sched", "irq"]) else { return false };
             let mut events = 0u64;
             guest.walk(&mut decoder, |_, _| events += 1).is_ok()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if wanted("bombs") {
+        let perf_seed = std::fs::read(here("tests/fixtures/pvm-pio-user-2x40.perf.data")).unwrap();
+        let dir = std::env::temp_dir().join(format!("virtprof-fuzz-bombs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let input = dir.join("bomb");
+        // Each input compresses up to 32 MiB: a tenth of the other targets' count.
+        run_target("bombs", 0xb0b5_0005, n.div_ceil(10), &watchdog, |rng| {
+            let mut bytes = if rng.below(5) == 0 {
+                support::bombs::perf_data_zstd(&perf_seed, 8 << rng.below(27))
+            } else {
+                let codec = [Codec::Zstd, Codec::Zlib, Codec::None][rng.below(3)];
+                let cpu_bits = rng.below(12);
+                let bomb = DatBomb {
+                    version: if rng.below(4) == 0 { 6 } else { 7 },
+                    codec,
+                    cpus: 1 + rng.below(1 << cpu_bits) as u32,
+                    chunk_pages: 1 << rng.below(14),
+                    chunks: 1 + rng.below(3),
+                    shared: rng.below(3) == 0,
+                    formats_options: 1 + usize::from(rng.below(8) == 0) * rng.below(100),
+                    instances: usize::from(rng.below(8) == 0) * rng.below(100),
+                };
+                // A bomb's data is its bytes' bulk: at most 64 MiB made per input.
+                let raw = codec == Codec::None || bomb.version == 6;
+                let stored = if bomb.shared { 1 } else { bomb.cpus as usize };
+                if raw && stored * bomb.chunk_pages * bomb.chunks > 16 << 10 {
+                    return false;
+                }
+                support::bombs::trace_dat(&bomb)
+            };
+            if rng.below(2) == 0 {
+                let from = rng.below(bytes.len().min(4096));
+                mutate_bytes(rng, &mut bytes, from);
+            }
+            watchdog.holding(&bytes);
+            std::fs::write(&input, &bytes).unwrap();
+            let Ok(session) = Session::open_any(&input, &Default::default()) else { return false };
+            analyse(&session);
+            true
         });
         let _ = std::fs::remove_dir_all(&dir);
     }

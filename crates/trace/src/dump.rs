@@ -25,16 +25,38 @@ pub struct CpuPages {
 /// The most one CPU's saved pages can be (they are read into memory).
 const MAX_CPU_PAGES: u64 = 16 << 30;
 
+/// Linux's largest CONFIG_NR_CPUS.
+const MAX_CPUS: u32 = 8192;
+
 /// Read `per_cpu/cpuN/trace_pipe_raw` (and `stats`) of every CPU in a dump, by CPU number.
+/// Each CPU's pages must be a file of its own: one file behind several CPUs (links) would be
+/// read, held and decoded once per CPU.
 pub fn read_cpu_pages(root: &Path) -> Result<Vec<CpuPages>, TraceError> {
+    use std::os::unix::fs::MetadataExt;
     let per_cpu = root.join("per_cpu");
     let mut cpus = Vec::new();
+    let mut files: std::collections::HashMap<(u64, u64), PathBuf> = Default::default();
     for entry in fs::read_dir(&per_cpu).map_err(TraceError::file(&per_cpu))?.filter_map(Result::ok) {
         let name = entry.file_name();
-        let Some(cpu) = name.to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse().ok()) else {
+        let Some(cpu) = name.to_str().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
         let path = entry.path().join("trace_pipe_raw");
+        if cpu >= MAX_CPUS {
+            return Err(TraceError::BadDump(format!(
+                "'{}' names CPU {cpu}; no kernel has more than {MAX_CPUS} CPUs",
+                entry.path().display()
+            )));
+        }
+        if let Ok(meta) = fs::metadata(&path) {
+            if let Some(other) = files.insert((meta.dev(), meta.ino()), path.clone()) {
+                return Err(TraceError::BadDump(format!(
+                    "'{}' and '{}' are the same file: every CPU's pages are a file of their own (the dump is damaged, or made to be read many times over)",
+                    other.display(),
+                    path.display()
+                )));
+            }
+        }
         let raw =
             virtprof_host::input::read_bytes(&path, "trace_pipe_raw", MAX_CPU_PAGES).map_err(TraceError::Input)?;
         let stats = read_file(&entry.path().join("stats")).unwrap_or_default();

@@ -69,6 +69,9 @@ pub enum TraceError {
         /// Event name.
         name: String,
     },
+    /// A tracefs dump laid out as no kernel leaves one.
+    #[error("{0}")]
+    BadDump(String),
     /// An input file refused (not a regular file, too large) or unreadable.
     #[error(transparent)]
     Input(#[from] virtprof_host::input::InputError),
@@ -85,6 +88,7 @@ impl TraceError {
                 | TraceError::BufferSize { .. }
                 | TraceError::NoEvents { .. }
                 | TraceError::NoSuchEvent { .. }
+                | TraceError::BadDump(_)
         ) || matches!(self, TraceError::Input(e) if e.is_bad_input())
             // Not root and no CAP_SYS_ADMIN/CAP_PERFMON: the message says which is missing.
             || matches!(self, TraceError::File { source, .. } if matches!(source.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)))

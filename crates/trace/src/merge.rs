@@ -267,8 +267,8 @@ pub fn merge_cpus<'a>(
 ) -> Result<WalkStats, WalkError> {
     let bytes: usize = cpus.iter().flat_map(|s| &s.segments).map(Segment::len).sum();
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    // Compressed frames are expanded one at a time on each CPU's thread, so memory stays
-    // bounded; the serial walk would expand them all first.
+    // Compressed chunks are expanded one at a time per CPU on either path; a thread per CPU
+    // also expands them in parallel, which is most of a compressed file's cost.
     let compressed = cpus.iter().any(CpuStream::is_compressed);
     let big = threads > 1 && cpus.len() >= 2 && bytes >= PARALLEL_BYTES;
     if (compressed || big) && cpus.len() <= MAX_PARALLEL_CPUS {
@@ -283,50 +283,150 @@ const PARALLEL_BYTES: usize = 8 << 20;
 /// Above this many CPUs, a thread each (and their batches in flight) is too much.
 const MAX_PARALLEL_CPUS: usize = 64;
 
-/// [`merge_cpus`] on the calling thread alone (compressed frames are expanded first).
+/// [`merge_cpus`] on the calling thread alone: pages in place are decoded where they lie,
+/// compressed chunks expanded one at a time per CPU as its walk reaches them (so memory stays
+/// at one chunk per CPU, whatever the file's length).
 pub fn merge_cpus_serial(
     decoder: &mut Decoder,
     cpus: &[CpuStream<'_>],
     mut sink: impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
-    let page_size = decoder.layout().header.page_size;
-    let mut expanded: Vec<Vec<Vec<u8>>> = Vec::with_capacity(cpus.len());
-    for stream in cpus {
-        let mut frames = Vec::new();
-        let mut pages = 0;
-        for segment in stream.segments.iter().filter(|s| s.is_compressed()) {
-            let mut buffer = Vec::new();
-            segment
-                .pages(&mut buffer)
-                .map_err(|e| frame_error(stream.cpu, Position { pages, last_ts: None }, page_size, e))?;
-            pages += buffer.len() / page_size.max(1);
-            frames.push(buffer);
-        }
-        expanded.push(frames);
-    }
-    let slices: Vec<Vec<&[u8]>> = cpus
+    let in_place: Vec<Vec<&[u8]>> = cpus
         .iter()
-        .zip(&expanded)
-        .map(|(stream, frames)| {
-            let mut frames = frames.iter();
+        .map(|stream| {
             stream
                 .segments
                 .iter()
-                .map(|segment| match segment {
-                    Segment::Pages(pages) => *pages,
-                    Segment::Frame { .. } => frames.next().map_or(&[][..], Vec::as_slice),
+                .filter_map(|segment| match segment {
+                    Segment::Pages(pages) => Some(*pages),
+                    Segment::Frame { .. } => None,
                 })
                 .collect()
         })
         .collect();
-    let mut cursors: Vec<Cursor<'_>> =
-        cpus.iter().zip(&slices).map(|(s, pages)| Cursor::new(s.cpu, pages, Position::default())).collect();
-    merge(&mut cursors, decoder, &mut sink)
+    let mut sources: Vec<Source<'_>> = cpus
+        .iter()
+        .zip(&in_place)
+        .map(|(stream, pages)| {
+            if stream.is_compressed() {
+                Source::Expanding(Box::new(Expanding::new(stream)))
+            } else {
+                Source::InPlace(Cursor::new(stream.cpu, pages, Position::default()))
+            }
+        })
+        .collect();
+    merge(&mut sources, decoder, &mut sink)
+}
+
+/// One CPU of a serial walk.
+enum Source<'a> {
+    /// Pages decoded where they lie, an event at a time.
+    InPlace(Cursor<'a>),
+    /// Compressed chunks expanded as reached, a page's events at a time.
+    Expanding(Box<Expanding<'a>>),
+}
+
+impl Source<'_> {
+    fn cpu(&self) -> u32 {
+        match self {
+            Source::InPlace(cursor) => cursor.cpu,
+            Source::Expanding(feed) => feed.cpu,
+        }
+    }
+
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+        match self {
+            Source::InPlace(cursor) => cursor.next(decoder, stats),
+            Source::Expanding(feed) => feed.next(decoder, stats),
+        }
+    }
+}
+
+/// A CPU whose stream holds compressed chunks, walked on the merging thread: the chunk being
+/// read is expanded into a buffer of its own, and each page's events are decoded at once into
+/// a short list the merge takes from.
+struct Expanding<'a> {
+    cpu: u32,
+    segments: &'a [Segment<'a>],
+    /// The segment being read, and the next page in it.
+    segment: usize,
+    page: usize,
+    /// The chunk being read, expanded (empty until it is reached).
+    buffer: Vec<u8>,
+    expanded: bool,
+    position: Position,
+    events: Vec<Event>,
+    next: usize,
+}
+
+impl<'a> Expanding<'a> {
+    fn new(stream: &'a CpuStream<'a>) -> Expanding<'a> {
+        Expanding {
+            cpu: stream.cpu,
+            segments: &stream.segments,
+            segment: 0,
+            page: 0,
+            buffer: Vec::new(),
+            expanded: false,
+            position: Position::default(),
+            events: Vec::new(),
+            next: 0,
+        }
+    }
+
+    fn next(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<Option<Event>, WalkError> {
+        while self.next >= self.events.len() {
+            self.events.clear();
+            self.next = 0;
+            if !self.read_page(decoder, stats)? {
+                return Ok(None);
+            }
+        }
+        self.next += 1;
+        Ok(Some(self.events[self.next - 1]))
+    }
+
+    /// Decode the next page (expanding its chunk first if it starts one) into `events`;
+    /// false when no pages are left.
+    fn read_page(&mut self, decoder: &mut Decoder, stats: &mut WalkStats) -> Result<bool, WalkError> {
+        let page_size = decoder.layout().header.page_size;
+        loop {
+            let Some(segment) = self.segments.get(self.segment) else { return Ok(false) };
+            let pages: &[u8] = match segment {
+                Segment::Pages(pages) => pages,
+                Segment::Frame { .. } => {
+                    if !self.expanded {
+                        segment
+                            .pages(&mut self.buffer)
+                            .map_err(|e| frame_error(self.cpu, self.position, page_size, e))?;
+                        self.expanded = true;
+                    }
+                    &self.buffer
+                }
+            };
+            let start = self.page * page_size;
+            if start >= pages.len() {
+                self.segment += 1;
+                self.page = 0;
+                self.expanded = false;
+                continue;
+            }
+            let rest = [&pages[start..]];
+            let mut cursor = Cursor::new(self.cpu, &rest, self.position);
+            // The first fill opens the page (and says if events were lost before it), the
+            // second decodes its records.
+            cursor.fill(decoder, stats, &mut self.events)?;
+            cursor.fill(decoder, stats, &mut self.events)?;
+            self.position = cursor.position();
+            self.page += 1;
+            return Ok(true);
+        }
+    }
 }
 
 /// Deliver the events of `sources` to `sink` in timestamp order.
 fn merge(
-    sources: &mut [Cursor<'_>],
+    sources: &mut [Source<'_>],
     decoder: &mut Decoder,
     sink: &mut impl FnMut(&Event, &Decoder),
 ) -> Result<WalkStats, WalkError> {
@@ -335,7 +435,7 @@ fn merge(
     let mut heap = BinaryHeap::with_capacity(sources.len());
     for (i, source) in sources.iter_mut().enumerate() {
         if let Some(e) = source.next(decoder, &mut stats)? {
-            heap.push(Reverse((e.ts, source.cpu, i)));
+            heap.push(Reverse((e.ts, source.cpu(), i)));
             pending[i] = Some(e);
         }
     }

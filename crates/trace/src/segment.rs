@@ -53,20 +53,39 @@ pub struct SegmentError {
     pub message: String,
 }
 
-/// zstd and zlib rarely beat 50:1 on ring-buffer pages; a frame declaring far more is corrupt.
+/// zstd and zlib rarely beat 50:1 on ring-buffer pages (a chunk of nearly empty pages may
+/// reach a few hundred); a frame declaring far more is corrupt, or made to exhaust memory.
 const MAX_RATIO: usize = 1000;
-/// Whatever the ratio, no frame expands to more than this (trace-cmd's are a few pages).
-const MAX_FRAME: usize = 256 << 20;
+/// Whatever the ratio, no chunk of pages expands to more than this: trace-cmd writes chunks
+/// of 10 pages (40 KiB; 640 KiB with 64 KiB pages), and a walk holds one expanded chunk per
+/// CPU at a time, so this times the CPU count is what a file can make a reader hold.
+pub const MAX_FRAME: usize = 16 << 20;
 
 impl<'a> Segment<'a> {
-    /// A compressed frame, refused up front if its declared size is implausible for it.
+    /// A compressed chunk of pages, refused up front if its declared size is implausible for
+    /// it (over [`MAX_FRAME`], or over [`MAX_RATIO`] times its own size).
     pub fn frame(codec: Codec, frame: &'a [u8], size: usize, offset: usize) -> Result<Segment<'a>, SegmentError> {
-        let plausible = frame.len().saturating_mul(MAX_RATIO).clamp(1 << 20, MAX_FRAME);
+        Segment::frame_at_most(codec, frame, size, offset, MAX_FRAME)
+    }
+
+    /// A compressed frame expanding to at most `most` bytes (and [`MAX_RATIO`] times its
+    /// own size, or 1 MiB), refused up front otherwise.
+    pub fn frame_at_most(
+        codec: Codec,
+        frame: &'a [u8],
+        size: usize,
+        offset: usize,
+        most: usize,
+    ) -> Result<Segment<'a>, SegmentError> {
+        let plausible = frame.len().saturating_mul(MAX_RATIO).clamp(1 << 20, most.max(1 << 20));
         if size > plausible {
             return Err(SegmentError {
                 codec,
                 offset,
-                message: format!("claims {size} bytes once expanded, implausible for its {} bytes", frame.len()),
+                message: format!(
+                    "claims {size} bytes once expanded, implausible for its {} bytes (at most {plausible} are taken): the file is damaged, or made to exhaust memory",
+                    frame.len()
+                ),
             });
         }
         Ok(Segment::Frame { codec, frame, size, offset })

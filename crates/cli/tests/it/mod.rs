@@ -1,6 +1,7 @@
 mod agent;
 mod arm64;
 mod balance;
+mod bombs;
 mod boot;
 mod dataset;
 mod doctor;

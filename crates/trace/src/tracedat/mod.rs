@@ -212,7 +212,79 @@ pub fn read(data: &[u8]) -> Result<TraceDat<'_>, TraceDatError> {
         _ => v7::read(&mut c, &mut out)?,
     }
     finish(&mut out)?;
+    check_data(data, &out.buffers)?;
     Ok(out)
+}
+
+/// The most a walk may hold expanded at once: it holds one chunk per CPU stream, so the sum
+/// over streams of each one's largest chunk. trace-cmd's chunks are 10 pages: 8192 CPUs with
+/// 4 KiB pages take 320 MiB, 800 CPUs with 64 KiB pages 500 MiB.
+pub const MAX_EXPANDED_AT_ONCE: usize = 512 << 20;
+
+/// What a file's claims must not do to a reader: CPUs whose data overlap (trace-cmd gives
+/// each CPU of each buffer bytes of its own; shared, a small file makes every CPU decode or
+/// expand the same bytes again), or chunks that would take more than
+/// [`MAX_EXPANDED_AT_ONCE`] expanded at once.
+fn check_data(data: &[u8], buffers: &[Buffer]) -> Result<(), TraceDatError> {
+    let base = data.as_ptr() as usize;
+    let mut regions: Vec<(usize, usize, u32)> = Vec::new();
+    let mut at_once = 0usize;
+    let mut widest = (0usize, 0u32);
+    for (cpu, segments) in buffers.iter().flat_map(|b| &b.cpus) {
+        let mut largest = 0;
+        for segment in segments {
+            let bytes = match segment {
+                Segment::Pages(pages) => pages,
+                Segment::Frame { frame, size, .. } => {
+                    largest = largest.max(*size);
+                    frame
+                }
+            };
+            if !bytes.is_empty() {
+                let start = bytes.as_ptr() as usize - base;
+                regions.push((start, start + bytes.len(), *cpu));
+            }
+        }
+        at_once = at_once.saturating_add(largest);
+        widest = widest.max((largest, *cpu));
+    }
+    regions.sort_unstable();
+    if let Some(pair) = regions.windows(2).find(|w| w[1].0 < w[0].1) {
+        let ((start, end, cpu), (other_start, _, other)) = (pair[0], pair[1]);
+        return Err(TraceDatError {
+            offset: other_start,
+            message: format!(
+                "CPU {other}'s data at byte {other_start} lies inside CPU {cpu}'s (bytes {start}..{end}): trace-cmd gives every CPU bytes of its own; the file is damaged, or made to make every CPU read the same bytes"
+            ),
+        });
+    }
+    if at_once > MAX_EXPANDED_AT_ONCE {
+        let streams = buffers.iter().map(|b| b.cpus.len()).sum::<usize>();
+        return Err(TraceDatError {
+            offset: 0,
+            message: format!(
+                "its {streams} CPU streams' compressed chunks claim {} MiB expanded at once (CPU {} alone {} MiB a chunk), over the {} MiB a reader holds at most; trace-cmd writes chunks of 10 pages: the file is damaged, or made to exhaust memory",
+                at_once >> 20,
+                widest.1,
+                widest.0 >> 20,
+                MAX_EXPANDED_AT_ONCE >> 20
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Claim the bytes `start..end` of a file for one reading (a CPU table): false if any of
+/// them were claimed before.
+fn claim(claimed: &mut std::collections::BTreeMap<usize, usize>, start: usize, end: usize) -> bool {
+    if start >= end {
+        return true;
+    }
+    if claimed.range(..end).next_back().is_some_and(|(_, &e)| e > start) {
+        return false;
+    }
+    claimed.insert(start, end);
+    true
 }
 
 /// perf.data's tracing data (its HEADER_TRACING_DATA feature: the version-6 metadata after

@@ -24,6 +24,9 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     }
     let mut instances = Vec::new();
     let mut clock_given = false;
+    // Each CPU table is read once: buffers pointing at one table (or at overlapping ones)
+    // would list the same CPUs' data again and again.
+    let mut tables = std::collections::BTreeMap::new();
     loop {
         if c.remaining() == 0 {
             return c.fail("the file ends before its trace data (no flyrecord or latency block)");
@@ -45,6 +48,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
             out.texts.push(BufferText { name: String::new(), clock: out.clock.clone(), text });
             return Ok(());
         } else if marker == FLYRECORD {
+            super::claim(&mut tables, c.pos, c.pos.saturating_add(cpus * 16));
             let top = flyrecord(data, c, cpus, out.page_size)?;
             if clock_given {
                 // The trace_clock file once more, after the CPU table.
@@ -70,6 +74,11 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
         // trace-cmd writes the marker again there (the man page does not say so).
         if data[offset..].starts_with(FLYRECORD) {
             at.pos += FLYRECORD.len();
+        }
+        if !super::claim(&mut tables, at.pos, at.pos.saturating_add(cpus * 16)) {
+            return at.fail(format!(
+                "buffer '{name}' points at a CPU table another buffer uses: trace-cmd writes one per buffer (the file is damaged, or made to list the same data again and again)"
+            ));
         }
         let cpus = flyrecord(data, &mut at, cpus, out.page_size)?;
         out.buffers.push(Buffer { name, clock: out.clock.clone(), cpus });

@@ -29,6 +29,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
     out.compression = codec;
     let mut next_options = c.size64()?;
     check_sections_fit(data, c.pos)?;
+    let mut sections = Sections::new(data, codec);
     let mut buffers = Vec::new();
     let mut texts = Vec::new();
     let mut seen = 0;
@@ -37,7 +38,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
         if seen > MAX_OPTION_SECTIONS {
             return c.fail(format!("more than {MAX_OPTION_SECTIONS} options sections: a loop?"));
         }
-        let (options, base) = section(data, next_options, codec)?;
+        let (options, base) = sections.read(next_options)?;
         next_options = 0;
         let mut o = Cursor::within(&options, base);
         while o.remaining() > 0 {
@@ -57,19 +58,19 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
                 BUFFER => buffers.push((body.to_vec(), at)),
                 BUFFER_TEXT => texts.push((body.to_vec(), at)),
                 HEADER_INFO => {
-                    let (s, base) = section(data, b.size64()?, codec)?;
+                    let (s, base) = sections.read(b.size64()?)?;
                     super::read_header_info(&mut Cursor::within(&s, base), out)?;
                 }
                 FTRACE_EVENTS => {
-                    let (s, base) = section(data, b.size64()?, codec)?;
+                    let (s, base) = sections.read(b.size64()?)?;
                     formats(s, base, super::ftrace_formats, out)?;
                 }
                 EVENT_FORMATS => {
-                    let (s, base) = section(data, b.size64()?, codec)?;
+                    let (s, base) = sections.read(b.size64()?)?;
                     formats(s, base, super::event_formats, out)?;
                 }
                 CMDLINES => {
-                    let (s, base) = section(data, b.size64()?, codec)?;
+                    let (s, base) = sections.read(b.size64()?)?;
                     let mut sc = Cursor::within(&s, base);
                     let len = sc.size64()?;
                     out.cmdlines = sc.text(len)?;
@@ -82,7 +83,7 @@ pub(super) fn read<'a>(c: &mut Cursor<'a>, out: &mut TraceDat<'a>) -> Result<(),
         out.buffers.push(buffer(data, &body, at, out.page_size, codec)?);
     }
     for (body, at) in texts {
-        out.texts.push(buffer_text(data, &body, at, codec)?);
+        out.texts.push(buffer_text(&mut sections, &body, at)?);
     }
     Ok(())
 }
@@ -170,42 +171,70 @@ fn buffer<'a>(
 }
 
 /// A BUFFER_TEXT option: `section offset: u64, name\0, clock\0`; the section holds the text.
-fn buffer_text(data: &[u8], body: &[u8], at: usize, codec: Option<Codec>) -> Result<BufferText, TraceDatError> {
+fn buffer_text(sections: &mut Sections, body: &[u8], at: usize) -> Result<BufferText, TraceDatError> {
     let mut b = Cursor::within(body, at);
     let offset = b.size64()?;
     let name = b.cstr()?;
     let clock = b.cstr().unwrap_or_default();
-    let (text, _) = section(data, offset, codec)?;
+    let (text, _) = sections.read(offset)?;
     Ok(BufferText { name, clock, text: String::from_utf8_lossy(&text).into_owned() })
 }
 
-/// The most a compressed metadata section may expand to (kallsyms, the largest, is a few MiB).
-const MAX_SECTION: usize = 1 << 30;
+/// The most one compressed metadata section may expand to (the event formats, the largest
+/// read, are a few MiB; kallsyms is never expanded).
+const MAX_SECTION: usize = 64 << 20;
+/// The most all expanded metadata sections of a file may hold together.
+const MAX_SECTIONS: usize = 256 << 20;
 
-/// A section's payload (expanded if flagged), with the byte offset it came from.
-fn section(data: &[u8], offset: usize, codec: Option<Codec>) -> Result<(Cow<'_, [u8]>, usize), TraceDatError> {
-    let mut c = Cursor::at(data, offset);
-    if offset >= data.len() {
-        return c.fail(format!("a section offset points past the end of the file ({} bytes)", data.len()));
+/// The sections of one file, each read at most once, their expansion within a budget: a file
+/// whose options point at one section many times (or loop back to an options section) would
+/// otherwise make a reader expand or list the same bytes without end.
+struct Sections<'a> {
+    data: &'a [u8],
+    codec: Option<Codec>,
+    read: std::collections::HashSet<usize>,
+    expanded: usize,
+}
+
+impl<'a> Sections<'a> {
+    fn new(data: &'a [u8], codec: Option<Codec>) -> Sections<'a> {
+        Sections { data, codec, read: Default::default(), expanded: 0 }
     }
-    let _id = c.u16()?;
-    let flags = c.u16()?;
-    let _description = c.u32()?;
-    let size = c.size64()?;
-    if flags & SECTION_COMPRESSED == 0 {
+
+    /// A section's payload (expanded if flagged), with the byte offset it came from.
+    fn read(&mut self, offset: usize) -> Result<(Cow<'a, [u8]>, usize), TraceDatError> {
+        let data = self.data;
+        let mut c = Cursor::at(data, offset);
+        if offset >= data.len() {
+            return c.fail(format!("a section offset points past the end of the file ({} bytes)", data.len()));
+        }
+        if !self.read.insert(offset) {
+            return c.fail(
+                "a second option points at the section here: trace-cmd writes each section once (the file is damaged, or made to loop)",
+            );
+        }
+        let _id = c.u16()?;
+        let flags = c.u16()?;
+        let _description = c.u32()?;
+        let size = c.size64()?;
+        if flags & SECTION_COMPRESSED == 0 {
+            let at = c.pos;
+            return Ok((Cow::Borrowed(c.bytes(size)?), at));
+        }
+        let Some(codec) = self.codec else { return c.fail("a compressed section in a file that says 'none'") };
+        let compressed = c.size32()?;
+        let expanded = c.size32()?;
         let at = c.pos;
-        return Ok((Cow::Borrowed(c.bytes(size)?), at));
+        if self.expanded.saturating_add(expanded) > MAX_SECTIONS {
+            return c.fail(format!(
+                "a section claims {expanded} bytes once expanded, past the {MAX_SECTIONS} bytes all of a file's metadata may take (the file is damaged, or made to exhaust memory)"
+            ));
+        }
+        let frame = Segment::frame_at_most(codec, c.bytes(compressed)?, expanded, at, MAX_SECTION)
+            .map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
+        let mut out = Vec::new();
+        frame.pages(&mut out).map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
+        self.expanded += expanded;
+        Ok((Cow::Owned(out), at))
     }
-    let Some(codec) = codec else { return c.fail("a compressed section in a file that says 'none'") };
-    let compressed = c.size32()?;
-    let expanded = c.size32()?;
-    let at = c.pos;
-    if expanded > MAX_SECTION {
-        return c.fail(format!("a section claims {expanded} bytes once expanded"));
-    }
-    let frame = Segment::frame(codec, c.bytes(compressed)?, expanded, at)
-        .map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
-    let mut out = Vec::new();
-    frame.pages(&mut out).map_err(|e| TraceDatError { offset: at, message: e.to_string() })?;
-    Ok((Cow::Owned(out), at))
 }
