@@ -11,6 +11,11 @@ mod watch;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Re-executed as the reaper that cleans up after a killed run (`host::reaper`).
+    if std::env::args_os().nth(1).is_some_and(|a| a == virtprof_host::reaper::REAPER_ARG) {
+        virtprof_host::reaper::run();
+    }
+    virtprof_host::reaper::enable();
     let args = match parse_args() {
         Ok(args) => args,
         Err(e) if e.use_stderr() => {

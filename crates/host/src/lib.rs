@@ -12,6 +12,7 @@ pub mod osnoise;
 pub mod output;
 pub mod procfiles;
 pub mod procfs;
+pub mod reaper;
 pub mod schedstat;
 pub mod stop;
 

@@ -74,6 +74,8 @@ pub struct OutputFile {
     temporary: Option<PathBuf>,
     path: PathBuf,
     written: u64,
+    /// The reaper puts the temporary in place should this process be killed.
+    kept_if_killed: bool,
 }
 
 impl OutputFile {
@@ -84,7 +86,13 @@ impl OutputFile {
         let special = path.starts_with("/dev/") || path.starts_with("/proc/");
         if special || std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
             let file = OpenOptions::new().write(true).open(path).map_err(OutputError::new(CANNOT_OPEN, path))?;
-            return Ok(OutputFile { file: Some(file), temporary: None, path: path.to_path_buf(), written: 0 });
+            return Ok(OutputFile {
+                file: Some(file),
+                temporary: None,
+                path: path.to_path_buf(),
+                written: 0,
+                kept_if_killed: false,
+            });
         }
         // A folder cannot be replaced by a file: say so now, not after the work is done.
         if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
@@ -98,7 +106,34 @@ impl OutputFile {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&temporary)
             .map_err(OutputError::new(CANNOT_CREATE, path))?;
-        Ok(OutputFile { file: Some(file), temporary: Some(temporary), path: path.to_path_buf(), written: 0 })
+        Ok(OutputFile {
+            file: Some(file),
+            temporary: Some(temporary),
+            path: path.to_path_buf(),
+            written: 0,
+            kept_if_killed: false,
+        })
+    }
+
+    /// Should this process be killed (SIGKILL, which runs no clean-up) before the file is
+    /// committed, have what was written put in place under its name all the same: for a
+    /// recording, which reads up to its last whole chunk. Without a reaper (`host::reaper`)
+    /// the temporary stays.
+    pub fn keep_if_killed(&mut self) {
+        if let Some(temporary) = &self.temporary {
+            self.kept_if_killed = crate::reaper::watch(&self.undo(temporary));
+        }
+    }
+
+    fn undo(&self, temporary: &Path) -> crate::reaper::Undo {
+        crate::reaper::Undo::KeepFile { temporary: temporary.to_path_buf(), path: self.path.clone() }
+    }
+
+    /// The reaper has nothing to do for this file any more.
+    fn release(&mut self, temporary: &Path) {
+        if std::mem::take(&mut self.kept_if_killed) {
+            crate::reaper::done(&self.undo(temporary));
+        }
     }
 
     /// The path it will have once committed.
@@ -119,14 +154,17 @@ impl OutputFile {
         // before the rename, not leave a complete-looking file with a hole.
         if let Err(e) = file.sync_data() {
             let _ = std::fs::remove_file(&temporary);
+            self.release(&temporary);
             return Err(OutputError::new("writing", &self.path)(e));
         }
         drop(file);
-        std::fs::rename(&temporary, &self.path).map_err(|e| {
+        let renamed = std::fs::rename(&temporary, &self.path).map_err(|e| {
             // Made a folder meanwhile, say: the temporary must not stay behind.
             let _ = std::fs::remove_file(&temporary);
             OutputError::new("finishing", &self.path)(e)
-        })
+        });
+        self.release(&temporary);
+        renamed
     }
 
     /// Put what was written so far in place although it is not whole (a recording cut short
@@ -134,7 +172,9 @@ impl OutputFile {
     pub fn keep_partial(mut self) -> Result<u64, OutputError> {
         drop(self.file.take());
         if let Some(temporary) = self.temporary.take() {
-            std::fs::rename(&temporary, &self.path).map_err(OutputError::new("finishing", &self.path))?;
+            let renamed = std::fs::rename(&temporary, &self.path);
+            self.release(&temporary);
+            renamed.map_err(OutputError::new("finishing", &self.path))?;
         }
         Ok(self.written)
     }
@@ -156,8 +196,9 @@ impl Write for OutputFile {
 
 impl Drop for OutputFile {
     fn drop(&mut self) {
-        if let (Some(_), Some(temporary)) = (self.file.take(), &self.temporary) {
-            let _ = std::fs::remove_file(temporary);
+        if let (Some(_), Some(temporary)) = (self.file.take(), self.temporary.clone()) {
+            let _ = std::fs::remove_file(&temporary);
+            self.release(&temporary);
         }
     }
 }

@@ -3,7 +3,10 @@
 //! so a run never leaves tracing state behind.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+use virtprof_host::reaper::{self, Undo};
 
 use crate::decode::Layout;
 use crate::error::TraceError;
@@ -130,14 +133,25 @@ impl Tracefs {
             .collect()
     }
 
-    /// Create the private instance `virtprof-<purpose>-<pid>` with tracing off.
+    /// Create the private instance `virtprof-<purpose>-<pid>` with tracing off. Instances
+    /// left by virtprof processes that are gone are removed first (said on stderr), and the
+    /// reaper (`host::reaper`, where this process has one) removes this one should the process
+    /// be killed before dropping it.
     pub fn create_instance(&self, purpose: &str) -> Result<Instance, TraceError> {
+        for (stale, removed) in cleanup_stale(self) {
+            let said = match removed {
+                Ok(()) => format!("removed tracefs instance {} left by a virtprof that is gone", stale.display()),
+                Err(e) => format!("a virtprof that is gone left tracefs instance {}: {e}", stale.display()),
+            };
+            let _ = writeln!(std::io::stderr(), "virtprof: {said}");
+        }
         let name = format!("{INSTANCE_PREFIX}{purpose}-{}", std::process::id());
         let path = self.root.join("instances").join(&name);
         if path.exists() {
             Instance::remove_dir(&path)?;
         }
         fs::create_dir(&path).map_err(TraceError::file(&path))?;
+        reaper::watch(&Undo::Instance(path.clone()));
         let instance = Instance { root: self.root.clone(), path, enabled: Vec::new() };
         instance.write("tracing_on", "0")?;
         Ok(instance)
@@ -228,18 +242,22 @@ impl Drop for Instance {
         for file in &self.enabled {
             let _ = fs::write(file, "0");
         }
-        if let Err(e) = Self::remove_dir(&self.path) {
-            log::warn!("could not remove tracefs instance: {e}");
+        match Self::remove_dir(&self.path) {
+            Ok(()) => reaper::done(&Undo::Instance(self.path.clone())),
+            // Left to the reaper, which retries once this process is gone.
+            Err(e) => log::warn!("could not remove tracefs instance: {e}"),
         }
     }
 }
 
-/// Remove leftover instances of dead virtprof processes; returns what was removed.
+/// Remove leftover instances of dead virtprof processes (tracing turned off first, should a
+/// removal fail); returns what was removed.
 pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)> {
     tracefs
         .stale_instances()
         .into_iter()
         .map(|p| {
+            let _ = fs::write(p.join("tracing_on"), "0");
             let r = Instance::remove_dir(&p);
             (p, r)
         })

@@ -514,9 +514,6 @@ fn no_vm_outlives_a_sigkilled_virtprof_by_more_than_a_second() {
         child.kill().unwrap();
         child.wait().unwrap();
         let killed = Instant::now();
-        // SIGKILL leaves record's tracefs instance (nothing runs to remove it; `virtprof doctor
-        // --cleanup` does): removed here so later tests see none.
-        let _ = std::fs::remove_dir(format!("/sys/kernel/tracing/instances/virtprof-record-{pid}"));
         while vmms.iter().any(|&v| alive(v)) && killed.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -528,6 +525,127 @@ fn no_vm_outlives_a_sigkilled_virtprof_by_more_than_a_second() {
         assert!(left.is_empty(), "{what}: VMs {left:?} of {vmms:?} still running 1 s after SIGKILL");
         note(test, format!("{what}: {} VMs gone {:?} after SIGKILL", vmms.len(), killed.elapsed()));
     }
+    let _ = std::fs::remove_file(&recording);
+}
+
+/// Each thread of process `pid`'s CPU affinity, as /proc lists it.
+fn cpus_allowed(pid: &str) -> Vec<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    tasks
+        .filter_map(Result::ok)
+        .map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap_or("").trim().to_string()
+        })
+        .collect()
+}
+
+/// The tracefs instance of `pid`, if it has one now, and whether it is tracing.
+fn instance_of(pid: u32) -> Option<(PathBuf, bool)> {
+    let entry = std::fs::read_dir("/sys/kernel/tracing/instances")
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().ends_with(&format!("-{pid}")))?;
+    let on = std::fs::read_to_string(entry.path().join("tracing_on")).is_ok_and(|t| t.trim() == "1");
+    Some((entry.path(), on))
+}
+
+/// Issue 54 item 3: every command that traces, killed with SIGKILL while tracing, leaves no
+/// tracefs instance (its reaper turns tracing off and removes it within moments), and a
+/// killed `record` leaves its recording in place cut short, readable, with no hidden
+/// temporary beside it. An instance of a dead virtprof found by the next one is removed and
+/// said so.
+#[test]
+fn a_sigkilled_tracer_leaves_nothing_tracing_and_its_recording_in_place() {
+    let test = "a_sigkilled_tracer_leaves_nothing_tracing_and_its_recording_in_place";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = super::util::have_kvm(test) else { return };
+    let recording = temp("killed").with_extension("vprec");
+    let rec = recording.to_str().unwrap();
+    // A VM for balance to move, running through the whole test.
+    let mut vm = virtprof()
+        .args(["testvm", "-w", "compute", "--vcpus", "2", "--duration", "300s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut vmm = vmms_under(vm.id());
+    while vmm.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        vmm = vmms_under(vm.id());
+    }
+    let vmm = vmm.first().expect("the test VM started").to_string();
+    let before = cpus_allowed(&vmm);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["record", "-o", rec, "--duration", "30s"],
+        vec!["record", "-o", rec, "--interval", "100ms", "--duration", "30s"],
+        vec!["exits", "--duration", "30s"],
+        vec!["noise", "--duration", "30s"],
+        vec!["noise", "--testvm", "--duration", "30s"],
+        vec!["balance", "--vm", &vmm, "--verify", "--force-hz", "100", "--duration", "30s"],
+        vec!["top", "--trace", "--once", "-d", "30"],
+    ];
+    for args in &commands {
+        let what = args.join(" ");
+        let _ = std::fs::remove_file(&recording);
+        let mut child = virtprof().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !instance_of(pid).is_some_and(|(_, on)| on) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (instance, _) = instance_of(pid).unwrap_or_else(|| panic!("{what}: no instance tracing within 30 s"));
+        // A moment of tracing, so a recording has chunks to keep.
+        std::thread::sleep(Duration::from_millis(700));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let killed = Instant::now();
+        while instance.exists() && killed.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let tracing = std::fs::read_to_string(instance.join("tracing_on")).unwrap_or_default();
+        assert!(!instance.exists(), "{what}: {} left 5 s after SIGKILL (tracing_on {tracing:?})", instance.display());
+        let mut note_text = format!("{what}: instance gone {:?} after SIGKILL", killed.elapsed());
+        if args[0] == "balance" {
+            // The vCPU threads it pinned get their affinity back from the reaper too.
+            let allowed = || cpus_allowed(&vmm);
+            while allowed() != before && killed.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(allowed(), before, "{what}: the VM's threads' affinity was not given back");
+            note_text += "; vCPU threads' affinity given back";
+        }
+        if args[0] == "record" {
+            let hidden =
+                recording.with_file_name(format!(".{}.{pid}.tmp", recording.file_name().unwrap().to_string_lossy()));
+            while !recording.exists() && killed.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(recording.exists() && !hidden.exists(), "{what}: no recording in place ({})", hidden.display());
+            let read = virtprof().arg("exits").arg(&recording).output().unwrap();
+            let stderr = String::from_utf8_lossy(&read.stderr);
+            assert!(read.status.success(), "{what}: the kept recording does not read: {stderr}");
+            assert!(stderr.contains("without its footer") || stderr.contains("cut short"), "{what}: {stderr}");
+            note(test, format!("{note_text}; recording kept, {} bytes", std::fs::metadata(&recording).unwrap().len()));
+        } else {
+            note(test, note_text);
+        }
+    }
+    // An instance a dead virtprof left (as one killed before this reaper existed would): the
+    // next virtprof that traces removes it and says so.
+    let stale = Path::new("/sys/kernel/tracing/instances/virtprof-record-4000000");
+    std::fs::create_dir(stale).unwrap();
+    std::fs::write(stale.join("tracing_on"), "1").unwrap();
+    let out = virtprof().args(["exits", "--duration", "200ms"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stale.exists(), "{stderr}");
+    assert!(stderr.contains("removed tracefs instance /sys/kernel/tracing/instances/virtprof-record-4000000 left by a virtprof that is gone"), "{stderr}");
+    // SAFETY: SIGTERM to the test VM this test started.
+    unsafe { libc::kill(vm.id() as i32, libc::SIGTERM) };
+    vm.wait().unwrap();
     let _ = std::fs::remove_file(&recording);
 }
 

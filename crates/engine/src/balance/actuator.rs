@@ -1,8 +1,9 @@
 //! The actuator: vCPU threads pinned one core each, and swaps that exchange two threads'
 //! affinities. Every thread gets its original affinity back when the actuator is dropped, so
-//! an interrupted `balance` leaves the VMs as it found them.
+//! an interrupted `balance` leaves the VMs as it found them; killed, its reaper gives it back.
 
 use virtprof_host::affinity;
+use virtprof_host::reaper::{self, Undo};
 
 /// Pinned threads and what they had before.
 pub struct Actuator {
@@ -21,7 +22,10 @@ impl Actuator {
         let gone = |e: &std::io::Error| e.raw_os_error() == Some(libc::ESRCH);
         if !self.original.iter().any(|(t, _)| *t == tid) {
             match affinity::get(tid) {
-                Ok(before) => self.original.push((tid, before)),
+                Ok(before) => {
+                    reaper::watch(&Undo::Affinity { tid, cpus: before.clone() });
+                    self.original.push((tid, before));
+                }
                 Err(e) if gone(&e) => return Ok(false),
                 Err(e) => anyhow::bail!("reading the CPU affinity of vCPU thread {tid}: {e}"),
             }
@@ -41,6 +45,7 @@ impl Drop for Actuator {
             if let Err(e) = affinity::set(*tid, cpus) {
                 log::debug!("restoring the affinity of thread {tid}: {e}");
             }
+            reaper::done(&Undo::Affinity { tid: *tid, cpus: cpus.clone() });
         }
     }
 }

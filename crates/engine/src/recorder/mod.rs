@@ -146,7 +146,9 @@ pub struct Recorded<W> {
 pub fn record(options: &RecordOptions, output: &Path) -> anyhow::Result<RecordSummary> {
     // Before the temporary file exists: a stop from here on ends the run through its clean-up.
     virtprof_host::stop::install_handler();
-    let file = OutputFile::create(output, Privacy::Private)?;
+    let mut file = OutputFile::create(output, Privacy::Private)?;
+    // A recording killed with SIGKILL is still one, cut short: kept under its name.
+    file.keep_if_killed();
     let recorded = record_into(options, BufWriter::with_capacity(1 << 20, file))?;
     let Some(cause) = recorded.write_error else {
         recorded.out.into_inner().map_err(|e| e.into_error())?.commit()?;
