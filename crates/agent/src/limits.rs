@@ -126,6 +126,11 @@ impl Rate {
         Rate { per_ns: per_second / 1e9, burst, tokens: burst, last_ns: now_ns }
     }
 
+    /// Whether the bucket has refilled by `now_ns` (it then says nothing a new one would not).
+    pub fn is_full(&self, now_ns: u64) -> bool {
+        self.tokens + now_ns.saturating_sub(self.last_ns) as f64 * self.per_ns >= self.burst
+    }
+
     /// Take one token at `now_ns`, if there is one.
     pub fn take(&mut self, now_ns: u64) -> bool {
         let elapsed = now_ns.saturating_sub(self.last_ns) as f64;

@@ -471,8 +471,14 @@ ACCESS: loopback only by default. Listening elsewhere needs --token-file (client
 `Authorization: Bearer TOKEN`); add --tls-cert/--tls-key to keep the token off the wire. Read-only:
 GET or HEAD /metrics; anything else gets 4xx.
 
+COST: a scrape answers every request made up to --max-age after it started (requests that wait
+together share one), each connection is answered at most --client-rate times a second and each
+address opens at most that many connections a second (429 past it): no client, however fast it
+asks, makes serve scrape more than once per --max-age.
+
 EXAMPLES:
   virtprof serve                                   # http://127.0.0.1:9477/metrics
+  virtprof serve --max-age 0                       # every scrape fresh (still shared when concurrent)
   virtprof serve --listen 0.0.0.0:9477 --token-file /etc/virtprof/token \\
       --tls-cert /etc/virtprof/cert.pem --tls-key /etc/virtprof/key.pem
   virtprof serve --textfile /var/lib/prometheus/node-exporter --interval 15s
@@ -500,6 +506,16 @@ pub struct ServeArgs {
     /// Stop after this long (default: until interrupted).
     #[arg(short, long, value_name = "TIME[ms|s|m]", value_parser = duration)]
     pub duration: Option<std::time::Duration>,
+    /// Answer a scrape from one that started at most this long before it was asked for (0:
+    /// every request scrapes anew; requests that wait together still share one). Bounds
+    /// serve's CPU whatever the request rate.
+    #[arg(long, value_name = "TIME[ms|s]", value_parser = duration, default_value = "1s")]
+    pub max_age: std::time::Duration,
+    /// Answers per second to one client connection (faster requests wait), and new
+    /// connections per second from one address (twice as many at once; more are answered 429
+    /// Too Many Requests); 0: no limit.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub client_rate: u32,
     /// Only the VM whose VMM has this pid (repeatable).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
@@ -1218,8 +1234,16 @@ pub enum NoiseClock {
 
 /// A duration with a unit (`200ms`, `1.5s`, `10us`), parsed once where the command line is
 /// read: a bad one is a usage error (exit 2) that names its option.
+/// The longest duration any option takes: a run, window or interval over a year is a typo
+/// (`300000000m`) that would otherwise run until killed.
+const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 fn duration(text: &str) -> Result<Duration, String> {
-    virtprof_model::units::parse_duration_ns(text).map(Duration::from_nanos)
+    let d = virtprof_model::units::parse_duration_ns(text).map(Duration::from_nanos)?;
+    if d > MAX_DURATION {
+        return Err(format!("'{}' is over a year; the longest taken is 366 days", text.trim()));
+    }
+    Ok(d)
 }
 
 /// A CPU list (`0-3,8`), parsed once where the command line is read.

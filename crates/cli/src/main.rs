@@ -16,6 +16,7 @@ fn main() -> ExitCode {
         virtprof_host::reaper::run();
     }
     virtprof_host::reaper::enable();
+    virtprof_host::stop::remember_early_signals();
     let args = match parse_args() {
         Ok(args) => args,
         Err(e) if e.use_stderr() => {

@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use crate::usage;
 
+/// The longest test VMs are given to start: on a loaded host (load 7 on 2 CPUs), 10 s was
+/// once too short for four.
+pub const START_WITHIN: Duration = Duration::from_secs(60);
+
 /// Running `virtprof testvm` processes; dropping them stops them (and their VMMs).
 pub struct TestVms {
     children: Vec<Child>,
@@ -38,10 +42,14 @@ impl TestVms {
 
     /// The VMM processes (children of our testvm children) once `count` of them hold a VM
     /// with all its vCPU threads, in start order of the testvm processes; None when a stop
-    /// signal came first (dropping `self` then stops what started).
+    /// signal came first (dropping `self` then stops what started). On a loaded host starting
+    /// takes a while: after a few seconds it says it is still waiting, and gives up after
+    /// [`START_WITHIN`].
     pub fn wait_for_vmms(&mut self, count: usize) -> anyhow::Result<Option<Vec<u32>>> {
         let parents: Vec<u32> = self.children.iter().map(Child::id).collect();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let started = Instant::now();
+        let deadline = started + START_WITHIN;
+        let mut said = false;
         loop {
             let vmms: Vec<u32> = children_of(&parents)
                 .into_iter()
@@ -77,7 +85,20 @@ impl TestVms {
                 }
             }
             if Instant::now() > deadline {
-                anyhow::bail!("the {} test VMs did not start within 10 s (found {} of {count})", self.what, vmms.len());
+                anyhow::bail!(
+                    "the {} test VMs did not start within {} s (found {} of {count}); is the host overloaded?",
+                    self.what,
+                    START_WITHIN.as_secs(),
+                    vmms.len()
+                );
+            }
+            if !said && started.elapsed() > Duration::from_secs(5) {
+                eprintln!(
+                    "virtprof {}: still starting its test VMs ({} of {count} up; the host is busy)",
+                    self.what,
+                    vmms.len()
+                );
+                said = true;
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -12,7 +12,43 @@ static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// The signals that stop a run.
 pub const STOP_SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// Install handlers for [`STOP_SIGNALS`] that set [`STOP_REQUESTED`].
+/// A stop signal that came before [`install_handler`], to a process started ignoring it.
+static EARLY_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Called first thing in `main`: a stop signal that comes before a command watches for stops
+/// is not lost. A process started with a stop signal ignored (a background job of a shell
+/// script has SIGINT and SIGQUIT so) would drop it, and a command that does watch would run
+/// on to its end; such signals are remembered instead, and honoured by [`install_handler`]
+/// (commands that never watch ignore them, as asked). Signals the process was started with
+/// blocked are unblocked: one already pending is delivered now, remembered or, for a signal
+/// with its default action, ending the process before it has made anything.
+pub fn remember_early_signals() {
+    extern "C" fn remember(signal: libc::c_int) {
+        EARLY_SIGNAL.store(signal, Ordering::Relaxed);
+    }
+    for signal in STOP_SIGNALS {
+        // SAFETY: a zeroed sigaction is a valid out-parameter; querying changes nothing.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: querying the disposition with a null new action.
+        let queried = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } == 0;
+        if queried && current.sa_sigaction == libc::SIG_IGN {
+            // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+            unsafe { libc::signal(signal, remember as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        }
+    }
+    // SAFETY: a set built by sigemptyset/sigaddset, applied to this (still the only) thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in STOP_SIGNALS {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Install handlers for [`STOP_SIGNALS`] that set [`STOP_REQUESTED`]; a stop signal
+/// remembered before (see [`remember_early_signals`]) requests the stop now.
 pub fn install_handler() {
     extern "C" fn on_signal(signal: libc::c_int) {
         LAST_SIGNAL.store(signal, Ordering::Relaxed);
@@ -21,6 +57,11 @@ pub fn install_handler() {
     for signal in STOP_SIGNALS {
         // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
         unsafe { libc::signal(signal, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+    let early = EARLY_SIGNAL.swap(0, Ordering::Relaxed);
+    if early != 0 {
+        LAST_SIGNAL.store(early, Ordering::Relaxed);
+        STOP_REQUESTED.store(true, Ordering::Relaxed);
     }
 }
 

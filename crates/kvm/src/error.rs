@@ -94,6 +94,12 @@ pub enum VmmError {
     /// This architecture cannot run the micro-VM (yet).
     #[error("not on this architecture: {0}")]
     Unsupported(String),
+    /// A stop was asked for before VM `index` could report (it was ended before it ran).
+    #[error("stopped before VM {index} had run: no ground truth to report")]
+    Stopped {
+        /// VM index.
+        index: u32,
+    },
     /// A VMM child process failed.
     #[error("VM {index} (pid {pid}): {message}")]
     Child {

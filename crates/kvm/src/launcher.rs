@@ -140,6 +140,10 @@ pub fn run_testvm(exe: &Path, config: &TestvmConfig) -> Result<TestvmReport, Vmm
             .join()
             .map_err(|_| VmmError::Child { index, pid, message: "waiter thread panicked".into() })?
             .map_err(|source| VmmError::Os { what: format!("waiting for VM {index}"), source })?;
+        // Ended by the stop passed on to it, before it could report (before its own handler).
+        if forwarded && std::os::unix::process::ExitStatusExt::signal(&output.status) == Some(libc::SIGTERM) {
+            return Err(VmmError::Stopped { index });
+        }
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let message = stderr

@@ -32,10 +32,11 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     virtprof_kvm::launcher::check_kvm()?;
     // From here a stop signal stops the VMs however far they got (TestVms drops).
     virtprof_host::stop::install_handler();
-    // The VMs outlive the demo by the time they may take to start (`wait_for_vmms` waits 10 s):
-    // on a loaded host the first could otherwise end before the last has started. The demo
-    // stops them when it ends.
-    let duration = format!("{}ms", duration_ns / 1_000_000 + 10_000);
+    // The VMs outlive the demo by the time they may take to start (`wait_for_vmms` waits
+    // START_WITHIN): on a loaded host the first could otherwise end before the last has
+    // started. The demo stops them when it ends.
+    let start_within = virtprof_engine::testvms::START_WITHIN.as_millis();
+    let duration = format!("{}ms", u128::from(duration_ns / 1_000_000) + start_within);
     let mut vms = TestVms::new("demo");
     for (name, testvm_args) in VMS {
         vms.start(&[testvm_args, &["--name", name, "--duration", &duration]].concat())?;

@@ -17,7 +17,14 @@ pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
     let config = config_from_args(args)?;
     virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start VMM processes")?;
-    let report = launcher::run_testvm(&exe, &config)?;
+    let report = match launcher::run_testvm(&exe, &config) {
+        Err(virtprof_kvm::VmmError::Stopped { index }) => {
+            // Asked to stop: that is how the run ends, not a failure.
+            eprintln!("virtprof testvm: stopped before VM {index} had run; nothing to report");
+            return Ok(ExitCode::SUCCESS);
+        }
+        report => report?,
+    };
     let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;

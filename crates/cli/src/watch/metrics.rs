@@ -80,6 +80,9 @@ pub struct Scrape {
     pub vmm_cpu_s: BTreeMap<u32, f64>,
     /// Seconds the collection took.
     pub collect_seconds: f64,
+    /// Scrapes collected since serve started, this one included (requests answered from a
+    /// recent one are not counted).
+    pub scrapes: u64,
 }
 
 /// The per-role counters (XenMon's accounting of the work done for a VM outside its vCPUs).
@@ -133,6 +136,7 @@ impl Scrape {
             vms,
             snapshot,
             collect_seconds: started.elapsed().as_secs_f64(),
+            scrapes: 0,
         })
     }
 
@@ -169,10 +173,20 @@ impl Format {
     }
 }
 
+/// A scrape shared by the formats it is rendered in.
+#[derive(Debug)]
+struct SharedScrape(std::sync::Arc<Scrape>);
+
+impl Collector for SharedScrape {
+    fn encode(&self, encoder: DescriptorEncoder) -> fmt::Result {
+        self.0.encode(encoder)
+    }
+}
+
 /// The scrape as text in `format`.
-pub fn exposition(scrape: Scrape, format: Format) -> String {
+pub fn exposition(scrape: &std::sync::Arc<Scrape>, format: Format) -> String {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(scrape));
+    registry.register_collector(Box::new(SharedScrape(std::sync::Arc::clone(scrape))));
     let mut text = String::new();
     let encoded = match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry),
@@ -307,6 +321,13 @@ impl Collector for Scrape {
             "Time this scrape spent collecting (draining the trace, reading KVM stats and /proc).",
             Some(Unit::Seconds),
             [(Labels::new(), self.collect_seconds)],
+        )?;
+        counters(
+            e,
+            "virtprof_scrapes",
+            "Scrapes collected since serve started; requests answered from one no older than --max-age are not counted.",
+            None,
+            [(Labels::new(), self.scrapes as f64)],
         )?;
         Ok(())
     }

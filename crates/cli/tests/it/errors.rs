@@ -34,6 +34,18 @@ fn bad_durations_and_phases() {
         "--phases goes with --workload phases",
     );
     assert_usage_error(&["testvm", "--vcpus", "0"], "--vcpus 0");
+    // Durations no run takes are refused, not run until killed (issue 54).
+    for args in [
+        &["testvm", "-d", "300000000m"][..],
+        &["testvm", "-d", "18446744073709551615ns"],
+        &["exits", "--duration", "300000000m"],
+        &["exits", "--bpf", "--duration", "18446744073709551615ns"],
+        &["record", "-o", "/tmp/never.vprec", "--duration", "9000h"],
+        &["demo", "--once", "--duration", "300000000m"],
+        &["serve", "--max-age", "9000h"],
+    ] {
+        assert_usage_error(args, "is over a year; the longest taken is 366 days");
+    }
 }
 
 #[test]

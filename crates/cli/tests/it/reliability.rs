@@ -423,6 +423,52 @@ fn every_stop_signal_at_any_moment_ends_long_runs_cleanly() {
     let _ = std::fs::remove_file(&recording);
 }
 
+/// Issue 54: a stop signal that comes before a command watches for stops, to a process
+/// started ignoring it (as a shell script starts its background jobs), stops the command once
+/// it watches instead of being lost (it ran to its end). The signal is made pending before
+/// virtprof's first instruction (blocked and raised between fork and exec), the earliest it
+/// can come.
+#[test]
+fn a_stop_signal_before_the_command_watches_for_it_is_not_lost() {
+    use std::os::unix::process::CommandExt;
+    let test = "a_stop_signal_before_the_command_watches_for_it_is_not_lost";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = super::util::have_kvm(test) else { return };
+    let recording = temp("early-signal").with_extension("vprec");
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["demo", "--once", "--duration", "30s", "-d", "20"],
+        vec!["record", "-o", recording.to_str().unwrap(), "--duration", "30s"],
+        vec!["exits", "--duration", "30s"],
+        vec!["testvm", "-w", "compute", "--duration", "30s"],
+    ];
+    for args in &commands {
+        let what = args.join(" ");
+        let mut command = virtprof();
+        command.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+        // SAFETY: signal, sigprocmask and raise are async-signal-safe; they run between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGINT);
+                libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                libc::raise(libc::SIGINT);
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        let out = output_within_child(command.spawn().unwrap(), Duration::from_secs(25));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{what}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(15), "{what}: ran {:?} of its 30 s", started.elapsed());
+        note(test, format!("{what}: stopped after {:?}", started.elapsed()));
+    }
+    let _ = std::fs::remove_file(&recording);
+}
+
 fn output_within_child(mut child: std::process::Child, limit: Duration) -> Output {
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {

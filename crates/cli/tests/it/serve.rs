@@ -310,7 +310,8 @@ fn idle_sockets_past_the_fd_limit_cannot_end_serve_or_keep_scrapes_out() {
     let mut child = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 64; exec {} serve --no-trace --listen 127.0.0.1:0 -d 60s",
+            // No connection rate: the sockets must reach the fd limit, not a 429.
+            "ulimit -n 64; exec {} serve --no-trace --listen 127.0.0.1:0 -d 60s --client-rate 0",
             env!("CARGO_BIN_EXE_virtprof")
         ))
         .stderr(Stdio::piped())
@@ -336,6 +337,104 @@ fn idle_sockets_past_the_fd_limit_cannot_end_serve_or_keep_scrapes_out() {
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
     assert!(child.wait().unwrap().success());
     drop(idle);
+}
+
+/// Issue 54 item 2: clients asking as fast as they can (one on a kept-alive connection, one
+/// opening a connection per request) cost serve one scrape per `--max-age` (its own
+/// `virtprof_scrapes_total` says how many it made), are answered at most `--client-rate` a
+/// second per connection and told 429 past it per address, and a scraper at Prometheus' pace
+/// beside them is answered every time.
+#[test]
+fn scrapers_in_a_loop_cost_one_scrape_per_max_age_and_a_paced_scraper_is_always_answered() {
+    let test = "scrapers_in_a_loop_cost_one_scrape_per_max_age_and_a_paced_scraper_is_always_answered";
+    let Some(_kvm) = have_kvm(test) else { return };
+    let mut vm = virtprof()
+        .args(["testvm", "-w", "io-bound", "--io-latency", "1ms", "--duration", "60s", "--name", "flooded"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let served = Served::start(&["-d", "120s"]);
+    let address = served.address.clone();
+    let run = Duration::from_secs(5);
+    let kept_alive = {
+        let address = address.clone();
+        std::thread::spawn(move || {
+            let mut s = TcpStream::connect(&address).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let started = Instant::now();
+            let mut answered = 0u32;
+            while started.elapsed() < run {
+                s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                assert_eq!(read_answer(&mut s).0, 200);
+                answered += 1;
+            }
+            answered
+        })
+    };
+    let reconnecting = {
+        let address = address.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let mut codes = BTreeMap::<u16, u32>::new();
+            while started.elapsed() < run {
+                let (status, _) = http(&address, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                *codes.entry(status).or_default() += 1;
+            }
+            codes
+        })
+    };
+    // At Prometheus' pace (here once a second), on its own kept-alive connection.
+    let mut paced = TcpStream::connect(&address).unwrap();
+    paced.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        paced.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!(read_answer(&mut paced).0, 200, "the paced scraper was not answered");
+        slowest = slowest.max(started.elapsed());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (kept_alive, codes) = (kept_alive.join().unwrap(), reconnecting.join().unwrap());
+    // The last answer, on the paced connection (the reconnecting loop used the address's).
+    paced.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (status, final_text) = read_answer(&mut paced);
+    assert_eq!(status, 200);
+    let found = samples(&final_text).into_iter().find(|(n, _, _)| n == "virtprof_scrapes_total");
+    let scrapes = found.expect("virtprof_scrapes_total").2;
+    served.stop();
+    // SAFETY: SIGTERM to the test VM this test started.
+    unsafe { libc::kill(vm.id() as libc::pid_t, libc::SIGTERM) };
+    vm.wait().unwrap();
+    let answered = kept_alive + codes.get(&200).copied().unwrap_or(0) + 5;
+    note(
+        test,
+        format!(
+            "in ~5 s: kept-alive loop answered {kept_alive}, reconnecting loop {codes:?}, paced scraper 5 of 5 (slowest {slowest:?}); serve made {scrapes} scrapes for {answered} answers"
+        ),
+    );
+    // 10 a second to the kept-alive connection; the reconnecting one gets its burst (20) and
+    // 10 a second, the rest 429; serve scraped about once a second for all of them.
+    assert!((30..=62).contains(&kept_alive), "{kept_alive}");
+    assert!(codes.get(&429).copied().unwrap_or(0) > 0, "{codes:?}");
+    assert!(codes.get(&200).copied().unwrap_or(0) <= 20 + 10 * 7, "{codes:?}");
+    assert!(scrapes <= 10.0, "{scrapes} scrapes for {answered} answers in about 6 s with a 1 s max age");
+}
+
+/// One whole answer from a kept-alive connection: its status and body.
+fn read_answer(s: &mut TcpStream) -> (u16, String) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the answer ended early");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let length: usize =
+        head.lines().find_map(|l| l.strip_prefix("Content-Length: ")).and_then(|n| n.trim().parse().ok()).unwrap_or(0);
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// TLS material is checked before anything is served: junk, a certificate without its key,

@@ -540,12 +540,47 @@ fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether kvm_stat's source, debugfs's kvm folder, can be read: its files, not only the
+/// listing (on some hosts the folder lists but each file gives EPERM).
 fn debugfs_kvm_check() -> Check {
-    match std::fs::read_dir("/sys/kernel/debug/kvm") {
-        Ok(_) => check("debugfs kvm stats", Status::Ok, "/sys/kernel/debug/kvm readable (kvm_stat works)", None),
+    let dir = std::path::Path::new("/sys/kernel/debug/kvm");
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
         Err(e) => {
-            check("debugfs kvm stats", Status::Warn, format!("{e} (not needed: virtprof reads the stats fd)"), None)
+            return check(
+                "debugfs kvm stats",
+                Status::Warn,
+                format!("{e} (not needed: virtprof reads the stats fd)"),
+                None,
+            )
         }
+    };
+    let files: Vec<std::path::PathBuf> =
+        entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file()).collect();
+    let mut refused = None;
+    let readable = files
+        .iter()
+        .filter(|p| match virtprof_host::input::read_bytes(p, "debugfs kvm stat", 1 << 20) {
+            Ok(_) => true,
+            Err(e) => {
+                refused.get_or_insert_with(|| e.to_string());
+                false
+            }
+        })
+        .count();
+    match (readable, files.len()) {
+        (_, 0) => check("debugfs kvm stats", Status::Warn, "/sys/kernel/debug/kvm holds no stats files (not needed: virtprof reads the stats fd)", None),
+        (r, n) if r == n => check("debugfs kvm stats", Status::Ok, format!("/sys/kernel/debug/kvm: all {n} files readable (kvm_stat works)"), None),
+        (r, n) => check(
+            "debugfs kvm stats",
+            Status::Warn,
+            format!(
+                "/sys/kernel/debug/kvm lists {n} files but {} cannot be read ({}); kvm_stat will not work here (not needed: virtprof reads the stats fd)",
+                n - r,
+                refused.unwrap_or_default()
+            ),
+            None,
+        ),
     }
 }
 

@@ -1,13 +1,16 @@
 //! `virtprof serve`: `top`'s sampler behind a Prometheus endpoint (or a node_exporter
 //! textfile). The sampler is refreshed often enough that the kernel's trace buffers never fill
 //! between scrapes (every 1 to 10 s, by how fast they filled), and once more at each scrape,
-//! so what a scrape shows is current.
+//! so what a scrape shows is current to within `--max-age`: a scrape that recent answers every
+//! request (requests that wait together share one), so no client makes serve scrape more
+//! often than that.
 
 mod http;
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use virtprof_host::output::{write_file, Privacy};
@@ -16,6 +19,7 @@ use virtprof_host::stop::STOP_REQUESTED;
 use crate::args::ServeArgs;
 use crate::exit::usage;
 use crate::watch::metrics::{exposition, Format, Scrape};
+use http::{Latest, ScrapeJob, Scrapes};
 use virtprof_engine::sampler::{Mode, Sampler};
 
 /// How often the sampler refreshes between scrapes: at least every second while the trace
@@ -35,6 +39,10 @@ pub struct Collector {
     refreshed: Instant,
     /// When the next refresh is due after `refreshed`.
     next: Duration,
+    /// The latest scrape, for formats not rendered yet.
+    scrapes: Scrapes<Scrape>,
+    /// Scrapes collected so far.
+    made: u64,
 }
 
 /// Where `serve` may get its figures, from its flags.
@@ -55,7 +63,7 @@ impl Collector {
         if let Some(why) = fallback.polling {
             eprintln!("virtprof: {why}: polling schedstat and KVM stats (no exit reasons, durations or traced I/O)");
         }
-        Ok(Collector { sampler, refreshed: Instant::now(), next: REFRESH_MIN })
+        Ok(Collector { sampler, refreshed: Instant::now(), next: REFRESH_MIN, scrapes: Scrapes::new(), made: 0 })
     }
 
     /// Drain the trace if a refresh is due.
@@ -69,9 +77,20 @@ impl Collector {
 
     /// One scrape, as text in `format`.
     pub fn scrape(&mut self, format: Format) -> anyhow::Result<String> {
-        let scrape = Scrape::collect(&mut self.sampler)?;
+        let scrape = Arc::new(collect(&mut self.sampler, &mut self.made)?);
         self.refreshed();
-        Ok(exposition(scrape, format))
+        Ok(exposition(&scrape, format))
+    }
+
+    /// The text that answers `job`: from a recent enough scrape, or a new one.
+    fn answer(&mut self, job: &ScrapeJob, latest: &Latest) -> anyhow::Result<Arc<str>> {
+        let Collector { sampler, scrapes, made, .. } = self;
+        let before = *made;
+        let text = scrapes.answer(job, latest, || collect(sampler, made), exposition);
+        if self.made != before {
+            self.refreshed();
+        }
+        text
     }
 
     /// A refresh just happened: the next is due in a quarter of the time the fullest trace
@@ -86,6 +105,12 @@ impl Collector {
             next_refresh(self.sampler.buffer_fill(), elapsed)
         };
     }
+}
+
+/// One more scrape of `sampler`, counted in `made`.
+fn collect(sampler: &mut Sampler, made: &mut u64) -> anyhow::Result<Scrape> {
+    *made += 1;
+    Ok(Scrape { scrapes: *made, ..Scrape::collect(sampler)? })
 }
 
 /// A quarter of the time a buffer filled to `fill` over `elapsed` takes to fill, within
@@ -115,7 +140,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         return textfile(&mut collector, dir, args.interval, deadline);
     }
     let config = http::Config::from_args(args)?;
-    let server = http::bind(&config)?;
+    let server = http::bind(&config, args.max_age, args.client_rate)?;
     let mut collector = Collector::start(args.vm.clone(), mode(args))?;
     // The bound address: with port 0 the kernel picked one.
     let bound = server.address;
@@ -129,7 +154,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         // Short waits: a stop request or a due refresh is noticed within 100 ms. Clients are
         // read and written on their own threads; this one only scrapes.
         if let Some(job) = server.next_scrape(Duration::from_millis(100)) {
-            let result = collector.scrape(job.format).map_err(|e| {
+            let result = collector.answer(&job, &server.latest).map_err(|e| {
                 eprintln!("virtprof: scrape failed: {e:#}");
                 format!("{e:#}")
             });

@@ -170,6 +170,12 @@ fn serve_connection(stream: &Arc<TcpStream>, id: u64, shared: &Shared) -> Result
     let limits = shared.limits;
     let mut buf: Vec<u8> = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
+    // When this connection may be answered next: at most `client_rate` times a second.
+    let mut next_answer = Instant::now();
+    let spacing = match limits.client_rate {
+        0 => Duration::ZERO,
+        rate => Duration::from_secs(1) / rate,
+    };
     loop {
         // Read until a whole head is buffered: the idle deadline runs until its first byte,
         // the head deadline from then on.
@@ -183,7 +189,7 @@ fn serve_connection(stream: &Arc<TcpStream>, id: u64, shared: &Shared) -> Result
                 Parsed::Complete { head, len } => break (head, len),
                 Parsed::Invalid(status, why) => {
                     let answer = Answer::text(status, &format!("{why}\n")).closing();
-                    return write_within(&mut channel, stream, &answer.bytes(false), limits.write);
+                    return write_within(&mut channel, stream, &answer.bytes(), limits.write);
                 }
                 Parsed::Partial => {}
             }
@@ -191,7 +197,7 @@ fn serve_connection(stream: &Arc<TcpStream>, id: u64, shared: &Shared) -> Result
             if left.is_zero() {
                 if started {
                     let answer = Answer::text(408, "the request head took too long\n").closing();
-                    let _ = write_within(&mut channel, stream, &answer.bytes(false), limits.write);
+                    let _ = write_within(&mut channel, stream, &answer.bytes(), limits.write);
                 }
                 return Ok(());
             }
@@ -212,9 +218,20 @@ fn serve_connection(stream: &Arc<TcpStream>, id: u64, shared: &Shared) -> Result
             }
         };
         buf.drain(..len);
-        let answer = respond(&head, id, shared);
+        // A client asking faster than its rate waits (asleep, costing nothing) rather than
+        // being refused: a scraper in a loop gets the same answers, slower.
+        let wait = next_answer.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        next_answer = Instant::now() + spacing;
+        let asked = Instant::now();
+        let answer = respond(&head, id, shared, asked);
         let close = head.close || answer.close;
-        write_within(&mut channel, stream, &answer.bytes(head.method == Method::Head), limits.write)?;
+        write_within(&mut channel, stream, &answer.head(), limits.write)?;
+        if head.method != Method::Head {
+            write_within(&mut channel, stream, answer.body.as_bytes(), limits.write)?;
+        }
         if close {
             return Ok(());
         }
@@ -245,8 +262,8 @@ fn write_within(channel: &mut Channel, stream: &TcpStream, bytes: &[u8], limit: 
     channel.flush()
 }
 
-/// The answer to one request.
-fn respond(head: &Head, id: u64, shared: &Shared) -> Answer {
+/// The answer to one request, which came at `asked`.
+fn respond(head: &Head, id: u64, shared: &Shared, asked: Instant) -> Answer {
     if head.method == Method::Other {
         return Answer::text(405, "virtprof serve is read-only: GET /metrics\n").header("Allow", "GET, HEAD").closing();
     }
@@ -260,50 +277,53 @@ fn respond(head: &Head, id: u64, shared: &Shared) -> Answer {
         }
     }
     match head.path.as_str() {
-        "/metrics" => scrape(Format::from_accept(head.accept.as_deref()), id, shared),
+        "/metrics" => scrape(Format::from_accept(head.accept.as_deref()), id, shared, asked),
         "/" => Answer::text(200, "virtprof serve: metrics at /metrics\n"),
         _ => Answer::text(404, "not found: virtprof serves /metrics\n"),
     }
 }
 
-/// Ask the main thread for a scrape and wait for it, within the limit.
-fn scrape(format: Format, id: u64, shared: &Shared) -> Answer {
+/// The latest scrape if it is recent enough, else ask the main thread for one and wait for
+/// it, within the limit.
+fn scrape(format: Format, id: u64, shared: &Shared, asked: Instant) -> Answer {
+    let metrics = |body: Arc<str>| Answer {
+        status: 200,
+        content_type: format.content_type(),
+        extra: Vec::new(),
+        body,
+        close: false,
+    };
+    if let Some(text) = shared.latest.text(format, asked) {
+        return metrics(text);
+    }
     let (reply, answer) = sync_channel(1);
     shared.slots.set(id, true);
-    if shared.jobs.try_send(ScrapeJob { format, reply }).is_err() {
+    if shared.jobs.try_send(ScrapeJob { format, asked, reply }).is_err() {
         shared.slots.set(id, false);
         return Answer::text(503, "too many scrapes waiting; try again\n").header("Retry-After", "1");
     }
     let reply = answer.recv_timeout(shared.limits.scrape);
     shared.slots.set(id, false);
     match reply {
-        Ok(Ok(body)) => {
-            Answer { status: 200, content_type: format.content_type(), extra: Vec::new(), body, close: false }
-        }
+        Ok(Ok(body)) => metrics(body),
         Ok(Err(why)) => Answer::text(500, &format!("scrape failed: {why}\n")),
         Err(RecvTimeoutError::Timeout) => Answer::text(503, "the scrape took too long\n"),
         Err(RecvTimeoutError::Disconnected) => Answer::text(503, "virtprof serve is stopping\n").closing(),
     }
 }
 
-/// A status, headers and body.
+/// A status, headers and body (shared with every other answer from the same scrape).
 struct Answer {
     status: u16,
     content_type: &'static str,
     extra: Vec<(&'static str, &'static str)>,
-    body: String,
+    body: Arc<str>,
     close: bool,
 }
 
 impl Answer {
     fn text(status: u16, body: &str) -> Answer {
-        Answer {
-            status,
-            content_type: "text/plain; charset=utf-8",
-            extra: Vec::new(),
-            body: body.to_string(),
-            close: false,
-        }
+        Answer { status, content_type: "text/plain; charset=utf-8", extra: Vec::new(), body: body.into(), close: false }
     }
 
     fn header(mut self, name: &'static str, value: &'static str) -> Answer {
@@ -316,14 +336,15 @@ impl Answer {
         self
     }
 
-    /// The bytes on the wire (HEAD: the same headers, no body).
-    fn bytes(&self, head_only: bool) -> Vec<u8> {
+    /// The status line and headers on the wire (the body follows, except for HEAD).
+    fn head(&self) -> Vec<u8> {
         let reason = match self.status {
             200 => "OK",
             400 => "Bad Request",
             401 => "Unauthorized",
             404 => "Not Found",
             405 => "Method Not Allowed",
+            429 => "Too Many Requests",
             408 => "Request Timeout",
             413 => "Content Too Large",
             431 => "Request Header Fields Too Large",
@@ -343,9 +364,13 @@ impl Answer {
             out.push_str("Connection: close\r\n");
         }
         out.push_str("\r\n");
-        if !head_only {
-            out.push_str(&self.body);
-        }
         out.into_bytes()
+    }
+
+    /// The whole answer on the wire, for one that ends the connection.
+    fn bytes(&self) -> Vec<u8> {
+        let mut out = self.head();
+        out.extend_from_slice(self.body.as_bytes());
+        out
     }
 }

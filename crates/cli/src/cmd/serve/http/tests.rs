@@ -45,7 +45,7 @@ fn server(token: Option<&str>, limits: Limits, body: usize) -> Running {
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
                 if let Some(job) = server.next_scrape(Duration::from_millis(20)) {
-                    job.answer(Ok("x".repeat(body)));
+                    job.answer(Ok("x".repeat(body).into()));
                 }
             }
         })
@@ -60,6 +60,8 @@ fn limits() -> Limits {
         head: Duration::from_secs(1),
         write: Duration::from_secs(1),
         scrape: Duration::from_secs(5),
+        max_age: Duration::ZERO,
+        client_rate: 0,
     }
 }
 
@@ -164,4 +166,128 @@ fn slots_stay_within_their_bound_and_idle_and_slow_clients_are_closed_in_time() 
     idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     assert_eq!(idle.read(&mut byte).unwrap_or(0), 0, "closed without an answer");
     assert!(started.elapsed() < limits.idle + Duration::from_secs(2));
+}
+
+/// A server whose main thread scrapes as `serve` does (through [`Scrapes`] and the server's
+/// [`Latest`]), each scrape taking `cost`; the number of scrapes made.
+fn scraping_server(limits: Limits, cost: Duration) -> (Running, Arc<std::sync::atomic::AtomicU64>) {
+    let config = Config { listen: "127.0.0.1:0".parse().unwrap(), token: None, tls: None };
+    let server = bind_with(&config, limits).unwrap();
+    let address = server.address;
+    let done = Arc::new(AtomicBool::new(false));
+    let made = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let main = {
+        let (done, made) = (Arc::clone(&done), Arc::clone(&made));
+        std::thread::spawn(move || {
+            let mut scrapes: Scrapes<u64> = Scrapes::new();
+            while !done.load(Ordering::Relaxed) {
+                if let Some(job) = server.next_scrape(Duration::from_millis(20)) {
+                    let text = scrapes.answer(
+                        &job,
+                        &server.latest,
+                        || {
+                            std::thread::sleep(cost);
+                            Ok(made.fetch_add(1, Ordering::Relaxed) + 1)
+                        },
+                        |n, format| format!("scrape {n} as {format:?}\n"),
+                    );
+                    job.answer(text.map_err(|e| e.to_string()));
+                }
+            }
+        })
+    };
+    (Running { address, done, main: Some(main) }, made)
+}
+
+/// Requests on one keep-alive connection, as fast as answers come, for `run`: how many
+/// were answered 200.
+fn loop_on_one_connection(address: SocketAddr, run: Duration) -> u64 {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let started = Instant::now();
+    let mut answered = 0;
+    loop {
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let head = read_answer(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        answered += 1;
+        if started.elapsed() >= run {
+            return answered;
+        }
+    }
+}
+
+/// One whole answer from `s` (head and its Content-Length of body); its head.
+fn read_answer(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "the answer ended early");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a Content-Length");
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).unwrap();
+    head
+}
+
+#[test]
+fn a_client_asking_as_fast_as_it_can_costs_one_scrape_per_max_age() {
+    let unpaced = Limits { max_age: Duration::from_millis(500), client_rate: 0, ..limits() };
+    let (server, made) = scraping_server(unpaced, Duration::from_millis(5));
+    let answered = loop_on_one_connection(server.address, Duration::from_secs(2));
+    let scrapes = made.load(Ordering::Relaxed);
+    eprintln!("unpaced: {answered} answers in 2 s from {scrapes} scrapes");
+    assert!(answered > 100, "{answered}");
+    assert!((2..=6).contains(&scrapes), "{scrapes} scrapes for {answered} answers within a 500 ms max age");
+    server.stop();
+
+    // Paced: 10 answers a second to one connection, whatever it asks.
+    let paced = Limits { max_age: Duration::ZERO, client_rate: 10, ..limits() };
+    let (server, made) = scraping_server(paced, Duration::from_millis(5));
+    let answered = loop_on_one_connection(server.address, Duration::from_secs(2));
+    eprintln!("paced at 10/s: {answered} answers in 2 s, {} scrapes", made.load(Ordering::Relaxed));
+    assert!((15..=22).contains(&answered), "{answered}");
+    server.stop();
+}
+
+#[test]
+fn requests_that_wait_together_share_one_scrape() {
+    // Every request scrapes anew (max age 0), but a scrape takes 300 ms: the 16 that come
+    // meanwhile are all answered by the next one.
+    let (server, made) = scraping_server(Limits { connections: 64, ..limits() }, Duration::from_millis(300));
+    let address = server.address;
+    let first = std::thread::spawn(move || loop_on_one_connection(address, Duration::from_millis(1)));
+    std::thread::sleep(Duration::from_millis(50));
+    let waiting: Vec<_> = (0..16)
+        .map(|_| std::thread::spawn(move || loop_on_one_connection(address, Duration::from_millis(1))))
+        .collect();
+    for w in waiting {
+        assert_eq!(w.join().unwrap(), 1);
+    }
+    first.join().unwrap();
+    assert_eq!(made.load(Ordering::Relaxed), 2, "one scrape for the first, one for the 16 that waited");
+    server.stop();
+}
+
+#[test]
+fn an_address_opening_connections_in_a_loop_is_told_429_past_its_rate() {
+    let rated = Limits { client_rate: 5, ..limits() };
+    let (server, _made) = scraping_server(rated, Duration::ZERO);
+    let mut codes = std::collections::BTreeMap::<u16, u32>::new();
+    for _ in 0..40 {
+        *codes.entry(get(&server, None, Duration::from_secs(5))).or_default() += 1;
+    }
+    eprintln!("40 connections at once from one address: {codes:?}");
+    // The burst (twice the rate) and what refilled meanwhile are answered; the rest get 429.
+    assert!((10..=15).contains(&codes[&200]), "{codes:?}");
+    assert_eq!(codes[&200] + codes[&429], 40, "{codes:?}");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(get(&server, None, Duration::from_secs(5)), 200, "a second later it may connect again");
+    server.stop();
 }
