@@ -32,12 +32,58 @@ pub struct LinkConfig {
     pub burst: u32,
     /// What the guest may send.
     pub limits: GuestLimits,
+    /// What each event costs where it is kept: the byte cap counts this.
+    pub stored_size: StoredSize,
 }
 
 impl LinkConfig {
-    /// The defaults for `address`: a burst of 8 pings every second, the default limits.
+    /// The defaults for `address`: a burst of 8 pings every second, the default limits, events
+    /// costing about what they hold ([`StoredSize::estimated`]).
     pub fn new(address: Address, token: Option<String>) -> LinkConfig {
-        LinkConfig { address, token, ping_every: Duration::from_secs(1), burst: 8, limits: GuestLimits::default() }
+        LinkConfig {
+            address,
+            token,
+            ping_every: Duration::from_secs(1),
+            burst: 8,
+            limits: GuestLimits::default(),
+            stored_size: StoredSize::estimated(),
+        }
+    }
+}
+
+/// The bytes an event takes where the link's user keeps it (a recording knows its own
+/// encoding exactly): what [`GuestLimits::max_bytes`] counts.
+#[derive(Clone)]
+pub struct StoredSize(std::sync::Arc<dyn Fn(&LinkEvent) -> u64 + Send + Sync>);
+
+impl StoredSize {
+    /// Sizes from `of`.
+    pub fn new(of: impl Fn(&LinkEvent) -> u64 + Send + Sync + 'static) -> StoredSize {
+        StoredSize(std::sync::Arc::new(of))
+    }
+
+    /// What an event holds, about: 8 bytes a value or a sample's time, 16 a sample, the
+    /// text of names and causes, and 64 bytes of framing each.
+    pub fn estimated() -> StoredSize {
+        StoredSize::new(|event| {
+            64 + match event {
+                LinkEvent::Connected { series, .. } | LinkEvent::Schema(series) => schema_bytes(series) + 512,
+                LinkEvent::Row(row) => 8 * row.values.len() as u64,
+                LinkEvent::Noise(batch) => 16 * batch.samples.len() as u64,
+                LinkEvent::Clock(_) => 64,
+                LinkEvent::Unreachable(cause) | LinkEvent::Gap { cause, .. } => cause.len() as u64,
+            }
+        })
+    }
+
+    fn of(&self, event: &LinkEvent) -> u64 {
+        (self.0)(event)
+    }
+}
+
+impl std::fmt::Debug for StoredSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoredSize")
     }
 }
 
@@ -105,7 +151,7 @@ pub struct LinkSummary {
     pub bad_frames: u64,
     /// Clock points measured.
     pub clock_points: u64,
-    /// Bytes of rows, noise and schemas taken.
+    /// Bytes of what was taken, as stored ([`LinkConfig::stored_size`]).
     pub bytes: u64,
     /// What was over the limits.
     pub dropped: Dropped,
@@ -113,6 +159,9 @@ pub struct LinkSummary {
     pub validation: Validation,
     /// The agent refused us (wrong token, other version): the link gave up.
     pub refused: Option<String>,
+    /// Welcomes the host refused (their series over its limits), and the last one's reason:
+    /// nothing of those sessions was taken.
+    pub rejected: Option<(u64, String)>,
 }
 
 /// A guest is stalled when no row came for this long, once rows were flowing.
@@ -168,14 +217,15 @@ impl Gate {
     }
 
     /// A new session's guest, cut to size, sets the rates it is held to; whether its series
-    /// are taken (within the names and bytes left).
-    fn welcome(&mut self, guest: &mut GuestInfo, series: &[GuestSeries], now: u64) -> bool {
+    /// are taken (within the names and bytes left: `stored` is what the welcome costs with
+    /// them).
+    fn welcome(&mut self, guest: &mut GuestInfo, series: &[GuestSeries], stored: u64, now: u64) -> bool {
         self.limits.trim_info(guest);
         let rows = self.limits.rows_per_second(guest.interval_ns);
         let cpus = f64::from(guest.cpus.clamp(1, 1024));
         self.rows = Rate::new(rows, 10.0, now);
         self.noise = Rate::new(rows * cpus, 2.0 * cpus + 8.0, now);
-        self.schema_ok = self.names.admit(series, self.limits.max_names) && self.fits(schema_bytes(series) + 1024, now);
+        self.schema_ok = self.names.admit(series, self.limits.max_names) && self.fits(stored, now);
         self.schema_ok
     }
 
@@ -189,23 +239,28 @@ impl Gate {
         true
     }
 
-    fn row(&mut self, row: &Row, now: u64) -> bool {
-        self.schema_ok && self.rows.take(now) && self.fits(16 + 8 * row.values.len() as u64, now)
+    /// What the link itself records (a welcome without its refused series, a gap): counted,
+    /// never refused (their number is bounded by reconnections and quiet periods).
+    fn charge(&mut self, bytes: u64) {
+        self.bytes = self.bytes.saturating_add(bytes);
     }
 
-    fn noise(&mut self, batch: &NoiseBatch, now: u64) -> bool {
-        self.noise.take(now) && self.fits(64 + 16 * batch.samples.len() as u64, now)
+    fn row(&mut self, stored: u64, now: u64) -> bool {
+        self.schema_ok && self.rows.take(now) && self.fits(stored, now)
     }
 
-    fn schema(&mut self, series: &[GuestSeries], now: u64) -> bool {
-        self.schema_ok = self.schemas.take(now)
-            && self.names.admit(series, self.limits.max_names)
-            && self.fits(schema_bytes(series), now);
+    fn noise(&mut self, stored: u64, now: u64) -> bool {
+        self.noise.take(now) && self.fits(stored, now)
+    }
+
+    fn schema(&mut self, series: &[GuestSeries], stored: u64, now: u64) -> bool {
+        self.schema_ok =
+            self.schemas.take(now) && self.names.admit(series, self.limits.max_names) && self.fits(stored, now);
         self.schema_ok
     }
 
-    fn point(&mut self, ptp: bool, now: u64) -> bool {
-        if self.points >= self.limits.max_points {
+    fn point(&mut self, ptp: bool, stored: u64, now: u64) -> bool {
+        if self.points >= self.limits.max_points || !self.fits(stored, now) {
             return false;
         }
         if ptp {
@@ -247,43 +302,62 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
             }
         };
         let mut s = Session { stream, reader: FrameReader::default(), config, interval_ns: 1_000_000_000 };
+        let size = |event: &LinkEvent| config.stored_size.of(event);
         let outcome = s.run(stop, &mut |event| {
             let now = monotonic_ns();
             match event {
-                Event::Welcome(mut guest, series) => {
+                Event::Welcome(guest, series) => {
                     summary.sessions += 1;
                     // Series over the names or bytes left are not taken, nor the rows after.
-                    let series = if gate.welcome(&mut guest, &series, now) {
-                        series
-                    } else {
+                    let mut welcome = LinkEvent::Connected { guest, series };
+                    let stored = size(&welcome);
+                    let LinkEvent::Connected { guest, series } = &mut welcome else { unreachable!() };
+                    if !gate.welcome(guest, series, stored, now) {
                         summary.dropped.schemas += 1;
-                        Vec::new()
-                    };
+                        series.clear();
+                        gate.charge(size(&welcome));
+                    }
                     if let Some(cause) = gap_cause.take() {
                         if summary.sessions > 1 || now - started > 2_000_000_000 {
                             summary.gaps += 1;
-                            sink(LinkEvent::Gap { from_ns: heard, to_ns: now, cause });
+                            let gap = LinkEvent::Gap { from_ns: heard, to_ns: now, cause };
+                            gate.charge(size(&gap));
+                            sink(gap);
                         }
                     }
                     heard = now;
-                    sink(LinkEvent::Connected { guest, series });
+                    sink(welcome);
                 }
                 Event::Stalled(from, to) => {
                     summary.gaps += 1;
-                    sink(LinkEvent::Gap { from_ns: from, to_ns: to, cause: "the agent stalled".into() });
+                    let gap = LinkEvent::Gap { from_ns: from, to_ns: to, cause: "the agent stalled".into() };
+                    gate.charge(size(&gap));
+                    sink(gap);
                 }
-                Event::Schema(series) if gate.schema(&series, now) => sink(LinkEvent::Schema(series)),
-                Event::Schema(_) => summary.dropped.schemas += 1,
-                Event::Row(row) if gate.row(&row, now) => {
-                    summary.rows += 1;
-                    if let Some(f) = gate.flood.take_if(|f| now - f.last_drop_ns > FLOOD_QUIET_NS) {
-                        summary.gaps += 1;
-                        sink(flood_gap(&f));
+                Event::Schema(series) => {
+                    let event = LinkEvent::Schema(series);
+                    let stored = size(&event);
+                    let LinkEvent::Schema(series) = &event else { unreachable!() };
+                    if gate.schema(series, stored, now) {
+                        sink(event);
+                    } else {
+                        summary.dropped.schemas += 1;
                     }
-                    heard = now;
-                    sink(LinkEvent::Row(row));
                 }
-                Event::Row(_) => {
+                Event::Row(row) => {
+                    let event = LinkEvent::Row(row);
+                    if gate.row(size(&event), now) {
+                        summary.rows += 1;
+                        if let Some(f) = gate.flood.take_if(|f| now - f.last_drop_ns > FLOOD_QUIET_NS) {
+                            summary.gaps += 1;
+                            let gap = flood_gap(&f);
+                            gate.charge(size(&gap));
+                            sink(gap);
+                        }
+                        heard = now;
+                        sink(event);
+                        return;
+                    }
                     summary.dropped.rows += 1;
                     // Past the byte cap, the cap's own gap covers the rest of the run.
                     if gate.capped_at.is_none() {
@@ -297,11 +371,15 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                         f.rows += 1;
                     }
                 }
-                Event::Noise(batch) if gate.noise(&batch, now) => {
-                    summary.noise_batches += 1;
-                    sink(LinkEvent::Noise(batch));
+                Event::Noise(batch) => {
+                    let event = LinkEvent::Noise(batch);
+                    if gate.noise(size(&event), now) {
+                        summary.noise_batches += 1;
+                        sink(event);
+                    } else {
+                        summary.dropped.noise += 1;
+                    }
                 }
-                Event::Noise(_) => summary.dropped.noise += 1,
                 Event::BadRow => summary.bad_frames += 1,
                 Event::BadSchema => summary.dropped.schemas += 1,
                 Event::Exchange(e) => {
@@ -309,7 +387,7 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                         exchanges.push(e);
                     }
                 }
-                Event::Point(p) if gate.point(p.ptp, now) => {
+                Event::Point(p) if gate.point(p.ptp, size(&LinkEvent::Clock(p)), now) => {
                     summary.clock_points += 1;
                     alignment.push(p);
                     sink(LinkEvent::Clock(p));
@@ -325,6 +403,14 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                 gap_cause.get_or_insert_with(|| format!("the agent refused us: {why}"));
                 summary.refused = Some(why);
                 break;
+            }
+            Outcome::Rejected(why) => {
+                let cause = format!("the host refused the guest: {why}");
+                sink(LinkEvent::Unreachable(cause.clone()));
+                gap_cause.get_or_insert(cause);
+                let times = summary.rejected.as_ref().map_or(0, |(n, _)| *n) + 1;
+                summary.rejected = Some((times, why));
+                sleep_or_stop(AFTER_REJECTION, stop);
             }
             Outcome::Lost(cause) => {
                 sink(LinkEvent::Unreachable(cause.clone()));
@@ -351,6 +437,7 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
     }
     for g in gaps {
         summary.gaps += 1;
+        gate.charge(config.stored_size.of(&g));
         sink(g);
     }
     summary.bytes = gate.bytes;
@@ -382,9 +469,16 @@ enum Event {
 
 enum Outcome {
     Stopped,
+    /// The agent refused us.
     Refused(String),
+    /// We refused the agent's welcome.
+    Rejected(String),
     Lost(String),
 }
+
+/// How long the link waits before greeting again an agent whose welcome it refused (it will
+/// say the same until it is changed).
+const AFTER_REJECTION: Duration = Duration::from_secs(5);
 
 struct Session<'a> {
     stream: Stream,
@@ -468,8 +562,8 @@ impl Session<'_> {
                             match m {
                                 Ok(Message::Welcome(w)) => {
                                     if let Err(why) = self.config.limits.check_series(&w.series) {
-                                        return Outcome::Lost(format!(
-                                            "the agent's series are over the host's limits: {why}"
+                                        return Outcome::Rejected(format!(
+                                            "its welcome was over the host's limits: {why}"
                                         ));
                                     }
                                     welcomed = true;

@@ -539,8 +539,8 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
 /// The guest's noise periods summed per CPU.
 fn guest_noise(g: &virtprof_session::guest::GuestStream) -> Vec<GuestNoiseOut> {
     let mut by_cpu: BTreeMap<u32, virtprof_model::guest::NoiseSummary> = BTreeMap::new();
-    for b in &g.noise {
-        by_cpu.entry(b.cpu).or_default().add(&virtprof_model::guest::NoiseSummary::of(b));
+    for b in g.noise.iter() {
+        by_cpu.entry(b.cpu).or_default().add(&virtprof_model::guest::NoiseSummary::of(&b));
     }
     by_cpu.into_iter().map(|(cpu, noise)| GuestNoiseOut { cpu, noise }).collect()
 }

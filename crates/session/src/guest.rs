@@ -1,8 +1,12 @@
 //! Guest agents' rows in a recording (`record --agent`): per agent, its guest, its rows in
 //! the guest's clock with the series they carry, the measured clock alignment and the gaps.
 
+use std::ops::Range;
+
 use virtprof_model::guest::{Alignment, ClockPoint, GuestInfo, GuestSeries, NoiseBatch};
-use virtprof_store::recording::{agent_value, AgentFooter, AgentRecord};
+use virtprof_store::recording::{agent_value, decode_noise, AgentFooter, AgentRecord};
+
+use crate::backing::Backing;
 
 /// One interval of a guest, in its own clock.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,8 +54,9 @@ pub struct GuestStream {
     pub alignment: Alignment,
     /// Gaps.
     pub gaps: Vec<GuestGap>,
-    /// Periods of the guest's noise loop (`agent --noise`), in the order received.
-    pub noise: Vec<NoiseBatch>,
+    /// Periods of the guest's noise loop (`agent --noise`), in the order received: read from
+    /// the recording one at a time, never all held.
+    pub noise: NoisePeriods,
     /// The link's figures (None when the recording has no footer).
     pub footer: Option<AgentFooter>,
     points: Vec<ClockPoint>,
@@ -70,6 +75,57 @@ impl GuestStream {
         } else {
             self.guest.hostname.clone()
         }
+    }
+}
+
+/// A guest's noise periods where its recording holds them: a guest that sends many (one a
+/// period per guest CPU, up to 4096 samples each) can fill a recording to its cap, and
+/// reading must not hold all of that at once. Older recordings kept them as JSON records,
+/// decoded when the recording is opened.
+#[derive(Debug, Clone, Default)]
+pub struct NoisePeriods {
+    bytes: Option<Backing>,
+    /// Payloads of `AgentNoise` chunks in `bytes`.
+    chunks: Vec<Range<usize>>,
+    /// Periods of older recordings' JSON records.
+    decoded: Vec<NoiseBatch>,
+}
+
+impl NoisePeriods {
+    /// Periods recorded.
+    pub fn len(&self) -> usize {
+        self.chunks.len() + self.decoded.len()
+    }
+
+    /// True if none was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The guest CPUs the periods measured, sorted (read without their samples).
+    pub fn cpus(&self) -> Vec<u32> {
+        let bytes = self.bytes.as_deref().unwrap_or_default();
+        let mut cpus: Vec<u32> = self
+            .decoded
+            .iter()
+            .map(|b| b.cpu)
+            .chain(self.chunks.iter().filter_map(|r| {
+                let at = r.start + 4;
+                Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+            }))
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus
+    }
+
+    /// Each period, read from the recording as it is reached.
+    pub fn iter(&self) -> impl Iterator<Item = NoiseBatch> + '_ {
+        let bytes = self.bytes.as_deref().unwrap_or_default();
+        self.decoded
+            .iter()
+            .cloned()
+            .chain(self.chunks.iter().map(move |range| decode_noise(bytes.get(range.clone()).unwrap_or_default())))
     }
 }
 
@@ -107,8 +163,13 @@ impl GuestStreams {
             AgentRecord::Gap { agent, from_ns, to_ns, cause } => {
                 self.stream(agent).gaps.push(GuestGap { from_ns, to_ns, cause })
             }
-            AgentRecord::Noise { agent, batch } => self.stream(agent).noise.push(batch),
+            AgentRecord::Noise { agent, batch } => self.stream(agent).noise.decoded.push(batch),
         }
+    }
+
+    /// Take one noise period: where its chunk's payload is in the recording's bytes.
+    pub(crate) fn noise(&mut self, agent: u32, payload: Range<usize>) {
+        self.stream(agent).noise.chunks.push(payload);
     }
 
     /// Take one row; false if it does not fit its agent's series (damage).
@@ -122,9 +183,10 @@ impl GuestStreams {
         true
     }
 
-    /// The streams, with their alignments and the footer's figures.
-    /// An agent that never answered is still one: its footer says what its link saw.
-    pub fn finish(mut self, footers: &[AgentFooter]) -> Vec<GuestStream> {
+    /// The streams, with their alignments and the footer's figures, their noise periods read
+    /// from `bytes`. An agent that never answered is still one: its footer says what its link
+    /// saw.
+    pub(crate) fn finish(mut self, footers: &[AgentFooter], bytes: &Backing) -> Vec<GuestStream> {
         for f in footers {
             let s = self.stream(f.agent);
             if s.address.is_empty() {
@@ -134,6 +196,9 @@ impl GuestStreams {
         }
         for s in &mut self.streams {
             s.alignment = Alignment::new(std::mem::take(&mut s.points));
+            if !s.noise.chunks.is_empty() {
+                s.noise.bytes = Some(bytes.clone());
+            }
         }
         self.streams.sort_by_key(|s| s.agent);
         self.streams
@@ -196,18 +261,13 @@ impl GuestStream {
             .collect()
     }
 
-    /// The noise samples placed on the recording's clock, per guest CPU (samples that cannot
-    /// be placed, without a clock point, are left out).
-    pub fn placed_noise(&self) -> Vec<virtprof_model::guest::PlacedNoise> {
-        let mut by_cpu: std::collections::BTreeMap<u32, Vec<(u64, u64)>> = std::collections::BTreeMap::new();
-        for b in &self.noise {
+    /// Each noise period's samples placed on the recording's clock (samples that cannot be
+    /// placed, without a clock point, are left out), a period at a time.
+    pub fn placed_noise(&self) -> impl Iterator<Item = virtprof_model::guest::PlacedNoise> + '_ {
+        self.noise.iter().map(|b| {
             let placed = b.samples.iter().filter_map(|&(start, len)| Some((self.alignment.to_host(start)?.0, len)));
-            by_cpu.entry(b.cpu).or_default().extend(placed);
-        }
-        by_cpu
-            .into_iter()
-            .map(|(cpu, samples)| virtprof_model::guest::PlacedNoise { agent: self.agent, cpu, samples })
-            .collect()
+            virtprof_model::guest::PlacedNoise { agent: self.agent, cpu: b.cpu, samples: placed.collect() }
+        })
     }
 
     /// The markers the guest wrote (`agent --marker-port`): guest times just before and after

@@ -5,6 +5,7 @@
 //! private tracefs instance while it runs. Both count lost events the same way, once.
 #![deny(missing_docs)]
 
+mod backing;
 pub mod error;
 pub mod guest;
 pub mod guest_trace;

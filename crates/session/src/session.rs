@@ -25,6 +25,7 @@ pub const SPAN_SLACK_NS: u64 = 1_000_000_000;
 /// Linux's largest CONFIG_NR_CPUS.
 pub const MAX_CPUS: u32 = 8192;
 
+use crate::backing::Backing;
 use crate::error::{Result, SessionError};
 use crate::import::SourceOptions;
 use crate::names::DecoderNames;
@@ -56,24 +57,6 @@ pub struct Session {
     formats_in_file: Vec<(String, Range<usize>)>,
     /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
     bounds: std::sync::OnceLock<Option<(u64, u64)>>,
-}
-
-/// The bytes of a recording: a mapped file, or one made in memory (a live mode's).
-enum Backing {
-    /// Shared with the thread that faults its pages in (see [`map_file`]).
-    Map(std::sync::Arc<memmap2::Mmap>),
-    Memory(Vec<u8>),
-}
-
-impl std::ops::Deref for Backing {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Backing::Map(map) => map,
-            Backing::Memory(bytes) => bytes,
-        }
-    }
 }
 
 /// Where the pages live.
@@ -115,7 +98,7 @@ impl Session {
 
     /// A recording made in memory (a live mode's), named `name` in messages.
     pub fn from_bytes(bytes: Vec<u8>, name: &str) -> Result<Session> {
-        Session::index(Path::new(name), Backing::Memory(bytes))
+        Session::index(Path::new(name), Backing::Memory(bytes.into()))
     }
 
     /// Index a recording's chunks: page data stays where it is.
@@ -141,6 +124,10 @@ impl Session {
                 }
                 Chunk::Footer(f) => footer = Some(f),
                 Chunk::Agent(record) => guests.record(record),
+                Chunk::AgentNoise { agent, payload } => {
+                    let start = payload.as_ptr() as usize - base;
+                    guests.noise(agent, start..start + payload.len());
+                }
                 Chunk::Tasks(tasks) => found.push(tasks),
                 Chunk::AgentRow { agent, start_ns, end_ns, values } => {
                     if !guests.row(agent, start_ns, end_ns, values) {
@@ -181,7 +168,7 @@ impl Session {
         let appeared = add_found(&mut metadata, found, footer.as_ref());
         cpus.sort_by_key(|(c, _)| *c);
         let bytes = map.len() as u64;
-        let guests = guests.finish(footer.as_ref().map_or(&[], |f| f.agents.as_slice()));
+        let guests = guests.finish(footer.as_ref().map_or(&[], |f| f.agents.as_slice()), &map);
         Session {
             path: path.to_path_buf(),
             metadata,
@@ -206,7 +193,7 @@ impl Session {
 
     /// A trace.dat already in memory (`name` names it in messages).
     pub fn trace_dat_from_bytes(bytes: Vec<u8>, name: &str) -> Result<Session> {
-        Session::index_trace_dat(Path::new(name), Backing::Memory(bytes), None)
+        Session::index_trace_dat(Path::new(name), Backing::Memory(bytes.into()), None)
     }
 
     fn index_trace_dat(path: &Path, map: Backing, cycles: Option<TimeScale>) -> Result<Session> {

@@ -41,13 +41,18 @@ pub struct Tracks<'a> {
     /// Guests seen from inside (`record --agent`), placed on the recording's clock: a process
     /// each, beside the VMs.
     pub guests: &'a [virtprof_model::guest::GuestLayer],
-    /// Those guests' noise samples: a slice each, on a track per guest CPU in its process.
-    pub guest_noise: &'a [virtprof_model::guest::PlacedNoise],
+    /// Those guests' noise samples: a slice each, on a track per guest CPU in its process;
+    /// handed to the visitor a noise period at a time (a guest can fill a recording with
+    /// them: they are read as they are written, never all held).
+    pub guest_noise: &'a dyn Fn(&mut NoiseVisitor<'_>),
     /// Guests' own traces (`--guest`), placed on the host's clock.
     pub guest_traces: &'a [GuestMachine],
     /// Timestamps are written relative to this.
     pub origin_ns: u64,
 }
+
+/// What receives guests' noise periods, one at a time.
+pub type NoiseVisitor<'v> = dyn FnMut(virtprof_model::guest::PlacedNoise) + 'v;
 
 /// A guest's own trace: its CPUs' tasks and interrupts.
 pub struct GuestMachine {
@@ -165,17 +170,34 @@ pub fn write(t: &Tracks<'_>, out: &mut dyn Write) -> crate::Result<()> {
             }
         }
     }
-    for noise in t.guest_noise {
+    let mut named = std::collections::HashSet::new();
+    let mut failed: Option<std::io::Error> = None;
+    (t.guest_noise)(&mut |noise| {
+        if failed.is_some() {
+            return;
+        }
         let pid = GUEST_PROCESS + u64::from(noise.agent);
         // Thread 0 holds the guest's counters.
         let tid = u64::from(noise.cpu) + 1;
-        emit(
-            out,
-            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("noise CPU {}", noise.cpu)}}),
-        )?;
-        for &(start, len) in &noise.samples {
-            emit(out, json!({"ph": "X", "name": "noise", "pid": pid, "tid": tid, "ts": rel(start), "dur": us(len)}))?;
-        }
+        let mut period = || -> std::io::Result<()> {
+            if named.insert((pid, tid)) {
+                emit(
+                    out,
+                    json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": format!("noise CPU {}", noise.cpu)}}),
+                )?;
+            }
+            for &(start, len) in &noise.samples {
+                emit(
+                    out,
+                    json!({"ph": "X", "name": "noise", "pid": pid, "tid": tid, "ts": rel(start), "dur": us(len)}),
+                )?;
+            }
+            Ok(())
+        };
+        failed = period().err();
+    });
+    if let Some(e) = failed {
+        return Err(e.into());
     }
     for (i, guest) in t.guest_traces.iter().enumerate() {
         let pid = GUEST_TRACE_PROCESS + i as u64;

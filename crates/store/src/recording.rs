@@ -44,6 +44,51 @@ pub enum ChunkKind {
     AgentRow = 7,
     /// [`TasksFound`] as JSON: threads and VMs a scan found while recording.
     Tasks = 8,
+    /// One period of a guest agent's noise loop: `agent, cpu: u32`, `start_ns, end_ns,
+    /// threshold_ns, iterations, dropped: u64` (guest clock), then `(start, length): u64` per
+    /// sample. (Older recordings hold these as an [`AgentRecord::Noise`].)
+    AgentNoise = 9,
+}
+
+/// Bytes of an [`ChunkKind::AgentNoise`] payload before its samples.
+const NOISE_HEAD: usize = 48;
+
+/// What a guest's record costs in a recording, chunk header included: what `--agent-max-mib`
+/// counts.
+pub fn agent_record_size(record: &AgentRecord) -> u64 {
+    let json = serde_json::to_vec(record).map_or(0, |j| j.len());
+    (CHUNK_HEADER + json) as u64
+}
+
+/// What a guest row of `values` values costs in a recording.
+pub fn agent_row_size(values: usize) -> u64 {
+    (CHUNK_HEADER + 24 + 8 * values) as u64
+}
+
+/// What a noise period of `samples` samples costs in a recording.
+pub fn agent_noise_size(samples: usize) -> u64 {
+    (CHUNK_HEADER + NOISE_HEAD + 16 * samples) as u64
+}
+
+/// A noise period from its chunk's payload (checked whole when the chunk was read).
+pub fn decode_noise(payload: &[u8]) -> virtprof_model::guest::NoiseBatch {
+    let word = |i: usize| payload.get(i..i + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8")));
+    let samples = payload.get(NOISE_HEAD..).unwrap_or_default();
+    virtprof_model::guest::NoiseBatch {
+        cpu: payload.get(4..8).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4"))),
+        start_ns: word(8),
+        end_ns: word(16),
+        threshold_ns: word(24),
+        iterations: word(32),
+        dropped: word(40),
+        samples: samples
+            .chunks_exact(16)
+            .map(|s| {
+                let start = u64::from_le_bytes(s[0..8].try_into().expect("8"));
+                (start, u64::from_le_bytes(s[8..16].try_into().expect("8")))
+            })
+            .collect(),
+    }
 }
 
 /// Threads (new, or renamed) and VMs that a scan found during the recording, written as
@@ -136,6 +181,9 @@ pub struct AgentFooter {
     /// The agent refused the link (a wrong token), if it did.
     #[serde(default)]
     pub refused: Option<String>,
+    /// Welcomes the host refused (the guest's series over its limits), and why.
+    #[serde(default)]
+    pub rejected: Option<(u64, String)>,
     /// Bytes of rows, noise and schemas taken from the guest.
     #[serde(default)]
     pub bytes: u64,
@@ -483,6 +531,24 @@ impl<W: Write> Writer<W> {
         self.chunk(ChunkKind::AgentRow, &[&head, &body])
     }
 
+    /// Append one period of an agent's noise loop.
+    pub fn agent_noise(&mut self, agent: u32, batch: &virtprof_model::guest::NoiseBatch) -> io::Result<()> {
+        let mut head = [0u8; NOISE_HEAD];
+        head[0..4].copy_from_slice(&agent.to_le_bytes());
+        head[4..8].copy_from_slice(&batch.cpu.to_le_bytes());
+        for (i, word) in
+            [batch.start_ns, batch.end_ns, batch.threshold_ns, batch.iterations, batch.dropped].into_iter().enumerate()
+        {
+            head[8 + 8 * i..16 + 8 * i].copy_from_slice(&word.to_le_bytes());
+        }
+        let body: Vec<u8> = batch
+            .samples
+            .iter()
+            .flat_map(|&(start, len)| start.to_le_bytes().into_iter().chain(len.to_le_bytes()))
+            .collect();
+        self.chunk(ChunkKind::AgentNoise, &[&head, &body])
+    }
+
     /// Give up the recording without a footer (its output failed): readers take it as cut
     /// short, readable up to its last whole chunk.
     pub fn abandon(self) -> W {
@@ -554,6 +620,14 @@ pub enum Chunk<'a> {
     },
     /// Threads and VMs found during the recording.
     Tasks(TasksFound),
+    /// One period of an agent's noise loop, left encoded ([`decode_noise`] reads it): a
+    /// reader keeps where these are, not what they hold.
+    AgentNoise {
+        /// Agent number.
+        agent: u32,
+        /// The payload.
+        payload: &'a [u8],
+    },
 }
 
 /// Value `i` of a guest row's `values`.
@@ -662,6 +736,15 @@ impl<'a> Reader<'a> {
                 }
             }
             8 => Chunk::Tasks(serde_json::from_slice(payload).map_err(json)?),
+            9 if payload.len() >= NOISE_HEAD && (payload.len() - NOISE_HEAD) % 16 == 0 => {
+                Chunk::AgentNoise { agent: u32::from_le_bytes(payload[0..4].try_into().expect("4")), payload }
+            }
+            9 => {
+                return Err(RecordingError::Malformed {
+                    offset: at,
+                    message: "a guest noise period whose length is not whole samples".into(),
+                })
+            }
             other => {
                 return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }

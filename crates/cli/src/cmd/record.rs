@@ -50,7 +50,10 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     for a in &summary.agents {
         let link = match (&a.refused, a.sessions) {
             (Some(why), _) => format!("refused us: {why}"),
-            (None, 0) => "never answered: nothing from this guest (is `virtprof agent` listening there?)".into(),
+            (None, 0) => match &a.rejected {
+                Some((times, why)) => format!("answered {times} time(s) but {why}: nothing taken from this guest"),
+                None => "never answered: nothing from this guest (is `virtprof agent` listening there?)".into(),
+            },
             (None, n) => {
                 format!("{} rows, {} noise periods in {n} session(s), {} gap(s)", a.rows, a.noise_batches, a.gaps)
             }

@@ -579,6 +579,213 @@ fn a_flooding_guest_costs_a_recording_at_most_its_cap() {
     let _ = std::fs::remove_file(&token);
 }
 
+/// Bytes of a recording's chunks of the given kinds (guest records: 6 agent, 7 row, 9 noise).
+fn chunk_bytes(rec: &Path, kinds: &[u32]) -> u64 {
+    let bytes = std::fs::read(rec).unwrap();
+    let (mut at, mut total) = (12usize, 0u64);
+    while at + 16 <= bytes.len() {
+        let kind = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let len = usize::try_from(u64::from_le_bytes(bytes[at + 4..at + 12].try_into().unwrap())).unwrap();
+        if kinds.contains(&kind) {
+            total += 16 + len as u64;
+        }
+        at += 16 + len;
+    }
+    total
+}
+
+/// Peak RSS (MiB, from the kernel: wait4) and output of `virtprof ARGS`.
+fn measured(args: &[&std::ffi::OsStr]) -> (u64, std::process::Output) {
+    let child = virtprof().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id() as libc::pid_t;
+    let out = std::thread::spawn(move || child.wait_with_output().unwrap());
+    // The child's usage: read from /proc before it is reaped is not enough; wait4 on its pid
+    // would race wait_with_output, so its VmHWM is sampled until it ends.
+    let mut peak = 0u64;
+    while std::fs::metadata(format!("/proc/{pid}")).is_ok() && !out.is_finished() {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        if let Some(kb) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            peak = peak.max(kb / 1024);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (peak, out.join().unwrap())
+}
+
+/// Issue 54 item 4: a guest that claims 1 024 CPUs and floods noise periods of 4 096 samples
+/// fills its recording to `--agent-max-mib` as stored, and no further (the cap counted 80
+/// bytes a sample while the recording kept more: 25-42 % over); the recording reads back in
+/// memory that does not grow with the guest's data (noise periods read one at a time), and
+/// a guest whose welcome is over the host's limits is said to be that, not "never answered".
+#[test]
+fn a_noise_flood_fills_its_cap_as_stored_and_reads_back_a_period_at_a_time() {
+    use std::io::Write;
+    use virtprof_agent::wire::{Message, PtpPair, Welcome, VERSION};
+    use virtprof_model::guest::{GuestInfo, GuestSeries, NoiseBatch};
+    let test = "a_noise_flood_fills_its_cap_as_stored_and_reads_back_a_period_at_a_time";
+    if !have_tracefs(test) {
+        return;
+    }
+    let _lock = vm_lock();
+    let cap_mib = 48u64;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let guest = std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return 0u64 };
+        let mut out = Vec::new();
+        let series = vec![GuestSeries::counter("app.c0", "events")];
+        let info = GuestInfo { hostname: "noisy".into(), interval_ns: 10_000_000, cpus: 1024, ..Default::default() };
+        Message::Welcome(Box::new(Welcome { version: VERSION, guest: info, series })).encode(&mut out);
+        s.write_all(&out).unwrap();
+        let mut sent = 0u64;
+        let until = Instant::now() + Duration::from_secs(6);
+        let mut frame = Vec::new();
+        while Instant::now() < until {
+            frame.clear();
+            for cpu in 0..64u32 {
+                let base = sent * 1_000_000;
+                let samples = (0..NoiseBatch::MAX_SAMPLES as u64).map(|i| (base + i * 100, 10)).collect();
+                let batch = NoiseBatch {
+                    cpu,
+                    start_ns: base,
+                    end_ns: base + 1_000_000,
+                    threshold_ns: 5,
+                    iterations: 1 << 20,
+                    samples,
+                    dropped: 0,
+                };
+                Message::Noise(Box::new(batch)).encode(&mut frame);
+                sent += 1;
+            }
+            // Clock points (the host takes one every half second), so periods can be placed.
+            let realtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            let host_realtime_ns = u64::try_from(realtime.as_nanos()).unwrap();
+            Message::Ptp(PtpPair { guest_ns: sent * 1_000_000, host_realtime_ns, uncertainty_ns: 1000 })
+                .encode(&mut frame);
+            if s.write_all(&frame).is_err() {
+                break;
+            }
+        }
+        sent
+    });
+    let token = token_file("agent-noise-flood-token");
+    let rec = temp("agent-noise-flood.vprec");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["-d", "8s", "--events", "sched:sched_switch", "--agent", &format!("tcp:127.0.0.1:{port}")])
+        .arg("--agent-token-file")
+        .arg(&token)
+        .args(["--agent-max-mib", &cap_mib.to_string()])
+        .output()
+        .unwrap();
+    let sent = guest.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let stored = chunk_bytes(&rec, &[6, 7, 9]);
+    let size = std::fs::metadata(&rec).unwrap().len();
+    let (peak_mib, report) = measured(&["report".as_ref(), rec.as_os_str(), "--json".as_ref()]);
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let r: Value = serde_json::from_slice(&report.stdout).unwrap();
+    let link = &r["guests"][0]["link"];
+    note(
+        test,
+        format!(
+            "guest sent {sent} periods of 4096 samples; cap {cap_mib} MiB; guest records stored {stored} bytes ({:.1} % of the cap), link counted {}; recording {size} bytes; report peak RSS {peak_mib} MiB",
+            stored as f64 * 100.0 / (cap_mib << 20) as f64,
+            link["bytes"]
+        ),
+    );
+    assert!(link["capped"].as_bool().unwrap(), "{link}");
+    // What is stored is what the link counted, within the cap (less the gaps the recorder
+    // clips to the trace, a few hundred bytes).
+    let counted = link["bytes"].as_u64().unwrap();
+    assert!(stored <= counted && counted - stored < 4096, "stored {stored}, counted {counted}: {link}");
+    assert!(counted <= cap_mib << 20, "{counted} bytes counted over a {cap_mib} MiB cap");
+    assert!(stored > (cap_mib << 20) * 9 / 10, "the flood did not reach the cap: {stored}");
+    // Reading it holds a period at a time: the mapped file, and little besides.
+    assert!(peak_mib < size / (1 << 20) + 64, "report peaked at {peak_mib} MiB on a {size}-byte recording");
+    // Perfetto: every stored sample drawn, memory as bounded.
+    let trace = temp("agent-noise-flood.json");
+    let (peak_export, export) = measured(&[
+        "export".as_ref(),
+        rec.as_os_str(),
+        "--format".as_ref(),
+        "perfetto".as_ref(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+    ]);
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    let drawn = std::fs::read_to_string(&trace).unwrap().matches("\"name\":\"noise\"").count() as u64;
+    let kept = r["guests"][0]["noise"].as_array().unwrap().iter().map(|c| c["samples"].as_u64().unwrap()).sum::<u64>();
+    note(
+        test,
+        format!(
+            "perfetto export peak RSS {peak_export} MiB, {} bytes, {drawn} noise slices of {kept} samples kept",
+            std::fs::metadata(&trace).unwrap().len()
+        ),
+    );
+    assert_eq!(drawn, kept, "every kept sample is drawn");
+    assert!(peak_export < size / (1 << 20) + 64, "export peaked at {peak_export} MiB");
+    for p in [&rec, &token, &trace] {
+        let _ = std::fs::remove_file(p);
+    }
+
+    // A welcome over the host's limits (more series than it takes), said again and again.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = std::sync::Arc::clone(&stop);
+    let guest = std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let mut welcomed = 0;
+        while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((mut s, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
+            let series = (0..5000).map(|i| GuestSeries::counter(format!("s{i}"), "x")).collect();
+            let info = GuestInfo { hostname: "wide".into(), interval_ns: 100_000_000, cpus: 1, ..Default::default() };
+            let mut out = Vec::new();
+            Message::Welcome(Box::new(Welcome { version: VERSION, guest: info, series })).encode(&mut out);
+            if s.write_all(&out).is_ok() {
+                welcomed += 1;
+            }
+        }
+        welcomed
+    });
+    let token = token_file("agent-wide-token");
+    let rec = temp("agent-wide.vprec");
+    let out = virtprof()
+        .args(["record", "-o"])
+        .arg(&rec)
+        .args(["-d", "3s", "--events", "sched:sched_switch", "--agent", &format!("tcp:127.0.0.1:{port}")])
+        .arg("--agent-token-file")
+        .arg(&token)
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let welcomed = guest.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(welcomed >= 1, "{stderr}");
+    assert!(
+        stderr.contains("but its welcome was over the host's limits: 5000 series (the most taken is 4096)")
+            && !stderr.contains("never answered"),
+        "{stderr}"
+    );
+    let text = virtprof().arg("report").arg(&rec).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("nothing recorded: it answered") && text.contains("5000 series"), "{text}");
+    for p in [&rec, &token] {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 /// `agent --perf-events`: the guest counts the events it is given per CPU (here the msr PMU's
 /// TSC, at the rate `perf stat` measures on this host, over each CPU's cpu-clock) and says
 /// which it cannot count and why; a name perf would not take is a usage error.

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use virtprof_agent::limits::GuestLimits;
-use virtprof_agent::link::{run, LinkConfig, LinkEvent, LinkSummary};
+use virtprof_agent::link::{run, LinkConfig, LinkEvent, LinkSummary, StoredSize};
 use virtprof_agent::transport::Address;
 use virtprof_store::recording::{AgentFooter, AgentRecord};
 
@@ -74,6 +74,28 @@ impl Drop for Links {
     }
 }
 
+/// What each of agent `agent`'s events takes in the recording, chunk header included: the
+/// cap (`--agent-max-mib`) counts what is stored, not what the guest sent.
+fn recorded_size(agent: u32, address: String) -> StoredSize {
+    use virtprof_store::recording::{agent_noise_size, agent_record_size, agent_row_size};
+    StoredSize::new(move |event| match event {
+        LinkEvent::Connected { guest, series } => agent_record_size(&AgentRecord::Connected {
+            agent,
+            address: address.clone(),
+            guest: guest.clone(),
+            series: series.clone(),
+        }),
+        LinkEvent::Schema(series) => agent_record_size(&AgentRecord::Schema { agent, series: series.clone() }),
+        LinkEvent::Clock(point) => agent_record_size(&AgentRecord::Clock { agent, point: *point }),
+        LinkEvent::Gap { from_ns, to_ns, cause } => {
+            agent_record_size(&AgentRecord::Gap { agent, from_ns: *from_ns, to_ns: *to_ns, cause: cause.clone() })
+        }
+        LinkEvent::Row(row) => agent_row_size(row.values.len()),
+        LinkEvent::Noise(batch) => agent_noise_size(batch.samples.len()),
+        LinkEvent::Unreachable(_) => 0,
+    })
+}
+
 /// A running link.
 struct Running {
     agent: u32,
@@ -96,7 +118,8 @@ impl Running {
         stop: &Arc<AtomicBool>,
         trace_start_ns: &Arc<AtomicU64>,
     ) -> std::io::Result<Running> {
-        let config = LinkConfig { limits, ..LinkConfig::new(address.clone(), token.clone()) };
+        let stored_size = recorded_size(agent, address.to_string());
+        let config = LinkConfig { limits, stored_size, ..LinkConfig::new(address.clone(), token.clone()) };
         let (connected, gaps) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
         let (tx, stop, welcomed, gaps_kept) = (tx.clone(), Arc::clone(stop), Arc::clone(&connected), Arc::clone(&gaps));
         let trace_start_ns = Arc::clone(trace_start_ns);
@@ -120,7 +143,7 @@ impl Running {
                         WriterMsg::Agent(AgentRecord::Gap { agent, from_ns: from_ns.max(start), to_ns, cause })
                     }
                     LinkEvent::Row(r) => WriterMsg::AgentRow(agent, r.start_ns, r.end_ns, r.values),
-                    LinkEvent::Noise(batch) => WriterMsg::Agent(AgentRecord::Noise { agent, batch: *batch }),
+                    LinkEvent::Noise(batch) => WriterMsg::AgentNoise(agent, batch),
                     // The gap that follows records it.
                     LinkEvent::Unreachable(_) => return,
                 };
@@ -159,6 +182,7 @@ impl Running {
             exchanges_outside: s.validation.outside,
             worst_excess_ns: s.validation.worst_excess_ns,
             refused: s.refused,
+            rejected: s.rejected,
             bytes: s.bytes,
             dropped_rows: s.dropped.rows,
             dropped_noise: s.dropped.noise,

@@ -53,6 +53,8 @@ pub enum WriterMsg {
     Agent(AgentRecord),
     /// One guest row: agent, guest start and end, values.
     AgentRow(u32, u64, u64, Vec<f64>),
+    /// One period of a guest's noise loop: agent, period.
+    AgentNoise(u32, Box<virtprof_model::guest::NoiseBatch>),
     /// Threads and VMs a scan found.
     Tasks(TasksFound),
 }
@@ -260,6 +262,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
                     WriterMsg::Rows(rows) => writer.intervals(&rows),
                     WriterMsg::Agent(record) => writer.agent(&record),
                     WriterMsg::AgentRow(agent, start, end, values) => writer.agent_row(agent, start, end, &values),
+                    WriterMsg::AgentNoise(agent, batch) => writer.agent_noise(agent, &batch),
                     WriterMsg::Tasks(found) => writer.tasks(&found),
                 };
                 if let Err(e) = written {

@@ -57,14 +57,24 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             let (first, _) = analysis.span_ns.unwrap_or((0, 0));
             let table = analysis.table.as_ref();
             let guests: Vec<_> = recording.guests.iter().flat_map(|g| g.layers()).collect();
-            let guest_noise: Vec<_> = recording.guests.iter().flat_map(|g| g.placed_noise()).collect();
+            // Noise periods are read from the recording as they are drawn, never all held.
+            let guests_of = &recording.guests;
+            let guest_noise = |visit: &mut perfetto::NoiseVisitor<'_>| {
+                guests_of.iter().flat_map(|g| g.placed_noise()).for_each(visit);
+            };
+            let mut first_noise: Option<u64> = None;
+            guest_noise(&mut |n| {
+                if let Some(first) = n.samples.iter().map(|s| s.0).min() {
+                    first_noise = Some(first_noise.map_or(first, |seen| seen.min(first)));
+                }
+            });
             // Time 0 is the earliest thing drawn: an agent's first row or noise period can begin
             // before the trace does, and Perfetto takes no negative times.
             let origin_ns = [
                 Some(first),
                 table.and_then(|t| t.start_ns.first().copied()),
                 guests.iter().filter_map(|l| l.rows.first().map(|r| r.start_ns)).min(),
-                guest_noise.iter().filter_map(|n| n.samples.iter().map(|s| s.0).min()).min(),
+                first_noise,
             ]
             .into_iter()
             .flatten()

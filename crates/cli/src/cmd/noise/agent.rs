@@ -88,9 +88,7 @@ pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseRepor
     // recording may also name VMs long gone, from the kernel's saved command lines).
     let mut candidates = Vec::new();
     for g in &noisy {
-        let mut cpus: Vec<u32> = g.noise.iter().map(|b| b.cpu).collect();
-        cpus.sort_unstable();
-        cpus.dedup();
+        let cpus = g.noise.cpus();
         let fits: Vec<(&GuestVm, Vec<(u32, u32)>)> = vms
             .iter()
             .filter(|v| vm.is_none_or(|w| v.name == w || v.pid.to_string() == w))
@@ -162,12 +160,9 @@ pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseRepor
         .into_iter()
         .map(|(g, vm, threads)| {
             let first_cpu = |tid: u32| events.iter().find(|e| e.tid == tid).map_or(0, |e| e.cpu);
-            let cpus = threads
-                .into_iter()
-                .map(|(cpu, tid)| {
-                    explain_cpu(g, cpu, tid, &HostView::new(&events, tid, first_cpu(tid)), span, &decoder)
-                })
-                .collect();
+            let views: Vec<HostView> =
+                threads.iter().map(|&(_, tid)| HostView::new(&events, tid, first_cpu(tid))).collect();
+            let cpus = explain_cpus(g, &threads, &views, span, &decoder);
             GuestNoise {
                 agent: g.agent,
                 name: g.name(),
@@ -243,28 +238,35 @@ fn no_vm(vms: &[GuestVm], wanted: Option<&str>, cpus: &[u32]) -> String {
     }
 }
 
-fn explain_cpu(
+/// Each guest CPU's noise explained by its vCPU thread's host events (`threads`: guest CPU
+/// and host thread, `views` their host events), in one pass over the guest's noise periods
+/// (read from the recording a period at a time).
+fn explain_cpus(
     g: &GuestStream,
-    cpu: u32,
-    vcpu_tid: u32,
-    host: &HostView,
+    threads: &[(u32, u32)],
+    views: &[HostView],
     (traced_from, traced_to): (u64, u64),
     decoder: &virtprof_trace::decode::Decoder,
-) -> CpuNoise {
-    let mut c = CpuNoise {
-        cpu,
-        vcpu_tid,
-        threshold_ns: 0,
-        noise: NoiseSummary::default(),
-        available_pct: 100.0,
-        unplaced_samples: 0,
-        outside_trace_samples: 0,
-        guest_steal_ns: guest_steal(g, cpu),
-        host: Explanation::new(),
-    };
-    for b in g.noise.iter().filter(|b| b.cpu == cpu) {
+) -> Vec<CpuNoise> {
+    let mut cpus: Vec<CpuNoise> = threads
+        .iter()
+        .map(|&(cpu, vcpu_tid)| CpuNoise {
+            cpu,
+            vcpu_tid,
+            threshold_ns: 0,
+            noise: NoiseSummary::default(),
+            available_pct: 100.0,
+            unplaced_samples: 0,
+            outside_trace_samples: 0,
+            guest_steal_ns: guest_steal(g, cpu),
+            host: Explanation::new(),
+        })
+        .collect();
+    for b in g.noise.iter() {
+        let Some(at) = cpus.iter().position(|c| c.cpu == b.cpu) else { continue };
+        let (c, host) = (&mut cpus[at], &views[at]);
         c.threshold_ns = b.threshold_ns;
-        c.noise.add(&NoiseSummary::of(b));
+        c.noise.add(&NoiseSummary::of(&b));
         for &(start, len) in &b.samples {
             match g.alignment.to_host(start) {
                 Some((host_start, _)) if host_start < traced_from || host_start + len > traced_to => {
@@ -275,10 +277,12 @@ fn explain_cpu(
             }
         }
     }
-    if c.noise.measured_ns > 0 {
-        c.available_pct = 100.0 - c.noise.noise_pct();
+    for c in &mut cpus {
+        if c.noise.measured_ns > 0 {
+            c.available_pct = 100.0 - c.noise.noise_pct();
+        }
     }
-    c
+    cpus
 }
 
 /// The guest's `cpuN.steal_ns` over all its rows, if it sent that series.

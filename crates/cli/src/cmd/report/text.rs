@@ -58,8 +58,11 @@ fn print_guest(g: &virtprof_engine::report::GuestOut, out: &mut impl Write) -> i
     // Everything here came from inside a guest: escaped before it reaches a terminal.
     let p = virtprof_model::units::printable;
     if g.link.as_ref().is_some_and(|l| l.sessions == 0) {
-        let why = g.link.as_ref().and_then(|l| l.refused.as_deref()).map_or("it never answered", |r| r);
-        writeln!(out, "\nguest {} (agent {}): nothing recorded: {}", p(&g.address), g.agent, p(why))?;
+        let link = g.link.as_ref();
+        let rejected =
+            link.and_then(|l| l.rejected.as_ref()).map(|(n, why)| format!("it answered {n} time(s) but {why}"));
+        let why = link.and_then(|l| l.refused.clone()).or(rejected).unwrap_or_else(|| "it never answered".into());
+        writeln!(out, "\nguest {} (agent {}): nothing recorded: {}", p(&g.address), g.agent, p(&why))?;
         for gap in &g.gaps {
             writeln!(out, "  gap {:.3}–{:.3} s: {}", gap.from_s, gap.to_s, p(&gap.cause))?;
         }
