@@ -229,9 +229,11 @@ impl Gate {
         self.schema_ok
     }
 
-    /// Whether `bytes` more fit under the cap (false from the first that does not, on).
+    /// Whether `bytes` more fit under the cap, less the room kept for the run's closing gaps
+    /// (false from the first that does not, on).
     fn fits(&mut self, bytes: u64, now: u64) -> bool {
-        if self.capped_at.is_some() || self.bytes.saturating_add(bytes) > self.limits.max_bytes {
+        let room = self.limits.max_bytes.saturating_sub(CLOSING_GAPS);
+        if self.capped_at.is_some() || self.bytes.saturating_add(bytes) > room {
             self.capped_at.get_or_insert(now);
             return false;
         }
@@ -239,8 +241,8 @@ impl Gate {
         true
     }
 
-    /// What the link itself records (a welcome without its refused series, a gap): counted,
-    /// never refused (their number is bounded by reconnections and quiet periods).
+    /// The gaps that close the run (at most three, each under [`MAX_CAUSE`] of text): counted,
+    /// never refused, in the room [`fits`](Gate::fits) leaves for them.
     fn charge(&mut self, bytes: u64) {
         self.bytes = self.bytes.saturating_add(bytes);
     }
@@ -312,27 +314,33 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                     let mut welcome = LinkEvent::Connected { guest, series };
                     let stored = size(&welcome);
                     let LinkEvent::Connected { guest, series } = &mut welcome else { unreachable!() };
-                    if !gate.welcome(guest, series, stored, now) {
+                    let mut taken = gate.welcome(guest, series, stored, now);
+                    if !taken {
                         summary.dropped.schemas += 1;
                         series.clear();
-                        gate.charge(size(&welcome));
+                        // Without its series, if even that fits (past the cap, nothing does).
+                        taken = gate.fits(size(&welcome), now);
                     }
                     if let Some(cause) = gap_cause.take() {
                         if summary.sessions > 1 || now - started > 2_000_000_000 {
-                            summary.gaps += 1;
                             let gap = LinkEvent::Gap { from_ns: heard, to_ns: now, cause };
-                            gate.charge(size(&gap));
-                            sink(gap);
+                            if gate.fits(size(&gap), now) {
+                                summary.gaps += 1;
+                                sink(gap);
+                            }
                         }
                     }
                     heard = now;
-                    sink(welcome);
+                    if taken {
+                        sink(welcome);
+                    }
                 }
                 Event::Stalled(from, to) => {
-                    summary.gaps += 1;
                     let gap = LinkEvent::Gap { from_ns: from, to_ns: to, cause: "the agent stalled".into() };
-                    gate.charge(size(&gap));
-                    sink(gap);
+                    if gate.fits(size(&gap), now) {
+                        summary.gaps += 1;
+                        sink(gap);
+                    }
                 }
                 Event::Schema(series) => {
                     let event = LinkEvent::Schema(series);
@@ -349,10 +357,11 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
                     if gate.row(size(&event), now) {
                         summary.rows += 1;
                         if let Some(f) = gate.flood.take_if(|f| now - f.last_drop_ns > FLOOD_QUIET_NS) {
-                            summary.gaps += 1;
                             let gap = flood_gap(&f);
-                            gate.charge(size(&gap));
-                            sink(gap);
+                            if gate.fits(size(&gap), now) {
+                                summary.gaps += 1;
+                                sink(gap);
+                            }
                         }
                         heard = now;
                         sink(event);
@@ -400,11 +409,14 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
         match outcome {
             Outcome::Stopped => break,
             Outcome::Refused(why) => {
+                // The guest's words, kept short: they are stored in the gap and the footer.
+                let why = cut(why, MAX_CAUSE);
                 gap_cause.get_or_insert_with(|| format!("the agent refused us: {why}"));
                 summary.refused = Some(why);
                 break;
             }
             Outcome::Rejected(why) => {
+                let why = cut(why, MAX_CAUSE);
                 let cause = format!("the host refused the guest: {why}");
                 sink(LinkEvent::Unreachable(cause.clone()));
                 gap_cause.get_or_insert(cause);
@@ -433,7 +445,7 @@ pub fn run(config: &LinkConfig, stop: &AtomicBool, sink: &mut dyn FnMut(LinkEven
         gaps.push(LinkEvent::Gap { from_ns: at, to_ns: end, cause });
     }
     if let Some(cause) = gap_cause {
-        gaps.push(LinkEvent::Gap { from_ns: heard, to_ns: end, cause });
+        gaps.push(LinkEvent::Gap { from_ns: heard, to_ns: end, cause: cut(cause, MAX_CAUSE) });
     }
     for g in gaps {
         summary.gaps += 1;
@@ -474,6 +486,21 @@ enum Outcome {
     /// We refused the agent's welcome.
     Rejected(String),
     Lost(String),
+}
+
+/// Room the byte cap keeps for the gaps that close a run (flood, cap, last cause): three
+/// gaps of at most [`MAX_CAUSE`] bytes of text and their framing.
+const CLOSING_GAPS: u64 = 3 * (MAX_CAUSE as u64 + 256);
+/// The most text of a cause a gap keeps (a guest's refusal is its own words).
+const MAX_CAUSE: usize = 512;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let at = (0..=max).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+        text.truncate(at);
+    }
+    text
 }
 
 /// How long the link waits before greeting again an agent whose welcome it refused (it will
