@@ -161,10 +161,20 @@ fn trace_dat_v6(b: &DatBomb) -> Vec<u8> {
         v[at..at + 8].copy_from_slice(&(table as u64).to_le_bytes());
     }
     v.resize(table + 16 * b.cpus as usize, 0);
+    for (cpu, (offset, size)) in place_cpus(&mut v, b).into_iter().enumerate() {
+        v[table + 16 * cpu..table + 16 * cpu + 8].copy_from_slice(&offset.to_le_bytes());
+        v[table + 16 * cpu + 8..table + 16 * cpu + 16].copy_from_slice(&size.to_le_bytes());
+    }
+    v
+}
+
+/// Every CPU's data appended to `v` (or, shared, the first CPU's only): each CPU's (offset,
+/// size).
+fn place_cpus(v: &mut Vec<u8>, b: &DatBomb) -> Vec<(u64, u64)> {
     let data = cpu_data(b);
     let mut first = None;
-    for cpu in 0..b.cpus as usize {
-        let (offset, size) = match first {
+    (0..b.cpus)
+        .map(|_| match first {
             Some(place) if b.shared => place,
             _ => {
                 let place = (v.len() as u64, data.len() as u64);
@@ -172,11 +182,8 @@ fn trace_dat_v6(b: &DatBomb) -> Vec<u8> {
                 first.get_or_insert(place);
                 place
             }
-        };
-        v[table + 16 * cpu..table + 16 * cpu + 8].copy_from_slice(&offset.to_le_bytes());
-        v[table + 16 * cpu + 8..table + 16 * cpu + 16].copy_from_slice(&size.to_le_bytes());
-    }
-    v
+        })
+        .collect()
 }
 
 /// A v7 section: `id: u16, flags: u16, description: u32, size: u64`, then its payload.
@@ -211,21 +218,7 @@ fn trace_dat_v7(b: &DatBomb) -> Vec<u8> {
     // The flyrecord section: every CPU's data, one after another (or the first CPU's only).
     let data_section = v.len();
     v.extend_from_slice(&[0u8; 16]);
-    let data = cpu_data(b);
-    let mut places = Vec::new();
-    let mut first = None;
-    for _ in 0..b.cpus {
-        let place = match first {
-            Some(place) if b.shared => place,
-            _ => {
-                let place = (v.len() as u64, data.len() as u64);
-                v.extend_from_slice(&data);
-                first.get_or_insert(place);
-                place
-            }
-        };
-        places.push(place);
-    }
+    let places = place_cpus(&mut v, b);
     let size = (v.len() - data_section - 16) as u64;
     v[data_section..data_section + 2].copy_from_slice(&3u16.to_le_bytes());
     v[data_section + 8..data_section + 16].copy_from_slice(&size.to_le_bytes());
