@@ -478,7 +478,7 @@ asks, makes serve scrape more than once per --max-age.
 
 EXAMPLES:
   virtprof serve                                   # http://127.0.0.1:9477/metrics
-  virtprof serve --max-age 0                       # every scrape fresh (still shared when concurrent)
+  virtprof serve --max-age 0                       # every request scrapes (shared when concurrent)
   virtprof serve --listen 0.0.0.0:9477 --token-file /etc/virtprof/token \\
       --tls-cert /etc/virtprof/cert.pem --tls-key /etc/virtprof/key.pem
   virtprof serve --textfile /var/lib/prometheus/node-exporter --interval 15s
