@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
+use virtprof_model::evidence::{Class, Figure, Holdings};
 use virtprof_model::{Event, EventKind, HostKind, StrId};
 
 use crate::hist::Histogram;
@@ -38,23 +39,13 @@ pub struct ExitOptions {
     /// as QEMU's first `KVM_RUN` returning before the guest ran, is no exit); on PVM exits
     /// are timed by their userspace round trips. Unknown: whichever the trace shows.
     pub host: Option<HostKind>,
-    /// Events the source did not record (a file made elsewhere with only some enabled): the
-    /// figures that need them are unknown, not zero.
-    pub unrecorded: Unrecorded,
-}
-
-/// Events a source did not record.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Unrecorded {
-    /// `kvm_userspace_exit`: which exits the VMM handled (light/heavy, VMM time) is unknown.
-    pub userspace_exits: bool,
-    /// `sched_switch`: preempted and blocked time (and so overhead) is unknown.
-    pub sched_switch: bool,
-    /// `kvm_vcpu_wakeup`: how much of halted time was halt-polling is unknown.
-    pub vcpu_wakeup: bool,
-    /// Both `kvm_fpu` and `kvm_entry`: a userspace round trip has no end, so each userspace
-    /// exit is counted without a duration.
-    pub round_trip_ends: bool,
+    /// What the source holds (a file made elsewhere with only some events enabled): the
+    /// figures whose evidence it lacks are unknown, not zero.
+    pub holdings: Holdings,
+    /// Exits KVM counted over the source for the threads analysed (its stats fds), where
+    /// known: on a host without kvm_exit, the lightweight ones are these less the userspace
+    /// round trips (the evidence events show only some).
+    pub kvm_exits: Option<u64>,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -138,6 +129,8 @@ struct Thread {
     pending: Option<Evidence>,
     /// Its exits (lightweight, heavyweight, time in timed ones); None until it has one.
     exits: Option<(u64, u64, u64)>,
+    /// Time in its timed exits by reason (halts are told apart by name when finished).
+    time_by_key: Vec<(Key, u64)>,
     /// The vCPU index its last kvm_exit/kvm_entry carried.
     vcpu_id: Option<u32>,
 }
@@ -145,6 +138,15 @@ struct Thread {
 impl Thread {
     fn exits(&mut self) -> &mut (u64, u64, u64) {
         self.exits.get_or_insert_default()
+    }
+
+    /// `ns` more of exits under `key`: a thread's exits share a few reasons, the last one
+    /// mostly, so a short list searched from its most recent entry does.
+    fn add_time(&mut self, key: Key, ns: u64) {
+        match self.time_by_key.iter_mut().rev().find(|(k, _)| *k == key) {
+            Some((_, sum)) => *sum += ns,
+            None => self.time_by_key.push((key, ns)),
+        }
     }
 }
 
@@ -283,12 +285,13 @@ pub struct ExitRow {
     pub preempted_ns: Option<u64>,
     /// Switched out, sleeping.
     pub blocked_ns: Option<u64>,
-    /// IRQs on the exit CPU meanwhile.
-    pub irqs: u64,
-    /// Softirqs on the exit CPU meanwhile.
-    pub softirqs: u64,
-    /// Threads that ran on the exit CPU while the vCPU was off it.
-    pub threads: Vec<String>,
+    /// IRQs on the exit CPU meanwhile (None: the source did not record them).
+    pub irqs: Option<u64>,
+    /// Softirqs on the exit CPU meanwhile (None: not recorded).
+    pub softirqs: Option<u64>,
+    /// Threads that ran on the exit CPU while the vCPU was off it (None: sched_switch not
+    /// recorded).
+    pub threads: Option<Vec<String>>,
     /// What the guest did just before (its own trace given beside the host's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub guest_before: Option<crate::guest_before::GuestContext>,
@@ -378,8 +381,10 @@ pub struct VcpuRow {
     pub lightweight: Option<u64>,
     /// Handled by the VMM.
     pub heavyweight: Option<u64>,
-    /// Time in timed exits.
+    /// Time in timed exits, the guest's idling in halts left out (as in `totals`).
     pub total_ns: u64,
+    /// Time in halt exits: the guest idling, not the host handling exits.
+    pub guest_idle_ns: u64,
 }
 
 /// Which path produced the figures and what is missing (`source`).
@@ -547,7 +552,7 @@ impl ExitAnalyzer {
                         x.in_vmm = true;
                         x.userspace_at = Some(e.ts);
                     }
-                    None if !exit_path && self.options.unrecorded.round_trip_ends => {
+                    None if !exit_path && !self.options.holdings.has(Class::RoundTripEnd) => {
                         let s = self.stats.entry(Key::Userspace { reason });
                         s.heavy += 1;
                         thread.exits().1 += 1;
@@ -703,7 +708,9 @@ impl ExitAnalyzer {
         s.preempted_ns += x.preempted_ns;
         s.blocked_ns += x.blocked_ns;
         s.vmm_ns += x.vmm_ns;
-        let v = self.threads.entry(e.tid).exits();
+        let thread = self.threads.entry(e.tid);
+        thread.add_time(x.key, duration);
+        let v = thread.exits();
         if x.heavy {
             v.1 += 1;
         } else {
@@ -738,10 +745,16 @@ impl ExitAnalyzer {
         if exit_path {
             stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }
-        let unrecorded = self.options.unrecorded;
-        // On the kvm_exit path light/heavy needs the userspace exits; round trips are them.
-        let split_known = !(exit_path && unrecorded.userspace_exits);
-        let sched_known = !unrecorded.sched_switch;
+        let holdings = &self.options.holdings;
+        // Light or heavy needs the userspace exits on either path (without them, an exit or
+        // evidence event the VMM handled looks handled in the kernel).
+        let split_known = holdings.knows(Figure::LightHeavySplit);
+        let sched_known = holdings.knows(Figure::Descheduled);
+        let (irqs_known, softirqs_known, threads_known) = (
+            holdings.knows(Figure::IrqsDuringExit),
+            holdings.knows(Figure::SoftirqsDuringExit),
+            holdings.knows(Figure::ThreadsDuringExit),
+        );
         let known = |v: u64| split_known.then_some(v);
         let idle: HashMap<Key, bool> = stats.keys().map(|&k| (k, is_halt(&name(k)))).collect();
         let total_count: u64 = stats.values().map(|s| s.light + s.heavy).sum();
@@ -777,11 +790,22 @@ impl ExitAnalyzer {
             })
             .collect();
         by_reason.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
-        let wakeups = !unrecorded.vcpu_wakeup;
+        let wakeups = holdings.knows(Figure::HaltPolling);
+        let heavyweight: u64 = stats.values().map(|s| s.heavy).sum();
+        // Without kvm_exit, evidence events show only some lightweight exits: KVM's own count
+        // gives them all, or they are unknown.
+        let lightweight = if exit_path {
+            known(stats.values().map(|s| s.light).sum())
+        } else {
+            self.options
+                .kvm_exits
+                .filter(|_| holdings.knows(Figure::LightweightWithoutExitEvents))
+                .map(|kvm| kvm.saturating_sub(heavyweight))
+        };
         let totals = Totals {
             exits: total_count,
-            lightweight: known(stats.values().map(|s| s.light).sum()),
-            heavyweight: known(stats.values().map(|s| s.heavy).sum()),
+            lightweight,
+            heavyweight: known(heavyweight),
             handling_ns,
             guest_idle_ns,
             halt_poll_ns: wakeups.then_some(self.halted_ns.1),
@@ -789,18 +813,32 @@ impl ExitAnalyzer {
             lost_events: self.lost,
             incomplete: self.incomplete,
         };
-        let mut per_vcpu: Vec<_> =
-            self.threads.iter().filter_map(|(tid, t)| Some((*tid, t.vcpu_id, t.exits?))).collect();
+        let mut halts: HashMap<Key, bool> = HashMap::default();
+        let mut per_vcpu: Vec<_> = self
+            .threads
+            .iter()
+            .filter_map(|(tid, t)| {
+                let idle: u64 = t
+                    .time_by_key
+                    .iter()
+                    .filter(|(k, _)| *halts.entry(*k).or_insert_with(|| is_halt(&name(*k))))
+                    .map(|(_, ns)| ns)
+                    .sum();
+                Some((*tid, t.vcpu_id, t.exits?, idle))
+            })
+            .collect();
         per_vcpu.sort_unstable();
         let by_vcpu = per_vcpu
             .into_iter()
-            .map(|(tid, vcpu_id, (light, heavy, total_ns))| VcpuRow {
+            .map(|(tid, vcpu_id, (light, heavy, total_ns), idle_ns)| VcpuRow {
                 tid,
                 vcpu_id,
                 exits: light + heavy,
-                lightweight: known(light),
+                // Per thread, KVM's count is not at hand: without kvm_exit, unknown.
+                lightweight: known(light).filter(|_| exit_path),
                 heavyweight: known(heavy),
-                total_ns,
+                total_ns: total_ns - idle_ns,
+                guest_idle_ns: idle_ns,
             })
             .collect();
         let rows = self
@@ -823,9 +861,9 @@ impl ExitAnalyzer {
                     vmm_ns: vmm,
                     preempted_ns: sched.map(|()| x.preempted_ns),
                     blocked_ns: sched.map(|()| x.blocked_ns),
-                    irqs: r.irqs,
-                    softirqs: r.softirqs,
-                    threads: x.threads.iter().map(|&s| names.task(s)).collect(),
+                    irqs: irqs_known.then_some(r.irqs),
+                    softirqs: softirqs_known.then_some(r.softirqs),
+                    threads: threads_known.then(|| x.threads.iter().map(|&s| names.task(s)).collect()),
                     guest_before: None,
                 }
             })
@@ -837,42 +875,47 @@ impl ExitAnalyzer {
             .map(|(name, n)| (name.to_string(), n))
             .chain(self.seen_ids.iter().map(|(id, n)| (names.event(*id), *n)))
             .collect();
-        let (path, unavailable) = if exit_path {
-            let mut missing = Vec::new();
-            if !split_known {
-                missing.push("lightweight/heavyweight split and VMM time: kvm_userspace_exit was not recorded, so which exits went to the VMM is unknown".to_string());
-            }
-            if !sched_known {
-                missing.push(
-                    "preempted and blocked time (and so hypervisor overhead): sched_switch was not recorded"
-                        .to_string(),
-                );
-            }
-            if !wakeups {
-                missing.push("halt-polling time: kvm_vcpu_wakeup was not recorded".to_string());
-            }
-            ("kvm_exit".to_string(), missing)
+        let rows_figures: &[Figure] = if self.options.rows {
+            &[Figure::IrqsDuringExit, Figure::SoftirqsDuringExit, Figure::ThreadsDuringExit]
         } else {
-            let why = match self.options.host {
-                Some(HostKind::Pvm) => "this host emits no kvm_exit/kvm_entry".to_string(),
-                _ => "no kvm_exit/kvm_entry in this trace (were the kvm events recorded?)".to_string(),
+            &[]
+        };
+        let (path, unavailable) = if exit_path {
+            let figures = [Figure::LightHeavySplit, Figure::VmmTime, Figure::Descheduled, Figure::HaltPolling];
+            let missing = holdings.unavailable(&figures).into_iter().chain(holdings.unavailable(rows_figures));
+            ("kvm_exit".to_string(), missing.map(|u| u.to_string()).collect())
+        } else {
+            let lightweight = match holdings.check(Figure::ExitDurations) {
+                Err(u) => u.to_string(),
+                // Recorded, yet none fired: a host that does not trace its exits.
+                Ok(()) => format!(
+                    "{}: kvm_exit and kvm_entry were recorded but none fired (a host whose exits KVM does not trace, such as PVM)",
+                    Figure::ExitDurations.label()
+                ),
             };
-            (
-                "userspace_round_trips".to_string(),
-                [
-                    Some(format!("durations of lightweight exits: {why}")),
-                    unrecorded.round_trip_ends.then(|| {
-                        "durations of heavyweight exits: neither kvm_fpu nor kvm_entry was recorded, so no round trip ends"
-                            .to_string()
-                    }),
-                    Some(
-                        "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
-                    ),
-                ]
-                .into_iter()
-                .flatten()
-                .collect(),
-            )
+            let figures =
+                [Figure::LightHeavySplit, Figure::RoundTripDurations, Figure::Descheduled, Figure::HaltPolling];
+            let light_count = match holdings.check(Figure::LightweightWithoutExitEvents) {
+                Err(u) => Some(u.to_string()),
+                Ok(()) if self.options.kvm_exits.is_none() => Some(format!(
+                    "{}: a VM's KVM stats lack a snapshot at the start or the end (or only some threads were analysed)",
+                    Figure::LightweightWithoutExitEvents.label()
+                )),
+                Ok(()) => None,
+            };
+            let missing = std::iter::once(lightweight)
+                .chain(light_count)
+                .chain(
+                    holdings
+                        .unavailable(&figures)
+                        .into_iter()
+                        .chain(holdings.unavailable(rows_figures))
+                        .map(|u| u.to_string()),
+                )
+                .chain(std::iter::once(
+                    "hardware exit reasons: only KVM_EXIT_* reasons of userspace exits and evidence events".to_string(),
+                ));
+            ("userspace_round_trips".to_string(), missing.collect())
         };
         ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
     }
@@ -984,7 +1027,7 @@ mod tests {
         let preempted = r.rows.iter().find(|x| x.exit_ts == 400).unwrap();
         assert_eq!(
             (preempted.overhead_ns, preempted.irqs, preempted.threads.clone()),
-            (Some(30), 1, vec!["task5".to_string()])
+            (Some(30), Some(1), Some(vec!["task5".to_string()]))
         );
         assert_eq!(
             r.by_vcpu,
@@ -994,7 +1037,8 @@ mod tests {
                 exits: 3,
                 lightweight: Some(2),
                 heavyweight: Some(1),
-                total_ns: 220
+                total_ns: 220,
+                guest_idle_ns: 0,
             }]
         );
     }
@@ -1018,12 +1062,20 @@ mod tests {
         let r = a.finish(&TestNames);
         assert_eq!(r.source.path, "userspace_round_trips");
         assert!(!r.source.unavailable.is_empty());
-        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (Some(1), Some(2), 4));
+        // Evidence events show only some lightweight exits: without KVM's count, unknown.
+        assert_eq!((r.totals.heavyweight, r.totals.lightweight, r.totals.lost_events), (Some(1), None, 4));
+        assert!(r.source.unavailable.iter().any(|u| u.starts_with("lightweight exits (KVM's count")), "{:?}", r.source);
         let heavy = r.by_reason.iter().find(|x| x.reason == "KVM_EXIT_2").unwrap();
         assert_eq!((heavy.count, heavy.total_ns, heavy.vmm_ns), (1, Some(68), Some(68)));
         let light = r.by_reason.iter().find(|x| x.reason == "pio (in kernel)").unwrap();
-        assert_eq!((light.count, light.total_ns), (1, None));
+        assert_eq!((light.count, light.total_ns, light.lightweight), (1, None, Some(1)));
         assert!(r.by_reason.iter().any(|x| x.reason == "event33 (in kernel)"));
+        // With KVM's count of the run's exits (its stats fds), the lightweight ones are known.
+        let mut a =
+            ExitAnalyzer::new(ExitOptions { evidence_events: vec![33], kvm_exits: Some(10), ..Default::default() });
+        events.iter().for_each(|e| a.on_event(e));
+        let r = a.finish(&TestNames);
+        assert_eq!((r.totals.heavyweight, r.totals.lightweight), (Some(1), Some(9)));
     }
 
     fn switch(ts: u64, prev: u32, prev_state: u32, next: u32) -> Event {
@@ -1112,14 +1164,17 @@ mod tests {
 
     #[test]
     fn a_quiet_trace_says_why_it_has_no_exit_durations() {
-        let quiet = |host| {
-            let a = ExitAnalyzer::new(ExitOptions { host, ..Default::default() });
+        let quiet = |host, holdings| {
+            let a = ExitAnalyzer::new(ExitOptions { host, holdings, ..Default::default() });
             let r = a.finish(&TestNames);
             (r.source.path, r.source.unavailable.join("; "))
         };
-        assert_eq!(quiet(Some(HostKind::Svm)), ("kvm_exit".to_string(), String::new()));
-        assert!(quiet(Some(HostKind::Pvm)).1.contains("this host emits no kvm_exit"));
-        assert!(quiet(None).1.contains("no kvm_exit/kvm_entry in this trace"));
+        assert_eq!(quiet(Some(HostKind::Svm), Holdings::all()), ("kvm_exit".to_string(), String::new()));
+        let pvm = Holdings::all().never_emitted(Class::ExitEntry);
+        assert!(quiet(Some(HostKind::Pvm), pvm).1.contains("this host never emits kvm_exit"));
+        assert!(quiet(None, Holdings::all()).1.contains("kvm_exit and kvm_entry were recorded but none fired"));
+        let unrecorded = Holdings::of(|_, e| e != "kvm_exit", true, None);
+        assert!(quiet(None, unrecorded).1.contains("kvm_exit and kvm_entry were not recorded"));
     }
 
     /// A VMX capture made elsewhere with only kvm_exit/kvm_entry: which exits went to the VMM,
@@ -1142,8 +1197,9 @@ mod tests {
                 String::new()
             }
         }
-        let unrecorded = Unrecorded { userspace_exits: true, sched_switch: true, ..Default::default() };
-        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, unrecorded, ..Default::default() });
+        let recorded = ["kvm_exit", "kvm_entry", "kvm_vcpu_wakeup", "irq_handler_entry", "softirq_entry"];
+        let holdings = Holdings::of(|_, e| recorded.contains(&e), false, None);
+        let mut a = ExitAnalyzer::new(ExitOptions { rows: true, holdings, ..Default::default() });
         let events = [
             exit(100, 7, 10),
             entry(110, 7),

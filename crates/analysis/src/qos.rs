@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
 use crate::Names;
+use virtprof_model::evidence::{Figure, Holdings};
 use virtprof_model::vmm::{ThreadRole, VmOwner};
 use virtprof_model::{Pid, Tid, VcpuThread};
 
@@ -57,6 +58,8 @@ pub struct WindowReport {
     pub exits_source: String,
     /// VMs.
     pub vms: Vec<VmRow>,
+    /// Figures the source cannot give (null in the rows), each with its reason.
+    pub unavailable: Vec<String>,
 }
 
 /// One VM: shares averaged over its vCPUs, counts summed.
@@ -71,14 +74,15 @@ pub struct VmRow {
     /// Its UUID, libvirt domain, pod and container, where known.
     #[serde(skip_serializing_if = "VmOwner::is_empty")]
     pub owner: VmOwner,
-    /// Running share, % of the vCPUs' observed time.
-    pub running_pct: f64,
+    /// Running share, % of the vCPUs' observed time (None: unknown, as every figure below
+    /// that the source lacks the events for; see the window's `unavailable`).
+    pub running_pct: Option<f64>,
     /// Runnable but waiting (host-side steal).
-    pub waiting_pct: f64,
+    pub waiting_pct: Option<f64>,
     /// Blocked.
-    pub blocked_pct: f64,
+    pub blocked_pct: Option<f64>,
     /// Executions of all vCPUs.
-    pub exec_count: u64,
+    pub exec_count: Option<u64>,
     /// I/O accesses (None: unknown for one of its vCPUs).
     pub io_count: Option<u64>,
     /// Exits per second (None: unknown for one of its vCPUs).
@@ -98,27 +102,27 @@ pub struct RoleRow {
     /// Threads of this role seen in the window.
     pub threads: usize,
     /// CPU time used, in CPUs (run time over the window's length).
-    pub cpus: f64,
+    pub cpus: Option<f64>,
     /// Running, % of its threads' observed time.
-    pub running_pct: f64,
+    pub running_pct: Option<f64>,
     /// Runnable but waiting for a CPU.
-    pub waiting_pct: f64,
+    pub waiting_pct: Option<f64>,
     /// Blocked.
-    pub blocked_pct: f64,
+    pub blocked_pct: Option<f64>,
     /// Time running, ns (all its threads).
-    pub run_ns: u64,
+    pub run_ns: Option<u64>,
     /// Time waiting, ns.
-    pub wait_ns: u64,
+    pub wait_ns: Option<u64>,
     /// Time blocked, ns.
-    pub blocked_ns: u64,
+    pub blocked_ns: Option<u64>,
     /// Executions (dispatches) of all its threads.
-    pub exec_count: u64,
+    pub exec_count: Option<u64>,
     /// Executions per second.
-    pub execs_per_s: f64,
+    pub execs_per_s: Option<f64>,
     /// Mean CPU time per execution.
-    pub cpu_per_exec_us: f64,
+    pub cpu_per_exec_us: Option<f64>,
     /// Mean wait per execution.
-    pub wait_per_exec_us: f64,
+    pub wait_per_exec_us: Option<f64>,
     /// The VM's I/O accesses (its vCPUs' port and MMIO exits: the guest asking its devices)
     /// per execution of this role: XenMon's I/O count per execution period (Fig. 7b). None
     /// where the VM's I/O is unknown or the role did not run.
@@ -134,30 +138,31 @@ pub struct VcpuRow {
     pub tid: u32,
     /// The physical CPU it ran on longest (or last).
     pub cpu: Option<u32>,
-    /// Running, % of its observed time.
-    pub running_pct: f64,
+    /// Running, % of its observed time (None: unknown, as every figure below that the
+    /// source lacks the events for; see the window's `unavailable`).
+    pub running_pct: Option<f64>,
     /// Waiting runnable (host-side steal).
-    pub waiting_pct: f64,
+    pub waiting_pct: Option<f64>,
     /// Blocked.
-    pub blocked_pct: f64,
+    pub blocked_pct: Option<f64>,
     /// Not known (before its first event, after lost events).
-    pub unknown_pct: f64,
+    pub unknown_pct: Option<f64>,
     /// Time running, ns.
-    pub run_ns: u64,
+    pub run_ns: Option<u64>,
     /// Time waiting, ns.
-    pub wait_ns: u64,
+    pub wait_ns: Option<u64>,
     /// Time blocked, ns.
-    pub blocked_ns: u64,
+    pub blocked_ns: Option<u64>,
     /// Dispatches.
-    pub exec_count: u64,
+    pub exec_count: Option<u64>,
     /// Of those, dispatches the trace did not show (inferred from the thread's own events).
-    pub inferred_exec_count: u64,
+    pub inferred_exec_count: Option<u64>,
     /// Mean CPU time per execution.
-    pub cpu_per_exec_us: f64,
+    pub cpu_per_exec_us: Option<f64>,
     /// Mean wait per execution.
-    pub wait_per_exec_us: f64,
+    pub wait_per_exec_us: Option<f64>,
     /// Blocked time per I/O (0 without I/O).
-    pub blocked_per_io_us: f64,
+    pub blocked_per_io_us: Option<f64>,
     /// Allocation (executions ended by preemption): min, mean, max; null when none.
     pub alloc_min_us: Option<f64>,
     /// Mean allocation.
@@ -193,11 +198,23 @@ pub struct ReasonRate {
 /// How many reasons a vCPU row lists.
 const TOP_REASONS: usize = 3;
 
-/// The table of `span` for `vms` (only time on `cpu` when set).
-pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names, cpu: Option<u32>) -> WindowReport {
+/// The figures a window reports, by the evidence each needs.
+const FIGURES: [Figure; 3] = [Figure::Running, Figure::WaitingBlocked, Figure::IoCount];
+
+/// The table of `span` for `vms` (only time on `cpu` when set), each figure known only where
+/// `holdings` has its evidence.
+pub fn window_report(
+    span: &Span,
+    label: &str,
+    vms: &[VmInfo],
+    names: &dyn Names,
+    cpu: Option<u32>,
+    holdings: &Holdings,
+) -> WindowReport {
     let seconds = span.end_ns.saturating_sub(span.start_ns) as f64 / 1e9;
     let kvm_exit = span.has_kvm_exits();
     let by_thread = ByThread::new(span);
+    let known = Known::of(holdings);
     let vms = vms
         .iter()
         .map(|vm| {
@@ -205,21 +222,21 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
                 .vcpus
                 .iter()
                 .map(|&VcpuThread { index, tid: Tid(tid) }| {
-                    vcpu_row(&by_thread, index, tid, cpu, seconds, kvm_exit, names)
+                    vcpu_row(&by_thread, index, tid, cpu, seconds, kvm_exit, names, known)
                 })
-                .filter(|row| cpu.is_none() || row.run_ns + row.wait_ns + row.blocked_ns > 0)
+                .filter(|row| {
+                    let c = by_thread.thread(row.tid, cpu);
+                    cpu.is_none() || c.run_ns + c.wait_ns + c.blocked_ns > 0
+                })
                 .map(|row| if vm.emulated { VcpuRow { io_count: None, exits_per_s: None, ..row } } else { row })
                 .collect();
-            let mean = |f: fn(&VcpuRow) -> f64| {
-                if vcpus.is_empty() {
-                    0.0
-                } else {
-                    vcpus.iter().map(f).sum::<f64>() / vcpus.len() as f64
-                }
+            let mean = |f: fn(&VcpuRow) -> Option<f64>| -> Option<f64> {
+                let values: Option<Vec<f64>> = vcpus.iter().map(f).collect();
+                values.map(|v| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 })
             };
             let io_count: Option<u64> = vcpus.iter().map(|v| v.io_count).sum();
             VmRow {
-                roles: role_rows(&by_thread, vm, cpu, seconds, io_count),
+                roles: role_rows(&by_thread, vm, cpu, seconds, io_count, known),
                 pid: vm.pid.0,
                 name: vm.name.clone(),
                 kind: vm.kind.clone(),
@@ -242,6 +259,33 @@ pub fn window_report(span: &Span, label: &str, vms: &[VmInfo], names: &dyn Names
         cpu,
         exits_source: if kvm_exit { "kvm_exit" } else { "evidence" }.into(),
         vms,
+        unavailable: holdings.unavailable(&FIGURES).iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// Which of a window's figures the source can give.
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    running: bool,
+    waiting_blocked: bool,
+    io: bool,
+}
+
+impl Known {
+    fn of(holdings: &Holdings) -> Known {
+        Known {
+            running: holdings.knows(Figure::Running),
+            waiting_blocked: holdings.knows(Figure::WaitingBlocked),
+            io: holdings.knows(Figure::IoCount),
+        }
+    }
+
+    fn running<T>(self, v: T) -> Option<T> {
+        self.running.then_some(v)
+    }
+
+    fn waits<T>(self, v: T) -> Option<T> {
+        self.waiting_blocked.then_some(v)
     }
 }
 
@@ -291,7 +335,14 @@ impl<'a> ByThread<'a> {
 }
 
 /// A row per role that has threads, vCPUs first.
-fn role_rows(span: &ByThread<'_>, vm: &VmInfo, cpu: Option<u32>, seconds: f64, io: Option<u64>) -> Vec<RoleRow> {
+fn role_rows(
+    span: &ByThread<'_>,
+    vm: &VmInfo,
+    cpu: Option<u32>,
+    seconds: f64,
+    io: Option<u64>,
+    known: Known,
+) -> Vec<RoleRow> {
     let threads: Vec<(ThreadRole, u32)> =
         vm.vcpus.iter().map(|v| (ThreadRole::Vcpu, v.tid.0)).chain(vm.others.iter().map(|t| (t.role, t.tid))).collect();
     let mut sums: FxHashMap<ThreadRole, (Counters, u64)> = FxHashMap::default();
@@ -320,23 +371,24 @@ fn role_rows(span: &ByThread<'_>, vm: &VmInfo, cpu: Option<u32>, seconds: f64, i
             Some(RoleRow {
                 role,
                 threads: count,
-                cpus: if seconds > 0.0 { c.run_ns as f64 / 1e9 / seconds } else { 0.0 },
-                running_pct: pct(c.run_ns),
-                waiting_pct: pct(c.wait_ns),
-                blocked_pct: pct(c.blocked_ns),
-                run_ns: c.run_ns,
-                wait_ns: c.wait_ns,
-                blocked_ns: c.blocked_ns,
-                exec_count: c.execs,
-                execs_per_s: if seconds > 0.0 { c.execs as f64 / seconds } else { 0.0 },
-                cpu_per_exec_us: per(c.run_ns),
-                wait_per_exec_us: per(c.wait_ns),
-                io_per_exec: io.filter(|_| c.execs > 0).map(|io| io as f64 / c.execs as f64),
+                cpus: known.running(if seconds > 0.0 { c.run_ns as f64 / 1e9 / seconds } else { 0.0 }),
+                running_pct: known.running(pct(c.run_ns)),
+                waiting_pct: known.waits(pct(c.wait_ns)),
+                blocked_pct: known.waits(pct(c.blocked_ns)),
+                run_ns: known.running(c.run_ns),
+                wait_ns: known.waits(c.wait_ns),
+                blocked_ns: known.waits(c.blocked_ns),
+                exec_count: known.running(c.execs),
+                execs_per_s: known.running(if seconds > 0.0 { c.execs as f64 / seconds } else { 0.0 }),
+                cpu_per_exec_us: known.running(per(c.run_ns)),
+                wait_per_exec_us: known.waits(per(c.wait_ns)),
+                io_per_exec: io.filter(|_| c.execs > 0 && known.running).map(|io| io as f64 / c.execs as f64),
             })
         })
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn vcpu_row(
     span: &ByThread<'_>,
     index: u32,
@@ -345,6 +397,7 @@ fn vcpu_row(
     seconds: f64,
     kvm_exit: bool,
     names: &dyn Names,
+    known: Known,
 ) -> VcpuRow {
     let all = span.thread(tid, None);
     let c: Counters = span.thread(tid, cpu);
@@ -356,27 +409,29 @@ fn vcpu_row(
     let mut reasons: Vec<(ReasonKey, u64)> = span.reasons.get(&tid).cloned().unwrap_or_default();
     reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let alloc = c.preemptions > 0;
+    let io = known.io.then_some(c.io);
     VcpuRow {
         index,
         tid,
         cpu: cpu.or_else(|| span.main_cpu(tid)),
-        running_pct: pct(c.run_ns),
-        waiting_pct: pct(c.wait_ns),
-        blocked_pct: pct(c.blocked_ns),
-        unknown_pct: pct(c.unknown_ns),
-        run_ns: c.run_ns,
-        wait_ns: c.wait_ns,
-        blocked_ns: c.blocked_ns,
-        exec_count: c.execs,
-        inferred_exec_count: c.inferred_execs,
-        cpu_per_exec_us: per(c.run_ns, c.execs),
-        wait_per_exec_us: per(c.wait_ns, c.execs),
-        blocked_per_io_us: per(c.blocked_ns, c.io),
-        alloc_min_us: alloc.then(|| c.alloc_min_ns as f64 / 1e3),
-        alloc_avg_us: alloc.then(|| per(c.alloc_sum_ns, c.preemptions)),
-        alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3),
-        wait_max_us: (c.wait_max_ns > 0).then(|| c.wait_max_ns as f64 / 1e3),
-        io_count: Some(c.io),
+        running_pct: known.running(pct(c.run_ns)),
+        waiting_pct: known.waits(pct(c.wait_ns)),
+        blocked_pct: known.waits(pct(c.blocked_ns)),
+        unknown_pct: known.running(pct(c.unknown_ns)),
+        run_ns: known.running(c.run_ns),
+        wait_ns: known.waits(c.wait_ns),
+        blocked_ns: known.waits(c.blocked_ns),
+        exec_count: known.running(c.execs),
+        inferred_exec_count: known.running(c.inferred_execs),
+        cpu_per_exec_us: known.running(per(c.run_ns, c.execs)),
+        wait_per_exec_us: known.waits(per(c.wait_ns, c.execs)),
+        // Blocked time per I/O: with I/O only (none: no figure to give, not an unknown).
+        blocked_per_io_us: io.filter(|&n| n > 0 && known.waiting_blocked).map(|n| per(c.blocked_ns, n)),
+        alloc_min_us: alloc.then(|| c.alloc_min_ns as f64 / 1e3).filter(|_| known.running),
+        alloc_avg_us: alloc.then(|| per(c.alloc_sum_ns, c.preemptions)).filter(|_| known.running),
+        alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3).filter(|_| known.running),
+        wait_max_us: (c.wait_max_ns > 0).then(|| c.wait_max_ns as f64 / 1e3).filter(|_| known.waiting_blocked),
+        io_count: io,
         exits,
         exits_per_s: Some(rate(exits)),
         kvm_stats_exits_per_s: None,
@@ -454,7 +509,7 @@ mod tests {
         span.counters.insert((103, 1), counters(10_000_000, 0, 490_000_000, 2, 0));
         span.counters.insert((104, 1), counters(30_000_000, 0, 470_000_000, 2, 0));
         span.counters.insert((999, 0), counters(900_000_000, 0, 0, 1, 0)); // another process
-        let report = window_report(&span, "run", &[vm(false)], &TestNames, None);
+        let report = window_report(&span, "run", &[vm(false)], &TestNames, None, &Holdings::all());
         let roles = &report.vms[0].roles;
         let names: Vec<_> = roles.iter().map(|r| (r.role, r.threads)).collect();
         assert_eq!(
@@ -464,21 +519,21 @@ mod tests {
         let main = &roles[2];
         assert_eq!(
             (main.run_ns, main.wait_ns, main.blocked_ns, main.exec_count),
-            (200_000_000, 50_000_000, 750_000_000, 20)
+            (Some(200_000_000), Some(50_000_000), Some(750_000_000), Some(20))
         );
-        assert!((main.cpus - 0.2).abs() < 1e-9 && (main.running_pct - 20.0).abs() < 1e-9);
+        assert!((main.cpus.unwrap() - 0.2).abs() < 1e-9 && (main.running_pct.unwrap() - 20.0).abs() < 1e-9);
         // The VM's 80 I/O accesses over the main loop's 20 executions.
         assert_eq!(main.io_per_exec, Some(4.0));
         // An I/O thread that never ran: no executions, so no I/O per execution.
-        assert_eq!((roles[1].exec_count, roles[1].io_per_exec), (0, None));
+        assert_eq!((roles[1].exec_count, roles[1].io_per_exec), (Some(0), None));
         let workers = &roles[3];
-        assert_eq!((workers.run_ns, workers.exec_count), (40_000_000, 4));
+        assert_eq!((workers.run_ns, workers.exec_count), (Some(40_000_000), Some(4)));
         // Only CPU 1: the main loop's time there, its shares still of all its time.
-        let on_1 = window_report(&span, "run", &[vm(false)], &TestNames, Some(1));
-        assert_eq!(on_1.vms[0].roles[2].run_ns, 100_000_000);
-        assert!((on_1.vms[0].roles[2].running_pct - 10.0).abs() < 1e-9);
+        let on_1 = window_report(&span, "run", &[vm(false)], &TestNames, Some(1), &Holdings::all());
+        assert_eq!(on_1.vms[0].roles[2].run_ns, Some(100_000_000));
+        assert!((on_1.vms[0].roles[2].running_pct.unwrap() - 10.0).abs() < 1e-9);
         // Emulated vCPUs make no exits: the VM's I/O is unknown, never 0.
-        let tcg = window_report(&span, "run", &[vm(true)], &TestNames, None);
+        let tcg = window_report(&span, "run", &[vm(true)], &TestNames, None, &Holdings::all());
         assert_eq!((tcg.vms[0].io_count, tcg.vms[0].exits_per_s), (None, None));
         assert!(tcg.vms[0].roles.iter().all(|r| r.io_per_exec.is_none()));
     }

@@ -1,11 +1,12 @@
 //! The per-reason exit table `exits` and `report` print, and the figures around it.
 
 use virtprof_analysis::exits::{ReasonRow, Totals};
+use virtprof_sinks::table::known;
 use virtprof_sinks::Table;
 
-/// Nanoseconds as microseconds with two decimals (empty when unknown).
+/// Nanoseconds as microseconds with two decimals ("unknown" without the evidence).
 pub fn us(ns: Option<u64>) -> String {
-    ns.map(|v| format!("{:.2}", v as f64 / 1000.0)).unwrap_or_default()
+    known(ns, |v| format!("{:.2}", v as f64 / 1000.0))
 }
 
 /// Nanoseconds as milliseconds, three decimals.
@@ -15,7 +16,7 @@ fn ms(ns: u64) -> String {
 
 /// A count the source may not support: "unknown" rather than a zero it cannot back.
 pub fn count(n: Option<u64>) -> String {
-    n.map_or_else(|| "unknown".to_string(), |n| n.to_string())
+    known(n, |n| n.to_string())
 }
 
 /// One row per exit reason: the columns of `perf kvm stat report`, plus percentiles and the
@@ -54,8 +55,11 @@ pub fn reason_table(rows: &[ReasonRow]) -> Table {
 /// "N exits (L lightweight, H heavyweight)", or why the split is unknown.
 pub fn exits_line(t: &Totals) -> String {
     match (t.lightweight, t.heavyweight) {
-        (Some(light), Some(heavy)) => format!("{} exits ({light} lightweight, {heavy} heavyweight)", t.exits),
-        _ => format!("{} exits (lightweight/heavyweight unknown: no kvm_userspace_exit recorded)", t.exits),
+        (Some(light), Some(heavy)) => {
+            format!("{} exits ({light} lightweight, {heavy} heavyweight)", light.saturating_add(heavy).max(t.exits))
+        }
+        (None, Some(heavy)) => format!("{} exits traced ({heavy} heavyweight; lightweight: unknown)", t.exits),
+        _ => format!("{} exits (lightweight/heavyweight: unknown)", t.exits),
     }
 }
 

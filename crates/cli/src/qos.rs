@@ -3,7 +3,7 @@
 use virtprof_analysis::qos::{RoleRow, VcpuRow, VmRow, WindowReport};
 use virtprof_model::units::printable;
 use virtprof_model::vmm::{ThreadRole, VmOwner};
-use virtprof_sinks::table::Table;
+use virtprof_sinks::table::{known, Table, UNKNOWN};
 
 /// `owner: web (pid 812): libvirt domain web-1 · uuid … · pod … · container …`, for each VM
 /// the host says more about than its cgroup.
@@ -57,7 +57,7 @@ pub fn vm_cells(vm: &VmRow) -> [String; 14] {
         pct(vm.running_pct),
         pct(vm.waiting_pct),
         pct(vm.blocked_pct),
-        vm.exec_count.to_string(),
+        known(vm.exec_count, |n| n.to_string()),
         String::new(),
         String::new(),
         String::new(),
@@ -77,12 +77,18 @@ pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
         pct(v.running_pct),
         pct(v.waiting_pct),
         pct(v.blocked_pct),
-        v.exec_count.to_string(),
-        format!("{:.1}", v.cpu_per_exec_us),
-        format!("{:.1}", v.wait_per_exec_us),
-        if v.io_count.is_some_and(|n| n > 0) { format!("{:.1}", v.blocked_per_io_us) } else { "-".into() },
-        match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us) {
-            (Some(avg), Some(min), Some(max)) => format!("{avg:.0} ({min:.0}-{max:.0})"),
+        known(v.exec_count, |n| n.to_string()),
+        known(v.cpu_per_exec_us, |us| format!("{us:.1}")),
+        known(v.wait_per_exec_us, |us| format!("{us:.1}")),
+        match (v.blocked_per_io_us, v.io_count) {
+            (Some(us), _) => format!("{us:.1}"),
+            // No I/O: no figure to give. Unknown I/O, or unknown blocked time: unknown.
+            (None, Some(0)) => "-".into(),
+            (None, _) => UNKNOWN.into(),
+        },
+        match (v.alloc_avg_us, v.alloc_min_us, v.alloc_max_us, v.exec_count) {
+            (Some(avg), Some(min), Some(max), _) => format!("{avg:.0} ({min:.0}-{max:.0})"),
+            (_, _, _, None) => UNKNOWN.into(),
             _ => "-".into(),
         },
         count_cell(v.io_count),
@@ -101,11 +107,11 @@ pub fn role_cells(r: &RoleRow) -> [String; 14] {
         pct(r.running_pct),
         pct(r.waiting_pct),
         pct(r.blocked_pct),
-        r.exec_count.to_string(),
-        format!("{:.1}", r.cpu_per_exec_us),
-        format!("{:.1}", r.wait_per_exec_us),
+        known(r.exec_count, |n| n.to_string()),
+        known(r.cpu_per_exec_us, |us| format!("{us:.1}")),
+        known(r.wait_per_exec_us, |us| format!("{us:.1}")),
         String::new(),
-        format!("{:.2} CPUs", r.cpus),
+        known(r.cpus, |cpus| format!("{cpus:.2} CPUs")),
         String::new(),
         String::new(),
         format!("io/exec {io}"),
@@ -160,14 +166,14 @@ pub fn roles_table(report: &WindowReport) -> Option<Table> {
                 printable(&format!("{} ({})", vm.name, vm.pid)).into_owned(),
                 r.role.to_string(),
                 r.threads.to_string(),
-                format!("{:.2}", r.cpus),
+                known(r.cpus, |c| format!("{c:.2}")),
                 pct(r.running_pct),
                 pct(r.waiting_pct),
                 pct(r.blocked_pct),
-                r.exec_count.to_string(),
-                format!("{:.0}", r.execs_per_s),
-                format!("{:.1}", r.cpu_per_exec_us),
-                format!("{:.1}", r.wait_per_exec_us),
+                known(r.exec_count, |n| n.to_string()),
+                known(r.execs_per_s, |n| format!("{n:.0}")),
+                known(r.cpu_per_exec_us, |us| format!("{us:.1}")),
+                known(r.wait_per_exec_us, |us| format!("{us:.1}")),
                 io_per_exec_cell(r),
             ]);
         }
@@ -177,11 +183,16 @@ pub fn roles_table(report: &WindowReport) -> Option<Table> {
 
 /// The VM's I/O accesses per execution of a role; "-" where exits are unseen (emulated).
 fn io_per_exec_cell(r: &RoleRow) -> String {
-    r.io_per_exec.map_or_else(|| "-".into(), |n| format!("{n:.2}"))
+    match (r.io_per_exec, r.exec_count) {
+        (Some(n), _) => format!("{n:.2}"),
+        (None, None) => UNKNOWN.into(),
+        (None, Some(_)) => "-".into(),
+    }
 }
 
-fn pct(v: f64) -> String {
-    format!("{v:.1}")
+/// A share, or "unknown" without the evidence for it.
+fn pct(v: Option<f64>) -> String {
+    known(v, |v| format!("{v:.1}"))
 }
 
 /// The CSV header of [`log_rows`].
@@ -191,48 +202,50 @@ pub const LOG_HEADER: &str = "time_s,window,entity,pid,vm,vcpu,tid,running_pct,w
 /// column: the VMM's main loop, I/O threads, vhost workers, ...) of `report`.
 pub fn log_rows(report: &WindowReport, time_s: f64) -> Vec<String> {
     let mut lines = Vec::new();
+    // Unknown figures are empty fields, as everywhere in CSV.
     let opt = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
+    let n = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
     for vm in &report.vms {
         let name = vm.name.replace(|c: char| c == ',' || c == '"' || c.is_control(), "_");
         lines.push(format!(
-            "{time_s:.3},{},vm,{},{name},,,{:.3},{:.3},{:.3},{},,,{},{},",
+            "{time_s:.3},{},vm,{},{name},,,{},{},{},{},,,{},{},",
             report.label,
             vm.pid,
-            vm.running_pct,
-            vm.waiting_pct,
-            vm.blocked_pct,
-            vm.exec_count,
-            vm.io_count.map(|n| n.to_string()).unwrap_or_default(),
+            opt(vm.running_pct),
+            opt(vm.waiting_pct),
+            opt(vm.blocked_pct),
+            n(vm.exec_count),
+            n(vm.io_count),
             opt(vm.exits_per_s)
         ));
         for v in &vm.vcpus {
             lines.push(format!(
-                "{time_s:.3},{},vcpu,{},{name},{},{},{:.3},{:.3},{:.3},{},{},{},{},{},",
+                "{time_s:.3},{},vcpu,{},{name},{},{},{},{},{},{},{},{},{},{},",
                 report.label,
                 vm.pid,
                 v.index,
                 v.tid,
-                v.running_pct,
-                v.waiting_pct,
-                v.blocked_pct,
-                v.exec_count,
-                opt(Some(v.cpu_per_exec_us)),
-                opt(Some(v.wait_per_exec_us)),
-                v.io_count.map(|n| n.to_string()).unwrap_or_default(),
+                opt(v.running_pct),
+                opt(v.waiting_pct),
+                opt(v.blocked_pct),
+                n(v.exec_count),
+                opt(v.cpu_per_exec_us),
+                opt(v.wait_per_exec_us),
+                n(v.io_count),
                 opt(v.exits_per_s)
             ));
         }
         for r in &vm.roles {
             lines.push(format!(
-                "{time_s:.3},{},role,{},{name},,,{:.3},{:.3},{:.3},{},{},{},,,{}",
+                "{time_s:.3},{},role,{},{name},,,{},{},{},{},{},{},,,{}",
                 report.label,
                 vm.pid,
-                r.running_pct,
-                r.waiting_pct,
-                r.blocked_pct,
-                r.exec_count,
-                opt(Some(r.cpu_per_exec_us)),
-                opt(Some(r.wait_per_exec_us)),
+                opt(r.running_pct),
+                opt(r.waiting_pct),
+                opt(r.blocked_pct),
+                n(r.exec_count),
+                opt(r.cpu_per_exec_us),
+                opt(r.wait_per_exec_us),
                 r.role
             ));
         }

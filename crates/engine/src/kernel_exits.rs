@@ -100,6 +100,7 @@ pub fn exit_report(counts: &KernelCounts, names: &dyn Names, tids: Option<&[u32]
             lightweight: exit_path.then(|| exits.saturating_sub(to_vmm)),
             heavyweight: Some(to_vmm),
             total_ns: 0,
+            guest_idle_ns: 0,
         })
         .collect();
     let mut unavailable = Vec::new();

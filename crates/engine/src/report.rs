@@ -283,7 +283,7 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
         .map(|r| HistogramOut { reason: r.reason.clone(), buckets: r.histogram.buckets().collect() })
         .collect();
     let vms = analysis.vms.clone();
-    let accounting = analysis.total.as_ref().map(|t| window_report(t, "run", &vms, &names, None));
+    let accounting = analysis.total.as_ref().map(|t| window_report(t, "run", &vms, &names, None, &analysis.holdings));
     let timeline = analysis.total.is_some().then(|| timeline(&analysis.buckets, &vms, analysis.bucket_ns, origin_ns));
     let late = recording.footer.iter().flat_map(|f| f.vm_identities.iter());
     let identities: Vec<_> = md.vm_identities.iter().chain(late).collect();

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod clock_sync;
 pub mod entity;
 pub mod event;
+pub mod evidence;
 pub mod guest;
 pub mod host;
 pub mod ids;

@@ -19,5 +19,5 @@ pub use error::{Result, SessionError};
 pub use guest_trace::GuestTrace;
 pub use import::SourceOptions;
 pub use live::LiveTrace;
-pub use names::{evidence_event_ids, unrecorded_events, DecoderNames, EVIDENCE_EVENTS};
+pub use names::{evidence_event_ids, DecoderNames, EVIDENCE_EVENTS};
 pub use session::Session;

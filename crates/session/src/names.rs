@@ -15,19 +15,6 @@ pub fn evidence_event_ids(decoder: &Decoder) -> Vec<u16> {
     EVIDENCE_EVENTS.iter().filter_map(|name| decoder.layout().format_by_name("kvm", name).map(|f| f.id)).collect()
 }
 
-/// What the recorded kernel's formats show was not recorded: a source lists the formats of
-/// the events it enabled (trace-cmd saves only those), so a missing format is a figure the
-/// exit analysis must call unknown.
-pub fn unrecorded_events(decoder: &Decoder) -> virtprof_analysis::exits::Unrecorded {
-    let missing = |system: &str, event: &str| decoder.layout().format_by_name(system, event).is_none();
-    virtprof_analysis::exits::Unrecorded {
-        userspace_exits: missing("kvm", "kvm_userspace_exit"),
-        sched_switch: missing("sched", "sched_switch"),
-        vcpu_wakeup: missing("kvm", "kvm_vcpu_wakeup"),
-        round_trip_ends: missing("kvm", "kvm_fpu") && missing("kvm", "kvm_entry"),
-    }
-}
-
 /// Names through a decoder: the recorded kernel's own symbol tables and event names.
 pub struct DecoderNames<'a>(pub &'a Decoder);
 

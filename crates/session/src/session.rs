@@ -9,6 +9,7 @@ use std::path::Path;
 use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::Analyzer;
 use virtprof_model::clock::{clock_unit, ClockUnit, TimeScale};
+use virtprof_model::evidence::{Class, Holdings};
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
 use virtprof_store::recording::{Chunk, Footer, Metadata, Reader, Task, TasksFound, VmIdentity};
@@ -405,6 +406,52 @@ impl Session {
     /// an import).
     pub fn host_kind(&self) -> Option<HostKind> {
         self.metadata.host.get("host_kind").and_then(|name| HostKind::from_name(name))
+    }
+
+    /// What this source holds, and so which figures it can give: the events it traced (its
+    /// list where it keeps one, else every event it has a format for: trace-cmd and perf save
+    /// only those), KVM stats snapshots, and timestamps that read as time. A host that never
+    /// emits kvm_exit (PVM) is said to.
+    pub fn holdings(&self, decoder: &Decoder) -> Holdings {
+        let listed: Option<std::collections::HashSet<&str>> =
+            self.metadata.events.as_ref().map(|events| events.iter().map(String::as_str).collect());
+        let has = |system: &str, name: &str| match &listed {
+            Some(events) => events.contains(format!("{system}:{name}").as_str()),
+            None => decoder.layout().format_by_name(system, name).is_some(),
+        };
+        let kvm_stats =
+            !self.metadata.kvm_stats.is_empty() || self.footer.as_ref().is_some_and(|f| !f.kvm_stats.is_empty());
+        let holdings = Holdings::of(has, kvm_stats, None);
+        match self.host_kind() {
+            Some(HostKind::Pvm) => holdings.never_emitted(Class::ExitEntry),
+            _ => holdings,
+        }
+    }
+
+    /// Exits KVM counted for the recording's VMs over it: its stats fds at the end less at the
+    /// start (a VM that began during the recording from 0). None where a VM lacks a snapshot
+    /// at either end (one that ended before the recording did, a file made elsewhere).
+    pub fn kvm_exits(&self) -> Option<u64> {
+        let footer = self.footer.as_ref()?;
+        let exits = |s: &virtprof_store::recording::KvmStatsSnapshot| -> u64 {
+            s.vcpus.iter().filter_map(|(_, m)| m.get("exits")).sum()
+        };
+        let pids: std::collections::BTreeSet<u32> =
+            self.metadata.kvm_stats.iter().chain(&footer.kvm_stats).map(|s| s.pid).collect();
+        if pids.is_empty() {
+            return None;
+        }
+        let mut total = 0u64;
+        for pid in pids {
+            let end = footer.kvm_stats.iter().find(|s| s.pid == pid)?;
+            let start = match self.metadata.kvm_stats.iter().find(|s| s.pid == pid) {
+                Some(start) => exits(start),
+                None if self.appeared.contains(&pid) => 0,
+                None => return None,
+            };
+            total = total.saturating_add(exits(end).saturating_sub(start));
+        }
+        Some(total)
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;

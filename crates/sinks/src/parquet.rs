@@ -246,8 +246,8 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
         field("preempted_ns", DataType::UInt64, true),
         field("blocked_ns", DataType::UInt64, true),
         field("overhead_ns", DataType::UInt64, true),
-        field("irqs", DataType::UInt64, false),
-        field("softirqs", DataType::UInt64, false),
+        field("irqs", DataType::UInt64, true),
+        field("softirqs", DataType::UInt64, true),
     ]));
     let mut w = writer(path, &schema)?;
     for chunk in rows.chunks(BATCH) {
@@ -282,8 +282,8 @@ pub fn write_exits(path: &Path, rows: &[ExitRow]) -> Result<u64> {
             known(|r| r.preempted_ns),
             known(|r| r.blocked_ns),
             known(|r| r.overhead_ns),
-            u64s(|r| r.irqs),
-            u64s(|r| r.softirqs),
+            known(|r| r.irqs),
+            known(|r| r.softirqs),
         ];
         w.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
     }
@@ -447,18 +447,23 @@ pub fn write_sched(path: &Path, window: &WindowReport) -> Result<u64> {
     type Row<'a> = (&'a VmRow, &'a VcpuRow);
     let rows: Vec<Row> = window.vms.iter().flat_map(|vm| vm.vcpus.iter().map(move |v| (vm, v))).collect();
     let ids = ["pid", "vcpu", "tid"];
-    let times = ["run_ns", "wait_ns", "blocked_ns", "exec_count", "exits"];
+    // Null where the source lacks the events a figure needs (`window.unavailable` says why).
+    let times = ["run_ns", "wait_ns", "blocked_ns", "exec_count", "exits", "io_count"];
     let (mut fields, mut columns) = vm_identity(&rows, |r| r.0);
     fields.extend(ids.iter().map(|n| field(n, DataType::UInt32, false)));
-    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, false)));
-    fields.push(field("io_count", DataType::UInt64, true));
+    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, true)));
     let schema = Arc::new(Schema::new(fields));
     let id_of: [fn(&Row) -> u32; 3] = [|r| r.0.pid, |r| r.1.index, |r| r.1.tid];
-    let time_of: [fn(&Row) -> u64; 5] =
-        [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count, |r| r.1.exits];
+    let time_of: [fn(&Row) -> Option<u64>; 6] = [
+        |r| r.1.run_ns,
+        |r| r.1.wait_ns,
+        |r| r.1.blocked_ns,
+        |r| r.1.exec_count,
+        |r| Some(r.1.exits),
+        |r| r.1.io_count,
+    ];
     columns.extend(id_of.iter().map(|f| column(&rows, |b: &mut UInt32Builder, r| b.append_value(f(r)))));
-    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
-    columns.push(column(&rows, |b: &mut UInt64Builder, r: &Row| b.append_option(r.1.io_count)));
+    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
     let mut w = writer(path, &schema)?;
     w.write(&RecordBatch::try_new(schema, columns)?)?;
     w.into_inner()?.commit()?;
@@ -476,16 +481,17 @@ pub fn write_roles(path: &Path, window: &WindowReport) -> Result<u64> {
     fields.push(field("pid", DataType::UInt32, false));
     fields.push(field("role", DataType::Utf8, false));
     fields.push(field("threads", DataType::UInt64, false));
-    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, false)));
-    fields.push(field("cpus", DataType::Float64, false));
+    fields.extend(times.iter().map(|n| field(n, DataType::UInt64, true)));
+    fields.push(field("cpus", DataType::Float64, true));
     fields.push(field("io_per_exec", DataType::Float64, true));
     let schema = Arc::new(Schema::new(fields));
     columns.push(column(&rows, |b: &mut UInt32Builder, r: &Row| b.append_value(r.0.pid)));
     columns.push(column(&rows, |b: &mut StringBuilder, r: &Row| b.append_value(r.1.role.to_string())));
     columns.push(column(&rows, |b: &mut UInt64Builder, r: &Row| b.append_value(r.1.threads as u64)));
-    let time_of: [fn(&Row) -> u64; 4] = [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count];
-    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_value(f(r)))));
-    columns.push(column(&rows, |b: &mut Float64Builder, r: &Row| b.append_value(r.1.cpus)));
+    let time_of: [fn(&Row) -> Option<u64>; 4] =
+        [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count];
+    columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
+    columns.push(column(&rows, |b: &mut Float64Builder, r: &Row| b.append_option(r.1.cpus)));
     columns.push(column(&rows, |b: &mut Float64Builder, r: &Row| b.append_option(r.1.io_per_exec)));
     let mut w = writer(path, &schema)?;
     w.write(&RecordBatch::try_new(schema, columns)?)?;

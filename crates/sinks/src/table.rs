@@ -89,10 +89,13 @@ impl Table {
         Ok(())
     }
 
-    /// Render CSV (RFC 4180 quoting; footers are not data and are left out).
+    /// Render CSV (RFC 4180 quoting; footers are not data and are left out). An unknown
+    /// figure ([`UNKNOWN`]) is an empty field, as a null is everywhere else.
     pub fn write_csv(&self, mut w: impl Write) -> io::Result<()> {
         let quote = |c: &str| {
-            if c.contains([',', '"', '\n']) {
+            if c == UNKNOWN {
+                String::new()
+            } else if c.contains([',', '"', '\n']) {
                 format!("\"{}\"", c.replace('"', "\"\""))
             } else {
                 c.to_string()
@@ -105,7 +108,19 @@ impl Table {
     }
 }
 
+/// A cell whose figure the source has no evidence for (`model::evidence`): "unknown" in text,
+/// empty in CSV; what it lacks is said below the table.
+pub const UNKNOWN: &str = "unknown";
+
+/// A figure as a cell: `show(value)`, or [`UNKNOWN`].
+pub fn known<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
+    value.map_or_else(|| UNKNOWN.to_string(), show)
+}
+
 fn looks_numeric(s: &str) -> bool {
+    if s == UNKNOWN {
+        return true;
+    }
     let s = s.trim_end_matches(['%', 's']).trim_end_matches("m").trim_end_matches("µ").trim_end_matches('n');
     !s.is_empty() && s.parse::<f64>().is_ok()
 }

@@ -375,6 +375,10 @@ pub struct Metadata {
     pub header_page: String,
     /// Formats of the recorded events.
     pub formats: Vec<FormatText>,
+    /// The events traced (`system:name`), where the source says; without it, every event
+    /// with a format counts as traced (a trace.dat and a perf.data save only those).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<String>>,
     /// CPUs recorded.
     pub cpus: Vec<u32>,
     /// Host facts (kernel release, host kind, ...).

@@ -130,6 +130,9 @@ pub struct Capture {
     page_size: usize,
     /// The systems whose formats the recording needs.
     pub systems: Vec<String>,
+    /// The events enabled (`system:name`): what the recording holds, and so which figures it
+    /// can give (a system's formats are all saved; only these were traced).
+    pub events: Vec<String>,
     /// The buffers' size, and the rate it was fitted to.
     pub sizing: Sizing,
 }
@@ -164,6 +167,7 @@ impl Capture {
         let _ = instance.write("options/record-tgid", "1");
         let mut missing = Vec::new();
         let mut systems: Vec<String> = Vec::new();
+        let mut events: Vec<String> = Vec::new();
         for spec in &config.events {
             if !present(spec) {
                 missing.push(spec.clone());
@@ -174,10 +178,16 @@ impl Capture {
                 None => (spec.as_str(), None),
             };
             instance.enable(system, name)?;
+            match name {
+                Some(name) => events.push(format!("{system}:{name}")),
+                None => events.extend(tracefs.events(system).into_iter().map(|e| format!("{system}:{e}"))),
+            }
             if !systems.iter().any(|s| s == system) {
                 systems.push(system.to_string());
             }
         }
+        events.sort();
+        events.dedup();
         let cpus = online_cpus();
         let sizing = if config.fit_to_rate {
             fit_to_rate(&instance, &cpus, config.buffer_size_kb)?
@@ -196,7 +206,7 @@ impl Capture {
             readers.push((cpu, file));
         }
         instance.write("tracing_on", "1")?;
-        Ok((Capture { readers, instance, page_size, systems, sizing }, missing))
+        Ok((Capture { readers, instance, page_size, systems, events, sizing }, missing))
     }
 
     /// The instance directory.

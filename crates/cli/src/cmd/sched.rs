@@ -93,14 +93,15 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         return Err(usage(format!("no VM in '{}': {why}", args.file.display())));
     }
     let names = DecoderNames(&decoder);
+    let holdings = recording.holdings(&decoder);
     let mut windows = Vec::new();
     if window_ns.is_some() {
         for bucket in acc.buckets() {
             let offset = bucket.start_ns.saturating_sub(total.start_ns) as f64 / 1e9;
-            windows.push(window_report(bucket, &format!("+{offset:.3}s"), &vms, &names, args.cpu));
+            windows.push(window_report(bucket, &format!("+{offset:.3}s"), &vms, &names, args.cpu, &holdings));
         }
     }
-    windows.push(window_report(&total, "run", &vms, &names, args.cpu));
+    windows.push(window_report(&total, "run", &vms, &names, args.cpu, &holdings));
     let loss = recording.loss(&stats);
     let lost_events = loss.total();
 
@@ -135,6 +136,9 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             roles.write_text(&mut out)?;
             writeln!(out)?;
         }
+    }
+    for u in windows.last().map_or(&[][..], |w| &w.unavailable[..]) {
+        writeln!(out, "unavailable: {u}")?;
     }
     let across =
         "each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short";

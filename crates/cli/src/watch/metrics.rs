@@ -40,26 +40,29 @@ const DURATION_BOUNDS_NS: [u64; 16] = [
     100_000_000,
 ];
 
-/// A counter family read straight off one kind of `top` row: name, help, unit, value.
-type Family<Row> = (&'static str, &'static str, Option<Unit>, fn(&Row) -> f64);
+/// A counter family read straight off one kind of `top` row: name, help, unit, value (None:
+/// unknown, and so no series).
+type Family<Row> = (&'static str, &'static str, Option<Unit>, fn(&Row) -> Option<f64>);
 
 /// The per-vCPU counters.
 const VCPU_FAMILIES: [Family<VcpuRow>; 4] = [
-    ("virtprof_vcpu_run", "Time the vCPU thread ran on a host CPU.", Some(Unit::Seconds), |v| v.run_ns as f64 / 1e9),
+    ("virtprof_vcpu_run", "Time the vCPU thread ran on a host CPU.", Some(Unit::Seconds), |v| {
+        v.run_ns.map(|ns| ns as f64 / 1e9)
+    }),
     (
         "virtprof_vcpu_wait",
         "Time the vCPU thread was runnable but waiting for a host CPU (the guest's steal).",
         Some(Unit::Seconds),
-        |v| v.wait_ns as f64 / 1e9,
+        |v| v.wait_ns.map(|ns| ns as f64 / 1e9),
     ),
     (
         "virtprof_vcpu_blocked",
         "Time the vCPU thread slept (guest idle, or waiting on I/O).",
         Some(Unit::Seconds),
-        |v| v.blocked_ns as f64 / 1e9,
+        |v| v.blocked_ns.map(|ns| ns as f64 / 1e9),
     ),
     ("virtprof_vcpu_executions", "Times the vCPU thread was dispatched onto a host CPU.", None, |v| {
-        v.exec_count as f64
+        v.exec_count.map(|n| n as f64)
     }),
 ];
 
@@ -91,19 +94,19 @@ const ROLE_FAMILIES: [Family<RoleRow>; 4] = [
         "virtprof_vmm_thread_run",
         "Time the VM's threads of this role (vcpu, io-thread, main-loop, vhost, worker, other) ran on a host CPU.",
         Some(Unit::Seconds),
-        |r| r.run_ns as f64 / 1e9,
+        |r| r.run_ns.map(|ns| ns as f64 / 1e9),
     ),
     (
         "virtprof_vmm_thread_wait",
         "Time the VM's threads of this role were runnable but waiting for a host CPU.",
         Some(Unit::Seconds),
-        |r| r.wait_ns as f64 / 1e9,
+        |r| r.wait_ns.map(|ns| ns as f64 / 1e9),
     ),
     ("virtprof_vmm_thread_blocked", "Time the VM's threads of this role slept.", Some(Unit::Seconds), |r| {
-        r.blocked_ns as f64 / 1e9
+        r.blocked_ns.map(|ns| ns as f64 / 1e9)
     }),
     ("virtprof_vmm_thread_executions", "Times the VM's threads of this role were dispatched.", None, |r| {
-        r.exec_count as f64
+        r.exec_count.map(|n| n as f64)
     }),
 ];
 
@@ -240,7 +243,8 @@ fn families<'r, Row: 'r, Rows: Iterator<Item = (Labels, &'r Row)>>(
     rows: impl Fn() -> Rows,
 ) -> fmt::Result {
     for (name, help, unit, field) in table {
-        counters(e, name, help, unit.clone(), rows().map(|(l, r)| (l, field(r))))?;
+        // An unknown figure has no series (`virtprof_unavailable` says why).
+        counters(e, name, help, unit.clone(), rows().filter_map(|(l, r)| Some((l, field(r)?))))?;
     }
     Ok(())
 }

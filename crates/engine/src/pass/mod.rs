@@ -12,6 +12,7 @@ use virtprof_analysis::intervals::{IntervalTable, TraceBinner};
 use virtprof_analysis::qos::VmInfo;
 use virtprof_analysis::sched::{SchedOptions, Span, StateSlice};
 use virtprof_analysis::{Analyzer, Names};
+use virtprof_model::evidence::Holdings;
 use virtprof_model::interval::Entity;
 use virtprof_model::{Event, Loss, Tid, VcpuThread};
 use virtprof_trace::decode::Decoder;
@@ -75,6 +76,8 @@ pub struct Analysis {
     pub span_ns: Option<(u64, u64)>,
     /// The decoder, which names reasons and events.
     pub decoder: Decoder,
+    /// What the recording holds: which figures it can give.
+    pub holdings: Holdings,
 }
 
 impl Analysis {
@@ -103,7 +106,8 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
             rows: want.exit_rows,
             evidence_events: evidence.clone(),
             host: recording.host_kind(),
-            unrecorded: virtprof_session::unrecorded_events(&decoder),
+            holdings: recording.holdings(&decoder),
+            kvm_exits: recording.kvm_exits(),
             ..Default::default()
         };
         ExitAnalyzer::new(options)
@@ -178,6 +182,7 @@ pub fn analyse_with(recording: &mut Session, want: Want, also: &mut dyn Analyzer
         events: stats.events,
         loss,
         span_ns: progress.span_ns(),
+        holdings: recording.holdings(&decoder),
         decoder,
     })
 }

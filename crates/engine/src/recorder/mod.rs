@@ -231,6 +231,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         trace_clock: config.clock.clone(),
         header_page,
         formats,
+        events: Some(capture.events.clone()),
         cpus: capture.cpus(),
         host,
         tasks: tasks.values().cloned().collect(),

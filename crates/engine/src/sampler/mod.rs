@@ -25,6 +25,7 @@ use virtprof_host::Schedstat;
 use virtprof_interval::procstat::ProcStat;
 use virtprof_kvm::discover::Discovery;
 use virtprof_kvm::remote::RemoteVmStats;
+use virtprof_model::evidence::Holdings;
 use virtprof_model::units::saturating_u64;
 use virtprof_model::Loss;
 
@@ -474,7 +475,8 @@ impl Sampler {
             Source::Trace(t) => (t.acc.last(ns), Box::new(DecoderNames(t.trace.decoder()))),
             Source::Polling(p) => (p.span(ns), Box::new(NoNames)),
         };
-        let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu);
+        // A live view traces (or counts in the kernel) every event its figures need.
+        let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu, &Holdings::all());
         self.apply_kvm_stats(&mut report);
         report
     }

@@ -14,6 +14,7 @@ use virtprof_analysis::thread_parents::ThreadParents;
 use virtprof_analysis::Analyzer;
 use virtprof_model::units::format_duration;
 use virtprof_model::Loss;
+use virtprof_sinks::table::known;
 use virtprof_sinks::Table;
 use virtprof_store::recording::Task;
 
@@ -136,7 +137,10 @@ struct VmRow {
     exits: u64,
     lightweight: Option<u64>,
     heavyweight: Option<u64>,
+    /// Time in exits, halts apart.
     total_ns: u64,
+    /// Time in halt exits (the guest idling).
+    guest_idle_ns: u64,
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
@@ -164,8 +168,11 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let mut decoder = std::mem::ManuallyDrop::new(recording.decoder(&["kvm", "sched", "irq", "irq_vectors"])?);
     let evidence_events = evidence_event_ids(&decoder);
     let rows = args.noise || args.threshold_us.is_some();
-    let unrecorded = virtprof_session::unrecorded_events(&decoder);
-    let options = ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), unrecorded };
+    let holdings = recording.holdings(&decoder);
+    // KVM's count covers every thread: only with all of them analysed.
+    let kvm_exits = recording.kvm_exits().filter(|_| tids.is_empty());
+    let options =
+        ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), holdings, kvm_exits };
     let mut analyzer = ExitAnalyzer::new(options);
     let mut parents = ThreadParents::default();
     // Both fed in one closure the walk inlines: no dynamic call per event, which shows on big
@@ -311,7 +318,7 @@ fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTree
 }
 
 fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Table {
-    let mut t = Table::new(["TID", "THREAD", "VM", "VCPU", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+    let mut t = Table::new(["TID", "THREAD", "VM", "VCPU", "EXITS", "LIGHT", "HEAVY", "TOTAL_US", "IDLE_US"]);
     for v in &r.by_vcpu {
         t.row([
             v.tid.to_string(),
@@ -322,8 +329,10 @@ fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Tabl
             count(v.lightweight),
             count(v.heavyweight),
             us(Some(v.total_ns)),
+            us(Some(v.guest_idle_ns)),
         ]);
     }
+    t.footer("TOTAL_US: time in exits, the guest's idling in halts apart (IDLE_US), as in the reason table");
     t
 }
 
@@ -341,6 +350,7 @@ fn vm_rows(r: &ExitReport, vms: &BTreeMap<u32, VmOf>) -> Vec<VmRow> {
             lightweight: Some(0),
             heavyweight: Some(0),
             total_ns: 0,
+            guest_idle_ns: 0,
         });
         row.vcpus += 1;
         row.tids.push(v.tid);
@@ -348,12 +358,13 @@ fn vm_rows(r: &ExitReport, vms: &BTreeMap<u32, VmOf>) -> Vec<VmRow> {
         row.lightweight = row.lightweight.zip(v.lightweight).map(|(a, b)| a + b);
         row.heavyweight = row.heavyweight.zip(v.heavyweight).map(|(a, b)| a + b);
         row.total_ns += v.total_ns;
+        row.guest_idle_ns += v.guest_idle_ns;
     }
     by_vm.into_values().collect()
 }
 
 fn vm_table(rows: &[VmRow]) -> Table {
-    let mut t = Table::new(["VM", "GROUPED_BY", "VCPUS", "EXITS", "LIGHT", "HEAVY", "TOTAL_US"]);
+    let mut t = Table::new(["VM", "GROUPED_BY", "VCPUS", "EXITS", "LIGHT", "HEAVY", "TOTAL_US", "IDLE_US"]);
     for v in rows {
         t.row([
             v.vm.clone(),
@@ -363,8 +374,10 @@ fn vm_table(rows: &[VmRow]) -> Table {
             count(v.lightweight),
             count(v.heavyweight),
             us(Some(v.total_ns)),
+            us(Some(v.guest_idle_ns)),
         ]);
     }
+    t.footer("TOTAL_US: time in exits, the guest's idling in halts apart (IDLE_US), as in the reason table");
     t
 }
 
@@ -420,9 +433,9 @@ fn rows_table(r: &ExitReport) -> Table {
             us(x.vmm_ns),
             us(x.preempted_ns),
             us(x.blocked_ns),
-            x.irqs.to_string(),
-            x.softirqs.to_string(),
-            x.threads.join(","),
+            count(x.irqs),
+            count(x.softirqs),
+            known(x.threads.as_ref(), |t| t.join(",")),
         ];
         if with_guest {
             cells.push(x.guest_before.as_ref().map_or_else(|| "-".to_string(), guest_cell));

@@ -148,7 +148,7 @@ fn write_tables(recording: &mut Session, dir: &Path) -> anyhow::Result<()> {
     parquet::write_exit_reasons(&dir.join("exit_reasons.parquet"), reasons)?;
     let mut summary = format!("{event_rows} events, {exit_rows} exits ({} reasons)", reasons.len());
     if let Some(total) = &analysis.total {
-        let window = window_report(total, "run", &analysis.vms, &analysis.names(), None);
+        let window = window_report(total, "run", &analysis.vms, &analysis.names(), None, &analysis.holdings);
         let rows = parquet::write_sched(&dir.join("sched.parquet"), &window)?;
         summary += &format!(", {rows} vCPUs");
         if window.vms.iter().any(|vm| !vm.roles.is_empty()) {
