@@ -326,7 +326,7 @@ fn a_capture_of_exits_and_entries_only_leaves_the_split_unknown() {
     assert_eq!((r["by_vm"][0]["grouped_by"].as_str(), r["by_vm"][0]["vcpus"].as_u64()), (Some("vcpu ids"), Some(2)));
     let text = virtprof().arg("exits").arg(&dump).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("lightweight/heavyweight unknown") && text.contains("unknown"), "{text}");
+    assert!(text.contains("lightweight/heavyweight: unknown"), "{text}");
     assert!(!text.contains(" 0 lightweight"), "{text}");
     let _ = std::fs::remove_dir_all(dump);
 }
