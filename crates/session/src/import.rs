@@ -125,7 +125,7 @@ pub fn trace_dat_parts<'a>(
 ) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
     let time_scale = dat.time_scale(cycles).map_err(|e| SessionError::in_file(path, e))?;
     let cpus = dat.cpus();
-    if cpus.is_empty() {
+    if cpus.is_empty() && dat.texts.iter().any(|t| !t.text.trim().is_empty()) {
         // Only BUFFER_TEXT / v6 latency data: a latency tracer's text, no events to analyse.
         return Err(SessionError::in_file(
             path,

@@ -356,10 +356,13 @@ impl Session {
     pub fn footer_loss_doubt(&self) -> Option<String> {
         let footer = self.footer.as_ref()?;
         // `record` reads every CPU it counts loss on; imports count loss on CPUs that left no
-        // events (a perf.data whose samples on a CPU were all lost).
+        // events (a perf.data whose samples on a CPU were all lost, a trace.dat's idle CPUs),
+        // read from the capture or from a recording `import` made of it. A count of 0 claims
+        // nothing.
         let recorded = &self.metadata.cpus;
-        let own = self.bytes > 0 && !recorded.is_empty();
-        if let Some(l) = footer.cpu_loss.iter().find(|l| own && !recorded.contains(&l.cpu.0)) {
+        let imported = self.metadata.origin.starts_with("import ");
+        let own = self.bytes > 0 && !recorded.is_empty() && !imported;
+        if let Some(l) = footer.cpu_loss.iter().find(|l| own && l.events() > 0 && !recorded.contains(&l.cpu.0)) {
             return Some(format!(
                 "its footer counts {} lost events on CPU {}, which the recording does not have",
                 l.events(),

@@ -82,6 +82,24 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let total = acc.finish()?;
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
+    if stats.events == 0 {
+        // A trace of nothing (a valid file whose CPUs hold no events) reads as that.
+        let loss = recording.loss(&stats);
+        let mut out = crate::output::stdout();
+        if args.json {
+            let source =
+                Source { recording: args.file.display().to_string(), trace_clock: &recording.metadata.trace_clock, mode: "trace" };
+            let windows: Vec<virtprof_analysis::qos::WindowReport> = Vec::new();
+            serde_json::to_writer_pretty(&mut out, &Output { source, lost_events: loss.total(), loss: &loss, windows })?;
+            writeln!(out)?;
+        } else if !args.csv {
+            writeln!(out, "0 events in '{}': nothing to account", args.file.display())?;
+            writeln!(out, "{}", recording.loss_report(&loss, &decoder, ""))?;
+        } else {
+            writeln!(out, "{LOG_HEADER}")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if vms.is_empty() {
         let why = match acc.kvm_threads().count() {
             0 => "no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)".to_string(),

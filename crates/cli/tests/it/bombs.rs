@@ -5,7 +5,7 @@
 //! stays small; a file within the bounds reads in memory bounded by one chunk per CPU.
 
 #[path = "../../../session/tests/support/bombs.rs"]
-mod generator;
+pub(super) mod generator;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

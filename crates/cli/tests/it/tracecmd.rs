@@ -544,3 +544,44 @@ fn a_host_and_guest_pair_is_placed_on_one_clock_as_trace_cmd_places_it() {
     assert!(err.contains("was synchronised with the host trace") && err.contains("give the host file"), "{err}");
     let _ = std::fs::remove_file(&other);
 }
+
+/// Issue 55: a valid trace.dat whose CPUs hold no events (v7 with no CPUs, v6 with empty
+/// ones) reads as empty in every command (exit 0, "0 events"), not as bad input; and a
+/// trace.dat's loss is the same read directly or through the recording `import` makes of it.
+#[test]
+fn an_empty_trace_dat_reads_as_empty_and_an_import_keeps_the_loss() {
+    use super::bombs::generator::{trace_dat, Codec, DatBomb};
+    let empty = [
+        ("empty-v7.dat", trace_dat(&DatBomb { cpus: 0, ..DatBomb::v7(Codec::Zstd, 0, 1) })),
+        ("empty-v6.dat", trace_dat(&DatBomb { chunk_pages: 0, ..DatBomb::v6(2, 0) })),
+    ];
+    for (name, bytes) in empty {
+        let path = temp(name);
+        std::fs::write(&path, bytes).unwrap();
+        let run = |args: &[&str]| {
+            let out = virtprof().args(args).arg(&path).output().unwrap();
+            let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert_eq!(out.status.code(), Some(0), "{name} {args:?}: {stderr}");
+            stdout.into_owned()
+        };
+        assert!(run(&["exits"]).contains("0 exits"), "{name}");
+        assert!(run(&["sched"]).contains("0 events"), "{name}");
+        let report: serde_json::Value = serde_json::from_str(&run(&["report", "--json"])).unwrap();
+        assert_eq!(report["events"], 0, "{name}");
+        let rec = temp(&format!("{name}.vprec"));
+        let out = virtprof().arg("import").arg(&path).arg("-o").arg(&rec).output().unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = std::fs::remove_file(&rec);
+        let _ = std::fs::remove_file(&path);
+    }
+    let fixtures = workspace().join("crates/trace/tests/fixtures");
+    for file in [run5(), fixtures.join("kvm-amd-pair-attach/host.dat"), fixtures.join("kvm-amd-pair-attach/guest.dat")] {
+        let rec = temp("imported-loss.vprec");
+        let out = virtprof().arg("import").arg(&file).arg("-o").arg(&rec).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let (direct, imported) = (exits_json(&file, &[]), exits_json(&rec, &[]));
+        assert_eq!(direct["loss"], imported["loss"], "{}", file.display());
+        assert_eq!(imported["loss"]["complete"], true, "{}: {}", file.display(), imported["loss"]);
+        let _ = std::fs::remove_file(&rec);
+    }
+}

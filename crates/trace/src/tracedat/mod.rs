@@ -340,9 +340,7 @@ fn finish(out: &mut TraceDat) -> Result<(), TraceDatError> {
             other.name, other.clock, out.clock
         ));
     }
-    if with_data.is_empty() && out.texts.iter().all(|t| t.text.trim().is_empty()) {
-        return fail("it holds no trace data: every CPU's data is empty".into());
-    }
+    // Every CPU's data empty: a trace of nothing, which reads as that (0 events).
     Ok(())
 }
 
