@@ -49,9 +49,11 @@
   }
 
   function accounting(D) {
-    if (!D.timeline || D.timeline.vcpus.length === 0) return;
-    const s = section("vCPU run / wait / blocked over time",
-      `Percent of each ${fmt(D.timeline.bucket_ns / 1e6, 0)} ms bucket a vCPU thread spent running, waiting runnable (steal) and blocked, stacked.`);
+    const drawn = D.timeline && D.timeline.vcpus.length > 0;
+    if (!drawn && !D.accounting) return;
+    const missing = D.accounting ? D.accounting.unavailable.map((u) => "Not available: " + u + ".").join(" ") : "";
+    const s = section("vCPU run / wait / blocked" + (drawn ? " over time" : ""),
+      (drawn ? `Percent of each ${fmt(D.timeline.bucket_ns / 1e6, 0)} ms bucket a vCPU thread spent running, waiting runnable (steal) and blocked, stacked. ` : "") + missing);
     if (D.accounting) {
       const rows = [];
       for (const vm of D.accounting.vms) for (const v of vm.vcpus)
@@ -66,6 +68,7 @@
         s.append(table("grid", ["VM", "role", "threads", "CPUs", "run %", "wait %", "blocked %", "executions", "executions/s", "CPU µs / execution", "VM I/O / execution"], roles));
       }
     }
+    if (!drawn) return;
     const box = el("div", { class: "charts" });
     s.append(box);
     const t = D.timeline.t_s;
@@ -146,7 +149,7 @@
     if (!m.length && !I.unavailable.length) return;
     const s = section("Counters", "perf counters over the run; measured: the share of the time a counter that took turns on the PMU was counting (its total is scaled up from it), – where it always counted.");
     s.append(table("grid", ["entity", "counter", "unit", "total", "per s", "measured"],
-      m.map((x) => [x.entity, x.metric, x.unit, fmt(x.total, 0), fmt(x.per_second, 1), x.measured === undefined ? "–" : fmt(100 * x.measured, 0) + " %"])));
+      m.map((x) => [x.entity, x.metric, x.unit, fmt(x.total, 0), fmt(x.per_second, 1), x.measured === null || x.measured === undefined ? "–" : fmt(100 * x.measured, 0) + " %"])));
   }
 
   function guests(D) {

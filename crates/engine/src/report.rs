@@ -11,6 +11,7 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::phases;
 use virtprof_analysis::qos::{window_report, WindowReport};
 use virtprof_analysis::sched::Span;
+use virtprof_model::evidence::Figure;
 use virtprof_model::interval::{Entity, SeriesKind};
 use virtprof_model::{Pid, Tid, VcpuThread};
 
@@ -206,10 +207,13 @@ pub struct MetricOut {
     pub unit: String,
     pub total: f64,
     pub per_second: f64,
-    /// For a counter that took turns on the PMU: the share of the time it was measured, over
-    /// the rows (the rest of its total is scaled up); null for one that always counted.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// For a perf counter: the share of the time it was counting, over the rows (1 for one
+    /// that never took turns on the PMU; below 1, the rest of its total is scaled up by
+    /// time_enabled / time_running). Null for a figure that is no perf counter (tracepoint
+    /// counts, KVM stats, /proc), which is never scaled.
     pub measured: Option<f64>,
+    /// Whether its total is partly an estimate (a perf counter that took turns).
+    pub scaled: bool,
 }
 
 #[derive(Serialize)]
@@ -284,7 +288,10 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
         .collect();
     let vms = analysis.vms.clone();
     let accounting = analysis.total.as_ref().map(|t| window_report(t, "run", &vms, &names, None, &analysis.holdings));
-    let timeline = analysis.total.is_some().then(|| timeline(&analysis.buckets, &vms, analysis.bucket_ns, origin_ns));
+    // A stacked run / wait / blocked chart: only where the recording gives all three.
+    let states_known = [Figure::Running, Figure::WaitingBlocked].iter().all(|&f| analysis.holdings.knows(f));
+    let timeline = (analysis.total.is_some() && states_known)
+        .then(|| timeline(&analysis.buckets, &vms, analysis.bucket_ns, origin_ns));
     let late = recording.footer.iter().flat_map(|f| f.vm_identities.iter());
     let identities: Vec<_> = md.vm_identities.iter().chain(late).collect();
     let vms_out = vms
@@ -374,13 +381,18 @@ fn intervals(
         .columns
         .iter()
         .filter(|c| c.series.kind == SeriesKind::Delta && matches!(c.series.entity, Entity::Vm(_) | Entity::Cpu(_)))
-        .map(|c| MetricOut {
-            entity: c.series.entity.to_string(),
-            metric: c.series.metric.clone(),
-            unit: c.series.unit.clone(),
-            total: c.total(),
-            per_second: c.total() / seconds,
-            measured: measured_share(table, &c.series.entity, &c.series.metric),
+        .map(|c| {
+            let share = measured_share(table, &c.series.entity, &c.series.metric);
+            let counter = c.series.metric.starts_with("perf.");
+            MetricOut {
+                entity: c.series.entity.to_string(),
+                metric: c.series.metric.clone(),
+                unit: c.series.unit.clone(),
+                total: c.total(),
+                per_second: c.total() / seconds,
+                measured: share.or(counter.then_some(1.0)),
+                scaled: share.is_some_and(|r| r < 1.0),
+            }
         })
         .filter(|m| m.total != 0.0)
         .collect();
@@ -487,6 +499,7 @@ fn guest(g: &virtprof_session::guest::GuestStream, origin_ns: u64, pio: &[(u16, 
                     f64::NAN
                 },
                 measured: None,
+                scaled: false,
             }),
         }
     }

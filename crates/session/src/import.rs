@@ -204,6 +204,8 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
     let text = virtprof_host::input::read_text(path, "ftrace text", MAX_IMPORT)?;
     let encoder = TextEncoder::new(&layout);
     let mut writers: std::collections::BTreeMap<u32, PageWriter> = Default::default();
+    // What the text holds: the events it shows (the formats folder has every one).
+    let mut seen: std::collections::BTreeSet<String> = Default::default();
     let mut tasks: std::collections::BTreeMap<u32, Task> = Default::default();
     let (mut events, mut skipped) = (0u64, 0u64);
     for (number, line) in text.lines().enumerate() {
@@ -231,6 +233,9 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
         }
         match encoder.encode(&parsed) {
             Ok(record) => {
+                if let Some(format) = layout.format_by_name("", parsed.name) {
+                    seen.insert(format!("{}:{}", format.system, format.name));
+                }
                 writers
                     .entry(parsed.cpu)
                     .or_insert_with(|| PageWriter::new(&layout))
@@ -267,6 +272,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
         trace_clock: TEXT_CLOCK.into(),
         header_page,
         formats: formats.into_iter().map(|(system, text)| FormatText { system, text }).collect(),
+        events: Some(seen.into_iter().collect()),
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         host: Default::default(),
         tasks: tasks.into_values().collect(),
@@ -298,11 +304,20 @@ fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
         })
         .collect();
     let cpus: CpuPages = pages.into_iter().map(|c| (c.cpu, c.raw)).collect();
+    // The events that were enabled, where the dump says (`set_event`): its events/ folder
+    // holds every format of the kernel, traced or not.
+    let events = read("set_event").ok().map(|text| {
+        let mut events: Vec<String> =
+            text.lines().map(str::trim).filter(|l| l.contains(':')).map(String::from).collect();
+        events.sort();
+        events
+    });
     let metadata = Metadata {
         origin: format!("import tracefs-dump {}", root.display()),
         trace_clock,
         header_page,
         formats,
+        events,
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         tasks,
         ..Default::default()

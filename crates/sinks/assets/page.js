@@ -30,12 +30,18 @@ const vp = (function () {
     main.append(s);
     return s;
   };
-  const fmt = (v, digits) => (v === null || v === undefined ? "–" : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits ?? 1 }));
-  const us = (ns) => (ns === null || ns === undefined ? "–" : fmt(ns / 1000, 2));
+  // A figure the source has no evidence for (null in the JSON): a greyed "unknown" cell whose
+  // title says where the reason is; "unknown" as text.
+  const UNKNOWN = { toString: () => "unknown" };
+  const fmt = (v, digits) => (v === null || v === undefined ? UNKNOWN : Number(v).toLocaleString("en-US", { maximumFractionDigits: digits ?? 1 }));
+  const us = (ns) => (ns === null || ns === undefined ? UNKNOWN : fmt(ns / 1000, 2));
+  const cell = (c) => c === UNKNOWN
+    ? el("td", { class: "unknown", title: "unknown: the source lacks the events this figure needs (see \"Not available\")" }, "unknown")
+    : el("td", {}, String(c));
   const table = (cls, header, rows) => {
     const t = el("table", { class: cls });
     if (header) t.append(el("tr", {}, ...header.map((h) => el("th", {}, h))));
-    for (const r of rows) t.append(el("tr", {}, ...r.map((c) => el("td", {}, String(c)))));
+    for (const r of rows) t.append(el("tr", {}, ...r.map(cell)));
     return t;
   };
   // Axis ticks in SI units, so big counts and nanosecond sums fit the axis.

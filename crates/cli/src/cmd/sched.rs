@@ -87,10 +87,16 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         let loss = recording.loss(&stats);
         let mut out = crate::output::stdout();
         if args.json {
-            let source =
-                Source { recording: args.file.display().to_string(), trace_clock: &recording.metadata.trace_clock, mode: "trace" };
+            let source = Source {
+                recording: args.file.display().to_string(),
+                trace_clock: &recording.metadata.trace_clock,
+                mode: "trace",
+            };
             let windows: Vec<virtprof_analysis::qos::WindowReport> = Vec::new();
-            serde_json::to_writer_pretty(&mut out, &Output { source, lost_events: loss.total(), loss: &loss, windows })?;
+            serde_json::to_writer_pretty(
+                &mut out,
+                &Output { source, lost_events: loss.total(), loss: &loss, windows },
+            )?;
             writeln!(out)?;
         } else if !args.csv {
             writeln!(out, "0 events in '{}': nothing to account", args.file.display())?;

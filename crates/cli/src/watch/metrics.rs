@@ -311,6 +311,7 @@ impl Collector for Scrape {
         )?;
         self.encode_roles(e)?;
         self.encode_info(e)?;
+        self.encode_unavailable(e)?;
         self.encode_energy(e)?;
         counters(
             e,
@@ -385,6 +386,23 @@ impl Scrape {
                 ("cgroup", &owner.cgroup),
             ];
             labels.extend(optional.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))));
+            family.encode_family(&Labels::new())?.encode_info(&labels)?;
+        }
+        Ok(())
+    }
+
+    /// A series per figure this serve cannot give (its mode lacks the events), with the
+    /// reason: where a figure's own series is absent, this says why.
+    fn encode_unavailable(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let mut family = e.encode_descriptor(
+            "virtprof_unavailable",
+            "A figure this serve cannot give, and why (its own series is absent, never 0).",
+            None,
+            MetricType::Info,
+        )?;
+        for u in &self.run().unavailable {
+            let (figure, reason) = u.split_once(": ").unwrap_or((u.as_str(), ""));
+            let labels: Labels = vec![("figure", figure.to_string()), ("reason", reason.to_string())];
             family.encode_family(&Labels::new())?.encode_info(&labels)?;
         }
         Ok(())

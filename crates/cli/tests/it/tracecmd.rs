@@ -575,7 +575,8 @@ fn an_empty_trace_dat_reads_as_empty_and_an_import_keeps_the_loss() {
         let _ = std::fs::remove_file(&path);
     }
     let fixtures = workspace().join("crates/trace/tests/fixtures");
-    for file in [run5(), fixtures.join("kvm-amd-pair-attach/host.dat"), fixtures.join("kvm-amd-pair-attach/guest.dat")] {
+    for file in [run5(), fixtures.join("kvm-amd-pair-attach/host.dat"), fixtures.join("kvm-amd-pair-attach/guest.dat")]
+    {
         let rec = temp("imported-loss.vprec");
         let out = virtprof().arg("import").arg(&file).arg("-o").arg(&rec).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

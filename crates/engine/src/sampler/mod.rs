@@ -93,6 +93,10 @@ pub struct Snapshot {
     pub guests: Vec<crate::guests::GuestLive>,
 }
 
+/// What polling (schedstat and KVM stats, no trace) cannot give, in every window it makes.
+pub const POLLING_LACKS: [&str; 1] =
+    ["exit reasons and durations: polling reads no trace (the in-kernel program or --trace gives them)"];
+
 /// (pid, vCPU index) → cumulative KVM stats (exits, I/O exits).
 type StatsSample = BTreeMap<(u32, u32), (u64, u64)>;
 /// Every polled vCPU thread at one refresh, and the host's CPU time then.
@@ -477,6 +481,9 @@ impl Sampler {
         };
         // A live view traces (or counts in the kernel) every event its figures need.
         let mut report = window_report(&span, label, &self.vms, names.as_ref(), cpu, &Holdings::all());
+        if let Source::Polling(_) = &self.source {
+            report.unavailable.extend(POLLING_LACKS.iter().map(|s| s.to_string()));
+        }
         self.apply_kvm_stats(&mut report);
         report
     }

@@ -10,8 +10,10 @@ use crate::args::{ExportArgs, ExportFormat};
 use crate::exit::usage;
 use crate::output::Output;
 use virtprof_analysis::qos::window_report;
+use virtprof_analysis::sched::StateSlice;
 use virtprof_engine::pass::{analyse, analyse_with, interval_table, Want};
 use virtprof_host::output::Privacy;
+use virtprof_model::evidence::{Figure, Holdings};
 use virtprof_session::Session;
 use virtprof_sinks::{csv, parquet, perfetto};
 
@@ -84,12 +86,13 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 Some(path) => vec![guest_machine(&recording, path)?],
                 None => Vec::new(),
             };
+            let states = known_states(&analysis.slices, &analysis.holdings);
             let tracks = perfetto::Tracks {
                 guest_traces: &guest_traces,
                 guests: &guests,
                 guest_noise: &guest_noise,
                 vms: &analysis.vms,
-                states: &analysis.slices,
+                states: &states,
                 exits: analysis.exits.as_ref().map_or(&[][..], |x| &x.rows[..]),
                 table,
                 origin_ns,
@@ -101,6 +104,23 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The vCPU state slices as far as the recording tells them: none without sched_switch (no
+/// track, rather than one that says "running" throughout), and without sched_wakeup the
+/// time off CPU as one state, since waiting and blocked cannot be told apart.
+fn known_states(slices: &[StateSlice], holdings: &Holdings) -> Vec<StateSlice> {
+    if !holdings.knows(Figure::Running) {
+        return Vec::new();
+    }
+    let split = holdings.knows(Figure::WaitingBlocked);
+    slices
+        .iter()
+        .map(|s| match s.state {
+            "waiting" | "blocked" if !split => StateSlice { state: "off cpu (waiting or blocked)", ..s.clone() },
+            _ => s.clone(),
+        })
+        .collect()
 }
 
 /// A guest's own trace, its CPUs' tasks and interrupts on the host's clock, saying how it

@@ -191,6 +191,7 @@ fn print_intervals(iv: &IntervalsOut, out: &mut impl Write) -> io::Result<()> {
     // MEASURED: the share of the time a counter that took turns on the PMU was counting.
     writeln!(out, "{:<22} {:<36} {:>16} {:>14} {:>9}", "ENTITY", "METRIC", "TOTAL", "PER SECOND", "MEASURED")?;
     for m in &iv.metrics {
+        // Not a perf counter: nothing was scaled.
         let measured = m.measured.map_or_else(|| "-".to_string(), |r| format!("{:.0}%", 100.0 * r));
         writeln!(out, "{:<22} {:<36} {:>16.0} {:>14.1} {measured:>9}", m.entity, m.metric, m.total, m.per_second)?;
     }
