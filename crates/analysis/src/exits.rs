@@ -306,10 +306,11 @@ pub struct Totals {
     pub lightweight: Option<u64>,
     /// Exits handled by the VMM.
     pub heavyweight: Option<u64>,
-    /// Time in timed exits other than halts: the cost of handling exits.
-    pub handling_ns: u64,
+    /// Time in timed exits other than halts: the cost of handling exits (None: the source's
+    /// timestamps are not time).
+    pub handling_ns: Option<u64>,
     /// Time in halt exits (HLT, WFx): the guest idling, not a cost of virtualization.
-    pub guest_idle_ns: u64,
+    pub guest_idle_ns: Option<u64>,
     /// Of the halted time the kernel measured (`kvm_vcpu_wakeup`), the part spent
     /// halt-polling (None: not recorded).
     pub halt_poll_ns: Option<u64>,
@@ -381,10 +382,11 @@ pub struct VcpuRow {
     pub lightweight: Option<u64>,
     /// Handled by the VMM.
     pub heavyweight: Option<u64>,
-    /// Time in timed exits, the guest's idling in halts left out (as in `totals`).
-    pub total_ns: u64,
+    /// Time in timed exits, the guest's idling in halts left out (as in `totals`; None: the
+    /// source's timestamps are not time).
+    pub total_ns: Option<u64>,
     /// Time in halt exits: the guest idling, not the host handling exits.
-    pub guest_idle_ns: u64,
+    pub guest_idle_ns: Option<u64>,
 }
 
 /// Which path produced the figures and what is missing (`source`).
@@ -750,6 +752,7 @@ impl ExitAnalyzer {
         // evidence event the VMM handled looks handled in the kernel).
         let split_known = holdings.knows(Figure::LightHeavySplit);
         let sched_known = holdings.knows(Figure::Descheduled);
+        let time_known = holdings.has(Class::Time);
         let (irqs_known, softirqs_known, threads_known) = (
             holdings.knows(Figure::IrqsDuringExit),
             holdings.knows(Figure::SoftirqsDuringExit),
@@ -764,7 +767,7 @@ impl ExitAnalyzer {
             .iter()
             .map(|(&k, s)| {
                 let count = s.light + s.heavy;
-                let timed = s.hist.count() > 0;
+                let timed = s.hist.count() > 0 && time_known;
                 let t = |v: Option<u64>| if timed { v } else { None };
                 ReasonRow {
                     reason: name(k),
@@ -791,6 +794,7 @@ impl ExitAnalyzer {
             .collect();
         by_reason.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.reason.cmp(&b.reason)));
         let wakeups = holdings.knows(Figure::HaltPolling);
+        let time = |ns: u64| time_known.then_some(ns);
         let heavyweight: u64 = stats.values().map(|s| s.heavy).sum();
         // Without kvm_exit, evidence events show only some lightweight exits: KVM's own count
         // gives them all, or they are unknown.
@@ -806,8 +810,8 @@ impl ExitAnalyzer {
             exits: total_count,
             lightweight,
             heavyweight: known(heavyweight),
-            handling_ns,
-            guest_idle_ns,
+            handling_ns: time(handling_ns),
+            guest_idle_ns: time(guest_idle_ns),
             halt_poll_ns: wakeups.then_some(self.halted_ns.1),
             halted_ns: wakeups.then_some(self.halted_ns.0),
             lost_events: self.lost,
@@ -837,13 +841,15 @@ impl ExitAnalyzer {
                 // Per thread, KVM's count is not at hand: without kvm_exit, unknown.
                 lightweight: known(light).filter(|_| exit_path),
                 heavyweight: known(heavy),
-                total_ns: total_ns - idle_ns,
-                guest_idle_ns: idle_ns,
+                total_ns: time(total_ns - idle_ns),
+                guest_idle_ns: time(idle_ns),
             })
             .collect();
+        // Rows are exits over a duration: with timestamps that are not time, none.
         let rows = self
             .rows
             .into_iter()
+            .filter(|_| time_known)
             .map(|(k, r)| {
                 let x = &r.exit;
                 let (vmm, sched) = (split_known.then_some(x.vmm_ns), sched_known.then_some(()));
@@ -880,6 +886,9 @@ impl ExitAnalyzer {
         } else {
             &[]
         };
+        let rows_figures: Vec<Figure> =
+            rows_figures.iter().copied().chain((!time_known).then_some(Figure::ExitDurations)).collect();
+        let rows_figures = rows_figures.as_slice();
         let (path, unavailable) = if exit_path {
             let figures = [Figure::LightHeavySplit, Figure::VmmTime, Figure::Descheduled, Figure::HaltPolling];
             let missing = holdings.unavailable(&figures).into_iter().chain(holdings.unavailable(rows_figures));
@@ -1037,8 +1046,8 @@ mod tests {
                 exits: 3,
                 lightweight: Some(2),
                 heavyweight: Some(1),
-                total_ns: 220,
-                guest_idle_ns: 0,
+                total_ns: Some(220),
+                guest_idle_ns: Some(0),
             }]
         );
     }
@@ -1213,7 +1222,7 @@ mod tests {
         events.iter().for_each(|e| a.on_event(e));
         let r = a.finish(&Vmx);
         assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight), (3, None, None));
-        assert_eq!((r.totals.handling_ns, r.totals.guest_idle_ns), (10, 5_050));
+        assert_eq!((r.totals.handling_ns, r.totals.guest_idle_ns), (Some(10), Some(5_050)));
         assert_eq!((r.totals.halted_ns, r.totals.halt_poll_ns), (Some(4_930), Some(30)));
         let hlt = r.by_reason.iter().find(|x| x.reason == "HLT").unwrap();
         assert!(hlt.guest_idle && hlt.time_pct.is_none() && hlt.lightweight.is_none() && hlt.descheduled.is_none());

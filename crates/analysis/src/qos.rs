@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::sched::{Counters, ReasonKey, Span};
 use crate::Names;
-use virtprof_model::evidence::{Figure, Holdings};
+use virtprof_model::evidence::{Class, Figure, Holdings};
 use virtprof_model::vmm::{ThreadRole, VmOwner};
 use virtprof_model::{Pid, Tid, VcpuThread};
 
@@ -44,8 +44,9 @@ pub struct VmmThread {
 /// One window of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct WindowReport {
-    /// Window length in seconds (what was covered: at most the nominal width).
-    pub seconds: f64,
+    /// Window length in seconds (what was covered: at most the nominal width); unknown where
+    /// the timestamps are not time.
+    pub seconds: Option<f64>,
     /// `1s`, `10s`, `run`, or a slice's start offset in a recording.
     pub label: String,
     /// Trace-clock bounds.
@@ -60,6 +61,13 @@ pub struct WindowReport {
     pub vms: Vec<VmRow>,
     /// Figures the source cannot give (null in the rows), each with its reason.
     pub unavailable: Vec<String>,
+}
+
+impl WindowReport {
+    /// How long the window is, for a heading: `0.325 s`, or `duration unknown`.
+    pub fn length_text(&self, decimals: usize) -> String {
+        self.seconds.map_or_else(|| "duration unknown".to_string(), |s| format!("{s:.decimals$} s"))
+    }
 }
 
 /// One VM: shares averaged over its vCPUs, counts summed.
@@ -252,7 +260,7 @@ pub fn window_report(
         })
         .collect();
     WindowReport {
-        seconds,
+        seconds: known.time.then_some(seconds),
         label: label.to_string(),
         start_ns: span.start_ns,
         end_ns: span.end_ns,
@@ -269,6 +277,8 @@ struct Known {
     running: bool,
     waiting_blocked: bool,
     io: bool,
+    /// Rates need the timestamps to be time.
+    time: bool,
 }
 
 impl Known {
@@ -277,6 +287,7 @@ impl Known {
             running: holdings.knows(Figure::Running),
             waiting_blocked: holdings.knows(Figure::WaitingBlocked),
             io: holdings.knows(Figure::IoCount),
+            time: holdings.has(Class::Time),
         }
     }
 
@@ -433,11 +444,12 @@ fn vcpu_row(
         wait_max_us: (c.wait_max_ns > 0).then(|| c.wait_max_ns as f64 / 1e3).filter(|_| known.waiting_blocked),
         io_count: io,
         exits,
-        exits_per_s: Some(rate(exits)),
+        exits_per_s: known.time.then(|| rate(exits)),
         kvm_stats_exits_per_s: None,
         top_reasons: reasons
             .into_iter()
             .take(TOP_REASONS)
+            .filter(|_| known.time)
             .map(|(key, n)| ReasonRate { reason: key.name(names), per_s: rate(n) })
             .collect(),
     }

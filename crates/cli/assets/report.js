@@ -9,12 +9,13 @@
     document.getElementById("subtitle").textContent = `${D.recording} — ${D.origin}, trace clock ${D.trace_clock}`;
     const s = section("Summary");
     const rows = [
-      ["duration", fmt(D.duration_s, 3) + " s"],
+      ["duration", D.duration_s === null ? "unknown" : fmt(D.duration_s, 3) + " s"],
       ["CPUs", D.cpus],
       ["trace events", fmt(D.events, 0)],
       ["lost events", D.lost_events_text + (D.truncated_at !== null ? ` (file cut short at byte ${D.truncated_at})` : "")],
       ["exits", `${fmt(D.exits.totals.exits, 0)} (${fmt(D.exits.totals.lightweight, 0)} lightweight, ${fmt(D.exits.totals.heavyweight, 0)} heavyweight), source ${D.exits.source.path}`],
     ];
+    if (D.clock) rows.push(["clock", D.clock]);
     for (const [k, v] of Object.entries(D.host)) rows.push(["host " + k, v]);
     for (const vm of D.vms) rows.push([`VM ${vm.pid}`, `${vm.name} (${vm.kind}), ${vm.vcpus.length} vCPUs`]);
     s.append(table("facts", null, rows));

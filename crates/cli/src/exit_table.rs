@@ -66,15 +66,18 @@ pub fn exits_line(t: &Totals) -> String {
 /// Handling time apart from the guest's idling in halts, with the halt-polling part where
 /// the source recorded it; None when no exit was timed.
 pub fn time_line(t: &Totals) -> Option<String> {
-    if t.handling_ns == 0 && t.guest_idle_ns == 0 {
+    let (Some(handling_ns), Some(guest_idle_ns)) = (t.handling_ns, t.guest_idle_ns) else {
+        return Some("exit handling and guest idle time: unknown".to_string());
+    };
+    if handling_ns == 0 && guest_idle_ns == 0 {
         return None;
     }
-    let mut line = format!("exit handling: {}; guest idle in halt exits: {}", ms(t.handling_ns), ms(t.guest_idle_ns));
+    let mut line = format!("exit handling: {}; guest idle in halt exits: {}", ms(handling_ns), ms(guest_idle_ns));
     match (t.halted_ns, t.halt_poll_ns) {
         (Some(halted), Some(poll)) if halted > 0 => {
             line += &format!(" (the kernel measured {} halted, {} of it halt-polling)", ms(halted), ms(poll))
         }
-        (None, _) if t.guest_idle_ns > 0 => line += " (halt-polling: unknown, kvm_vcpu_wakeup not recorded)",
+        (None, _) if guest_idle_ns > 0 => line += " (halt-polling: unknown, kvm_vcpu_wakeup not recorded)",
         _ => {}
     }
     Some(line)

@@ -99,8 +99,9 @@ pub fn exit_report(counts: &KernelCounts, names: &dyn Names, tids: Option<&[u32]
             exits,
             lightweight: exit_path.then(|| exits.saturating_sub(to_vmm)),
             heavyweight: Some(to_vmm),
-            total_ns: 0,
-            guest_idle_ns: 0,
+            // The program keeps durations by reason, not by thread.
+            total_ns: None,
+            guest_idle_ns: None,
         })
         .collect();
     let mut unavailable = Vec::new();
@@ -136,8 +137,8 @@ pub fn exit_report(counts: &KernelCounts, names: &dyn Names, tids: Option<&[u32]
             exits: total,
             lightweight: exit_path.then(|| total.saturating_sub(heavy)),
             heavyweight: Some(heavy),
-            handling_ns,
-            guest_idle_ns,
+            handling_ns: Some(handling_ns),
+            guest_idle_ns: Some(guest_idle_ns),
             halt_poll_ns: None,
             halted_ns: None,
             lost_events: counts.full.iter().sum::<u64>() + counts.missed,
@@ -201,7 +202,10 @@ mod tests {
         let r = exit_report(&counts, &Named, None);
         assert_eq!(r.source.path, "in-kernel kvm_exit");
         assert_eq!((r.totals.exits, r.totals.lightweight, r.totals.heavyweight), (17, Some(13), Some(4)));
-        assert_eq!((r.totals.handling_ns, r.totals.guest_idle_ns, r.totals.lost_events), (15_000, 120_000, 1));
+        assert_eq!(
+            (r.totals.handling_ns, r.totals.guest_idle_ns, r.totals.lost_events),
+            (Some(15_000), Some(120_000), 1)
+        );
         let rows: Vec<(&str, u64, bool)> = r.by_reason.iter().map(|x| (&x.reason[..], x.count, x.guest_idle)).collect();
         assert_eq!(rows, [("R30", 15, false), ("HLT", 2, true)]);
         assert!(r.by_reason.iter().all(|x| x.lightweight.is_none() && x.descheduled.is_none()));

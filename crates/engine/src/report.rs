@@ -11,7 +11,7 @@ use virtprof_analysis::intervals::IntervalTable;
 use virtprof_analysis::phases;
 use virtprof_analysis::qos::{window_report, WindowReport};
 use virtprof_analysis::sched::Span;
-use virtprof_model::evidence::Figure;
+use virtprof_model::evidence::{Class, Figure};
 use virtprof_model::interval::{Entity, SeriesKind};
 use virtprof_model::{Pid, Tid, VcpuThread};
 
@@ -40,8 +40,14 @@ pub struct Report {
     pub trace_clock: String,
     pub host: BTreeMap<String, String>,
     pub cpus: usize,
-    /// First to last event (or interval row), seconds.
-    pub duration_s: f64,
+    /// First to last event (or interval row), seconds (None: its timestamps are not time).
+    pub duration_s: Option<f64>,
+    /// How its timestamps are read as time where they needed a conversion (cycles at a
+    /// frequency, and where the frequency came from), or why they cannot be.
+    pub clock: Option<String>,
+    /// Figures the recording cannot give, each with its reason (the exits' and accounting's
+    /// own lists say which of theirs).
+    pub unavailable: Vec<String>,
     /// Trace events decoded.
     pub events: u64,
     /// Events lost in all (the kernel's counts, or at least what the pages said).
@@ -311,7 +317,9 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
         trace_clock: md.trace_clock.clone(),
         host: md.host.clone(),
         cpus: md.cpus.len(),
-        duration_s: end_ns.saturating_sub(origin_ns) as f64 / 1e9,
+        duration_s: analysis.holdings.has(Class::Time).then(|| end_ns.saturating_sub(origin_ns) as f64 / 1e9),
+        clock: recording.clock_line(),
+        unavailable: analysis.holdings.unavailable(&Figure::ALL).iter().map(ToString::to_string).collect(),
         events: analysis.events,
         lost_events: analysis.loss.total(),
         loss: analysis.loss.clone(),

@@ -139,10 +139,7 @@ impl Holdings {
                 "the source has no KVM stats snapshots (a file made elsewhere, or VMs whose stats were not readable)"
                     .into()
             }
-            Class::Time => format!(
-                "its timestamps are {} with no frequency to read them as time (give --tsc-khz KHZ)",
-                self.clock.as_deref().unwrap_or("not nanoseconds")
-            ),
+            Class::Time => format!("its timestamps are {}", self.clock.as_deref().unwrap_or("not nanoseconds")),
             c if self.never_emitted.contains(&c) => format!("this host never emits {}", c.name()),
             c => format!("{} {} not recorded", c.name(), if c.events().len() > 1 { "were" } else { "was" }),
         })
@@ -309,7 +306,8 @@ mod tests {
         let waits = h.check(Figure::WaitingBlocked).unwrap_err();
         assert_eq!(waits.reason, "sched_wakeup was not recorded");
         // A cycle clock: every duration unknown, counts not.
-        let cycles = Holdings::of(|_, _| true, true, Some("x86-tsc cycles".into()));
+        let cycles =
+            Holdings::of(|_, _| true, true, Some("CPU cycles of an unknown frequency: give --tsc-khz KHZ".into()));
         assert!(!cycles.knows(Figure::ExitDurations) && cycles.knows(Figure::LightHeavySplit));
         assert_eq!(cycles.check(Figure::ExitDurations).unwrap_err().missing, vec![Class::Time]);
         assert!(cycles.check(Figure::Running).unwrap_err().reason.contains("give --tsc-khz"));

@@ -36,7 +36,7 @@ fn read_capture(src: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPag
     // `exists`, not `is_file`: a header_page that is a FIFO or a device is refused by name
     // when the dump is read, not taken for "not a dump".
     if src.is_dir() && src.join("events/header_page").exists() {
-        read_tracefs_dump(src)
+        read_tracefs_dump(src, options)
     } else if head.starts_with(crate::perfdata::MAGIC) {
         crate::perfdata::read(src, MAX_IMPORT)
     } else if head.starts_with(virtprof_store::recording::MAGIC) {
@@ -73,11 +73,19 @@ pub struct SourceOptions {
 }
 
 impl SourceOptions {
-    /// The conversion for a trace in cycles: the user's frequency, else one from elsewhere.
-    pub fn cycles(&self) -> Option<TimeScale> {
-        self.tsc_khz.and_then(TimeScale::from_khz).or(self.tsc_scale)
+    /// The conversion for a trace in cycles, and where it came from: the user's frequency,
+    /// else one from elsewhere.
+    pub fn cycles(&self) -> Option<(TimeScale, String)> {
+        match (self.tsc_khz.and_then(|khz| Some((TimeScale::from_khz(khz)?, khz))), self.tsc_scale) {
+            (Some((scale, khz)), _) => Some((scale, format!("--tsc-khz {khz}"))),
+            (None, Some(scale)) => Some((scale, "its host trace's TSC2NSEC option".to_string())),
+            (None, None) => None,
+        }
     }
 }
+
+/// The host fact naming where a conversion of TSC cycles to nanoseconds came from.
+pub const TSC_CONVERSION: &str = "tsc_to_ns";
 
 /// The trace clock of ftrace text: whichever it was, its times were printed in microseconds.
 pub const TEXT_CLOCK: &str = "text (microseconds)";
@@ -121,9 +129,9 @@ pub type CpuSegments<'a> = Vec<(u32, Vec<Segment<'a>>)>;
 pub fn trace_dat_parts<'a>(
     path: &Path,
     dat: TraceDat<'a>,
-    cycles: Option<TimeScale>,
+    cycles: Option<(TimeScale, String)>,
 ) -> Result<(Metadata, Footer, CpuSegments<'a>)> {
-    let time_scale = dat.time_scale(cycles).map_err(|e| SessionError::in_file(path, e))?;
+    let (time_scale, tsc_from) = dat.time_scale(cycles);
     let cpus = dat.cpus();
     if cpus.is_empty() && dat.texts.iter().any(|t| !t.text.trim().is_empty()) {
         // Only BUFFER_TEXT / v6 latency data: a latency tracer's text, no events to analyse.
@@ -159,6 +167,9 @@ pub fn trace_dat_parts<'a>(
     }
     if let Some(n) = dat.cpu_count {
         host.insert("cpu_count".to_string(), n.to_string());
+    }
+    if let Some(from) = tsc_from {
+        host.insert(TSC_CONVERSION.to_string(), from);
     }
     if let Some(id) = dat.trace_id {
         host.insert("trace_id".to_string(), format!("{id:#x}"));
@@ -285,7 +296,7 @@ fn read_ftrace_text(path: &Path, formats_root: &Path) -> Result<(Metadata, CpuPa
 pub type CpuPages = Vec<(u32, Vec<u8>)>;
 
 /// Read a tracefs dump into recording metadata, per-CPU pages and loss figures.
-fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
+fn read_tracefs_dump(root: &Path, options: &SourceOptions) -> Result<(Metadata, CpuPages, Footer)> {
     let read = |rel: &str| virtprof_trace::tracefs::read_file(&root.join(rel));
     let bad = |e: virtprof_trace::TraceError| SessionError::in_file(root, e);
     let header_page =
@@ -312,6 +323,12 @@ fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
         events.sort();
         events
     });
+    // A dump on the TSC clock has no conversion of its own: --tsc-khz gives it.
+    let mut host = std::collections::BTreeMap::new();
+    let cycles = (trace_clock == virtprof_trace::tracedat::TSC_CLOCK).then(|| options.cycles()).flatten();
+    if let Some((_, from)) = &cycles {
+        host.insert(TSC_CONVERSION.to_string(), from.clone());
+    }
     let metadata = Metadata {
         origin: format!("import tracefs-dump {}", root.display()),
         trace_clock,
@@ -320,6 +337,8 @@ fn read_tracefs_dump(root: &Path) -> Result<(Metadata, CpuPages, Footer)> {
         events,
         cpus: cpus.iter().map(|(c, _)| *c).collect(),
         tasks,
+        host,
+        time_scale: cycles.map(|(scale, _)| scale),
         ..Default::default()
     };
     Ok((metadata, cpus, Footer { cpu_loss, ..Default::default() }))

@@ -188,7 +188,7 @@ impl Session {
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
     /// at a time as the walk reaches them.
-    fn open_trace_dat(path: &Path, cycles: Option<TimeScale>) -> Result<Session> {
+    fn open_trace_dat(path: &Path, cycles: Option<(TimeScale, String)>) -> Result<Session> {
         Session::index_trace_dat(path, Backing::Map(map_file(path, "trace.dat")?), cycles)
     }
 
@@ -197,7 +197,7 @@ impl Session {
         Session::index_trace_dat(Path::new(name), Backing::Memory(bytes.into()), None)
     }
 
-    fn index_trace_dat(path: &Path, map: Backing, cycles: Option<TimeScale>) -> Result<Session> {
+    fn index_trace_dat(path: &Path, map: Backing, cycles: Option<(TimeScale, String)>) -> Result<Session> {
         let base = map.as_ptr() as usize;
         let mut dat = crate::import::parse_trace_dat(path, &map)?;
         let formats = std::mem::take(&mut dat.formats);
@@ -232,28 +232,53 @@ impl Session {
         session.checked()
     }
 
-    /// Refuse what every reading command would get wrong: CPU numbers no kernel has, and
-    /// timestamps that are not nanoseconds with nothing to convert them.
+    /// Refuse what every reading command would get wrong: CPU numbers no kernel has.
     fn checked(self) -> Result<Session> {
-        self.cpus_checked()?.clock_checked()
+        self.cpus_checked()
     }
 
-    /// Timestamps that count events or jiffies, or CPU cycles without a conversion, would be
-    /// printed as nanoseconds by every command: refused.
-    fn clock_checked(self) -> Result<Session> {
+    /// What its timestamps are where they cannot be read as time, and how to fix that (a
+    /// source is read whatever its clock: counting needs none; its durations are unknown):
+    /// event counts or jiffies, or CPU cycles with no conversion to nanoseconds. None: they are
+    /// nanoseconds (or converted to them).
+    pub fn clock_not_time(&self) -> Option<String> {
         let clock = &self.metadata.trace_clock;
-        let counts = match clock_unit(clock) {
-            ClockUnit::NotTime if clock == "counter" => "event counts",
-            ClockUnit::NotTime => "jiffies (10 ms steps)",
-            ClockUnit::Ticks if self.metadata.time_scale.is_none() => "CPU cycles, with no conversion to nanoseconds",
-            _ => return Ok(self),
-        };
-        Err(SessionError::in_file(
-            &self.path,
-            format!(
-                "its timestamps are {counts} (trace clock '{clock}'): no duration can be read from them; record with a clock that counts nanoseconds ({})",
-                virtprof_model::clock::NANOSECOND_CLOCKS
-            ),
+        match clock_unit(clock) {
+            ClockUnit::NotTime if clock == "counter" => {
+                Some(format!("event counts (trace clock '{clock}'), from which no duration can be read"))
+            }
+            ClockUnit::NotTime => Some(format!("jiffies (trace clock '{clock}'), too coarse for any duration")),
+            ClockUnit::Ticks if self.metadata.time_scale.is_none() => {
+                Some(format!("CPU cycles (trace clock '{clock}') of an unknown frequency: give --tsc-khz KHZ"))
+            }
+            _ => None,
+        }
+    }
+
+    /// The clock line every reading command prints where the timestamps needed a conversion
+    /// (the frequency and where it came from) or cannot be read as time (and how to fix it).
+    pub fn clock_line(&self) -> Option<String> {
+        let hint = " (the traced host's TSC frequency: its dmesg says e.g. 'tsc: Refined TSC clocksource calibration: 2893.202 MHz', that is --tsc-khz 2893202)";
+        self.clock_note().or_else(|| {
+            let not_time = self.clock_not_time()?;
+            Some(format!("timestamps are {not_time}{}", if not_time.contains("--tsc-khz") { hint } else { "" }))
+        })
+    }
+
+    /// How its timestamps are read as time, where they needed a conversion: the clock, the
+    /// frequency and where it came from (every report says so).
+    pub fn clock_note(&self) -> Option<String> {
+        let scale = self.metadata.time_scale?;
+        if clock_unit(&self.metadata.trace_clock) != ClockUnit::Ticks {
+            return None;
+        }
+        // mult / 2^shift ns per cycle: the frequency in kHz is 10^6 / that.
+        let ns_per_cycle = scale.mult as f64 / (1u128 << scale.shift.min(127)) as f64;
+        let khz = if ns_per_cycle > 0.0 { 1e6 / ns_per_cycle } else { f64::NAN };
+        let from = self.metadata.host.get(crate::import::TSC_CONVERSION).map_or("the source", String::as_str);
+        Some(format!(
+            "timestamps are CPU cycles (trace clock '{}') read at {khz:.0} kHz, from {from}",
+            self.metadata.trace_clock
         ))
     }
 
@@ -424,7 +449,7 @@ impl Session {
         };
         let kvm_stats =
             !self.metadata.kvm_stats.is_empty() || self.footer.as_ref().is_some_and(|f| !f.kvm_stats.is_empty());
-        let holdings = Holdings::of(has, kvm_stats, None);
+        let holdings = Holdings::of(has, kvm_stats, self.clock_not_time());
         match self.host_kind() {
             Some(HostKind::Pvm) => holdings.never_emitted(Class::ExitEntry),
             _ => holdings,

@@ -30,6 +30,9 @@ struct Output<'a> {
 struct Source<'a> {
     recording: String,
     trace_clock: &'a str,
+    /// How the timestamps were read as time where they needed a conversion, or why they
+    /// cannot be.
+    clock: Option<String>,
     mode: &'static str,
 }
 
@@ -90,6 +93,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             let source = Source {
                 recording: args.file.display().to_string(),
                 trace_clock: &recording.metadata.trace_clock,
+                clock: recording.clock_line(),
                 mode: "trace",
             };
             let windows: Vec<virtprof_analysis::qos::WindowReport> = Vec::new();
@@ -134,6 +138,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
         let source = Source {
             recording: args.file.display().to_string(),
             trace_clock: &recording.metadata.trace_clock,
+            clock: recording.clock_line(),
             mode: "trace",
         };
         serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows })?;
@@ -152,7 +157,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     }
     for w in &windows {
         let cpu = w.cpu.map(|c| format!(", physical CPU {c} only")).unwrap_or_default();
-        writeln!(out, "window {} ({:.3} s{cpu}; exits from {})", w.label, w.seconds, w.exits_source)?;
+        writeln!(out, "window {} ({}{cpu}; exits from {})", w.label, w.length_text(3), w.exits_source)?;
         table(w, true).write_text(&mut out)?;
         writeln!(out)?;
         if let Some(roles) = roles_table(w) {
@@ -163,6 +168,9 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     }
     for u in windows.last().map_or(&[][..], |w| &w.unavailable[..]) {
         writeln!(out, "unavailable: {u}")?;
+    }
+    if let Some(clock) = recording.clock_line() {
+        writeln!(out, "clock: {clock}")?;
     }
     let across =
         "each vCPU's state across a gap is taken from its next event, and execution and I/O counts there are short";

@@ -201,8 +201,8 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
     let window = if delay.as_secs_f64() <= 1.0 { &snapshot.windows[0] } else { &snapshot.windows[1] };
     writeln!(
         out,
-        "last {:.1} s · mode {}{} · exits from {} · lost events {}",
-        window.seconds,
+        "last {} · mode {}{} · exits from {} · lost events {}",
+        window.length_text(1),
         snapshot.mode,
         if snapshot.approximate { " (approximate)" } else { "" },
         window.exits_source,

@@ -190,9 +190,9 @@ fn header_lines<'a>(snapshot: &Snapshot, window: &WindowReport, state: &ViewStat
     let vms = visible_vms(window, state).len();
     let cpu = state.cpu.map_or_else(|| "all".to_string(), |c| c.to_string());
     let mut first = format!(
-        "virtprof top · {vms} VMs · window {} ({:.1} s) · CPU {cpu} · sort {} · exits from {} · lost events {}",
+        "virtprof top · {vms} VMs · window {} ({}) · CPU {cpu} · sort {} · exits from {} · lost events {}",
         window.label,
-        window.seconds,
+        window.length_text(1),
         state.sort.label(),
         window.exits_source,
         snapshot.lost_events

@@ -248,3 +248,96 @@ fn live_exits_counted_in_the_kernel_match_the_trace_and_the_vmm() {
     }
     assert!(k["total_ns"].is_null(), "per-thread time is unknown in the kernel: {k}");
 }
+
+/// A copy of a tracefs dump with its trace clock switched to `clock` (its timestamps as they
+/// are: read as cycles, the local-clock nanoseconds are cycles of a 1 GHz counter).
+fn dump_on_clock(run: &str, clock: &str) -> PathBuf {
+    let from = fixture(run);
+    let to = std::env::temp_dir().join(format!("virtprof-it-{clock}-dump-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&to);
+    let status = std::process::Command::new("cp").arg("-r").arg(&from).arg(&to).status().unwrap();
+    assert!(status.success());
+    let offered = std::fs::read_to_string(from.join("trace_clock")).unwrap();
+    let selected: Vec<String> = offered
+        .split_whitespace()
+        .map(|c| c.trim_matches(['[', ']']))
+        .map(|c| if c == clock { format!("[{c}]") } else { c.to_string() })
+        .collect();
+    std::fs::write(to.join("trace_clock"), selected.join(" ") + "\n").unwrap();
+    to
+}
+
+fn reasons_by_name(report: &Value) -> std::collections::BTreeMap<String, Value> {
+    report["by_reason"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["reason"].as_str().unwrap().to_string(), r.clone()))
+        .collect()
+}
+
+/// Issue 55: a capture on a cycle clock with no frequency is read, not refused: counts,
+/// per-reason and per-thread tables are exact (equal to the same capture on the local clock),
+/// every duration is unknown with how to fix it; `--tsc-khz` reads the durations (here 1 GHz:
+/// equal to the nanosecond), and every report says the frequency and where it came from.
+#[test]
+fn a_cycle_clock_without_a_frequency_counts_exactly_and_leaves_durations_unknown() {
+    let run = "kvm-amd-run1_1vcpu_clock-local";
+    let (local, tsc) = (fixture(run), dump_on_clock(run, "x86-tsc"));
+    let truth = exits_json(&local, &[]);
+    let cycles = exits_json(&tsc, &[]);
+    let (truth_rows, cycle_rows) = (reasons_by_name(&truth), reasons_by_name(&cycles));
+    assert_eq!(truth_rows.keys().collect::<Vec<_>>(), cycle_rows.keys().collect::<Vec<_>>());
+    for (name, row) in &cycle_rows {
+        for figure in ["count", "lightweight", "heavyweight"] {
+            assert_eq!(row[figure], truth_rows[name][figure], "{name} {figure}");
+        }
+        assert!(row["total_ns"].is_null() && row["max_ns"].is_null(), "{name}: {row}");
+    }
+    assert_eq!(cycles["totals"]["exits"], truth["totals"]["exits"]);
+    assert!(cycles["totals"]["handling_ns"].is_null(), "{}", cycles["totals"]);
+    let vcpu = &cycles["by_vcpu"][0];
+    assert_eq!(vcpu["exits"], truth["by_vcpu"][0]["exits"]);
+    assert!(vcpu["total_ns"].is_null(), "{vcpu}");
+    let clock = cycles["clock"].as_str().unwrap();
+    assert!(clock.contains("unknown frequency") && clock.contains("--tsc-khz"), "{clock}");
+    let unavailable = cycles["source"]["unavailable"].to_string();
+    assert!(unavailable.contains("durations of exits") && unavailable.contains("x86-tsc"), "{unavailable}");
+    // With the threshold: no row can be said to be over it.
+    assert!(exits_json(&tsc, &["--threshold-us", "0"])["rows"].as_array().unwrap().is_empty());
+
+    // --tsc-khz on the dump, directly and through import: every figure equal, the frequency said.
+    let converted = exits_json(&tsc, &["--tsc-khz", "1000000"]);
+    assert_eq!(reasons_by_name(&converted), truth_rows);
+    assert!(converted["clock"].as_str().unwrap().contains("read at 1000000 kHz, from --tsc-khz 1000000"));
+    let rec = std::env::temp_dir().join(format!("virtprof-it-tsc-{}.vprec", std::process::id()));
+    let out = virtprof().arg("import").arg(&tsc).args(["--tsc-khz", "1000000", "-o"]).arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let imported = exits_json(&rec, &[]);
+    assert_eq!(reasons_by_name(&imported), truth_rows);
+    assert!(imported["clock"].as_str().unwrap().contains("from --tsc-khz 1000000"), "{}", imported["clock"]);
+
+    // sched and report: the window's length and every time share unknown, counts kept.
+    let json = |args: &[&str], file: &Path| -> Value {
+        let out = virtprof().args(args).arg(file).arg("--json").output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let sched = json(&["sched"], &tsc);
+    let window = &sched["windows"][0];
+    assert!(window["seconds"].is_null(), "{}", window["seconds"]);
+    let row = &window["vms"][0]["vcpus"][0];
+    assert!(row["running_pct"].is_null() && row["waiting_pct"].is_null(), "{row}");
+    assert_eq!(row["io_count"], json(&["sched"], &local)["windows"][0]["vms"][0]["vcpus"][0]["io_count"]);
+    let report = json(&["report"], &tsc);
+    assert!(report["duration_s"].is_null(), "{}", report["duration_s"]);
+    assert!(report["clock"].as_str().unwrap().contains("unknown frequency"), "{}", report["clock"]);
+    let text = virtprof().arg("sched").arg(&tsc).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("window run (duration unknown") && text.contains("clock: timestamps are CPU cycles"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(rec);
+    let _ = std::fs::remove_dir_all(tsc);
+}

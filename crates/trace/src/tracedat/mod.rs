@@ -158,25 +158,29 @@ impl<'a> TraceDat<'a> {
     }
 
     /// How its timestamps become nanoseconds: the file's TSC2NSEC, else `cycles` (a given
-    /// conversion) for a TSC clock, plus the file's offset. None: they already are. `Err`:
-    /// they are cycles and no conversion was given.
-    pub fn time_scale(&self, cycles: Option<TimeScale>) -> Result<Option<TimeScale>, String> {
-        let tsc = if self.clock == TSC_CLOCK {
+    /// conversion) for a TSC clock, plus the file's offset; and where the conversion came
+    /// from. None: they already are nanoseconds, or they are cycles with no conversion (counts
+    /// can still be read; durations cannot).
+    /// `cycles`, where given, comes with where it came from (`--tsc-khz 2893202`).
+    pub fn time_scale(&self, cycles: Option<(TimeScale, String)>) -> (Option<TimeScale>, Option<String>) {
+        let (tsc, whence) = if self.clock == TSC_CLOCK {
             match (self.tsc2nsec, cycles) {
-                (Some(t), _) => Some(TimeScale { mult: u64::from(t.mult), shift: t.shift.min(63), offset_ns: 0 }),
-                (None, Some(scale)) => Some(scale),
-                (None, None) => return Err(format!(
-                    "its timestamps are CPU cycles (clock {TSC_CLOCK}, no TSC2NSEC option); give the traced host's TSC frequency with --tsc-khz KHZ (its dmesg says e.g. 'tsc: Refined TSC clocksource calibration: 2893.202 MHz', that is --tsc-khz 2893202)"
-                )),
+                (Some(t), _) => (
+                    Some(TimeScale { mult: u64::from(t.mult), shift: t.shift.min(63), offset_ns: 0 }),
+                    Some(format!("the file's TSC2NSEC option (mult {}, shift {})", t.mult, t.shift)),
+                ),
+                (None, Some((scale, from))) => (Some(scale), Some(from)),
+                (None, None) => return (None, None),
             }
         } else {
-            None
+            (None, None)
         };
-        Ok(match (tsc, self.offset_ns) {
+        let scale = match (tsc, self.offset_ns) {
             (None, 0) => None,
             (None, offset) => Some(TimeScale::offset(offset)),
             (Some(scale), offset) => Some(scale.with_offset(offset)),
-        })
+        };
+        (scale, whence)
     }
 }
 

@@ -47,14 +47,17 @@ fn cpu_data_past_the_end_or_not_whole_pages_is_refused() {
 fn tsc_clocks_need_a_frequency_and_never_pass_as_nanoseconds() {
     let mut dat = TraceDat { clock: TSC_CLOCK.into(), ..Default::default() };
     assert!(dat.in_cycles());
-    assert!(dat.time_scale(None).unwrap_err().contains("--tsc-khz"));
-    let scale = dat.time_scale(TimeScale::from_khz(2_000_000)).unwrap().unwrap();
-    assert_eq!(scale.apply(2_000_000_000), 1_000_000_000);
+    // Cycles without a conversion: counts only (no scale, said by the session).
+    assert_eq!(dat.time_scale(None), (None, None));
+    let (scale, whence) = dat.time_scale(TimeScale::from_khz(2_000_000).map(|s| (s, "--tsc-khz".to_string())));
+    assert_eq!((scale.unwrap().apply(2_000_000_000), whence.as_deref()), (1_000_000_000, Some("--tsc-khz")));
     dat.tsc2nsec = Some(Tsc2Nsec { mult: 1 << 23, shift: 24, offset: 7 });
     assert!(!dat.in_cycles());
-    assert_eq!(dat.time_scale(TimeScale::from_khz(5)).unwrap().unwrap().apply(1000), 500, "the file's TSC2NSEC wins");
+    let (scale, whence) = dat.time_scale(TimeScale::from_khz(5).map(|s| (s, "--tsc-khz 5".to_string())));
+    assert_eq!(scale.unwrap().apply(1000), 500, "the file's TSC2NSEC wins");
+    assert!(whence.unwrap().contains("TSC2NSEC"));
     dat.offset_ns = 100;
-    assert_eq!(dat.time_scale(None).unwrap().unwrap().apply(1000), 600);
+    assert_eq!(dat.time_scale(None).0.unwrap().apply(1000), 600);
     let local = TraceDat { clock: "local".into(), ..Default::default() };
-    assert_eq!(local.time_scale(TimeScale::from_khz(5)).unwrap(), None);
+    assert_eq!(local.time_scale(TimeScale::from_khz(5).map(|s| (s, String::new()))), (None, None));
 }

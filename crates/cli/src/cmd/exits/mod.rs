@@ -36,6 +36,9 @@ struct Output<'a> {
     lost_events: u64,
     /// Lost events per CPU, with where the gaps were.
     loss: &'a Loss,
+    /// How the timestamps were read as time where they needed a conversion, or why they
+    /// cannot be.
+    clock: Option<String>,
     /// The guest's own trace, where given (`--guest`).
     #[serde(skip_serializing_if = "Option::is_none")]
     guest: Option<GuestSummary>,
@@ -137,10 +140,10 @@ struct VmRow {
     exits: u64,
     lightweight: Option<u64>,
     heavyweight: Option<u64>,
-    /// Time in exits, halts apart.
-    total_ns: u64,
+    /// Time in exits, halts apart (None: not time, or not kept per thread).
+    total_ns: Option<u64>,
     /// Time in halt exits (the guest idling).
-    guest_idle_ns: u64,
+    guest_idle_ns: Option<u64>,
 }
 
 pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
@@ -194,7 +197,15 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
     if args.json {
-        let output = Output { report: &report, by_vm, kvm_stats, lost_events: loss.total(), loss: &loss, guest };
+        let output = Output {
+            report: &report,
+            by_vm,
+            kvm_stats,
+            lost_events: loss.total(),
+            loss: &loss,
+            clock: recording.clock_line(),
+            guest,
+        };
         serde_json::to_writer_pretty(&mut out, &output)?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
@@ -215,6 +226,9 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     table.write_text(&mut out)?;
     let t = &report.totals;
     writeln!(out, "\n{} | source: {} | incomplete: {}", exits_line(t), report.source.path, t.incomplete)?;
+    if let Some(clock) = recording.clock_line() {
+        writeln!(out, "clock: {clock}")?;
+    }
     if let Some(line) = time_line(t) {
         writeln!(out, "{line}")?;
     }
@@ -328,8 +342,8 @@ fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Tabl
             v.exits.to_string(),
             count(v.lightweight),
             count(v.heavyweight),
-            us(Some(v.total_ns)),
-            us(Some(v.guest_idle_ns)),
+            us(v.total_ns),
+            us(v.guest_idle_ns),
         ]);
     }
     t.footer("TOTAL_US: time in exits, the guest's idling in halts apart (IDLE_US), as in the reason table");
@@ -349,16 +363,16 @@ fn vm_rows(r: &ExitReport, vms: &BTreeMap<u32, VmOf>) -> Vec<VmRow> {
             exits: 0,
             lightweight: Some(0),
             heavyweight: Some(0),
-            total_ns: 0,
-            guest_idle_ns: 0,
+            total_ns: Some(0),
+            guest_idle_ns: Some(0),
         });
         row.vcpus += 1;
         row.tids.push(v.tid);
         row.exits += v.exits;
         row.lightweight = row.lightweight.zip(v.lightweight).map(|(a, b)| a + b);
         row.heavyweight = row.heavyweight.zip(v.heavyweight).map(|(a, b)| a + b);
-        row.total_ns += v.total_ns;
-        row.guest_idle_ns += v.guest_idle_ns;
+        row.total_ns = row.total_ns.zip(v.total_ns).map(|(a, b)| a + b);
+        row.guest_idle_ns = row.guest_idle_ns.zip(v.guest_idle_ns).map(|(a, b)| a + b);
     }
     by_vm.into_values().collect()
 }
@@ -373,8 +387,8 @@ fn vm_table(rows: &[VmRow]) -> Table {
             v.exits.to_string(),
             count(v.lightweight),
             count(v.heavyweight),
-            us(Some(v.total_ns)),
-            us(Some(v.guest_idle_ns)),
+            us(v.total_ns),
+            us(v.guest_idle_ns),
         ]);
     }
     t.footer("TOTAL_US: time in exits, the guest's idling in halts apart (IDLE_US), as in the reason table");

@@ -40,7 +40,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                 ));
             };
             // The input first: bad input must not leave a folder behind.
-            let mut recording = Session::open_warning(&args.file, &Default::default())?;
+            let mut recording = timed(Session::open_warning(&args.file, &Default::default())?)?;
             let made_here = !dir.exists();
             std::fs::create_dir_all(dir).map_err(|e| usage(format!("cannot create '{}': {e}", dir.display())))?;
             if let Err(e) = write_tables(&mut recording, dir) {
@@ -52,7 +52,7 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             }
         }
         ExportFormat::Perfetto => {
-            let mut recording = Session::open_warning(&args.file, &Default::default())?;
+            let mut recording = timed(Session::open_warning(&args.file, &Default::default())?)?;
             // The state tracks are the accounting's own slices, so they add up to `sched`.
             let want = Want { exits: true, exit_rows: true, accounting: true, binning: true, state_slices: true };
             let analysis = analyse(&mut recording, want)?;
@@ -106,6 +106,18 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `recording`, if its timestamps read as time: tables and timelines are laid out on it
+/// (counting commands read any clock).
+fn timed(recording: Session) -> anyhow::Result<Session> {
+    match recording.clock_not_time() {
+        Some(clock) => Err(usage(format!(
+            "'{}': its timestamps are {clock}; exports lay events out in time: import the capture again with --tsc-khz (or read it with `virtprof exits`, which counts without a clock)",
+            recording.path.display()
+        ))),
+        None => Ok(recording),
+    }
+}
+
 /// The vCPU state slices as far as the recording tells them: none without sched_switch (no
 /// track, rather than one that says "running" throughout), and without sched_wakeup the
 /// time off CPU as one state, since waiting and blocked cannot be told apart.
@@ -117,8 +129,8 @@ fn known_states(slices: &[StateSlice], holdings: &Holdings) -> Vec<StateSlice> {
     slices
         .iter()
         .map(|s| match s.state {
-            "waiting" | "blocked" if !split => StateSlice { state: "off cpu (waiting or blocked)", ..s.clone() },
-            _ => s.clone(),
+            "waiting" | "blocked" if !split => StateSlice { state: "off cpu (waiting or blocked)", ..*s },
+            _ => *s,
         })
         .collect()
 }

@@ -15,12 +15,15 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     }
     writeln!(
         out,
-        "{:.3} s, {} events, lost events: {}{}",
-        r.duration_s,
+        "{}, {} events, lost events: {}{}",
+        r.duration_s.map_or_else(|| "duration unknown".to_string(), |s| format!("{s:.3} s")),
         r.events,
         r.lost_events_text,
         r.truncated_at.map(|at| format!(" (file cut short at byte {at})")).unwrap_or_default()
     )?;
+    if let Some(clock) = &r.clock {
+        writeln!(out, "clock: {clock}")?;
+    }
     for vm in &r.vms {
         writeln!(out, "  VM {} {} ({}), {} vCPUs", vm.pid, vm.name, vm.kind, vm.vcpus.len())?;
     }
@@ -38,7 +41,7 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     }
 
     if let Some(acc) = &r.accounting {
-        writeln!(out, "\nvCPU accounting over the run ({:.3} s; exits from {}):", acc.seconds, acc.exits_source)?;
+        writeln!(out, "\nvCPU accounting over the run ({}; exits from {}):", acc.length_text(3), acc.exits_source)?;
         crate::qos::table(acc, true).write_text(&mut *out)?;
         if let Some(roles) = crate::qos::roles_table(acc) {
             writeln!(out, "\nWork for each VM by role (IO/EXEC: the VM's I/O accesses per execution of the role):")?;
