@@ -336,7 +336,7 @@ mod tests {
             }],
         };
         let window = |label: &str| WindowReport {
-            seconds: 1.0,
+            seconds: Some(1.0),
             label: label.into(),
             start_ns: 0,
             end_ns: 1_000_000_000,
