@@ -11,7 +11,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 use virtprof_analysis::thread_parents::ThreadParents;
-use virtprof_store::recording::{GuestVcpuThreads, Task};
+use virtprof_model::{Event, EventKind};
+use virtprof_store::recording::{GuestVcpuThreads, Task, VmIdentity};
+
+use crate::tasks::HostTasks;
 
 /// The VM a vCPU thread was put in.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -49,6 +52,61 @@ pub fn group(
     }
     for (tid, vm) in by_vcpu_ids(unplaced) {
         out.insert(tid, VmOf { label: format!("VM {} (inferred)", vm + 1), pid: None, evidence: "vcpu ids" });
+    }
+    out
+}
+
+/// What a walk learns of which VM a thread is a vCPU of, for [`group`]: the vCPU index its
+/// kvm events carry, and the thread that made it. Every command that names VMs feeds one, so
+/// they all group alike.
+#[derive(Debug, Default)]
+pub struct VcpuEvidence {
+    /// tid → the vCPU index of its first kvm_exit/kvm_entry.
+    indexes: BTreeMap<u32, u32>,
+    pub parents: ThreadParents,
+}
+
+impl VcpuEvidence {
+    pub fn on_event(&mut self, e: &Event) {
+        match e.kind {
+            EventKind::KvmExit { vcpu_id, .. } | EventKind::KvmEntry { vcpu_id, .. } => {
+                self.indexes.entry(e.tid).or_insert(vcpu_id);
+            }
+            EventKind::SchedFork { parent_tid, child_tid } => self.parents.record(parent_tid, child_tid),
+            _ => {}
+        }
+    }
+
+    /// The index `tid`'s kvm events carry, else the one in its name ("CPU 1/KVM"): the
+    /// userspace round-trip path has no kvm_exit to carry it.
+    pub fn index(&self, tid: u32, comm: &str) -> Option<u32> {
+        self.indexes.get(&tid).copied().or_else(|| virtprof_kvm::discover::vcpu_index(comm))
+    }
+}
+
+/// `host` with the vCPU threads (`tids`) whose process it does not know put in the VM
+/// [`group`] finds for them: such a VM's threads share a process named by the label `exits
+/// --by vm` shows ("guest web", "made by tid 500"), numbered by its lowest thread id. Threads
+/// with a known process are left as they are.
+pub fn regrouped(host: &HostTasks, tids: &[u32], guests: &[GuestVcpuThreads], evidence: &VcpuEvidence) -> HostTasks {
+    let tasks: Vec<Task> =
+        host.threads.iter().map(|(&tid, (pid, comm))| Task { tid, pid: *pid, comm: comm.clone() }).collect();
+    let comm = |tid: u32| host.threads.get(&tid).map_or("", |(_, c)| c.as_str());
+    let threads: Vec<(u32, Option<u32>)> = tids.iter().map(|&tid| (tid, evidence.index(tid, comm(tid)))).collect();
+    let mut by_vm: BTreeMap<VmOf, Vec<u32>> = BTreeMap::new();
+    for (tid, vm) in group(&threads, &tasks, guests, &evidence.parents) {
+        if vm.pid.is_none() {
+            by_vm.entry(vm).or_default().push(tid);
+        }
+    }
+    let mut out = host.clone();
+    for (vm, members) in by_vm {
+        let Some(&pid) = members.iter().min() else { continue };
+        for tid in members {
+            out.threads.insert(tid, (pid, comm(tid).to_string()));
+        }
+        let identity = VmIdentity { pid, kind: "unknown".into(), name: vm.label, owner: Default::default() };
+        out.identities.entry(pid).or_insert(identity);
     }
     out
 }

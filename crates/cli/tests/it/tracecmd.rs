@@ -586,3 +586,68 @@ fn an_empty_trace_dat_reads_as_empty_and_an_import_keeps_the_loss() {
         let _ = std::fs::remove_file(&rec);
     }
 }
+
+/// Issue 55: a real kvm_amd capture whose VM is known only by trace-cmd's GUEST option (a
+/// trace.dat has no tgids): `exits --by vm`, `sched`, `report` and every export put its two
+/// vCPU threads in one VM with one name.
+#[test]
+fn one_vm_by_the_guest_option_in_every_command() {
+    let (host, _) = pair();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = virtprof().args(args).arg(&host).arg("--json").output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let by_vm = exits_json(&host, &["--by", "vm"]);
+    let vms = by_vm["by_vm"].as_array().unwrap();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    let name = vms[0]["vm"].as_str().unwrap().to_string();
+    assert_eq!(
+        (&vms[0]["grouped_by"], &vms[0]["tids"]),
+        (&serde_json::json!("guest option"), &serde_json::json!([164, 165]))
+    );
+    let vcpu_tids = |vm: &serde_json::Value| -> Vec<u64> {
+        vm["vcpus"].as_array().unwrap().iter().map(|v| v["tid"].as_u64().unwrap()).collect()
+    };
+    let sched = json(&["sched"]);
+    let sched_vms = sched["windows"][0]["vms"].as_array().unwrap();
+    assert_eq!(sched_vms.len(), 1, "{sched_vms:?}");
+    assert_eq!((sched_vms[0]["name"].as_str(), vcpu_tids(&sched_vms[0])), (Some(name.as_str()), vec![164, 165]));
+    let report = json(&["report"]);
+    let report_vms = report["accounting"]["vms"].as_array().unwrap();
+    assert_eq!(report_vms.len(), 1, "{report_vms:?}");
+    assert_eq!((report_vms[0]["name"].as_str(), vcpu_tids(&report_vms[0])), (Some(name.as_str()), vec![164, 165]));
+
+    let trace = temp("guest-option.perfetto.json");
+    let out = virtprof().args(["export", "--format", "perfetto"]).arg(&host).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let processes: Vec<&str> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "process_name")
+        .filter_map(|e| e["args"]["name"].as_str())
+        .collect();
+    assert_eq!(processes.len(), 1, "{processes:?}");
+    assert!(processes[0].contains(&name), "{processes:?}");
+    let _ = std::fs::remove_file(&trace);
+    let dir = temp("guest-option.parquet");
+    let out = virtprof().args(["export", "--format", "parquet"]).arg(&host).arg("-o").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let python = format!(
+        "import pyarrow.parquet as pq; t = pq.read_table('{}/sched.parquet').to_pylist(); print(sorted({{(r['vm'], r['pid']) for r in t}}), sorted(r['tid'] for r in t))",
+        dir.display()
+    );
+    match Command::new("python3").args(["-c", &python]).output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.trim(), format!("[('{name}', 164)] [164, 165]"), "{text}");
+        }
+        _ => note(
+            "one_vm_by_the_guest_option_in_every_command",
+            "pyarrow is missing: sched.parquet's VMs are not checked",
+        ),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

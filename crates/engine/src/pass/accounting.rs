@@ -9,8 +9,10 @@ use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::units::format_duration_ns;
 use virtprof_model::EventKind;
 use virtprof_session::Session;
+use virtprof_store::recording::GuestVcpuThreads;
 
 use crate::tasks::HostTasks;
+use crate::vcpu_vms::VcpuEvidence;
 
 /// Run/wait/blocked accounting of a recording's vCPU threads and the other threads of their
 /// VMMs. Named threads alive at
@@ -24,6 +26,9 @@ pub struct VcpuAccounting {
     first_ts: u64,
     last_ts: u64,
     source: std::path::PathBuf,
+    /// What puts vCPU threads of no known process in their VMs, as `exits --by vm` does.
+    vcpus: VcpuEvidence,
+    guests: Vec<GuestVcpuThreads>,
 }
 
 impl VcpuAccounting {
@@ -50,6 +55,8 @@ impl VcpuAccounting {
             first_ts: 0,
             last_ts: 0,
             source: recording.path.clone(),
+            vcpus: VcpuEvidence::default(),
+            guests: recording.metadata.guests.clone(),
         }
     }
 
@@ -73,12 +80,14 @@ impl VcpuAccounting {
             }
         }
         self.inner.on_event(e);
+        self.vcpus.on_event(e);
         self.last_ts = e.ts;
     }
 
     /// The VMs whose vCPU threads were seen (of `only`, when not empty), given the whole run.
     pub fn vms(&self, host: &HostTasks, total: &virtprof_analysis::sched::Span, only: &[u32]) -> Vec<VmInfo> {
         let tracked: Vec<u32> = self.inner.kvm_threads().collect();
+        let host = crate::vcpu_vms::regrouped(host, &tracked, &self.guests, &self.vcpus);
         // The kernel's task caches remember threads of VMs long gone: keep what was seen running.
         let mut vms = host.vms(&tracked, only);
         for vm in &mut vms {

@@ -10,8 +10,6 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
-use virtprof_analysis::thread_parents::ThreadParents;
-use virtprof_analysis::Analyzer;
 use virtprof_model::units::format_duration;
 use virtprof_model::Loss;
 use virtprof_sinks::table::known;
@@ -22,7 +20,7 @@ use crate::args::{ExitsArgs, GroupBy};
 use crate::exit::usage;
 use crate::exit_table::{count, exits_line, reason_table, time_line, us};
 use virtprof_engine::recorder::{record_into, RecordOptions};
-use virtprof_engine::vcpu_vms::VmOf;
+use virtprof_engine::vcpu_vms::{VcpuEvidence, VmOf};
 use virtprof_session::{evidence_event_ids, DecoderNames, Session};
 
 /// JSON output: the analyzer's report plus per-VM totals and the recording's loss.
@@ -177,12 +175,12 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let options =
         ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), holdings, kvm_exits };
     let mut analyzer = ExitAnalyzer::new(options);
-    let mut parents = ThreadParents::default();
+    let mut vcpus = VcpuEvidence::default();
     // Both fed in one closure the walk inlines: no dynamic call per event, which shows on big
     // traces.
-    let stats = recording.walk(&mut decoder, |e, d| {
+    let stats = recording.walk(&mut decoder, |e, _| {
         analyzer.on_event(e);
-        parents.on_event(e, &DecoderNames(d));
+        vcpus.on_event(e);
     })?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
@@ -192,7 +190,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let vms = vms_of(&report, &recording, &parents);
+    let vms = vms_of(&report, &recording, &vcpus);
     let by_vm = vm_rows(&report, &vms);
     let kvm_stats = stats_deltas(&recording);
     let mut out = crate::output::stdout();
@@ -315,20 +313,15 @@ fn comm_of(tasks: &[Task], tid: u32) -> String {
 }
 
 /// Each vCPU thread's VM (see [`virtprof_engine::vcpu_vms`]).
-fn vms_of(r: &ExitReport, recording: &Session, parents: &ThreadParents) -> BTreeMap<u32, VmOf> {
+fn vms_of(r: &ExitReport, recording: &Session, vcpus: &VcpuEvidence) -> BTreeMap<u32, VmOf> {
     // A trace.dat's saved cmdlines name thousands of tasks: copied only to add the footer's.
     let mut tasks = std::borrow::Cow::Borrowed(recording.metadata.tasks.as_slice());
     if let Some(footer) = recording.footer.as_ref().filter(|f| !f.tasks.is_empty()) {
         tasks.to_mut().extend(footer.tasks.iter().cloned());
     }
-    // The index the kvm events carry, else the one in the thread's name ("CPU 1/KVM"): the
-    // userspace round-trip path has no kvm_exit to carry it.
-    let threads: Vec<(u32, Option<u32>)> = r
-        .by_vcpu
-        .iter()
-        .map(|v| (v.tid, v.vcpu_id.or_else(|| virtprof_kvm::discover::vcpu_index(&comm_of(&tasks, v.tid)))))
-        .collect();
-    virtprof_engine::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests, parents)
+    let threads: Vec<(u32, Option<u32>)> =
+        r.by_vcpu.iter().map(|v| (v.tid, vcpus.index(v.tid, &comm_of(&tasks, v.tid)))).collect();
+    virtprof_engine::vcpu_vms::group(&threads, &tasks, &recording.metadata.guests, &vcpus.parents)
 }
 
 fn vcpu_table(r: &ExitReport, tasks: &[Task], vms: &BTreeMap<u32, VmOf>) -> Table {
