@@ -60,14 +60,21 @@ enum Key {
 }
 
 impl Key {
-    fn name(self, names: &dyn Names) -> String {
-        match self {
-            Key::Exit { reason, isa } => names.exit_reason(reason, isa),
-            Key::Userspace { reason } => names.userspace_reason(reason),
-            Key::Evidence(Evidence::Emulated) => "emulated insn (in kernel)".to_string(),
-            Key::Evidence(Evidence::Pio) => "pio (in kernel)".to_string(),
-            Key::Evidence(Evidence::Mmio) => "mmio (in kernel)".to_string(),
-            Key::Evidence(Evidence::Event(id)) => format!("{} (in kernel)", names.event(id)),
+    /// Its name; an evidence row says "(in kernel)" only where the userspace exits were
+    /// recorded (`split_known`): without them, one the VMM handled looks the same.
+    fn name(self, names: &dyn Names, split_known: bool) -> String {
+        let evidence = match self {
+            Key::Exit { reason, isa } => return names.exit_reason(reason, isa),
+            Key::Userspace { reason } => return names.userspace_reason(reason),
+            Key::Evidence(Evidence::Emulated) => "emulated insn".to_string(),
+            Key::Evidence(Evidence::Pio) => "pio".to_string(),
+            Key::Evidence(Evidence::Mmio) => "mmio".to_string(),
+            Key::Evidence(Evidence::Event(id)) => names.event(id),
+        };
+        if split_known {
+            format!("{evidence} (in kernel)")
+        } else {
+            evidence
         }
     }
 }
@@ -500,8 +507,13 @@ impl ExitAnalyzer {
     /// Each timed reason's durations so far (exits in flight are not in them yet): what a
     /// live exporter reads between events, without finishing.
     pub fn durations(&self, names: &dyn Names) -> Vec<(String, &Histogram)> {
-        let mut timed: Vec<(String, &Histogram)> =
-            self.stats.iter().filter(|(_, s)| s.hist.count() > 0).map(|(&k, s)| (k.name(names), &s.hist)).collect();
+        let split_known = self.options.holdings.knows(Figure::LightHeavySplit);
+        let mut timed: Vec<(String, &Histogram)> = self
+            .stats
+            .iter()
+            .filter(|(_, s)| s.hist.count() > 0)
+            .map(|(&k, s)| (k.name(names, split_known), &s.hist))
+            .collect();
         timed.sort_by(|a, b| a.0.cmp(&b.0));
         timed
     }
@@ -548,6 +560,12 @@ impl ExitAnalyzer {
                 let thread = self.threads.entry(e.tid);
                 // The evidence right before a userspace exit is what the VMM handles.
                 thread.pending = None;
+                // A round trip still open: its end (kvm_fpu, kvm_entry) is not in the trace,
+                // never fired or was not recorded. It happened; it is counted, untimed.
+                if let Some(x) = thread.exit.take_if(|x| matches!(x.key, Key::Userspace { .. })) {
+                    self.incomplete += 1;
+                    count_unfinished(&mut self.stats, thread, &x);
+                }
                 match &mut thread.exit {
                     Some(x) => {
                         x.heavy = true;
@@ -740,18 +758,19 @@ impl ExitAnalyzer {
                 count_unfinished(&mut self.stats, t, &x);
             }
         }
-        let name = |k: Key| k.name(names);
+        let holdings = &self.options.holdings;
+        // Light or heavy needs the userspace exits on either path (without them, an exit or
+        // evidence event the VMM handled looks handled in the kernel).
+        let split_known = holdings.knows(Figure::LightHeavySplit);
+        let name = |k: Key| k.name(names, split_known);
         let mut stats = std::mem::take(&mut self.stats).into_map();
         // Evidence rows only exist on the round-trip path; drop any from before a late kvm_exit.
         let exit_path = self.exit_path;
         if exit_path {
             stats.retain(|k, _| !matches!(k, Key::Evidence(_)));
         }
-        let holdings = &self.options.holdings;
-        // Light or heavy needs the userspace exits on either path (without them, an exit or
-        // evidence event the VMM handled looks handled in the kernel).
-        let split_known = holdings.knows(Figure::LightHeavySplit);
         let sched_known = holdings.knows(Figure::Descheduled);
+        let vmm_known = holdings.knows(Figure::VmmTime);
         let time_known = holdings.has(Class::Time);
         let (irqs_known, softirqs_known, threads_known) = (
             holdings.knows(Figure::IrqsDuringExit),
@@ -774,7 +793,8 @@ impl ExitAnalyzer {
                     count,
                     lightweight: known(s.light),
                     heavyweight: known(s.heavy),
-                    descheduled: sched_known.then_some(s.descheduled),
+                    // Descheduled during an exit: only of exits whose span is known.
+                    descheduled: (sched_known && timed).then_some(s.descheduled),
                     unfinished: s.unfinished,
                     guest_idle: idle[&k],
                     count_pct: pct(count, total_count),
@@ -785,7 +805,7 @@ impl ExitAnalyzer {
                     p50_ns: t(s.hist.quantile(0.5)),
                     p99_ns: t(s.hist.quantile(0.99)),
                     max_ns: t(s.hist.max()),
-                    vmm_ns: t(Some(s.vmm_ns)).filter(|_| split_known),
+                    vmm_ns: t(Some(s.vmm_ns)).filter(|_| vmm_known),
                     preempted_ns: t(Some(s.preempted_ns)).filter(|_| sched_known),
                     blocked_ns: t(Some(s.blocked_ns)).filter(|_| sched_known),
                     histogram: s.hist.clone(),
@@ -806,12 +826,18 @@ impl ExitAnalyzer {
                 .filter(|_| holdings.knows(Figure::LightweightWithoutExitEvents))
                 .map(|kvm| kvm.saturating_sub(heavyweight))
         };
+        let any_timed = total_count == 0 || stats.values().any(|s| s.hist.count() > 0);
+        // Userspace exits whose round trips never ended in the trace (none of their end events
+        // fired, as on a perf.data of kvm_userspace_exit and a kvm_entry PVM never emits).
+        let round_trips_unended = stats.iter().any(|(k, s)| matches!(k, Key::Userspace { .. }) && s.heavy > 0)
+            && !stats.iter().any(|(k, s)| matches!(k, Key::Userspace { .. }) && s.hist.count() > 0);
         let totals = Totals {
             exits: total_count,
             lightweight,
             heavyweight: known(heavyweight),
-            handling_ns: time(handling_ns),
-            guest_idle_ns: time(guest_idle_ns),
+            // Sums of the timed exits: none timed (evidence without its round trip), unknown.
+            handling_ns: time(handling_ns).filter(|_| any_timed),
+            guest_idle_ns: time(guest_idle_ns).filter(|_| any_timed),
             halt_poll_ns: wakeups.then_some(self.halted_ns.1),
             halted_ns: wakeups.then_some(self.halted_ns.0),
             lost_events: self.lost,
@@ -828,21 +854,21 @@ impl ExitAnalyzer {
                     .filter(|(k, _)| *halts.entry(*k).or_insert_with(|| is_halt(&name(*k))))
                     .map(|(_, ns)| ns)
                     .sum();
-                Some((*tid, t.vcpu_id, t.exits?, idle))
+                Some((*tid, t.vcpu_id, t.exits?, idle, !t.time_by_key.is_empty()))
             })
             .collect();
         per_vcpu.sort_unstable();
         let by_vcpu = per_vcpu
             .into_iter()
-            .map(|(tid, vcpu_id, (light, heavy, total_ns), idle_ns)| VcpuRow {
+            .map(|(tid, vcpu_id, (light, heavy, total_ns), idle_ns, timed)| VcpuRow {
                 tid,
                 vcpu_id,
                 exits: light + heavy,
                 // Per thread, KVM's count is not at hand: without kvm_exit, unknown.
                 lightweight: known(light).filter(|_| exit_path),
                 heavyweight: known(heavy),
-                total_ns: time(total_ns - idle_ns),
-                guest_idle_ns: time(idle_ns),
+                total_ns: time(total_ns - idle_ns).filter(|_| timed || light + heavy == 0),
+                guest_idle_ns: time(idle_ns).filter(|_| timed || light + heavy == 0),
             })
             .collect();
         // Rows are exits over a duration: with timestamps that are not time, none.
@@ -852,7 +878,7 @@ impl ExitAnalyzer {
             .filter(|_| time_known)
             .map(|(k, r)| {
                 let x = &r.exit;
-                let (vmm, sched) = (split_known.then_some(x.vmm_ns), sched_known.then_some(()));
+                let (vmm, sched) = (vmm_known.then_some(x.vmm_ns), sched_known.then_some(()));
                 ExitRow {
                     tid: r.tid,
                     reason: name(k),
@@ -902,8 +928,13 @@ impl ExitAnalyzer {
                     Figure::ExitDurations.label()
                 ),
             };
-            let figures =
-                [Figure::LightHeavySplit, Figure::RoundTripDurations, Figure::Descheduled, Figure::HaltPolling];
+            let figures = [
+                Figure::LightHeavySplit,
+                Figure::RoundTripDurations,
+                Figure::VmmTime,
+                Figure::Descheduled,
+                Figure::HaltPolling,
+            ];
             let light_count = match holdings.check(Figure::LightweightWithoutExitEvents) {
                 Err(u) => Some(u.to_string()),
                 Ok(()) if self.options.kvm_exits.is_none() => Some(format!(
@@ -912,8 +943,15 @@ impl ExitAnalyzer {
                 )),
                 Ok(()) => None,
             };
+            let unended = (round_trips_unended && holdings.knows(Figure::RoundTripDurations)).then(|| {
+                format!(
+                    "{}: no userspace exit was followed by its end (kvm_fpu or kvm_entry) in the trace",
+                    Figure::RoundTripDurations.label()
+                )
+            });
             let missing = std::iter::once(lightweight)
                 .chain(light_count)
+                .chain(unended)
                 .chain(
                     holdings
                         .unavailable(&figures)

@@ -183,8 +183,9 @@ pub struct VcpuRow {
     /// I/O accesses, port and MMIO (None: unknown, e.g. polling a VMM whose KVM stats are not
     /// readable).
     pub io_count: Option<u64>,
-    /// Exits (or evidence of exits, see `exits_source`).
-    pub exits: u64,
+    /// Exits (or evidence of exits, see `exits_source`); None where the host traces no
+    /// kvm_exit and the source has no userspace exits to count.
+    pub exits: Option<u64>,
     /// Exits per second (None: unknown, e.g. polling a VMM whose KVM stats are not readable).
     pub exits_per_s: Option<f64>,
     /// The same from the vCPU's KVM stats over the window, where they are readable (live
@@ -267,7 +268,12 @@ pub fn window_report(
         cpu,
         exits_source: if kvm_exit { "kvm_exit" } else { "evidence" }.into(),
         vms,
-        unavailable: holdings.unavailable(&FIGURES).iter().map(ToString::to_string).collect(),
+        unavailable: holdings
+            .unavailable(&FIGURES)
+            .iter()
+            .chain(holdings.unavailable(&[Figure::ExitRateWithoutExitEvents]).iter().filter(|_| !kvm_exit))
+            .map(ToString::to_string)
+            .collect(),
     }
 }
 
@@ -279,6 +285,10 @@ struct Known {
     io: bool,
     /// Rates need the timestamps to be time.
     time: bool,
+    /// Exit rates without kvm_exit: of the userspace exits, so they must be recorded.
+    exit_rate: bool,
+    /// Exit counts without kvm_exit: the same without time.
+    exit_count: bool,
 }
 
 impl Known {
@@ -288,6 +298,8 @@ impl Known {
             waiting_blocked: holdings.knows(Figure::WaitingBlocked),
             io: holdings.knows(Figure::IoCount),
             time: holdings.has(Class::Time),
+            exit_rate: holdings.knows(Figure::ExitRateWithoutExitEvents),
+            exit_count: holdings.has(Class::UserspaceExit),
         }
     }
 
@@ -417,6 +429,7 @@ fn vcpu_row(
     let per = |ns: u64, n: u64| if n > 0 { ns as f64 / n as f64 / 1e3 } else { 0.0 };
     let rate = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
     let exits = if kvm_exit { c.exits } else { c.evidence };
+    let rated = known.time && (kvm_exit || known.exit_rate);
     let mut reasons: Vec<(ReasonKey, u64)> = span.reasons.get(&tid).cloned().unwrap_or_default();
     reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let alloc = c.preemptions > 0;
@@ -443,13 +456,13 @@ fn vcpu_row(
         alloc_max_us: alloc.then(|| c.alloc_max_ns as f64 / 1e3).filter(|_| known.running),
         wait_max_us: (c.wait_max_ns > 0).then(|| c.wait_max_ns as f64 / 1e3).filter(|_| known.waiting_blocked),
         io_count: io,
-        exits,
-        exits_per_s: known.time.then(|| rate(exits)),
+        exits: (kvm_exit || known.exit_count).then_some(exits),
+        exits_per_s: rated.then(|| rate(exits)),
         kvm_stats_exits_per_s: None,
         top_reasons: reasons
             .into_iter()
             .take(TOP_REASONS)
-            .filter(|_| known.time)
+            .filter(|_| rated)
             .map(|(key, n)| ReasonRate { reason: key.name(names), per_s: rate(n) })
             .collect(),
     }

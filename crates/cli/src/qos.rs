@@ -93,7 +93,13 @@ pub fn vcpu_cells(v: &VcpuRow) -> [String; 14] {
         },
         count_cell(v.io_count),
         rate_cell(v.exits_per_s),
-        v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", "),
+        // Reasons are rated with the exits: unknown with them.
+        match v.exits_per_s {
+            Some(_) => {
+                v.top_reasons.iter().map(|r| format!("{} {:.0}", r.reason, r.per_s)).collect::<Vec<_>>().join(", ")
+            }
+            None => UNKNOWN.into(),
+        },
     ]
 }
 
@@ -125,7 +131,7 @@ fn count_cell(count: Option<u64>) -> String {
 
 /// A rate, or `-` where it is unknown.
 fn rate_cell(rate: Option<f64>) -> String {
-    rate.map_or_else(|| "-".to_string(), |r| format!("{r:.0}"))
+    rate.map_or_else(|| UNKNOWN.to_string(), |r| format!("{r:.0}"))
 }
 
 /// The XenMon table of one window: a row per VM, and per vCPU when `vcpus` is set.

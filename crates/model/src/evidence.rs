@@ -203,11 +203,14 @@ pub enum Figure {
     WaitingBlocked,
     /// A vCPU's port and MMIO accesses.
     IoCount,
+    /// A vCPU's exits (and their reasons) per second where the host traces no kvm_exit: its
+    /// userspace exits and evidence events.
+    ExitRateWithoutExitEvents,
 }
 
 impl Figure {
     /// Every figure, in order (the documentation's table lists them so).
-    pub const ALL: [Figure; 14] = [
+    pub const ALL: [Figure; 15] = [
         Figure::ExitDurations,
         Figure::RoundTripDurations,
         Figure::LightHeavySplit,
@@ -222,6 +225,7 @@ impl Figure {
         Figure::Running,
         Figure::WaitingBlocked,
         Figure::IoCount,
+        Figure::ExitRateWithoutExitEvents,
     ];
 
     /// What it needs.
@@ -231,7 +235,8 @@ impl Figure {
             Figure::RoundTripDurations => &[Class::UserspaceExit, Class::RoundTripEnd, Class::Time],
             Figure::LightHeavySplit => &[Class::UserspaceExit],
             Figure::LightweightWithoutExitEvents => &[Class::UserspaceExit, Class::KvmStats],
-            Figure::VmmTime => &[Class::UserspaceExit, Class::RoundTripEnd, Class::Time],
+            // Off CPU is never the VMM's time: without sched_switch it cannot be taken out.
+            Figure::VmmTime => &[Class::UserspaceExit, Class::RoundTripEnd, Class::SchedSwitch, Class::Time],
             Figure::Descheduled => &[Class::SchedSwitch, Class::Time],
             Figure::Overhead => &[Class::UserspaceExit, Class::SchedSwitch, Class::Time],
             Figure::HaltPolling => &[Class::VcpuWakeup, Class::Time],
@@ -241,6 +246,7 @@ impl Figure {
             Figure::Running => &[Class::SchedSwitch, Class::Time],
             Figure::WaitingBlocked => &[Class::SchedSwitch, Class::SchedWakeup, Class::Time],
             Figure::IoCount => &[Class::IoAccess],
+            Figure::ExitRateWithoutExitEvents => &[Class::UserspaceExit, Class::Time],
         }
     }
 
@@ -261,6 +267,7 @@ impl Figure {
             Figure::Running => "run time, executions, CPU per execution, allocation",
             Figure::WaitingBlocked => "waiting (host steal) and blocked time",
             Figure::IoCount => "I/O accesses",
+            Figure::ExitRateWithoutExitEvents => "exits per second and top reasons of the vCPU table (no kvm_exit)",
         }
     }
 }

@@ -454,14 +454,8 @@ pub fn write_sched(path: &Path, window: &WindowReport) -> Result<u64> {
     fields.extend(times.iter().map(|n| field(n, DataType::UInt64, true)));
     let schema = Arc::new(Schema::new(fields));
     let id_of: [fn(&Row) -> u32; 3] = [|r| r.0.pid, |r| r.1.index, |r| r.1.tid];
-    let time_of: [fn(&Row) -> Option<u64>; 6] = [
-        |r| r.1.run_ns,
-        |r| r.1.wait_ns,
-        |r| r.1.blocked_ns,
-        |r| r.1.exec_count,
-        |r| Some(r.1.exits),
-        |r| r.1.io_count,
-    ];
+    let time_of: [fn(&Row) -> Option<u64>; 6] =
+        [|r| r.1.run_ns, |r| r.1.wait_ns, |r| r.1.blocked_ns, |r| r.1.exec_count, |r| r.1.exits, |r| r.1.io_count];
     columns.extend(id_of.iter().map(|f| column(&rows, |b: &mut UInt32Builder, r| b.append_value(f(r)))));
     columns.extend(time_of.iter().map(|f| column(&rows, |b: &mut UInt64Builder, r| b.append_option(f(r)))));
     let mut w = writer(path, &schema)?;

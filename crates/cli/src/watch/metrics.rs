@@ -285,7 +285,7 @@ impl Collector for Scrape {
             "virtprof_vcpu_exits",
             "VM exits of the vCPU since it was created (KVM's stats fd); where that is not readable, exits traced since serve started.",
             None,
-            vcpus().map(|(l, (pid, v))| (l, self.kvm_exits.get(&(pid, v.index)).copied().unwrap_or(v.exits) as f64)),
+            vcpus().filter_map(|(l, (pid, v))| Some((l, self.kvm_exits.get(&(pid, v.index)).copied().or(v.exits)? as f64))),
         )?;
         let by_tid: BTreeMap<u32, Labels> = vcpus().map(|(l, (_, v))| (v.tid, l)).collect();
         counters(

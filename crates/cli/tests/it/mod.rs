@@ -1,3 +1,4 @@
+mod ablation;
 mod agent;
 mod arm64;
 mod balance;

@@ -66,8 +66,8 @@ impl EnergyBook {
     pub fn update(&mut self, now: u64, run: &WindowReport) {
         let mut joules: BTreeMap<u32, f64> = BTreeMap::new();
         for v in run.vms.iter().flat_map(|vm| &vm.vcpus) {
-            // Live windows know every vCPU's run time.
-            let (run_ns, exits) = (v.run_ns.unwrap_or(0), v.exits);
+            // Live windows know every vCPU's run time and exits (live tracing records both).
+            let (run_ns, exits) = (v.run_ns.unwrap_or(0), v.exits.unwrap_or(0));
             let (run0, exits0) = self.previous.insert(v.tid, (run_ns, exits)).unwrap_or((run_ns, exits));
             let activity = Activity {
                 run_ns: run_ns.saturating_sub(run0),

@@ -512,7 +512,7 @@ impl Sampler {
                         let rate = d.exits / d.seconds;
                         v.kvm_stats_exits_per_s = Some(rate);
                         if !exact_trace {
-                            v.exits = saturating_u64(d.exits.round());
+                            v.exits = Some(saturating_u64(d.exits.round()));
                             v.exits_per_s = Some(rate);
                             used = true;
                         }
