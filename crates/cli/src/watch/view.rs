@@ -301,7 +301,7 @@ mod tests {
             alloc_max_us: Some(7842.0),
             wait_max_us: Some(9120.0),
             io_count: Some(3),
-            exits: 137,
+            exits: Some(137),
             exits_per_s: Some(137.0),
             kvm_stats_exits_per_s: None,
             top_reasons: vec![ReasonRate { reason: "KVM_EXIT_IO".into(), per_s: 3.0 }],
