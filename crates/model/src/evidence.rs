@@ -272,6 +272,27 @@ impl Figure {
     }
 }
 
+/// The documentation's table of which figure needs which events, made from [`Figure::ALL`]
+/// (docs/evidence.md holds it; a test checks they agree).
+pub fn needs_table() -> String {
+    let mut out = String::from("| figure | needs (all of them) |\n|---|---|\n");
+    for figure in Figure::ALL {
+        let needs: Vec<String> = figure
+            .needs()
+            .iter()
+            .map(|&class| match class.events() {
+                [] => class.name(),
+                events if class == Class::RoundTripEnd => {
+                    events.iter().map(|(s, e)| format!("`{s}:{e}`")).collect::<Vec<_>>().join(" or ")
+                }
+                events => events.iter().map(|(s, e)| format!("`{s}:{e}`")).collect::<Vec<_>>().join(" and "),
+            })
+            .collect();
+        out.push_str(&format!("| {} | {} |\n", figure.label(), needs.join(", ")));
+    }
+    out
+}
+
 /// A figure that is unknown, and why: rendered as "unknown" in text, `null` in JSON (with this
 /// in the output's `unavailable` list), an empty cell in CSV and Parquet, no track in Perfetto,
 /// no series in Prometheus (a `virtprof_unavailable` info series instead), a greyed cell in
@@ -321,5 +342,19 @@ mod tests {
         let pvm = Holdings::of(|_, _| true, true, None).never_emitted(Class::ExitEntry);
         assert_eq!(pvm.why_missing(Class::ExitEntry).unwrap(), "this host never emits kvm_exit and kvm_entry");
         assert!(Holdings::all().unavailable(&Figure::ALL).is_empty());
+    }
+
+    /// docs/evidence.md's table is this code's: regenerate it with
+    /// `cargo test -p virtprof-model -- --ignored print_the_needs_table --nocapture`.
+    #[test]
+    fn the_documented_table_is_the_codes() {
+        let doc = include_str!("../../../docs/evidence.md");
+        assert!(doc.contains(&needs_table()), "docs/evidence.md's table differs from:\n{}", needs_table());
+    }
+
+    #[test]
+    #[ignore = "prints the table for docs/evidence.md"]
+    fn print_the_needs_table() {
+        print!("{}", needs_table());
     }
 }

@@ -52,6 +52,8 @@ struct Report {
     guest_operations: Vec<GuestOperation>,
     /// What differs here from a VMX/SVM host, from the host kind and the live probe.
     host_differences: Vec<String>,
+    /// The figures a recording made here with the default events leaves unknown, and why.
+    unknown_figures: Vec<String>,
 }
 
 /// Whether one guest operation reaches this host's KVM, as the live probe measured it.
@@ -236,7 +238,8 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     features.push(Feature { feature: "in-kernel aggregation", mode: in_kernel_mode(&in_kernel, hist_triggers) });
     let guest_operations = probed.map(|p| p.operations.clone()).unwrap_or_default();
     let host_differences = probed.map(|p| probe::host_differences(kvm.kind, p)).unwrap_or_default();
-    let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences };
+    let unknown_figures = unknown_figures(tracefs.is_some(), exits_live);
+    let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences, unknown_figures };
     let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
@@ -353,7 +356,7 @@ fn features(
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
         f(
             "import",
-            "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc needs TSC2NSEC or --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; a host trace.dat and its guest's placed on one clock by TIME_SHIFT (exits/export --guest); not yet: the pair imported into one recording",
+            "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc without TSC2NSEC: counts, durations unknown until --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; a host trace.dat and its guest's placed on one clock by TIME_SHIFT (exits/export --guest); not yet: the pair imported into one recording",
         ),
     ]
 }
@@ -488,6 +491,27 @@ fn boot_sources(kvm: &KvmCaps, tracefs: bool, exits_live: Option<bool>) -> Strin
     parts.join("; ")
 }
 
+/// The figures a `record` here with the default events cannot give (see docs/evidence.md):
+/// the events this host never emits, as `Session::holdings` will say of its recordings.
+fn unknown_figures(tracefs: bool, exits_live: Option<bool>) -> Vec<String> {
+    use virtprof_model::evidence::{Class, Figure, Holdings};
+    if !tracefs {
+        return vec!["every traced figure: no tracefs to record from (mount it, as root)".into()];
+    }
+    let mut holdings = Holdings::all();
+    if exits_live == Some(false) {
+        holdings = holdings.never_emitted(Class::ExitEntry);
+    }
+    let mut lines: Vec<String> = holdings.unavailable(&Figure::ALL).iter().map(ToString::to_string).collect();
+    if exits_live == Some(false) {
+        lines.push(format!(
+            "{}: only for VMs whose KVM stats `record` snapshots at its start and end (running through the whole recording)",
+            Figure::LightweightWithoutExitEvents.label()
+        ));
+    }
+    lines
+}
+
 fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
     let mut table = Table::new(["CHECK", "STATUS", "DETAIL"]);
     let mut fixes = Vec::new();
@@ -524,6 +548,13 @@ fn write_human(report: &Report, out: &mut impl Write) -> std::io::Result<()> {
         for line in &report.host_differences {
             writeln!(out, "  - {line}")?;
         }
+    }
+    writeln!(out, "\nFIGURES A RECORDING HERE CANNOT GIVE (default events; docs/evidence.md)")?;
+    if report.unknown_figures.is_empty() {
+        writeln!(out, "  none: every figure has its events here")?;
+    }
+    for line in &report.unknown_figures {
+        writeln!(out, "  - {line}")?;
     }
     writeln!(out, "\nWHAT VIRTPROF WILL DO HERE")?;
     let mut features = Table::new(["FEATURE", "MODE"]);
