@@ -63,17 +63,99 @@ struct Skipped {
     without_cpu: u64,
 }
 
-/// Read a perf.data into recording metadata, per-CPU pages and loss figures.
+/// Read a perf.data (a file, or perf's pipe mode: `perf record -o -`) into recording metadata,
+/// per-CPU pages and loss figures.
 pub fn read(path: &Path, max_bytes: u64) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
     let bad = |e: String| SessionError::in_file(path, e);
     let bytes = virtprof_host::input::read_bytes(path, "perf.data", max_bytes)?;
-    check_layout(&bytes).map_err(|e| bad(format!("perf.data: {e}")))?;
+    let pipe = bytes.starts_with(MAGIC) && bytes.get(8..16) == Some(&PIPE_HEADER_SIZE.to_le_bytes()[..]);
     // The parser allocates what the file declares and indexes what it reads: the layout is
-    // checked against the file above, and a panic on damage it still trips over is caught
+    // checked against the file first, and a panic on damage it still trips over is caught
     // and reported as bad input.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(path, &bytes))).unwrap_or_else(|_| {
+    let parsed = if pipe {
+        let split = split_pipe(&bytes).map_err(|e| bad(format!("perf.data (pipe mode): {e}")))?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let reader = PerfFileReader::parse_pipe(std::io::Cursor::new(&split.stream[..]));
+            parse(path, reader, Some(split.tracing))
+        }))
+    } else {
+        check_layout(&bytes).map_err(|e| bad(format!("perf.data: {e}")))?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            parse(path, PerfFileReader::parse_file(std::io::Cursor::new(&bytes[..])), None)
+        }))
+    };
+    parsed.unwrap_or_else(|_| {
         Err(bad("perf.data: the file is damaged (its records do not parse; the parser stopped)".into()))
     })
+}
+
+/// The header of perf's pipe mode: the magic and its own size, nothing else; attributes and
+/// features come as records in the stream.
+const PIPE_HEADER_SIZE: u64 = 16;
+/// Pipe mode's tracepoint formats: a record whose `size: u32` bytes of tracing data follow it
+/// in the stream, padded to 8 bytes (the parser would read them as records).
+const PERF_RECORD_HEADER_TRACING_DATA: u32 = 66;
+
+/// A pipe-mode stream with its tracing data taken out, and that data.
+struct PipeStream {
+    stream: Vec<u8>,
+    tracing: Vec<u8>,
+}
+
+/// Walk a pipe-mode stream's records (each inside the stream; compressed ones within their
+/// expansion bound), taking the tracing data out. A record cut short at the end (perf killed
+/// mid-write) ends the stream there, said on standard error.
+fn split_pipe(data: &[u8]) -> std::result::Result<PipeStream, String> {
+    let u32_at = |at: usize| data.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")));
+    let u64_at = |at: usize| data.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+    let mut stream = data[..16].to_vec();
+    let mut tracing = None;
+    let mut compressed: Vec<&[u8]> = Vec::new();
+    let mut at = 16usize;
+    while at + 8 <= data.len() {
+        let kind = u32_at(at).expect("inside");
+        let size = usize::from(u16::from_le_bytes(data[at + 6..at + 8].try_into().expect("2")));
+        if size < 8 {
+            return Err(format!("a record at byte {at} claims {size} bytes"));
+        }
+        let Some(record) = data.get(at..at + size) else { break };
+        let mut end = at + size;
+        match kind {
+            PERF_RECORD_HEADER_TRACING_DATA => {
+                let len = u32_at(at + 8).ok_or("a tracing-data record without its size")? as usize;
+                let body = data.get(end..end + len).ok_or_else(|| {
+                    format!("the tracing data at byte {end} claims {len} bytes; the stream has {}", data.len() - end)
+                })?;
+                tracing = Some(body.to_vec());
+                at = end + len.div_ceil(8) * 8;
+                continue;
+            }
+            PERF_RECORD_AUXTRACE => {
+                let aux = u64_at(at + 8).and_then(|a| usize::try_from(a).ok()).unwrap_or(usize::MAX);
+                end = end.checked_add(aux).filter(|&e| e <= data.len()).ok_or_else(|| {
+                    format!("an AUXTRACE record at byte {at} claims {aux} bytes past the stream's end")
+                })?;
+            }
+            PERF_RECORD_COMPRESSED => compressed.push(&record[8..]),
+            PERF_RECORD_COMPRESSED2 => {
+                let len = u64_at(at + 8).and_then(|l| usize::try_from(l).ok()).unwrap_or(usize::MAX);
+                let body = record.get(16..16usize.saturating_add(len));
+                compressed.push(body.ok_or_else(|| format!("a compressed record at byte {at} claims {len} bytes"))?);
+            }
+            _ => {}
+        }
+        stream.extend_from_slice(&data[at..end]);
+        at = end;
+    }
+    if at < data.len() {
+        eprintln!(
+            "virtprof: warning: the perf.data stream ends inside a record at byte {at} ({} bytes cut off): read up to it",
+            data.len() - at
+        );
+    }
+    check_expansion(&compressed)?;
+    let tracing = tracing.ok_or("no tracepoint formats in the stream (no tracing-data record): record tracepoints, e.g. perf record -o - -e 'kvm:*' -a")?;
+    Ok(PipeStream { stream, tracing })
 }
 
 /// The perf.data header's sections (attributes, data, feature table, each feature, each
@@ -224,11 +306,16 @@ fn check_event_desc(section: &[u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
+/// The samples of a parsed perf.data; `tracing`: pipe mode's tracing data, taken from the
+/// stream (a file has it as a feature).
+fn parse<R: std::io::Read>(
+    path: &Path,
+    reader: std::result::Result<PerfFileReader<R>, linux_perf_data::Error>,
+    tracing: Option<Vec<u8>>,
+) -> Result<(Metadata, CpuPages, virtprof_store::recording::Footer)> {
     let bad = |e: String| SessionError::in_file(path, e);
-    let PerfFileReader { mut perf_file, mut record_iter } =
-        PerfFileReader::parse_file(std::io::Cursor::new(bytes)).map_err(|e| bad(format!("perf.data: {e}")))?;
-    let tracing = perf_file.feature_section_data(Feature::TRACING_DATA).map(<[u8]>::to_vec).ok_or_else(|| {
+    let PerfFileReader { mut perf_file, mut record_iter } = reader.map_err(|e| bad(format!("perf.data: {e}")))?;
+    let tracing = tracing.or_else(|| perf_file.feature_section_data(Feature::TRACING_DATA).map(<[u8]>::to_vec)).ok_or_else(|| {
         bad("perf.data has no tracepoint formats (no tracing-data feature): record it with tracepoints, e.g. perf record -e 'kvm:*' -e 'sched:*' -a".into())
     })?;
     let dat = virtprof_trace::tracedat::read_tracing_data(&tracing).map_err(|e| bad(format!("perf.data: {e}")))?;

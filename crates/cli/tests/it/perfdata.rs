@@ -147,3 +147,64 @@ fn perf_lost_records_are_the_loss_per_cpu() {
     assert_eq!(r["lost_events"].as_u64(), Some(theirs.values().sum()));
     let _ = std::fs::remove_file(file);
 }
+
+/// Issue 55: perf's pipe mode (`perf record -o -`) reads as perf reads it (`perf script`)
+/// and as the same run recorded to a file at the same time by an outer `perf record`; a
+/// stream cut off mid-record reads up to the cut and says so; one cut before its tracepoint
+/// formats is bad input. (`perf inject` of this host's pipe streams fails inside their
+/// tracing data, so it cannot make the file.)
+#[test]
+fn perf_pipe_mode_reads_as_perf_reads_it_and_as_a_file_of_the_same_run() {
+    let test = "perf_pipe_mode_reads_as_perf_reads_it_and_as_a_file_of_the_same_run";
+    if !have_perf(test) || !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = have_kvm(test) else { return };
+    let (pipe, file, truth) = (temp("perf-pipe.data"), temp("perf-pipe-file.data"), temp("perf-pipe-truth.json"));
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    // The stream is the inner perf's standard output: the workload's goes to a file.
+    let workload = format!("'{}' testvm -w pio-user -n 500 --json > '{}'", exe.display(), truth.display());
+    let events = ["-e", "kvm:kvm_userspace_exit", "-e", "kvm:kvm_pio", "-e", "sched:sched_switch"];
+    let out = Command::new("perf")
+        .args(["record", "-q", "-a", "-o"])
+        .arg(&file)
+        .args(events)
+        .args(["--", "perf", "record", "-q", "-a", "-o", "-"])
+        .args(events)
+        .args(["--", "sh", "-c", &workload])
+        .stdout(std::fs::File::create(&pipe).unwrap())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let truth: virtprof_model::testvm::TestvmReport = serde_json::from_slice(&std::fs::read(&truth).unwrap()).unwrap();
+    let stream = std::fs::read(&pipe).unwrap();
+    assert_eq!(&stream[8..16], &16u64.to_le_bytes(), "perf wrote a pipe-mode stream");
+
+    let theirs = perf_script_counts(&pipe);
+    let (from_pipe, from_file) = (exits_json(&pipe, &[]), exits_json(&file, &[]));
+    for event in ["kvm_userspace_exit", "kvm_pio"] {
+        assert_eq!(from_pipe["source"]["events"][event].as_u64(), theirs.get(event).copied(), "{event}");
+    }
+    let report = virtprof().args(["report", "--json"]).arg(&pipe).output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    assert_eq!(report["events"].as_u64(), Some(theirs.values().sum()), "every sample perf script reads");
+    let vcpu = &truth.vms[0].vcpus[0];
+    let row = |r: &serde_json::Value| r["by_vcpu"].as_array().unwrap().iter().find(|v| v["tid"] == vcpu.tid).cloned();
+    let (pipe_row, file_row) = (row(&from_pipe).expect("the vCPU"), row(&from_file).expect("the vCPU"));
+    assert_eq!(pipe_row["heavyweight"].as_u64(), Some(vcpu.exits("IO")), "{pipe_row}");
+    assert_eq!(pipe_row["heavyweight"], file_row["heavyweight"]);
+
+    // Cut inside a record past the formats: read up to it, said.
+    let cut = temp("perf-pipe-cut.data");
+    std::fs::write(&cut, &stream[..stream.len() - 5]).unwrap();
+    let out = virtprof().arg("exits").arg(&cut).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("ends inside a record"), "{stderr}");
+    // Cut before the formats: nothing to decode with.
+    std::fs::write(&cut, &stream[..200.min(stream.len())]).unwrap();
+    let out = virtprof().arg("exits").arg(&cut).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in [pipe, file, cut] {
+        let _ = std::fs::remove_file(f);
+    }
+}
