@@ -233,7 +233,7 @@ fn a_dump_with_a_bad_header_page_is_refused_by_name() {
 }
 
 #[test]
-fn sched_says_when_a_recording_cannot_tell_whose_threads_ran_guests() {
+fn a_recording_that_cannot_tell_whose_threads_ran_guests_names_the_vm_as_exits_does() {
     use virtprof_store::recording::{Chunk, Reader, Writer};
     // The fixture with every task table emptied: its vCPU thread's events stay.
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../session/tests/fixtures/pvm-pio-user.vprec");
@@ -255,9 +255,15 @@ fn sched_says_when_a_recording_cannot_tell_whose_threads_ran_guests() {
             _ => {}
         }
     }
-    assert_usage_error(
-        &["sched", rec.to_str().unwrap()],
-        "1 thread emitted kvm events, but the recording does not say",
-    );
+    // Issue 55: its VM is the one `exits --by vm` infers from the vCPU's kvm events, in
+    // every command alike (it was refused by sched while exits named it).
+    let out = virtprof().args(["sched", "--json"]).arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sched: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = virtprof().args(["exits", "--by", "vm", "--json"]).arg(&rec).output().unwrap();
+    let exits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name = exits["by_vm"][0]["vm"].as_str().unwrap();
+    assert!(name.contains("inferred"), "{name}");
+    assert_eq!(sched["windows"][0]["vms"][0]["name"].as_str(), Some(name), "{sched}");
     let _ = std::fs::remove_file(rec);
 }
