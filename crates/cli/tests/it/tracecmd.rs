@@ -338,13 +338,19 @@ const GUEST_PEER: u64 = 0xC8E8_547B_7C85_BF40;
 /// file) with a TIME_SHIFT of three samples per CPU around the real offset, interpolated, and a
 /// scaling of 1 + 2^-20 in 20 fraction bits: what trace-cmd's tsync writes, not `attach`.
 fn with_time_shift(guest: &[u8], peer: u64) -> Vec<u8> {
+    with_time_shift_moved(guest, peer, 0)
+}
+
+/// [`with_time_shift`] with every offset moved by `moved` cycles (negative: earlier).
+fn with_time_shift_moved(guest: &[u8], peer: u64, moved: i64) -> Vec<u8> {
     let option = [&12u16.to_le_bytes()[..], &88u32.to_le_bytes(), &peer.to_le_bytes()].concat();
     let at = guest.windows(option.len()).position(|w| w == option).expect("the TIME_SHIFT option");
     let section = at - 16;
     let rest = &guest[at + 6 + 88..];
-    let offset = 79_367_182_636u64;
+    let offset = 79_367_182_636i64 + moved;
     // Guest TSC times (cycles at 2.5 GHz) around the traced seconds, offsets ±1 µs apart.
     let samples = [(100_000_000_000u64, offset), (106_000_000_000, offset + 2_500), (108_000_000_000, offset - 2_500)];
+    let samples = samples.map(|(ts, offset)| (ts, offset.cast_unsigned()));
     let mut body = Vec::new();
     body.extend(peer.to_le_bytes());
     body.extend(1u32.to_le_bytes()); // interpolate
@@ -650,4 +656,58 @@ fn one_vm_by_the_guest_option_in_every_command() {
         ),
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 55: a guest whose own trace began before its host's keeps its events at their time in
+/// the Perfetto export: time 0 is the guest's first event, and the host's events sit as far
+/// after it as the guest's TIME_SHIFT says (they used to be clamped to 0 with the guest's).
+#[test]
+fn a_guest_trace_that_began_before_its_host_is_drawn_at_its_time() {
+    let (host, guest) = pair();
+    let export = |guest: &Path| -> (Vec<f64>, Vec<f64>) {
+        let trace = temp("early-guest.perfetto.json");
+        let out = virtprof()
+            .args(["export", "--format", "perfetto"])
+            .arg(&host)
+            .arg("--guest")
+            .arg(guest)
+            .arg("-o")
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&trace);
+        let times = |guest: bool| -> Vec<f64> {
+            t["traceEvents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e.get("ts").is_some() && (e["cat"] == "guest") == guest)
+                .map(|e| e["ts"].as_f64().unwrap())
+                .collect()
+        };
+        (times(true), times(false))
+    };
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let (guest_times, host_times) = export(&guest);
+    let in_step = min(&guest_times) - min(&host_times);
+    assert!(in_step > 0.0, "the fixture's guest starts after its host");
+    // The same guest 60 s earlier (150e9 cycles at 2.5 GHz): before the host's first event.
+    let early = temp("early-guest.dat");
+    std::fs::write(&early, with_time_shift_moved(&std::fs::read(&guest).unwrap(), GUEST_PEER, -150_000_000_000))
+        .unwrap();
+    let (guest_times, host_times) = export(&early);
+    let _ = std::fs::remove_file(&early);
+    assert_eq!(min(&guest_times), 0.0, "time 0 is the guest's first event");
+    let at_zero = guest_times.iter().filter(|&&t| t == 0.0).count();
+    assert!(at_zero <= 2, "{at_zero} guest events at time 0: clamped");
+    // The host's first event 60 s less the fixture's head start after the guest's (µs; the
+    // TIME_SHIFT's scaling and interpolation move it by well under 1 ms).
+    let expected = 60e6 - in_step;
+    assert!(
+        (min(&host_times) - expected).abs() < 1_000.0,
+        "host's first at {} µs, expected {expected}",
+        min(&host_times)
+    );
 }

@@ -70,22 +70,30 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                     first_noise = Some(first_noise.map_or(first, |seen| seen.min(first)));
                 }
             });
-            // Time 0 is the earliest thing drawn: an agent's first row or noise period can begin
-            // before the trace does, and Perfetto takes no negative times.
+            let guest_traces = match &args.guest {
+                Some(path) => vec![guest_machine(&recording, path)?],
+                None => Vec::new(),
+            };
+            // A guest's own trace can begin before the host's (its tracing started first).
+            let first_guest_event = guest_traces
+                .iter()
+                .flat_map(|g| &g.cpus)
+                .flat_map(|c| c.slices.first().map(|s| s.start_ns).into_iter().chain(c.irqs.first().map(|i| i.0)))
+                .min();
+            // Time 0 is the earliest thing drawn: an agent's first row or noise period, or a
+            // guest's own trace, can begin before the trace does, and Perfetto takes no
+            // negative times.
             let origin_ns = [
                 Some(first),
                 table.and_then(|t| t.start_ns.first().copied()),
                 guests.iter().filter_map(|l| l.rows.first().map(|r| r.start_ns)).min(),
                 first_noise,
+                first_guest_event,
             ]
             .into_iter()
             .flatten()
             .min()
             .unwrap_or(first);
-            let guest_traces = match &args.guest {
-                Some(path) => vec![guest_machine(&recording, path)?],
-                None => Vec::new(),
-            };
             let states = known_states(&analysis.slices, &analysis.holdings);
             let tracks = perfetto::Tracks {
                 guest_traces: &guest_traces,
