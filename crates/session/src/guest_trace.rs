@@ -62,6 +62,8 @@ impl GuestTrace {
             .map(|s| TimeScale { offset_ns: 0, ..s });
         let options = SourceOptions { tsc_scale: options.tsc_scale.or(host_tsc), ..options.clone() };
         let mut session = Session::open_warning(path, &options)?;
+        // Placed on the host's clock here, in the walk below, not as a file read alone.
+        session.time_shift = None;
         let scale = session.metadata.time_scale.take();
         let trace_id = |s: &Session| {
             s.metadata.host.get("trace_id").and_then(|id| u64::from_str_radix(id.trim_start_matches("0x"), 16).ok())

@@ -58,6 +58,10 @@ pub struct Session {
     formats_in_file: Vec<(String, Range<usize>)>,
     /// [`Session::time_bounds`], found once: every walk and every loss line asks for it.
     bounds: std::sync::OnceLock<Option<(u64, u64)>>,
+    /// A guest's trace.dat read alone: its TIME_SHIFT corrections put its raw timestamps on
+    /// its host's clock before its time scale, per CPU, as trace-cmd's reader does. Its
+    /// decoder then leaves timestamps raw, and the walk places them.
+    pub(crate) time_shift: Option<virtprof_model::clock_sync::ClockSync>,
 }
 
 /// Where the pages live.
@@ -182,6 +186,7 @@ impl Session {
             formats_in_file: Vec::new(),
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
+            time_shift: None,
         }
         .checked()
     }
@@ -259,10 +264,20 @@ impl Session {
     /// (the frequency and where it came from) or cannot be read as time (and how to fix it).
     pub fn clock_line(&self) -> Option<String> {
         let hint = " (the traced host's TSC frequency: its dmesg says e.g. 'tsc: Refined TSC clocksource calibration: 2893.202 MHz', that is --tsc-khz 2893202)";
-        self.clock_note().or_else(|| {
+        let line = self.clock_note().or_else(|| {
             let not_time = self.clock_not_time()?;
             Some(format!("timestamps are {not_time}{}", if not_time.contains("--tsc-khz") { hint } else { "" }))
-        })
+        });
+        let shift = self.time_shift.as_ref().map(|sync| {
+            format!(
+                "a guest's trace, placed on its host's clock by its TIME_SHIFT ({} samples), as trace-cmd reads it",
+                sync.samples()
+            )
+        });
+        match (shift, line) {
+            (Some(shift), Some(line)) => Some(format!("{shift}; {line}")),
+            (shift, line) => shift.or(line),
+        }
     }
 
     /// How its timestamps are read as time, where they needed a conversion: the clock, the
@@ -327,6 +342,7 @@ impl Session {
             pages,
             formats_in_file: Vec::new(),
             bounds: Default::default(),
+            time_shift: None,
         }
     }
 
@@ -339,13 +355,33 @@ impl Session {
         }
         let head = if path.is_file() { crate::import::file_head(path) } else { Vec::new() };
         if head.starts_with(virtprof_store::recording::MAGIC) || !path.exists() {
-            return Session::open(path);
+            // An imported guest trace keeps its TIME_SHIFT: read as the file itself is.
+            return Session::open(path).map(Session::placed_by_time_shift);
         }
         if virtprof_trace::tracedat::is_trace_dat(&head) {
-            return Session::open_trace_dat(path, options.cycles());
+            return Session::open_trace_dat(path, options.cycles()).map(Session::placed_by_time_shift);
         }
         let (metadata, pages, footer) = crate::import::read_source(path, options)?;
         Session::imported(path, metadata, footer, Pages::Owned(pages)).checked()
+    }
+
+    /// A guest's trace.dat (one with TIME_SHIFT corrections covering all its CPUs) read on
+    /// its host's clock, as trace-cmd reads it alone.
+    fn placed_by_time_shift(mut self) -> Session {
+        let covers = |sync: &virtprof_model::clock_sync::ClockSync| {
+            sync.samples() > 0
+                && self.metadata.cpus.iter().all(|&cpu| sync.cpus.get(cpu as usize).is_some_and(|s| !s.is_empty()))
+        };
+        self.time_shift = self.metadata.clock_sync.clone().filter(covers);
+        self
+    }
+
+    /// A raw timestamp of `cpu` on the clock every command reads: through the TIME_SHIFT of a
+    /// guest read alone, then the time scale (which its decoder leaves out).
+    fn placed(&self, cpu: u32, raw: u64) -> u64 {
+        let Some(sync) = &self.time_shift else { return raw };
+        let host = sync.to_host(cpu, raw).unwrap_or(raw);
+        self.metadata.time_scale.map_or(host, |s| s.apply(host))
     }
 
     /// [`Session::open_any`], warning on stderr when the file was cut short.
@@ -487,7 +523,8 @@ impl Session {
     pub fn decoder(&self, systems: &[&str]) -> Result<Decoder> {
         let mut header = parse_header_page(&self.metadata.header_page)
             .map_err(|e| SessionError::in_file(&self.path, e.to_string()))?;
-        header.scale = self.metadata.time_scale;
+        // A guest read alone is scaled after its TIME_SHIFT, in the walk.
+        header.scale = if self.time_shift.is_some() { None } else { self.metadata.time_scale };
         let kept = self.metadata.formats.iter().map(|f| (f.system.as_str(), f.text.as_bytes()));
         let in_file =
             self.formats_in_file.iter().map(|(system, range)| (system.as_str(), &self.file_bytes()[range.clone()]));
@@ -545,8 +582,10 @@ impl Session {
     pub fn walk(&self, decoder: &mut Decoder, mut sink: impl FnMut(&Event, &Decoder)) -> Result<WalkStats> {
         let bounds = self.time_bounds(decoder);
         let mut outside = 0u64;
+        let shifted = self.time_shift.is_some();
         let mut stats = merge_cpus(decoder, &self.streams(), |e, d| match bounds {
             Some((lo, hi)) if e.ts < lo || e.ts > hi => outside += 1,
+            _ if shifted => sink(&Event { ts: self.placed(e.cpu, e.ts), ..*e }, d),
             _ => sink(e, d),
         })
         .map_err(|e| SessionError::in_file(&self.path, e))?;
@@ -591,6 +630,8 @@ impl Session {
     /// [`Session::time_bounds`].
     pub fn time_range(&self, decoder: &Decoder) -> Option<(u64, u64)> {
         let (first, last) = time_range(&decoder.layout().header, &self.streams())?;
+        let cpu = self.metadata.cpus.first().copied().unwrap_or(0);
+        let (first, last) = (self.placed(cpu, first), self.placed(cpu, last));
         Some(match self.time_bounds(decoder) {
             Some((lo, hi)) => (first.clamp(lo, hi), last.clamp(lo, hi)),
             None => (first, last),

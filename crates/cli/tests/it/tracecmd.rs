@@ -711,3 +711,57 @@ fn a_guest_trace_that_began_before_its_host_is_drawn_at_its_time() {
         min(&host_times)
     );
 }
+
+/// Issue 55: a guest's trace.dat read alone is placed by its own TIME_SHIFT, as trace-cmd
+/// reads it alone: every event at the nanosecond `trace-cmd report -t` prints, and the clock
+/// line says so.
+#[test]
+fn a_guest_trace_read_alone_is_placed_by_its_time_shift_as_trace_cmd_does() {
+    let test = "a_guest_trace_read_alone_is_placed_by_its_time_shift_as_trace_cmd_does";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    let (_, guest) = pair();
+    let out = Command::new(&trace_cmd).args(["report", "-t", "-N", "-i"]).arg(&guest).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // "comm-tid [cpu] flags seconds.nanoseconds: event: ..."
+    let mut theirs: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let after_cpu = line.split_once("] ")?.1;
+            let stamp = after_cpu.split_whitespace().nth(1)?.trim_end_matches(':');
+            let (s, ns) = stamp.split_once('.')?;
+            Some(s.parse::<u64>().ok()? * 1_000_000_000 + ns.parse::<u64>().ok()?)
+        })
+        .collect();
+    theirs.sort_unstable();
+    assert!(theirs.len() > 10_000, "{}", theirs.len());
+    let dir = temp("guest-alone.parquet");
+    let out = virtprof().args(["export", "--format", "parquet"]).arg(&guest).arg("-o").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let python = format!(
+        "import pyarrow.parquet as pq; print('\\n'.join(str(t) for t in sorted(pq.read_table('{}/events.parquet').column('ts_ns').to_pylist())))",
+        dir.display()
+    );
+    match Command::new("python3").args(["-c", &python]).output() {
+        Ok(out) if out.status.success() => {
+            let ours: Vec<u64> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+            assert_eq!(ours.len(), theirs.len());
+            assert!(ours == theirs, "first differing: {:?}", ours.iter().zip(&theirs).find(|(a, b)| a != b));
+        }
+        _ => note(test, "pyarrow is missing: the events' times are not compared"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Imported, it keeps its TIME_SHIFT and reads the same.
+    let rec = temp("guest-alone.vprec");
+    let out = virtprof().arg("import").arg(&guest).arg("-o").arg(&rec).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for file in [&guest, &rec] {
+        let r = exits_json(file, &[]);
+        let clock = r["clock"].as_str().unwrap_or_default();
+        assert!(clock.contains("placed on its host's clock by its TIME_SHIFT"), "{}: {clock}", file.display());
+        let report = virtprof().args(["report", "--json"]).arg(file).output().unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+        let start = report["accounting"]["start_ns"].as_u64();
+        assert_eq!(start, Some(theirs[0]), "{}: the first event where trace-cmd puts it", file.display());
+    }
+    let _ = std::fs::remove_file(rec);
+}
