@@ -350,7 +350,7 @@ fn with_time_shift_moved(guest: &[u8], peer: u64, moved: i64) -> Vec<u8> {
     let offset = 79_367_182_636i64 + moved;
     // Guest TSC times (cycles at 2.5 GHz) around the traced seconds, offsets ±1 µs apart.
     let samples = [(100_000_000_000u64, offset), (106_000_000_000, offset + 2_500), (108_000_000_000, offset - 2_500)];
-    let samples = samples.map(|(ts, offset)| (ts, offset.cast_unsigned()));
+    let samples = samples.map(|(ts, offset)| (ts, u64::from_le_bytes(offset.to_le_bytes())));
     let mut body = Vec::new();
     body.extend(peer.to_le_bytes());
     body.extend(1u32.to_le_bytes()); // interpolate
