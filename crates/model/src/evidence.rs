@@ -206,11 +206,15 @@ pub enum Figure {
     /// A vCPU's exits (and their reasons) per second where the host traces no kvm_exit: its
     /// userspace exits and evidence events.
     ExitRateWithoutExitEvents,
+    /// Time the host trace shows a noise-measuring vCPU off its CPU, and who preempted it.
+    NoiseHostSteal,
+    /// Which guest noise the host explains (IRQs, softirqs, preemption) and which it does not.
+    NoiseExplained,
 }
 
 impl Figure {
     /// Every figure, in order (the documentation's table lists them so).
-    pub const ALL: [Figure; 15] = [
+    pub const ALL: [Figure; 17] = [
         Figure::ExitDurations,
         Figure::RoundTripDurations,
         Figure::LightHeavySplit,
@@ -226,6 +230,8 @@ impl Figure {
         Figure::WaitingBlocked,
         Figure::IoCount,
         Figure::ExitRateWithoutExitEvents,
+        Figure::NoiseHostSteal,
+        Figure::NoiseExplained,
     ];
 
     /// What it needs.
@@ -247,6 +253,8 @@ impl Figure {
             Figure::WaitingBlocked => &[Class::SchedSwitch, Class::SchedWakeup, Class::Time],
             Figure::IoCount => &[Class::IoAccess],
             Figure::ExitRateWithoutExitEvents => &[Class::UserspaceExit, Class::Time],
+            Figure::NoiseHostSteal => &[Class::SchedSwitch, Class::Time],
+            Figure::NoiseExplained => &[Class::Irq, Class::Softirq, Class::SchedSwitch, Class::Time],
         }
     }
 
@@ -268,6 +276,8 @@ impl Figure {
             Figure::WaitingBlocked => "waiting (host steal) and blocked time",
             Figure::IoCount => "I/O accesses",
             Figure::ExitRateWithoutExitEvents => "exits per second and top reasons of the vCPU table (no kvm_exit)",
+            Figure::NoiseHostSteal => "guest noise: the host trace's steal and preemptors",
+            Figure::NoiseExplained => "guest noise: the share the host explains (and what it does not)",
         }
     }
 }

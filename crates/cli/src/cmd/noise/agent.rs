@@ -15,6 +15,7 @@ use virtprof_model::guest::{NoiseSummary, SeriesKind};
 use virtprof_model::vmm::VmmKind;
 use virtprof_session::guest::GuestStream;
 use virtprof_session::Session;
+use virtprof_sinks::table::UNKNOWN;
 
 use super::explain::Explanation;
 use super::trace::{missing, EVENTS, HOST_EVENTS};
@@ -162,7 +163,11 @@ pub fn run(recording: &Path, vm: Option<&str>) -> anyhow::Result<AgentNoiseRepor
             let first_cpu = |tid: u32| events.iter().find(|e| e.tid == tid).map_or(0, |e| e.cpu);
             let views: Vec<HostView> =
                 threads.iter().map(|&(_, tid)| HostView::new(&events, tid, first_cpu(tid))).collect();
-            let cpus = explain_cpus(g, &threads, &views, span, &decoder);
+            let mut cpus = explain_cpus(g, &threads, &views, span, &decoder);
+            let holdings = session.holdings(&decoder);
+            for c in &mut cpus {
+                c.host = std::mem::replace(&mut c.host, Explanation::new()).known_by(&holdings);
+            }
             GuestNoise {
                 agent: g.agent,
                 name: g.name(),
@@ -326,18 +331,25 @@ pub fn table(r: &AgentNoiseReport) -> String {
             let guest_steal = c.guest_steal_ns.map_or_else(|| "not sent".into(), |ns| format!("{:.1} us", us(ns)));
             let _ = writeln!(
                 s,
-                "    steal: host trace (vCPU thread off its CPU in samples) {:.1} us; guest /proc/stat over the recording {guest_steal}",
-                us(c.host.host_steal_ns)
+                "    steal: host trace (vCPU thread off its CPU in samples) {}; guest /proc/stat over the recording {guest_steal}",
+                c.host.host_steal_ns.map_or_else(|| UNKNOWN.to_string(), |ns| format!("{:.1} us", us(ns)))
             );
             for (cause, t) in &c.host.by_cause {
                 let name = match cause {
+                    // Without every explaining event class, not known to be off the host.
+                    HostCause::Unexplained if c.host.explained_pct.is_none() => "unattributed".to_string(),
                     HostCause::Unexplained => "not on host".to_string(),
                     _ => serde_json::to_value(cause)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default(),
                 };
-                let _ = writeln!(s, "    {name:<13} {:>7} samples {:>12.1} us (besides steal)", t.samples, us(t.ns));
+                let _ = writeln!(
+                    s,
+                    "    {name:<13} {:>7} samples {:>12} (besides steal)",
+                    t.samples,
+                    t.ns.map_or_else(|| UNKNOWN.to_string(), |ns| format!("{:.1} us", us(ns)))
+                );
             }
             let mut reasons: Vec<_> = c.host.exit_reasons.iter().collect();
             reasons.sort_by_key(|(name, n)| (std::cmp::Reverse(**n), (*name).clone()));
@@ -347,11 +359,20 @@ pub fn table(r: &AgentNoiseReport) -> String {
             for (who, ns) in &c.host.preemptors {
                 let _ = writeln!(s, "    preempted by {}: {:.1} us", virtprof_model::units::printable(who), us(*ns));
             }
-            let _ = writeln!(
-                s,
-                "    explained by host events: {:.1} % of guest noise time (the rest is the guest's own interrupts, or hardware)",
-                c.host.explained_pct
-            );
+            match c.host.explained_pct {
+                Some(pct) => {
+                    let _ = writeln!(
+                        s,
+                        "    explained by host events: {pct:.1} % of guest noise time (the rest is the guest's own interrupts, or hardware)"
+                    );
+                }
+                None => {
+                    let _ = writeln!(s, "    explained by host events: {UNKNOWN}");
+                }
+            }
+            for u in &c.host.unavailable {
+                let _ = writeln!(s, "    unavailable: {u}");
+            }
             if c.noise.dropped_samples > 0 {
                 let _ = writeln!(
                     s,

@@ -168,8 +168,11 @@ pub fn run_recorded(recording: &Path, guest: &Path) -> anyhow::Result<GuestRepor
     };
     let stats = recording.analyse(&mut decoder, &mut [&mut keep])?;
     let lost_events = recording.loss(&stats).total();
+    let holdings = recording.holdings(&decoder);
     let host = HostTrace { events, lost_events, missing_events, decoder };
-    explain(&report, host, None)
+    let mut explained = explain(&report, host, None)?;
+    explained.host = explained.host.known_by(&holdings);
+    Ok(explained)
 }
 
 /// The guest's run (its clock-sync exits, on the host's CLOCK_MONOTONIC) must lie in the

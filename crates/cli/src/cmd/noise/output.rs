@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use virtprof_analysis::noise::ByClass;
 use virtprof_model::event::{Event, EventKind};
+use virtprof_sinks::table::UNKNOWN;
 
 use super::guest::GuestReport;
 use super::{CpuReport, NoiseReport};
@@ -266,10 +267,10 @@ fn guest_table(r: &GuestReport) -> String {
     );
     let _ = writeln!(
         s,
-        "steal: guest record {:.1} us, vCPU thread schedstat wait {:.1} us, host trace {:.1} us",
+        "steal: guest record {:.1} us, vCPU thread schedstat wait {:.1} us, host trace {}",
         us(g.steal_ns),
         us(r.schedstat_wait_ns),
-        us(r.host.host_steal_ns)
+        r.host.host_steal_ns.map_or_else(|| UNKNOWN.to_string(), |ns| format!("{:.1} us", us(ns)))
     );
     if r.injected > 0 || r.inject_hz.is_some_and(|hz| hz > 0) {
         let rate = r.inject_hz.map_or_else(String::new, |hz| format!(" at {hz} Hz"));
@@ -286,8 +287,19 @@ fn guest_table(r: &GuestReport) -> String {
         us(r.clock.bound_ns)
     );
     for (cause, t) in &r.host.by_cause {
-        let name = serde_json::to_value(cause).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
-        let _ = writeln!(s, "  {name:<13} {:>7} samples {:>12.1} us (besides steal)", t.samples, us(t.ns));
+        let mut name =
+            serde_json::to_value(cause).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+        // Without every explaining event class, what is left is not attributed, not known to
+        // have no host cause.
+        if *cause == virtprof_analysis::noise::HostCause::Unexplained && r.host.explained_pct.is_none() {
+            name = "unattributed".into();
+        }
+        let _ = writeln!(
+            s,
+            "  {name:<13} {:>7} samples {:>12} (besides steal)",
+            t.samples,
+            t.ns.map_or_else(|| UNKNOWN.to_string(), |ns| format!("{:.1} us", us(ns)))
+        );
     }
     for (who, ns) in &r.host.preemptors {
         let _ = writeln!(s, "  preempted by {who}: {:.1} us", us(*ns));
@@ -295,7 +307,17 @@ fn guest_table(r: &GuestReport) -> String {
     for (reason, n) in &r.host.exit_reasons {
         let _ = writeln!(s, "  exit {reason}: {n} samples");
     }
-    let _ = writeln!(s, "explained by host events: {:.1} % of guest noise time", r.host.explained_pct);
+    match r.host.explained_pct {
+        Some(pct) => {
+            let _ = writeln!(s, "explained by host events: {pct:.1} % of guest noise time");
+        }
+        None => {
+            let _ = writeln!(s, "explained by host events: {UNKNOWN}");
+        }
+    }
+    for u in &r.host.unavailable {
+        let _ = writeln!(s, "unavailable: {u}");
+    }
     if r.lost_events > 0 {
         let _ = writeln!(s, "warning: the kernel lost {} trace events: attribution is incomplete", r.lost_events);
     }
