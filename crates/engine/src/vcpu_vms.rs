@@ -63,14 +63,18 @@ pub fn group(
 pub struct VcpuEvidence {
     /// tid → the vCPU index of its first kvm_exit/kvm_entry.
     indexes: BTreeMap<u32, u32>,
+    /// The thread last looked up: a vCPU's kvm events come in runs, so most skip the map
+    /// (this is fed every event of a trace).
+    last: Option<u32>,
     pub parents: ThreadParents,
 }
 
 impl VcpuEvidence {
     pub fn on_event(&mut self, e: &Event) {
         match e.kind {
-            EventKind::KvmExit { vcpu_id, .. } | EventKind::KvmEntry { vcpu_id, .. } => {
+            EventKind::KvmExit { vcpu_id, .. } | EventKind::KvmEntry { vcpu_id, .. } if self.last != Some(e.tid) => {
                 self.indexes.entry(e.tid).or_insert(vcpu_id);
+                self.last = Some(e.tid);
             }
             EventKind::SchedFork { parent_tid, child_tid } => self.parents.record(parent_tid, child_tid),
             _ => {}

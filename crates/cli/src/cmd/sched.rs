@@ -85,32 +85,15 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let total = acc.finish()?;
     let vms = acc.vms(&host, &total, &args.vm);
     let acc = &acc.inner;
-    if stats.events == 0 {
-        // A trace of nothing (a valid file whose CPUs hold no events) reads as that.
-        let loss = recording.loss(&stats);
+    // A trace of nothing (a valid file whose CPUs hold no events) reads as that: no windows.
+    let empty = stats.events == 0;
+    if empty && !args.json && !args.csv {
         let mut out = crate::output::stdout();
-        if args.json {
-            let source = Source {
-                recording: args.file.display().to_string(),
-                trace_clock: &recording.metadata.trace_clock,
-                clock: recording.clock_line(),
-                mode: "trace",
-            };
-            let windows: Vec<virtprof_analysis::qos::WindowReport> = Vec::new();
-            serde_json::to_writer_pretty(
-                &mut out,
-                &Output { source, lost_events: loss.total(), loss: &loss, windows },
-            )?;
-            writeln!(out)?;
-        } else if !args.csv {
-            writeln!(out, "0 events in '{}': nothing to account", args.file.display())?;
-            writeln!(out, "{}", recording.loss_report(&loss, &decoder, ""))?;
-        } else {
-            writeln!(out, "{LOG_HEADER}")?;
-        }
+        writeln!(out, "0 events in '{}': nothing to account", args.file.display())?;
+        writeln!(out, "{}", recording.loss_report(&recording.loss(&stats), &decoder, ""))?;
         return Ok(ExitCode::SUCCESS);
     }
-    if vms.is_empty() {
+    if vms.is_empty() && !empty {
         let why = match acc.kvm_threads().count() {
             0 => "no vCPU threads by name and no thread emitted kvm events (was the kvm system recorded?)".to_string(),
             n => format!(
@@ -123,13 +106,15 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     let names = DecoderNames(&decoder);
     let holdings = recording.holdings(&decoder);
     let mut windows = Vec::new();
-    if window_ns.is_some() {
+    if window_ns.is_some() && !empty {
         for bucket in acc.buckets() {
             let offset = bucket.start_ns.saturating_sub(total.start_ns) as f64 / 1e9;
             windows.push(window_report(bucket, &format!("+{offset:.3}s"), &vms, &names, args.cpu, &holdings));
         }
     }
-    windows.push(window_report(&total, "run", &vms, &names, args.cpu, &holdings));
+    if !empty {
+        windows.push(window_report(&total, "run", &vms, &names, args.cpu, &holdings));
+    }
     let loss = recording.loss(&stats);
     let lost_events = loss.total();
 

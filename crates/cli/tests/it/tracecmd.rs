@@ -638,24 +638,26 @@ fn one_vm_by_the_guest_option_in_every_command() {
     assert_eq!(processes.len(), 1, "{processes:?}");
     assert!(processes[0].contains(&name), "{processes:?}");
     let _ = std::fs::remove_file(&trace);
-    let dir = temp("guest-option.parquet");
-    let out = virtprof().args(["export", "--format", "parquet"]).arg(&host).arg("-o").arg(&dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let python = format!(
-        "import pyarrow.parquet as pq; t = pq.read_table('{}/sched.parquet').to_pylist(); print(sorted({{(r['vm'], r['pid']) for r in t}}), sorted(r['tid'] for r in t))",
-        dir.display()
-    );
-    match Command::new("python3").args(["-c", &python]).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(text.trim(), format!("[('{name}', 164)] [164, 165]"), "{text}");
-        }
-        _ => note(
+    let vms = "t = pq.read_table(DIR + '/sched.parquet').to_pylist(); print(sorted({(r['vm'], r['pid']) for r in t}), sorted(r['tid'] for r in t))";
+    match parquet_read_by_python(&host, vms) {
+        Some(text) => assert_eq!(text.trim(), format!("[('{name}', 164)] [164, 165]"), "{text}"),
+        None => note(
             "one_vm_by_the_guest_option_in_every_command",
             "pyarrow is missing: sched.parquet's VMs are not checked",
         ),
     }
+}
+
+/// What `script` prints of `file` exported as Parquet (`pq` is pyarrow.parquet, `DIR` the
+/// export's directory); None where pyarrow is missing.
+fn parquet_read_by_python(file: &Path, script: &str) -> Option<String> {
+    let dir = temp(&format!("{}.parquet", file.file_name().unwrap().to_string_lossy()));
+    let out = virtprof().args(["export", "--format", "parquet"]).arg(file).arg("-o").arg(&dir).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let python = format!("import pyarrow.parquet as pq\nDIR = {:?}\n{script}", dir.display().to_string());
+    let out = Command::new("python3").args(["-c", &python]).output().ok().filter(|o| o.status.success());
     let _ = std::fs::remove_dir_all(&dir);
+    Some(String::from_utf8_lossy(&out?.stdout).into_owned())
 }
 
 /// Issue 55: a guest whose own trace began before its host's keeps its events at their time in
@@ -734,22 +736,16 @@ fn a_guest_trace_read_alone_is_placed_by_its_time_shift_as_trace_cmd_does() {
         .collect();
     theirs.sort_unstable();
     assert!(theirs.len() > 10_000, "{}", theirs.len());
-    let dir = temp("guest-alone.parquet");
-    let out = virtprof().args(["export", "--format", "parquet"]).arg(&guest).arg("-o").arg(&dir).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let python = format!(
-        "import pyarrow.parquet as pq; print('\\n'.join(str(t) for t in sorted(pq.read_table('{}/events.parquet').column('ts_ns').to_pylist())))",
-        dir.display()
-    );
-    match Command::new("python3").args(["-c", &python]).output() {
-        Ok(out) if out.status.success() => {
-            let ours: Vec<u64> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.parse().unwrap()).collect();
+    let times =
+        "print('\\n'.join(str(t) for t in sorted(pq.read_table(DIR + '/events.parquet').column('ts_ns').to_pylist())))";
+    match parquet_read_by_python(&guest, times) {
+        Some(text) => {
+            let ours: Vec<u64> = text.lines().map(|l| l.parse().unwrap()).collect();
             assert_eq!(ours.len(), theirs.len());
             assert!(ours == theirs, "first differing: {:?}", ours.iter().zip(&theirs).find(|(a, b)| a != b));
         }
-        _ => note(test, "pyarrow is missing: the events' times are not compared"),
+        None => note(test, "pyarrow is missing: the events' times are not compared"),
     }
-    let _ = std::fs::remove_dir_all(&dir);
     // Imported, it keeps its TIME_SHIFT and reads the same.
     let rec = temp("guest-alone.vprec");
     let out = virtprof().arg("import").arg(&guest).arg("-o").arg(&rec).output().unwrap();
