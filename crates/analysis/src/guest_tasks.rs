@@ -125,17 +125,10 @@ impl Analyzer for GuestTasks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtprof_model::StrId;
 
     #[test]
     fn switches_make_slices_per_cpu_and_irqs_instants() {
-        let switch = |next_tid, next: u32| EventKind::SchedSwitch {
-            prev_tid: 0,
-            prev_state: 0,
-            prev_comm: StrId(0),
-            next_tid,
-            next_comm: StrId(next),
-        };
+        let switch = crate::switch_to;
         let mut g = GuestTasks::default();
         for (ts, cpu, kind) in [
             (10, 0, EventKind::IrqEntry { irq: 4 }),

@@ -11,6 +11,7 @@ pub mod energy;
 pub mod exit_timeline;
 pub mod exits;
 pub mod guest_before;
+pub mod guest_cpus;
 pub mod guest_tasks;
 pub mod hist;
 pub mod intervals;
@@ -50,6 +51,18 @@ pub trait Names {
     fn event(&self, id: u16) -> String;
     /// A task name.
     fn task(&self, id: StrId) -> String;
+}
+
+/// A switch from the idle task to `next_tid`, named `task{next_comm}` by [`TestNames`].
+#[cfg(test)]
+pub(crate) fn switch_to(next_tid: u32, next_comm: u32) -> virtprof_model::EventKind {
+    virtprof_model::EventKind::SchedSwitch {
+        prev_tid: 0,
+        prev_state: 0,
+        prev_comm: StrId(0),
+        next_tid,
+        next_comm: StrId(next_comm),
+    }
 }
 
 /// Names for unit tests: `event7`, `task3`.

@@ -191,6 +191,19 @@
     }
   }
 
+  function guestTrace(D) {
+    const g = D.guest_trace;
+    if (!g) return;
+    const s = section(`Guest ${g.name} (its own trace)`,
+      `${g.placement}. ${fmt(g.events, 0)} events, lost events: ${g.lost_events_text}. Busy: a guest task ran (steal it suffered included, as the guest's clock runs on). ` +
+      g.unavailable.map((u) => `Not available: ${u.figure}: ${u.reason}.`).join(" "));
+    s.append(table("grid", ["guest CPU", "host thread", "observed s", "busy %", "busy s", "idle s", "switches", "IRQs", "softirqs", "longest tasks"],
+      g.cpus.map((c) => [c.guest_cpu, c.host_tid === null ? "–" : c.host_tid, fmt(c.observed_ns === null ? null : c.observed_ns / 1e9, 3),
+        fmt(c.busy_pct, 1), fmt(c.busy_ns === null ? null : c.busy_ns / 1e9, 3), fmt(c.idle_ns === null ? null : c.idle_ns / 1e9, 3),
+        fmt(c.switches, 0), fmt(c.irqs, 0), fmt(c.softirqs, 0),
+        c.top_tasks === null ? fmt(null) : c.top_tasks.map((t) => `${t.name}[${t.tid}] ${fmt(t.ns / 1e6, 1)} ms`).join(", ")])));
+  }
+
   vp.run((D) => {
     summary(D);
     exits(D);
@@ -202,5 +215,6 @@
       counters(D.intervals);
     }
     guests(D);
+    guestTrace(D);
   });
 })();

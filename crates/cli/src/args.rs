@@ -309,7 +309,11 @@ EXAMPLES:
                                                      a trace.dat in TSC cycles, without TSC2NSEC
   virtprof import perf.data -o run.vprec             perf record -e 'kvm:*' / perf kvm stat record
   virtprof import trace.txt --formats /sys/kernel/tracing -o run.vprec
-                                                     ftrace text (timestamps keep microseconds)")]
+                                                     ftrace text (timestamps keep microseconds)
+  virtprof import host.dat --guest guest.dat -o pair.vprec
+                                                     a trace-cmd host+guest pair (`trace-cmd record -A`)
+                                                     as one recording: exits, sched, report and export
+                                                     read the guest from it as with --guest")]
 pub struct ImportArgs {
     /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines),
     /// a trace-cmd trace.dat (version 6 or 7), a perf.data with tracepoint samples, or ftrace
@@ -318,6 +322,10 @@ pub struct ImportArgs {
     /// The recording to write.
     #[arg(short, long, value_name = "FILE")]
     pub output: PathBuf,
+    /// The guest's own trace.dat recorded with this host trace (`trace-cmd record -A`): kept in
+    /// the recording beside the host's, placed on its clock by the guest's TIME_SHIFT.
+    #[arg(long, value_name = "FILE")]
+    pub guest: Option<PathBuf>,
     #[command(flatten)]
     pub source: SourceArgs,
 }
@@ -570,10 +578,16 @@ EXAMPLES:
       virtprof testvm -w phases --phases compute:1s,pio-user:20000
   virtprof report run.vprec
   virtprof report run.vprec --html run.html
-  virtprof report run.vprec --json --top 20 --spearman")]
+  virtprof report run.vprec --json --top 20 --spearman
+  virtprof report host.dat --guest guest.dat         a trace-cmd host+guest pair: the guest's CPUs too")]
 pub struct ReportArgs {
     /// The recording (or a trace.dat, tracefs dump, ...).
     pub file: PathBuf,
+    /// The guest's own trace recorded with this host trace (`trace-cmd record -A`): per guest
+    /// CPU its busy and idle time, longest tasks and interrupts, beside the host thread running
+    /// it. A recording `import --guest` made holds it already.
+    #[arg(long, value_name = "FILE")]
+    pub guest: Option<PathBuf>,
     /// Print JSON (the same data the HTML page draws).
     #[arg(long)]
     pub json: bool,
@@ -695,10 +709,17 @@ EXAMPLES:
   virtprof sched run.vprec                  whole run, per VM and vCPU
   virtprof sched run.vprec --window 1s      one table per second of the recording
   virtprof sched run.vprec --cpu 0          only time on physical CPU 0
-  virtprof sched run.vprec --json           schema: docs/top.md (same as top --once --json)")]
+  virtprof sched run.vprec --json           schema: docs/top.md (same as top --once --json)
+  virtprof sched host.dat --guest guest.dat a trace-cmd host+guest pair: each guest CPU's busy
+                                            and idle time beside its vCPU thread's run/wait/blocked")]
 pub struct SchedArgs {
     /// A recording (`virtprof record`/`import`) or a capture `import` reads.
     pub file: PathBuf,
+    /// The guest's own trace recorded with this host trace (`trace-cmd record -A`): per guest
+    /// CPU its busy and idle time, longest tasks and interrupts, beside the host thread running
+    /// it. A recording `import --guest` made holds it already.
+    #[arg(long, value_name = "FILE")]
+    pub guest: Option<PathBuf>,
     #[command(flatten)]
     pub source: SourceArgs,
     /// Also a table per consecutive window of this length.
@@ -774,6 +795,12 @@ pub struct RecordArgs {
     /// is included anyway; this makes a missing one an error).
     #[arg(long, value_name = "PID")]
     pub vm: Vec<u32>,
+    /// Keep no KVM stats snapshots: figures that need them (lightweight exits on a host that
+    /// never emits kvm_exit, the stats cross-check) are then unknown. Without it, each VM's
+    /// stats fds are held from when it is found, so a VM that ends during the recording
+    /// still gives its final counts (its counters outlive its VMM until the recording ends).
+    #[arg(long, conflicts_with = "vm")]
+    pub no_kvm_stats: bool,
     /// Also sample counters every interval (down to 1ms): per CPU, per VM and per vCPU.
     #[arg(long, value_name = "TIME[us|ms|s]", value_parser = duration)]
     pub interval: Option<Duration>,

@@ -4,6 +4,7 @@ mod args;
 mod cmd;
 mod exit;
 mod exit_table;
+mod guest_table;
 mod output;
 mod qos;
 mod watch;

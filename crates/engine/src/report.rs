@@ -68,6 +68,8 @@ pub struct Report {
     pub intervals: Option<IntervalsOut>,
     /// Guest agents' layers (`record --agent`), on the recording's clock.
     pub guests: Vec<GuestOut>,
+    /// A guest's own trace beside the host's (`--guest`, or held by the recording).
+    pub guest_trace: Option<crate::guest_view::GuestView>,
 }
 
 #[derive(Serialize)]
@@ -312,6 +314,7 @@ pub fn build(path: &Path, recording: &Session, mut analysis: Analysis, limits: &
     let guests = recording.guests.iter().map(|g| guest(g, origin_ns, pio, traced)).collect();
     Report {
         guests,
+        guest_trace: None,
         recording: path.display().to_string(),
         origin: md.origin.clone(),
         trace_clock: md.trace_clock.clone(),

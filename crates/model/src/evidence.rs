@@ -136,7 +136,7 @@ impl Holdings {
         }
         Some(match class {
             Class::KvmStats => {
-                "the source has no KVM stats snapshots (a file made elsewhere, or VMs whose stats were not readable)"
+                "the source has no KVM stats snapshots (a file made elsewhere, `record --no-kvm-stats`, or VMs whose stats were not readable)"
                     .into()
             }
             Class::Time => format!("its timestamps are {}", self.clock.as_deref().unwrap_or("not nanoseconds")),
@@ -210,11 +210,17 @@ pub enum Figure {
     NoiseHostSteal,
     /// Which guest noise the host explains (IRQs, softirqs, preemption) and which it does not.
     NoiseExplained,
+    /// A guest CPU's busy and idle time and its longest tasks, from the guest's own trace.
+    GuestBusy,
+    /// A guest CPU's interrupts, from the guest's own trace.
+    GuestIrqs,
+    /// A guest CPU's softirqs, from the guest's own trace.
+    GuestSoftirqs,
 }
 
 impl Figure {
     /// Every figure, in order (the documentation's table lists them so).
-    pub const ALL: [Figure; 17] = [
+    pub const ALL: [Figure; 20] = [
         Figure::ExitDurations,
         Figure::RoundTripDurations,
         Figure::LightHeavySplit,
@@ -232,6 +238,9 @@ impl Figure {
         Figure::ExitRateWithoutExitEvents,
         Figure::NoiseHostSteal,
         Figure::NoiseExplained,
+        Figure::GuestBusy,
+        Figure::GuestIrqs,
+        Figure::GuestSoftirqs,
     ];
 
     /// What it needs.
@@ -255,6 +264,9 @@ impl Figure {
             Figure::ExitRateWithoutExitEvents => &[Class::UserspaceExit, Class::Time],
             Figure::NoiseHostSteal => &[Class::SchedSwitch, Class::Time],
             Figure::NoiseExplained => &[Class::Irq, Class::Softirq, Class::SchedSwitch, Class::Time],
+            Figure::GuestBusy => &[Class::SchedSwitch, Class::Time],
+            Figure::GuestIrqs => &[Class::Irq],
+            Figure::GuestSoftirqs => &[Class::Softirq],
         }
     }
 
@@ -278,6 +290,9 @@ impl Figure {
             Figure::ExitRateWithoutExitEvents => "exits per second and top reasons of the vCPU table (no kvm_exit)",
             Figure::NoiseHostSteal => "guest noise: the host trace's steal and preemptors",
             Figure::NoiseExplained => "guest noise: the share the host explains (and what it does not)",
+            Figure::GuestBusy => "a guest CPU's busy and idle time and top tasks (the guest's own trace)",
+            Figure::GuestIrqs => "a guest CPU's interrupts (the guest's own trace)",
+            Figure::GuestSoftirqs => "a guest CPU's softirqs (the guest's own trace)",
         }
     }
 }

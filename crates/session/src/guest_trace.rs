@@ -38,6 +38,9 @@ pub struct GuestTrace {
     /// (guest CPU, host thread running it), from the host file's GUEST option.
     pub vcpu_threads: Vec<(u32, u32)>,
     scale: Option<TimeScale>,
+    /// Why its timestamps cannot be read as time, if so (told before the pairing takes its
+    /// time scale to apply after the corrections).
+    clock_not_time: Option<String>,
 }
 
 /// The walk of a guest trace: the usual counts, and events that could not be placed.
@@ -61,40 +64,80 @@ impl GuestTrace {
             .flatten()
             .map(|s| TimeScale { offset_ns: 0, ..s });
         let options = SourceOptions { tsc_scale: options.tsc_scale.or(host_tsc), ..options.clone() };
-        let mut session = Session::open_warning(path, &options)?;
+        let session = Session::open_warning(path, &options)?;
+        let stem = path.file_stem().map_or_else(|| "guest".to_string(), |s| s.to_string_lossy().into_owned());
+        GuestTrace::pair(host, session, stem)
+    }
+
+    /// The guest machine `host` holds (a recording `import --guest` made), where it holds one.
+    pub fn embedded(host: &Session) -> Option<Result<GuestTrace>> {
+        let (session, file) = match host.embedded_guest()? {
+            Ok(found) => found,
+            Err(e) => return Some(Err(e)),
+        };
+        let stem = Path::new(&file).file_stem().map_or_else(|| file.clone(), |s| s.to_string_lossy().into_owned());
+        Some(GuestTrace::pair(host, session, stem))
+    }
+
+    /// The guest trace `host` is read with: `explicit` (`--guest FILE`) where given, else the
+    /// guest machine the host's recording holds, else none.
+    pub fn of(host: &Session, explicit: Option<&Path>, options: &SourceOptions) -> Result<Option<GuestTrace>> {
+        match explicit {
+            Some(path) => GuestTrace::open(host, path, options).map(Some),
+            None => GuestTrace::embedded(host).transpose(),
+        }
+    }
+
+    /// `session` (a guest's own trace) as the guest of `host`; `stem` names it where the host
+    /// file does not.
+    fn pair(host: &Session, mut session: Session, stem: String) -> Result<GuestTrace> {
         // Placed on the host's clock here, in the walk below, not as a file read alone.
         session.time_shift = None;
+        let clock_not_time = session.clock_not_time();
         let scale = session.metadata.time_scale.take();
         let trace_id = |s: &Session| {
             s.metadata.host.get("trace_id").and_then(|id| u64::from_str_radix(id.trim_start_matches("0x"), 16).ok())
         };
         let (host_id, guest_id) = (trace_id(host), trace_id(&session));
         let known = guest_id.and_then(|id| host.metadata.guests.iter().find(|g| g.trace_id == Some(id)));
-        let stem = path.file_stem().map_or_else(|| "guest".to_string(), |s| s.to_string_lossy().into_owned());
         // `trace-cmd attach` leaves the name empty.
         let name = known.map(|g| g.name.clone()).filter(|n| !n.is_empty()).unwrap_or(stem);
         let vcpu_threads = known.map(|g| g.vcpus.clone()).unwrap_or_default();
+        let path = session.path.display().to_string();
         let alignment = match session.metadata.clock_sync.take() {
             None => Alignment::NotAligned(format!(
-                "'{}' has no time-sync data (TIME_SHIFT): it was not recorded with its host (`trace-cmd record -A`), so its events keep the guest's own clock",
-                path.display()
+                "'{path}' has no time-sync data (TIME_SHIFT): it was not recorded with its host (`trace-cmd record -A`), so its events keep the guest's own clock"
             )),
             Some(sync) if host_id.is_some_and(|id| id != sync.peer_trace_id) => {
                 return Err(SessionError::BadInput(format!(
-                    "'{}' was synchronised with the host trace {:#x}, but '{}' is trace {:#x}: give the host file recorded with this guest",
-                    path.display(),
+                    "'{path}' was synchronised with the host trace {:#x}, but '{}' is trace {:#x}: give the host file recorded with this guest",
                     sync.peer_trace_id,
                     host.path.display(),
                     host_id.unwrap_or(0)
                 )))
             }
             Some(sync) if sync.samples() == 0 => Alignment::NotAligned(format!(
-                "'{}' has a TIME_SHIFT option with no samples: its events keep the guest's own clock",
-                path.display()
+                "'{path}' has a TIME_SHIFT option with no samples: its events keep the guest's own clock"
             )),
             Some(sync) => Alignment::Synced(sync),
         };
-        Ok(GuestTrace { session, name, alignment, vcpu_threads, scale })
+        Ok(GuestTrace { session, name, alignment, vcpu_threads, scale, clock_not_time })
+    }
+
+    /// Its metadata as a recording holding it keeps it (`import --guest`): with its time
+    /// scale and corrections, read again as this file is read.
+    pub fn recording_metadata(&self) -> virtprof_store::recording::Metadata {
+        let mut metadata = self.session.recording_metadata();
+        metadata.time_scale = self.scale;
+        if let Alignment::Synced(sync) = &self.alignment {
+            metadata.clock_sync = Some(sync.clone());
+        }
+        metadata
+    }
+
+    /// What the guest's trace holds, and so which of its figures it can give.
+    pub fn holdings(&self, decoder: &Decoder) -> virtprof_model::evidence::Holdings {
+        self.session.holdings_on(decoder, self.clock_not_time.clone())
     }
 
     /// Whether its events are on the host's clock.

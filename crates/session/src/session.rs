@@ -12,7 +12,9 @@ use virtprof_model::clock::{clock_unit, ClockUnit, TimeScale};
 use virtprof_model::evidence::{Class, Holdings};
 use virtprof_model::Event;
 use virtprof_model::{HostKind, Loss};
-use virtprof_store::recording::{Chunk, Footer, Metadata, Reader, Task, TasksFound, VmIdentity};
+use virtprof_store::recording::{
+    Chunk, Footer, GuestMachine, KvmStatsSnapshot, Metadata, Reader, Task, TasksFound, VmIdentity,
+};
 use virtprof_trace::decode::{Decoder, Layout};
 use virtprof_trace::format::{owned_text, parse_event_format, parse_event_identity, parse_header_page};
 use virtprof_trace::merge::{merge_cpus, time_range, CpuStream, WalkStats};
@@ -62,6 +64,14 @@ pub struct Session {
     /// its host's clock before its time scale, per CPU, as trace-cmd's reader does. Its
     /// decoder then leaves timestamps raw, and the walk places them.
     pub(crate) time_shift: Option<virtprof_model::clock_sync::ClockSync>,
+    /// The guest machine a recording holds beside its host (`import host.dat --guest`).
+    embedded_guest: Option<EmbeddedGuest>,
+}
+
+/// A guest machine's metadata and where its pages are in the recording's bytes.
+struct EmbeddedGuest {
+    machine: GuestMachine,
+    cpus: Vec<(u32, Vec<Span>)>,
 }
 
 /// Where the pages live.
@@ -116,17 +126,25 @@ impl Session {
         let mut columns: Vec<usize> = Vec::new();
         let mut guests = crate::guest::GuestStreams::default();
         let mut found = Vec::new();
+        let mut guest: Option<EmbeddedGuest> = None;
+        let span_of = |data: &[u8]| {
+            let start = data.as_ptr() as usize - base;
+            Span::pages(start..start + data.len())
+        };
         while let Some(chunk) = reader.next_chunk().map_err(|e| SessionError::in_file(path, e))? {
             match chunk {
                 Chunk::Metadata(m) => metadata = Some(*m),
-                Chunk::Pages { cpu, data } => {
-                    let start = data.as_ptr() as usize - base;
-                    let span = Span::pages(start..start + data.len());
-                    match cpus.iter_mut().find(|(c, _)| *c == cpu) {
-                        Some((_, spans)) => spans.push(span),
-                        None => cpus.push((cpu, vec![span])),
-                    }
+                Chunk::Pages { cpu, data } => add_span(&mut cpus, cpu, span_of(data)),
+                Chunk::GuestMachine(machine) if guest.is_none() => {
+                    guest = Some(EmbeddedGuest { machine: *machine, cpus: Vec::new() })
                 }
+                Chunk::GuestMachine(_) => return Err(SessionError::in_file(path, "holds a second guest machine")),
+                Chunk::GuestPages { cpu, data } => match guest.as_mut() {
+                    Some(guest) => add_span(&mut guest.cpus, cpu, span_of(data)),
+                    None => {
+                        return Err(SessionError::in_file(path, "holds guest machine pages before the guest machine"))
+                    }
+                },
                 Chunk::Footer(f) => footer = Some(f),
                 Chunk::Agent(record) => guests.record(record),
                 Chunk::AgentNoise { agent, payload } => {
@@ -169,6 +187,9 @@ impl Session {
             }
         }
         let truncated_at = reader.truncated_at;
+        if let Some(guest) = guest.as_mut() {
+            guest.cpus.sort_by_key(|(c, _)| *c);
+        }
         let mut metadata: Metadata = metadata.ok_or_else(|| SessionError::in_file(path, "has no metadata chunk"))?;
         let appeared = add_found(&mut metadata, found, footer.as_ref());
         cpus.sort_by_key(|(c, _)| *c);
@@ -187,8 +208,35 @@ impl Session {
             pages: Pages::Mapped { map, cpus },
             bounds: Default::default(),
             time_shift: None,
+            embedded_guest: guest,
         }
         .checked()
+    }
+
+    /// The guest machine this recording holds beside its host (`import host.dat --guest
+    /// guest.dat`), read as its own source: its pages in place, its loss from the guest's part
+    /// of the footer (unknown where the recording was cut short), and the name of the file it
+    /// came from.
+    pub fn embedded_guest(&self) -> Option<Result<(Session, String)>> {
+        let guest = self.embedded_guest.as_ref()?;
+        let Pages::Mapped { map, .. } = &self.pages else { return None };
+        let file = guest.machine.file.clone();
+        let session = Session {
+            path: std::path::PathBuf::from(format!("{} (guest '{file}')", self.path.display())),
+            metadata: guest.machine.metadata.clone(),
+            footer: self.footer.as_ref().and_then(|f| f.guest.as_deref().cloned()),
+            truncated_at: self.truncated_at,
+            bytes: self.bytes,
+            intervals: None,
+            guests: Vec::new(),
+            appeared: Vec::new(),
+            pages: Pages::Mapped { map: map.clone(), cpus: guest.cpus.clone() },
+            formats_in_file: Vec::new(),
+            bounds: Default::default(),
+            time_shift: None,
+            embedded_guest: None,
+        };
+        Some(session.checked().map(|s| (s, file)))
     }
 
     /// Map a trace-cmd trace.dat: its pages are read in place, compressed frames expanded one
@@ -343,6 +391,7 @@ impl Session {
             formats_in_file: Vec::new(),
             bounds: Default::default(),
             time_shift: None,
+            embedded_guest: None,
         }
     }
 
@@ -477,6 +526,12 @@ impl Session {
     /// only those), KVM stats snapshots, and timestamps that read as time. A host that never
     /// emits kvm_exit (PVM) is said to.
     pub fn holdings(&self, decoder: &Decoder) -> Holdings {
+        self.holdings_on(decoder, self.clock_not_time())
+    }
+
+    /// [`Session::holdings`] where whether its timestamps read as time is known otherwise (a
+    /// guest paired with its host, whose time scale the pairing applies).
+    pub(crate) fn holdings_on(&self, decoder: &Decoder, clock_not_time: Option<String>) -> Holdings {
         let listed: Option<std::collections::HashSet<&str>> =
             self.metadata.events.as_ref().map(|events| events.iter().map(String::as_str).collect());
         let has = |system: &str, name: &str| match &listed {
@@ -485,7 +540,7 @@ impl Session {
         };
         let kvm_stats =
             !self.metadata.kvm_stats.is_empty() || self.footer.as_ref().is_some_and(|f| !f.kvm_stats.is_empty());
-        let holdings = Holdings::of(has, kvm_stats, self.clock_not_time());
+        let holdings = Holdings::of(has, kvm_stats, clock_not_time);
         match self.host_kind() {
             Some(HostKind::Pvm) => holdings.never_emitted(Class::ExitEntry),
             _ => holdings,
@@ -494,28 +549,41 @@ impl Session {
 
     /// Exits KVM counted for the recording's VMs over it: its stats fds at the end less at the
     /// start (a VM that began during the recording from 0). None where a VM lacks a snapshot
-    /// at either end (one that ended before the recording did, a file made elsewhere).
+    /// at either end (one whose stats could not be held, a file made elsewhere).
     pub fn kvm_exits(&self) -> Option<u64> {
-        let footer = self.footer.as_ref()?;
-        let exits = |s: &virtprof_store::recording::KvmStatsSnapshot| -> u64 {
-            s.vcpus.iter().filter_map(|(_, m)| m.get("exits")).sum()
-        };
-        let pids: std::collections::BTreeSet<u32> =
-            self.metadata.kvm_stats.iter().chain(&footer.kvm_stats).map(|s| s.pid).collect();
+        let exits = |s: &KvmStatsSnapshot| -> u64 { s.vcpus.iter().filter_map(|(_, m)| m.get("exits")).sum() };
+        let pids: std::collections::BTreeSet<u32> = self.kvm_snapshots().map(|s| s.pid).collect();
         if pids.is_empty() {
             return None;
         }
+        let spans = self.kvm_stats_spans();
         let mut total = 0u64;
         for pid in pids {
-            let end = footer.kvm_stats.iter().find(|s| s.pid == pid)?;
-            let start = match self.metadata.kvm_stats.iter().find(|s| s.pid == pid) {
-                Some(start) => exits(start),
-                None if self.appeared.contains(&pid) => 0,
-                None => return None,
-            };
-            total = total.saturating_add(exits(end).saturating_sub(start));
+            let (start, end) = spans.iter().find(|(_, end)| end.pid == pid)?;
+            total = total.saturating_add(exits(end).saturating_sub(start.map_or(0, exits)));
         }
         Some(total)
+    }
+
+    /// Each VM's KVM stats over the recording: its snapshot at the start (None for a VM that
+    /// began during the recording, whose counters started from zero) and at the end. A VM
+    /// without an end snapshot, or without a start one though it ran before the recording
+    /// began, is left out: its counts over the recording are unknown.
+    pub fn kvm_stats_spans(&self) -> Vec<(Option<&KvmStatsSnapshot>, &KvmStatsSnapshot)> {
+        let Some(footer) = &self.footer else { return Vec::new() };
+        footer
+            .kvm_stats
+            .iter()
+            .filter_map(|end| match self.metadata.kvm_stats.iter().find(|s| s.pid == end.pid) {
+                Some(start) => Some((Some(start), end)),
+                None if self.appeared.contains(&end.pid) => Some((None, end)),
+                None => None,
+            })
+            .collect()
+    }
+
+    fn kvm_snapshots(&self) -> impl Iterator<Item = &KvmStatsSnapshot> {
+        self.metadata.kvm_stats.iter().chain(self.footer.iter().flat_map(|f| &f.kvm_stats))
     }
 
     /// A decoder for the recorded kernel's formats. Events of `systems` get full layouts;
@@ -694,6 +762,14 @@ impl Session {
     /// The loss line every reading command prints.
     pub fn describe_loss(&self, loss: &Loss, decoder: &Decoder) -> String {
         loss.describe(self.origin_ns(decoder))
+    }
+}
+
+/// Append a chunk's span to its CPU's, in file order.
+fn add_span(cpus: &mut Vec<(u32, Vec<Span>)>, cpu: u32, span: Span) {
+    match cpus.iter_mut().find(|(c, _)| *c == cpu) {
+        Some((_, spans)) => spans.push(span),
+        None => cpus.push((cpu, vec![span])),
     }
 }
 

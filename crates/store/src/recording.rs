@@ -48,6 +48,11 @@ pub enum ChunkKind {
     /// threshold_ns, iterations, dropped: u64` (guest clock), then `(start, length): u64` per
     /// sample. (Older recordings hold these as an [`AgentRecord::Noise`].)
     AgentNoise = 9,
+    /// [`GuestMachine`] as JSON: the guest of a host trace (trace-cmd's host and guest files
+    /// imported as one recording), whose pages follow as [`ChunkKind::GuestPages`].
+    GuestMachine = 10,
+    /// `cpu: u32` then whole raw pages of the guest's CPU `cpu`, in the guest's formats.
+    GuestPages = 11,
 }
 
 /// Bytes of an [`ChunkKind::AgentNoise`] payload before its samples.
@@ -419,6 +424,17 @@ pub struct GuestVcpuThreads {
     pub vcpus: Vec<(u32, u32)>,
 }
 
+/// A guest machine traced with its host (`import host.dat --guest guest.dat`): everything
+/// needed to read its pages, which are the guest's own (its kernel's formats, its clock,
+/// placed on the host's by its TIME_SHIFT corrections in `metadata.clock_sync`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GuestMachine {
+    /// The file it was imported from.
+    pub file: String,
+    /// Its metadata, as a recording of the guest's trace alone would hold it.
+    pub metadata: Metadata,
+}
+
 /// Per-CPU loss figures and totals, written last.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Footer {
@@ -443,6 +459,9 @@ pub struct Footer {
     /// Guest agents' link figures (`record --agent`).
     #[serde(default)]
     pub agents: Vec<AgentFooter>,
+    /// The guest machine's own footer (its loss and pages), where the recording holds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<Box<Footer>>,
 }
 
 /// Container errors, with the byte offset.
@@ -517,6 +536,16 @@ impl<W: Write> Writer<W> {
     /// Append what an agent's link recorded.
     pub fn agent(&mut self, record: &AgentRecord) -> io::Result<()> {
         self.chunk(ChunkKind::Agent, &[&serde_json::to_vec(record).map_err(io::Error::other)?])
+    }
+
+    /// Declare the guest machine whose pages follow.
+    pub fn guest_machine(&mut self, guest: &GuestMachine) -> io::Result<()> {
+        self.chunk(ChunkKind::GuestMachine, &[&serde_json::to_vec(guest).map_err(io::Error::other)?])
+    }
+
+    /// Append whole raw pages of one of the guest machine's CPUs.
+    pub fn guest_pages(&mut self, cpu: u32, pages: &[u8]) -> io::Result<()> {
+        self.chunk(ChunkKind::GuestPages, &[&cpu.to_le_bytes(), pages])
     }
 
     /// Append the threads and VMs a scan found.
@@ -632,6 +661,15 @@ pub enum Chunk<'a> {
         /// The payload.
         payload: &'a [u8],
     },
+    /// The guest machine of a host trace.
+    GuestMachine(Box<GuestMachine>),
+    /// Raw pages of one of the guest machine's CPUs.
+    GuestPages {
+        /// Guest CPU.
+        cpu: u32,
+        /// Whole pages.
+        data: &'a [u8],
+    },
 }
 
 /// Value `i` of a guest row's `values`.
@@ -693,7 +731,7 @@ impl<'a> Reader<'a> {
         let json = |source| RecordingError::Json { offset: at, source };
         Ok(Some(match kind {
             1 => Chunk::Metadata(Box::new(serde_json::from_slice(payload).map_err(json)?)),
-            2 => {
+            2 | 11 => {
                 if payload.len() < 4 {
                     return Err(RecordingError::Malformed {
                         offset: at,
@@ -701,7 +739,12 @@ impl<'a> Reader<'a> {
                     });
                 }
                 let cpu = u32::from_le_bytes(payload[0..4].try_into().expect("4"));
-                Chunk::Pages { cpu, data: &payload[4..] }
+                let data = &payload[4..];
+                if kind == 2 {
+                    Chunk::Pages { cpu, data }
+                } else {
+                    Chunk::GuestPages { cpu, data }
+                }
             }
             3 => Chunk::Footer(serde_json::from_slice(payload).map_err(json)?),
             4 => Chunk::IntervalSchema(serde_json::from_slice(payload).map_err(json)?),
@@ -749,6 +792,7 @@ impl<'a> Reader<'a> {
                     message: "a guest noise period whose length is not whole samples".into(),
                 })
             }
+            10 => Chunk::GuestMachine(Box::new(serde_json::from_slice(payload).map_err(json)?)),
             other => {
                 return Err(RecordingError::Malformed { offset: at, message: format!("unknown chunk kind {other}") })
             }

@@ -130,6 +130,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         fit_buffer_to_rate: args.buffer_size_kb.is_none(),
         clock: args.clock.clone(),
         vm: args.vm.clone(),
+        kvm_stats: !args.no_kvm_stats,
         interval_ns,
         hw_counters: args.hw_counters,
         command: args.command.clone(),

@@ -13,8 +13,9 @@ use virtprof_model::Loss;
 use crate::args::SchedArgs;
 use crate::exit::usage;
 use crate::qos::{log_rows, roles_table, table, LOG_HEADER};
+use virtprof_engine::guest_view::{self, GuestView};
 use virtprof_engine::pass::{recording_tasks, VcpuAccounting, ACCOUNTING_SYSTEMS};
-use virtprof_session::{evidence_event_ids, DecoderNames, Session};
+use virtprof_session::{evidence_event_ids, DecoderNames, GuestTrace, Session};
 
 /// `sched --json`: the same `windows[]` as `top --once --json`.
 #[derive(Serialize)]
@@ -24,6 +25,9 @@ struct Output<'a> {
     /// Lost events per CPU, with where the gaps were.
     loss: &'a Loss,
     windows: Vec<WindowReport>,
+    /// The guest's own trace, where given (`--guest`, or held by the recording).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    guest_trace: Option<GuestView>,
 }
 
 #[derive(Serialize)]
@@ -117,6 +121,10 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     }
     let loss = recording.loss(&stats);
     let lost_events = loss.total();
+    let guest_trace = match GuestTrace::of(&recording, args.guest.as_deref(), &args.source.options())? {
+        Some(guest) => Some(guest_view::read(&guest)?),
+        None => None,
+    };
 
     let mut out = crate::output::stdout();
     if args.json {
@@ -126,11 +134,17 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             clock: recording.clock_line(),
             mode: "trace",
         };
-        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows })?;
+        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows, guest_trace })?;
         writeln!(out)?;
         return Ok(ExitCode::SUCCESS);
     }
     if args.csv {
+        if let Some(guest) = &guest_trace {
+            eprintln!(
+                "virtprof: the CSV rows are the host's; guest '{}''s CPUs are in the text and --json",
+                guest.name
+            );
+        }
         writeln!(out, "{LOG_HEADER}")?;
         for w in &windows {
             let end_s = w.end_ns.saturating_sub(total.start_ns) as f64 / 1e9;
@@ -153,6 +167,11 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
     }
     for u in windows.last().map_or(&[][..], |w| &w.unavailable[..]) {
         writeln!(out, "unavailable: {u}")?;
+    }
+    if let Some(guest) = &guest_trace {
+        writeln!(out)?;
+        crate::guest_table::write_text(guest, &mut out)?;
+        writeln!(out)?;
     }
     if let Some(clock) = recording.clock_line() {
         writeln!(out, "clock: {clock}")?;

@@ -761,3 +761,195 @@ fn a_guest_trace_read_alone_is_placed_by_its_time_shift_as_trace_cmd_does() {
     }
     let _ = std::fs::remove_file(rec);
 }
+
+/// What `trace-cmd report -t -i host -i guest` says each guest CPU did: (switches, softirqs,
+/// busy ns, idle ns) from its first sched_switch to the guest's last event.
+fn trace_cmd_guest_cpu_use(trace_cmd: &Path, host: &Path, guest: &Path) -> BTreeMap<u32, (u64, u64, u64, u64)> {
+    let out =
+        Command::new(trace_cmd).args(["report", "-t", "-N", "-i"]).arg(host).arg("-i").arg(guest).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let prefix = format!("{}:", guest.file_name().unwrap().to_string_lossy());
+    // (cpu, ts, event, next_pid)
+    let mut events: Vec<(u32, u64, String, Option<u32>)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim_start().strip_prefix(&prefix) else { continue };
+        let Some((_, after_cpu)) = rest.split_once("] ") else { continue };
+        let cpu: u32 = rest.split_once('[').unwrap().1.split_once(']').unwrap().0.parse().unwrap();
+        let mut words = after_cpu.split_whitespace().skip(1);
+        let (seconds, ns) = words.next().unwrap().trim_end_matches(':').split_once('.').unwrap();
+        let ts = seconds.parse::<u64>().unwrap() * 1_000_000_000 + ns.parse::<u64>().unwrap();
+        let event = words.next().unwrap().trim_end_matches(':').to_string();
+        let next = after_cpu.split_whitespace().find_map(|w| w.strip_prefix("next_pid=")).map(|p| p.parse().unwrap());
+        events.push((cpu, ts, event, next));
+    }
+    let end = events.iter().map(|e| e.1).max().unwrap();
+    let mut out: BTreeMap<u32, (u64, u64, u64, u64)> = BTreeMap::new();
+    let mut running: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
+    let charge = |out: &mut BTreeMap<u32, (u64, u64, u64, u64)>, cpu: u32, (since, pid): (u64, u32), to: u64| {
+        let row = out.entry(cpu).or_default();
+        if pid == 0 {
+            row.3 += to - since;
+        } else {
+            row.2 += to - since;
+        }
+    };
+    for (cpu, ts, event, next) in &events {
+        let row = out.entry(*cpu).or_default();
+        match event.as_str() {
+            "sched_switch" => {
+                row.0 += 1;
+                if let Some(run) = running.insert(*cpu, (*ts, next.unwrap())) {
+                    charge(&mut out, *cpu, run, *ts);
+                }
+            }
+            "softirq_entry" => row.1 += 1,
+            _ => {}
+        }
+    }
+    for (cpu, run) in running {
+        charge(&mut out, cpu, run, end);
+    }
+    out
+}
+
+/// `pair`'s recording made again with the guest machine's event list set to `events` (what a
+/// guest trace recorded without the others says of itself).
+fn with_guest_events(pair: &[u8], events: &[&str]) -> Vec<u8> {
+    use virtprof_store::recording::{Chunk, Reader, Writer};
+    let mut reader = Reader::new(pair).unwrap();
+    let mut writer = None;
+    let mut out = None;
+    while let Some(chunk) = reader.next_chunk().unwrap() {
+        match chunk {
+            Chunk::Metadata(m) => writer = Some(Writer::new(Vec::new(), &m).unwrap()),
+            Chunk::Pages { cpu, data } => writer.as_mut().unwrap().pages(cpu, data).unwrap(),
+            Chunk::GuestMachine(mut g) => {
+                g.metadata.events = Some(events.iter().map(|e| e.to_string()).collect());
+                writer.as_mut().unwrap().guest_machine(&g).unwrap();
+            }
+            Chunk::GuestPages { cpu, data } => writer.as_mut().unwrap().guest_pages(cpu, data).unwrap(),
+            Chunk::Footer(f) => out = Some(writer.take().unwrap().finish(&f).unwrap()),
+            other => panic!("unexpected chunk {other:?}"),
+        }
+    }
+    out.unwrap()
+}
+
+fn json_of(args: &[&str], file: &Path) -> serde_json::Value {
+    let out = virtprof().args(args).arg(file).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Issue 55: a trace-cmd host+guest pair imported as one recording (`import host.dat --guest
+/// guest.dat`) reads as the two files do in every command: `exits` shows each exit's guest
+/// events, `export` draws the guest, and `sched` / `report` (given both, or the recording)
+/// show per guest CPU its busy and idle time, switches and softirqs equal to what trace-cmd's
+/// own reading of the pair gives, to the nanosecond. A guest trace that holds no sched_switch
+/// or irq events leaves those figures unknown; a recording cut short leaves the guest's loss
+/// unknown.
+#[test]
+fn a_host_and_guest_pair_imports_as_one_recording_and_sched_and_report_read_the_guest() {
+    let test = "a_host_and_guest_pair_imports_as_one_recording_and_sched_and_report_read_the_guest";
+    let Some(trace_cmd) = trace_cmd_33(test) else { return };
+    let (host, guest) = pair();
+    let recording = temp("pair.vprec");
+    let out =
+        virtprof().arg("import").arg(&host).arg("--guest").arg(&guest).arg("-o").arg(&recording).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("and its guest 'guest'"), "{err}");
+
+    // exits: the same rows, each with the same guest events before it.
+    let from_files = exits_json(&host, &["--guest", guest.to_str().unwrap(), "--threshold-us", "0"]);
+    let from_recording = exits_json(&recording, &["--threshold-us", "0"]);
+    assert_eq!(from_files["rows"], from_recording["rows"]);
+    for key in ["aligned", "vcpu_threads", "events", "lost_events", "rows_with_guest"] {
+        assert_eq!(from_files["guest"][key], from_recording["guest"][key], "{key}");
+    }
+
+    // sched and report: the guest's CPUs, as trace-cmd reads them.
+    let truth = trace_cmd_guest_cpu_use(&trace_cmd, &host, &guest);
+    let guest_arg = guest.to_str().unwrap();
+    let views = [
+        json_of(&["sched", "--guest", guest_arg], &host)["guest_trace"].clone(),
+        json_of(&["sched"], &recording)["guest_trace"].clone(),
+        json_of(&["report", "--guest", guest_arg], &host)["guest_trace"].clone(),
+        json_of(&["report"], &recording)["guest_trace"].clone(),
+    ];
+    for view in &views {
+        let cpus = view["cpus"].as_array().unwrap();
+        assert_eq!(cpus.len(), truth.len(), "{view}");
+        for c in cpus {
+            let cpu = u32::try_from(c["guest_cpu"].as_u64().unwrap()).unwrap();
+            let (switches, softirqs, busy, idle) = truth[&cpu];
+            let ours = (c["switches"].as_u64(), c["softirqs"].as_u64(), c["busy_ns"].as_u64(), c["idle_ns"].as_u64());
+            assert_eq!(ours, (Some(switches), Some(softirqs), Some(busy), Some(idle)), "guest CPU {cpu}: {c}");
+            // GUEST option: guest CPU 0 and 1 run in host threads 164 and 165.
+            assert_eq!(c["host_tid"].as_u64(), Some(164 + u64::from(cpu)));
+            assert!(busy > 0 && idle > 0, "{c}");
+        }
+        assert_eq!(view["aligned"], true);
+        assert_eq!(view["unavailable"], serde_json::json!([]), "{view}");
+    }
+    // The text says the same, and the HTML page carries it.
+    let out = virtprof().arg("sched").arg(&recording).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("guest 'guest', from its own trace") && text.contains("BUSY%"), "{text}");
+    let page = temp("pair.html");
+    assert!(virtprof().arg("report").arg(&recording).arg("--html").arg(&page).status().unwrap().success());
+    assert!(std::fs::read_to_string(&page).unwrap().contains("\"guest_trace\":{"));
+    let _ = std::fs::remove_file(&page);
+
+    // export: the guest's tracks from the recording as from the two files.
+    let count_guest = |args: &[&str], file: &Path| {
+        let trace = temp("pair-export.json");
+        let out =
+            virtprof().args(["export", "--format", "perfetto"]).arg(file).args(args).arg("-o").arg(&trace).output();
+        assert!(out.unwrap().status.success());
+        let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&trace);
+        t["traceEvents"].as_array().unwrap().iter().filter(|e| e["cat"] == "guest").count()
+    };
+    let drawn = count_guest(&["--guest", guest_arg], &host);
+    assert!(drawn > 1000, "{drawn}");
+    assert_eq!(count_guest(&[], &recording), drawn);
+
+    // A guest trace without sched_switch or irq events: those figures are unknown, with why.
+    let bytes = std::fs::read(&recording).unwrap();
+    let blind = temp("pair-blind.vprec");
+    std::fs::write(&blind, with_guest_events(&bytes, &["sched:sched_wakeup"])).unwrap();
+    let view = json_of(&["sched"], &blind)["guest_trace"].clone();
+    for c in view["cpus"].as_array().unwrap() {
+        for figure in ["busy_ns", "idle_ns", "busy_pct", "observed_ns", "switches", "irqs", "softirqs", "top_tasks"] {
+            assert!(c[figure].is_null(), "{figure} is {} without its events", c[figure]);
+        }
+    }
+    let reasons = view["unavailable"].to_string();
+    assert!(reasons.contains("sched_switch was not recorded") && reasons.contains("softirq_entry"), "{reasons}");
+    let text = String::from_utf8_lossy(&virtprof().arg("report").arg(&blind).output().unwrap().stdout).into_owned();
+    assert!(text.contains("unavailable: a guest CPU's busy and idle time"), "{text}");
+    let _ = std::fs::remove_file(&blind);
+
+    // Cut short before its footer: the guest's loss is unknown, not 0.
+    let cut = temp("pair-cut.vprec");
+    std::fs::write(&cut, &bytes[..bytes.len() - 20]).unwrap();
+    let view = json_of(&["sched"], &cut)["guest_trace"].clone();
+    assert!(view["lost_events_text"].as_str().unwrap().contains("unknown"), "{}", view["lost_events_text"]);
+    let _ = std::fs::remove_file(&cut);
+
+    // A guest file that is not this host's guest is refused before anything is written.
+    let mut other = std::fs::read(&guest).unwrap();
+    let at = other.windows(8).position(|w| w == GUEST_PEER.to_le_bytes()).expect("the peer id");
+    other[at] ^= 1;
+    let other_path = temp("pair-other-peer.dat");
+    std::fs::write(&other_path, &other).unwrap();
+    let refused = temp("pair-refused.vprec");
+    let _ = std::fs::remove_file(&refused);
+    let out =
+        virtprof().arg("import").arg(&host).arg("--guest").arg(&other_path).arg("-o").arg(&refused).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!refused.exists());
+    let _ = std::fs::remove_file(&other_path);
+    let _ = std::fs::remove_file(&recording);
+}

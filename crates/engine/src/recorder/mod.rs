@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use virtprof_host::output::{OutputFile, Privacy};
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
+use virtprof_kvm::remote::RemoteVmStats;
 use virtprof_store::recording::{
     AgentRecord, Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task,
     TasksFound, VmIdentity, Writer,
@@ -96,6 +97,8 @@ pub struct RecordOptions {
     pub clock: String,
     /// VMMs whose KVM stats must be snapshotted.
     pub vm: Vec<u32>,
+    /// Snapshot every VM's KVM stats at the start and the end (false: none at all).
+    pub kvm_stats: bool,
     /// Sample counters every this many ns.
     pub interval_ns: Option<u64>,
     /// Counters sampled per interval (the built-in set when None).
@@ -121,6 +124,7 @@ impl Default for RecordOptions {
             fit_buffer_to_rate: false,
             clock: DEFAULT_CLOCK.into(),
             vm: Vec::new(),
+            kvm_stats: true,
             interval_ns: None,
             counters: None,
             hw_counters: DEFAULT_HW_COUNTERS,
@@ -196,7 +200,10 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     let mut vms = options.vm.clone();
     vms.extend(found.iter().map(|v| v.pid).filter(|p| !options.vm.contains(p)));
     let mut identities: BTreeMap<u32, VmIdentity> = found.iter().map(|v| (v.pid, identity(v))).collect();
-    let kvm_stats = vms.iter().filter_map(|&pid| kvm_snapshot(pid)).collect();
+    let mut held = HeldStats::new(options.kvm_stats);
+    held.observe(&found);
+    held.attach(&options.vm);
+    let kvm_stats = held.snapshots();
     virtprof_host::stop::install_handler();
     // Guests first, as trace-cmd's agents are: a guest that answers slowly (a loaded or
     // emulated host) must not miss the run. What links receive before the writer starts
@@ -305,14 +312,11 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
             if last_scan.elapsed() >= scan_every {
                 // Written as found, not only in the footer: a recording cut short still says
                 // whose threads its events are.
+                let scanned = discovery.scan();
+                held.observe(&scanned);
                 let found = TasksFound {
                     tasks: scan_tasks().into_values().filter(|t| tasks.get(&t.tid) != Some(t)).collect(),
-                    vm_identities: discovery
-                        .scan()
-                        .iter()
-                        .map(identity)
-                        .filter(|v| identities.get(&v.pid) != Some(v))
-                        .collect(),
+                    vm_identities: scanned.iter().map(identity).filter(|v| identities.get(&v.pid) != Some(v)).collect(),
                 };
                 last_scan = Instant::now();
                 if found.tasks.is_empty() && found.vm_identities.is_empty() {
@@ -348,13 +352,9 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         scan_tasks().into_iter().filter(|(tid, t)| tasks.get(tid) != Some(t)).collect();
     let at_end = discovery.scan();
     let late_vms: Vec<VmIdentity> = at_end.iter().map(identity).filter(|v| identities.get(&v.pid) != Some(v)).collect();
-    let end_stats: Vec<KvmStatsSnapshot> = vms
-        .iter()
-        .chain(at_end.iter().map(|v| &v.pid))
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .filter_map(|&p| kvm_snapshot(p))
-        .collect();
+    held.observe(&at_end);
+    let end_stats = held.snapshots();
+    drop(held);
     // Threads that came and went between scans: the kernel's own tid → tgid/comm cache.
     for (tid, pid, comm) in virtprof_trace::capture::saved_tasks(&tracefs) {
         if !tasks.contains_key(&tid) {
@@ -387,6 +387,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         vm_identities: late_vms,
         intervals,
         agents,
+        guest: None,
     };
     let bytes = writer.written();
     let summary = RecordSummary {
@@ -435,10 +436,60 @@ pub fn identity(vm: &DiscoveredVm) -> VmIdentity {
 
 /// The KVM binary stats of one VMM now (None if it holds no readable stats fds).
 fn kvm_snapshot(pid: u32) -> Option<KvmStatsSnapshot> {
-    let remote = virtprof_kvm::remote::RemoteVmStats::attach(pid).ok()?;
+    virtprof_kvm::remote::RemoteVmStats::attach(pid).ok().map(|remote| snapshot(&remote))
+}
+
+fn snapshot(remote: &RemoteVmStats) -> KvmStatsSnapshot {
     let vm = remote.vm.as_ref().and_then(|s| s.read().ok()).map(|s| s.values).unwrap_or_default();
     let vcpus = remote.vcpus.iter().filter_map(|(i, s)| Some((*i, s.read().ok()?.values))).collect();
-    Some(KvmStatsSnapshot { pid, monotonic_ns: virtprof_host::monotonic_ns(), vm, vcpus })
+    KvmStatsSnapshot { pid: remote.pid, monotonic_ns: virtprof_host::monotonic_ns(), vm, vcpus }
+}
+
+/// VMs whose stats fds a recording holds at most (each holds its VM's KVM structures, not
+/// its memory, until the recording ends).
+const MAX_HELD_VMS: usize = 4096;
+
+/// The KVM stats fds of every VM the recording found, held from when it was found to the
+/// end: a VM that starts during the recording and ends before it (`record -- testvm`) still
+/// gives its final counts, since a stats fd keeps its VM's counters alive after the VMM
+/// exits. Its counts from its start are then exact: a VM born during the recording starts at
+/// zero.
+struct HeldStats {
+    enabled: bool,
+    vms: BTreeMap<u32, RemoteVmStats>,
+}
+
+impl HeldStats {
+    fn new(enabled: bool) -> HeldStats {
+        HeldStats { enabled, vms: BTreeMap::new() }
+    }
+
+    /// Hold the stats of VMs found now; again for one with more vCPUs than its stats held
+    /// (found between creating its VM and its vCPUs).
+    fn observe(&mut self, found: &[DiscoveredVm]) {
+        let stale: Vec<u32> = found
+            .iter()
+            .filter(|vm| self.vms.get(&vm.pid).is_none_or(|held| held.vcpus.len() < vm.vcpu_fds as usize))
+            .map(|vm| vm.pid)
+            .collect();
+        self.attach(&stale);
+    }
+
+    fn attach(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            let room = self.vms.len() < MAX_HELD_VMS || self.vms.contains_key(&pid);
+            if !self.enabled || !room {
+                continue;
+            }
+            if let Ok(remote) = RemoteVmStats::attach(pid) {
+                self.vms.insert(pid, remote);
+            }
+        }
+    }
+
+    fn snapshots(&self) -> Vec<KvmStatsSnapshot> {
+        self.vms.values().map(snapshot).collect()
+    }
 }
 
 /// Every thread on the host: tid → (pid, comm).

@@ -64,15 +64,9 @@ struct GuestSummary {
 }
 
 /// Each row's guest events just before it, from the guest's own trace.
-fn guest_before(
-    host: &Session,
-    path: &std::path::Path,
-    options: &virtprof_session::SourceOptions,
-    report: &mut ExitReport,
-) -> anyhow::Result<GuestSummary> {
+fn guest_before(guest: &virtprof_session::GuestTrace, report: &mut ExitReport) -> anyhow::Result<GuestSummary> {
     use virtprof_analysis::guest_before::{Exit, GuestBefore};
     use virtprof_analysis::Analyzer;
-    let guest = virtprof_session::GuestTrace::open(host, path, options)?;
     let exits: Vec<Exit> = if guest.aligned() {
         report
             .rows
@@ -102,7 +96,7 @@ fn guest_before(
     }
     Ok(GuestSummary {
         name: guest.name.clone(),
-        file: path.display().to_string(),
+        file: guest.session.path.display().to_string(),
         aligned: guest.aligned(),
         not_aligned_because: match &guest.alignment {
             virtprof_session::guest_trace::Alignment::NotAligned(why) => Some(why.clone()),
@@ -185,8 +179,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
     report.totals.lost_events = loss.total();
-    let guest = match &args.guest {
-        Some(path) => Some(guest_before(&recording, path, &args.source.options(), &mut report)?),
+    let guest = match virtprof_session::GuestTrace::of(&recording, args.guest.as_deref(), &args.source.options())? {
+        Some(guest) => Some(guest_before(&guest, &mut report)?),
         None => None,
     };
 
@@ -270,18 +264,18 @@ fn record_live(args: &ExitsArgs) -> anyhow::Result<Session> {
 /// Per VM with both snapshots, the vCPU stats summed and differenced (cumulative counters).
 fn stats_deltas(recording: &Session) -> Vec<StatsDelta> {
     const KEYS: [&str; 5] = ["exits", "insn_emulation", "io_exits", "mmio_exits", "halt_exits"];
-    let Some(footer) = &recording.footer else { return Vec::new() };
     let sum = |snap: &virtprof_store::recording::KvmStatsSnapshot, key: &str| -> u64 {
         snap.vcpus.iter().filter_map(|(_, m)| m.get(key)).sum()
     };
     recording
-        .metadata
-        .kvm_stats
-        .iter()
-        .filter_map(|start| {
-            let end = footer.kvm_stats.iter().find(|e| e.pid == start.pid)?;
-            let stats = KEYS.iter().map(|k| (k.to_string(), sum(end, k).saturating_sub(sum(start, k)))).collect();
-            Some(StatsDelta { pid: start.pid, stats })
+        .kvm_stats_spans()
+        .into_iter()
+        .map(|(start, end)| {
+            let stats = KEYS
+                .iter()
+                .map(|k| (k.to_string(), sum(end, k).saturating_sub(start.map_or(0, |s| sum(s, k)))))
+                .collect();
+            StatsDelta { pid: end.pid, stats }
         })
         .collect()
 }

@@ -70,8 +70,9 @@ pub fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
                     first_noise = Some(first_noise.map_or(first, |seen| seen.min(first)));
                 }
             });
-            let guest_traces = match &args.guest {
-                Some(path) => vec![guest_machine(&recording, path)?],
+            let guest = virtprof_session::GuestTrace::of(&recording, args.guest.as_deref(), &Default::default())?;
+            let guest_traces = match guest {
+                Some(guest) => vec![guest_machine(&guest)?],
                 None => Vec::new(),
             };
             // A guest's own trace can begin before the host's (its tracing started first).
@@ -145,9 +146,8 @@ fn known_states(slices: &[StateSlice], holdings: &Holdings) -> Vec<StateSlice> {
 
 /// A guest's own trace, its CPUs' tasks and interrupts on the host's clock, saying how it
 /// was placed.
-fn guest_machine(host: &Session, path: &Path) -> anyhow::Result<perfetto::GuestMachine> {
+fn guest_machine(guest: &virtprof_session::GuestTrace) -> anyhow::Result<perfetto::GuestMachine> {
     use virtprof_analysis::Analyzer;
-    let guest = virtprof_session::GuestTrace::open(host, path, &Default::default())?;
     let mut tasks = virtprof_analysis::guest_tasks::GuestTasks::default();
     let mut decoder = guest.session.decoder(&["sched", "irq", "irq_vectors"])?;
     let walk = guest.walk(&mut decoder, |e, d| tasks.on_event(e, &virtprof_session::DecoderNames(d)))?;

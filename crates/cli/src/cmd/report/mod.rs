@@ -34,7 +34,10 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     pio.sort_unstable_by_key(|p| p.1);
     let method = if args.spearman { Method::Spearman } else { Method::Pearson };
     let limits = virtprof_engine::report::Limits { top_exits: args.top_exits, top_pairs: args.top, method };
-    let report = virtprof_engine::report::build(&args.file, &recording, analysis, &limits, &pio);
+    let mut report = virtprof_engine::report::build(&args.file, &recording, analysis, &limits, &pio);
+    if let Some(guest) = virtprof_session::GuestTrace::of(&recording, args.guest.as_deref(), &Default::default())? {
+        report.guest_trace = Some(virtprof_engine::guest_view::read(&guest)?);
+    }
     if let Some(path) = &args.html {
         let page = html::render(&report)?;
         virtprof_host::output::write_file(path, page.as_bytes(), virtprof_host::output::Privacy::Shared)?;

@@ -54,6 +54,10 @@ pub fn print(r: &Report, out: &mut impl Write) -> io::Result<()> {
     for g in &r.guests {
         print_guest(g, out)?;
     }
+    if let Some(guest) = &r.guest_trace {
+        writeln!(out)?;
+        crate::guest_table::write_text(guest, out)?;
+    }
     Ok(())
 }
 
