@@ -6,10 +6,12 @@
 
 pub mod balance;
 pub mod balancer;
+pub mod contention;
 pub mod correlate;
 pub mod energy;
 pub mod exit_timeline;
 pub mod exits;
+pub mod explain;
 pub mod guest_before;
 pub mod guest_cpus;
 pub mod guest_tasks;

@@ -38,6 +38,9 @@ pub enum Command {
     Import(ImportArgs),
     /// VM exits: per reason count, time, min/avg/p50/p99/max, lightweight vs heavyweight.
     Exits(ExitsArgs),
+    /// Why is this VM slow: where its vCPU time went, and its losses ranked by cause, each
+    /// with its evidence and a fix to try (live, or from a recording).
+    Explain(ExplainArgs),
     /// Live per-VM and per-vCPU scheduling QoS (XenMon for KVM): running, waiting, blocked, exits.
     Top(TopArgs),
     /// Serve top's figures to Prometheus (OpenMetrics endpoint), or write them for
@@ -283,6 +286,38 @@ pub struct TestvmArgs {
     #[arg(long, value_name = "0|3", default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub cpl: u8,
     /// Print the ground truth as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Each VM's vCPU time is split into running, waiting for a CPU, blocked, in exits and in host
+interrupts; its lost time (waiting, exit handling other than the guest idling, host interrupts
+while it ran, its VMM's I/O threads waiting) is ranked by cause: CPU contention (and who ran
+instead), VMM I/O threads starved, exit storms by reason, host interrupts on its CPUs, vCPU
+migrations, halt-polling. Each cause gives its share of the lost time, its evidence, what it
+rules out and a fix to try. A cause whose events the source lacks is 'cannot tell', with what
+to record to tell: never a guess. A VM that loses under 5 % of its vCPU time has nothing to
+explain.
+
+EXAMPLES:
+  virtprof explain                               record this host for 5 s and explain every VM
+  virtprof explain --vm 1234 --duration 10s      one VM, by VMM pid (or its name)
+  virtprof explain run.vprec                     a recording (or trace.dat, perf.data, ...)
+  virtprof explain run.vprec --json              causes ranked, with kind, share, entities, evidence, fix")]
+pub struct ExplainArgs {
+    /// A recording or a capture `import` reads; without it, this host is recorded live.
+    pub file: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Only this VM: its VMM's pid, or its name.
+    #[arg(long, value_name = "PID|NAME")]
+    pub vm: Option<String>,
+    /// Live mode: how long to record before explaining.
+    #[arg(short, long, value_name = "TIME[ms|s|m]", default_value = "5s", conflicts_with = "file", value_parser = duration)]
+    pub duration: Duration,
+    /// Print JSON: per VM, the time split and `causes`, ranked.
     #[arg(long)]
     pub json: bool,
 }

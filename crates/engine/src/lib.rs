@@ -10,6 +10,7 @@ pub mod balance;
 pub mod boot;
 mod bpf_maps;
 pub mod energy;
+pub mod explain;
 pub mod guest_view;
 pub mod guests;
 pub mod kernel_counts;

@@ -29,6 +29,8 @@ pub enum Class {
     Irq,
     /// `irq:softirq_entry`: softirqs on a CPU.
     Softirq,
+    /// `sched:sched_migrate_task`: a thread moved to another CPU.
+    Migrate,
     /// The VMs' KVM binary statistics at the start and end (`record` keeps them).
     KvmStats,
     /// Timestamps in nanoseconds, or cycles of a known frequency.
@@ -37,7 +39,7 @@ pub enum Class {
 
 impl Class {
     /// Every kind, in order.
-    pub const ALL: [Class; 11] = [
+    pub const ALL: [Class; 12] = [
         Class::SchedSwitch,
         Class::SchedWakeup,
         Class::UserspaceExit,
@@ -47,6 +49,7 @@ impl Class {
         Class::IoAccess,
         Class::Irq,
         Class::Softirq,
+        Class::Migrate,
         Class::KvmStats,
         Class::Time,
     ];
@@ -63,6 +66,7 @@ impl Class {
             Class::IoAccess => &[("kvm", "kvm_pio"), ("kvm", "kvm_mmio")],
             Class::Irq => &[("irq", "irq_handler_entry")],
             Class::Softirq => &[("irq", "softirq_entry")],
+            Class::Migrate => &[("sched", "sched_migrate_task")],
             Class::KvmStats | Class::Time => &[],
         }
     }
@@ -216,11 +220,17 @@ pub enum Figure {
     GuestIrqs,
     /// A guest CPU's softirqs, from the guest's own trace.
     GuestSoftirqs,
+    /// Who ran on the CPU a vCPU waited for, and how long.
+    Preemptors,
+    /// Host interrupt and softirq time on a vCPU's CPU while it ran.
+    HostIrqTime,
+    /// A vCPU thread's moves across CPUs.
+    Migrations,
 }
 
 impl Figure {
     /// Every figure, in order (the documentation's table lists them so).
-    pub const ALL: [Figure; 20] = [
+    pub const ALL: [Figure; 23] = [
         Figure::ExitDurations,
         Figure::RoundTripDurations,
         Figure::LightHeavySplit,
@@ -241,6 +251,9 @@ impl Figure {
         Figure::GuestBusy,
         Figure::GuestIrqs,
         Figure::GuestSoftirqs,
+        Figure::Preemptors,
+        Figure::HostIrqTime,
+        Figure::Migrations,
     ];
 
     /// What it needs.
@@ -267,6 +280,9 @@ impl Figure {
             Figure::GuestBusy => &[Class::SchedSwitch, Class::Time],
             Figure::GuestIrqs => &[Class::Irq],
             Figure::GuestSoftirqs => &[Class::Softirq],
+            Figure::Preemptors => &[Class::SchedSwitch, Class::SchedWakeup, Class::Time],
+            Figure::HostIrqTime => &[Class::Irq, Class::Softirq, Class::SchedSwitch, Class::Time],
+            Figure::Migrations => &[Class::Migrate],
         }
     }
 
@@ -293,6 +309,9 @@ impl Figure {
             Figure::GuestBusy => "a guest CPU's busy and idle time and top tasks (the guest's own trace)",
             Figure::GuestIrqs => "a guest CPU's interrupts (the guest's own trace)",
             Figure::GuestSoftirqs => "a guest CPU's softirqs (the guest's own trace)",
+            Figure::Preemptors => "who ran on the CPU a vCPU waited for",
+            Figure::HostIrqTime => "host interrupt and softirq time on a vCPU's CPU while it ran",
+            Figure::Migrations => "vCPU migrations across CPUs",
         }
     }
 }

@@ -7,6 +7,7 @@ mod compare;
 mod demo;
 mod doctor;
 mod exits;
+mod explain;
 mod export;
 pub mod import;
 pub mod noise;
@@ -30,6 +31,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Import(args) => import::run(&args),
         Command::Record(args) => record::run(&args),
         Command::Exits(args) => exits::run(&args),
+        Command::Explain(args) => explain::run(&args),
         Command::Sched(args) => sched::run(&args),
         Command::Report(args) => report::run(&args),
         Command::Compare(args) => compare::run(&args),

@@ -8,6 +8,7 @@ mod dataset;
 mod doctor;
 mod errors;
 mod exits;
+mod explain;
 mod intervals;
 mod layout;
 mod loss;

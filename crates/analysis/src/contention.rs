@@ -1,0 +1,224 @@
+//! Who took the CPU from a set of watched threads (a VM's vCPUs), and what the host did on
+//! their CPUs while they ran: XenMon's "who takes whose CPU" and seed 004's host noise, per
+//! thread. While a watched thread waits runnable (preempted, or woken and not yet running),
+//! the time of each task that runs on the CPU it waits for is charged to that task; while it
+//! runs, the host's interrupt, vector and softirq handlers on its CPU are charged to it; its
+//! migrations are counted.
+
+use std::collections::{HashMap, HashSet};
+
+use virtprof_model::{Event, EventKind};
+
+use crate::{Analyzer, Names};
+
+/// Preemptors kept per watched thread (a host can run many short tasks): past it their time
+/// counts under no task.
+pub const MAX_PREEMPTORS: usize = 1024;
+
+/// What a watched thread suffered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Suffered {
+    /// Tasks that ran on the CPU it waited for, with their time there meanwhile, ns:
+    /// tid → (name, ns).
+    pub preemptors: HashMap<u32, (String, u64)>,
+    /// Waiting time charged to tasks past [`MAX_PREEMPTORS`].
+    pub unnamed_ns: u64,
+    /// Hard interrupt handlers (irq and x86 vectors) on its CPU while it ran, ns.
+    pub irq_ns: u64,
+    /// Interrupts counted.
+    pub irqs: u64,
+    /// Softirqs on its CPU while it ran, ns.
+    pub softirq_ns: u64,
+    /// Softirqs counted.
+    pub softirqs: u64,
+    /// Times the kernel moved it to another CPU.
+    pub migrations: u64,
+}
+
+/// A watched thread waiting for a CPU.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    tid: u32,
+    cpu: u32,
+    since: u64,
+}
+
+/// One host CPU.
+#[derive(Debug, Clone, Default)]
+struct Cpu {
+    /// The task on it and since when (None before its first sched_switch).
+    current: Option<(u32, u64)>,
+    /// Open hard interrupt (irq or vector) and softirq handlers' start times.
+    irq_since: Option<u64>,
+    softirq_since: Option<u64>,
+}
+
+/// Push-fed: every host event, in time order.
+#[derive(Debug, Default)]
+pub struct Contention {
+    watched: HashSet<u32>,
+    cpus: Vec<Cpu>,
+    waiting: Vec<Waiting>,
+    suffered: HashMap<u32, Suffered>,
+}
+
+impl Contention {
+    /// Watch these threads.
+    pub fn new(watched: impl IntoIterator<Item = u32>) -> Contention {
+        Contention { watched: watched.into_iter().collect(), ..Default::default() }
+    }
+
+    /// What each watched thread suffered (those that suffered nothing are absent).
+    pub fn finish(self) -> HashMap<u32, Suffered> {
+        self.suffered
+    }
+
+    fn cpu(&mut self, cpu: u32) -> &mut Cpu {
+        let i = cpu as usize;
+        if self.cpus.len() <= i {
+            self.cpus.resize(i + 1, Cpu::default());
+        }
+        &mut self.cpus[i]
+    }
+
+    /// Charge the task running on `cpu` with the waits on that CPU, up to `now`.
+    fn charge_waits(&mut self, cpu: u32, now: u64, names: &dyn Names, comm: Option<virtprof_model::StrId>) {
+        let Some((running, since)) = self.cpus.get(cpu as usize).and_then(|c| c.current) else { return };
+        for w in self.waiting.iter().filter(|w| w.cpu == cpu && w.tid != running) {
+            let ns = now.saturating_sub(since.max(w.since));
+            if ns == 0 {
+                continue;
+            }
+            let s = self.suffered.entry(w.tid).or_default();
+            let room = s.preemptors.len() < MAX_PREEMPTORS;
+            match s.preemptors.entry(running) {
+                std::collections::hash_map::Entry::Occupied(mut entry) => entry.get_mut().1 += ns,
+                std::collections::hash_map::Entry::Vacant(entry) if room => {
+                    let name = comm.map_or_else(|| format!("tid {running}"), |c| names.task(c));
+                    entry.insert((name, ns));
+                }
+                std::collections::hash_map::Entry::Vacant(_) => s.unnamed_ns += ns,
+            }
+        }
+    }
+
+    /// The watched thread running on `cpu`, if one is.
+    fn watched_on(&self, cpu: u32) -> Option<u32> {
+        let (tid, _) = self.cpus.get(cpu as usize)?.current?;
+        self.watched.contains(&tid).then_some(tid)
+    }
+
+    fn start_wait(&mut self, tid: u32, cpu: u32, since: u64) {
+        self.waiting.retain(|w| w.tid != tid);
+        self.waiting.push(Waiting { tid, cpu, since });
+    }
+}
+
+impl Analyzer for Contention {
+    fn on_event(&mut self, e: &Event, names: &dyn Names) {
+        match e.kind {
+            EventKind::SchedSwitch { prev_tid, prev_state, prev_comm, next_tid, .. } => {
+                // The outgoing task held the CPU the waiters on it wanted.
+                self.charge_waits(e.cpu, e.ts, names, Some(prev_comm));
+                if let Some(at) = self.waiting.iter().position(|w| w.tid == next_tid) {
+                    let w = self.waiting.swap_remove(at);
+                    // It waited for another CPU: what ran there until now took it.
+                    if w.cpu != e.cpu {
+                        self.waiting.push(w);
+                        self.charge_waits(w.cpu, e.ts, names, None);
+                        self.waiting.retain(|x| x.tid != next_tid);
+                    }
+                }
+                if prev_state == 0 && self.watched.contains(&prev_tid) {
+                    self.start_wait(prev_tid, e.cpu, e.ts);
+                }
+                let cpu = self.cpu(e.cpu);
+                cpu.current = Some((next_tid, e.ts));
+                // A handler open across a switch is not the next task's.
+                cpu.irq_since = None;
+                cpu.softirq_since = None;
+            }
+            EventKind::SchedWakeup { tid, target_cpu } if self.watched.contains(&tid) => {
+                self.start_wait(tid, target_cpu, e.ts);
+            }
+            EventKind::SchedMigrate { tid, .. } if self.watched.contains(&tid) => {
+                self.suffered.entry(tid).or_default().migrations += 1;
+            }
+            EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => {
+                self.cpu(e.cpu).irq_since = Some(e.ts);
+            }
+            EventKind::SoftirqEntry { .. } => self.cpu(e.cpu).softirq_since = Some(e.ts),
+            EventKind::IrqExit { .. } | EventKind::IrqVectorExit { .. } => {
+                let since = self.cpu(e.cpu).irq_since.take();
+                if let (Some(since), Some(tid)) = (since, self.watched_on(e.cpu)) {
+                    let s = self.suffered.entry(tid).or_default();
+                    s.irq_ns += e.ts.saturating_sub(since);
+                    s.irqs += 1;
+                }
+            }
+            EventKind::SoftirqExit { .. } => {
+                let since = self.cpu(e.cpu).softirq_since.take();
+                if let (Some(since), Some(tid)) = (since, self.watched_on(e.cpu)) {
+                    let s = self.suffered.entry(tid).or_default();
+                    s.softirq_ns += e.ts.saturating_sub(since);
+                    s.softirqs += 1;
+                }
+            }
+            // Across lost events no wait or handler can be timed.
+            EventKind::Lost { .. } => {
+                self.waiting.retain(|w| w.cpu != e.cpu);
+                let cpu = self.cpu(e.cpu);
+                *cpu = Cpu::default();
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::switch_to;
+    use virtprof_model::StrId;
+
+    fn switch(prev_tid: u32, prev_state: u32, next_tid: u32) -> EventKind {
+        EventKind::SchedSwitch {
+            prev_tid,
+            prev_state,
+            prev_comm: StrId(prev_tid),
+            next_tid,
+            next_comm: StrId(next_tid),
+        }
+    }
+
+    #[test]
+    fn the_tasks_that_ran_while_a_vcpu_waited_and_the_interrupts_while_it_ran() {
+        let mut c = Contention::new([10]);
+        for (ts, cpu, kind) in [
+            (0, 1, switch_to(10, 10)),
+            // While the vCPU runs: an interrupt of 5 and a softirq of 7.
+            (100, 1, EventKind::IrqEntry { irq: 4 }),
+            (105, 1, EventKind::IrqExit { irq: 4 }),
+            (110, 1, EventKind::SoftirqEntry { vec: 1 }),
+            (117, 1, EventKind::SoftirqExit { vec: 1 }),
+            // Preempted by 20 for 50, then 30 for 30.
+            (200, 1, switch(10, 0, 20)),
+            (250, 1, switch(20, 1, 30)),
+            (280, 1, switch(30, 1, 10)),
+            // Blocked (not waiting) while 20 runs: nothing charged.
+            (300, 1, switch(10, 1, 20)),
+            (350, 0, switch_to(40, 40)),
+            // Woken for CPU 0, where 40 runs; it runs there at 420: 40 took 20.
+            (400, 1, EventKind::SchedWakeup { tid: 10, target_cpu: 0 }),
+            (410, 0, EventKind::SchedMigrate { tid: 10, orig_cpu: 1, dest_cpu: 0 }),
+            (420, 0, switch(40, 0, 10)),
+        ] {
+            c.on_event(&Event { ts, cpu, tid: 0, kind }, &crate::TestNames);
+        }
+        let s = &c.finish()[&10];
+        let mut by: Vec<_> = s.preemptors.iter().map(|(tid, (name, ns))| (*tid, name.as_str(), *ns)).collect();
+        by.sort();
+        assert_eq!(by, [(20, "task20", 50), (30, "task30", 30), (40, "task40", 20)]);
+        assert_eq!((s.irq_ns, s.irqs, s.softirq_ns, s.softirqs, s.migrations), (5, 1, 7, 1, 1));
+    }
+}

@@ -1,0 +1,574 @@
+//! Why a VM is slow: its vCPU time split into what it got and what it lost, and the losses
+//! ranked by cause, each with its evidence, what it rules out and a fix to try. A cause is
+//! weighed only from figures the source holds: where one is missing the cause is "cannot
+//! tell", with what to record to tell; it is never guessed.
+//!
+//! The lost time of a VM is the sum of what each quantified cause took: its vCPUs' wait for a
+//! CPU (who ran there instead), its exits' handling by reason (HLT, the guest idling, is not
+//! lost), host interrupt and softirq handlers on its CPUs while its vCPUs ran, and its VMM's
+//! I/O threads waiting for a CPU (seed 001: a starved I/O thread stalls every vCPU waiting on
+//! its I/O). Each cause's share is of that sum.
+
+use serde::Serialize;
+
+/// A VM's lost time below this share of its vCPU time is "nothing to explain".
+pub const HEALTHY_LOST_PCT: f64 = 5.0;
+
+/// A cause below this share of the VM's vCPU time is not listed.
+pub const LEAST_CAUSE_PCT: f64 = 1.0;
+
+/// Migrations per vCPU-second from which they are listed (their cost is not in a trace).
+pub const MIGRATIONS_PER_S: f64 = 50.0;
+
+/// Who or what a cause involves.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entity {
+    /// Another VM (its VMM process).
+    Vm {
+        /// VMM pid.
+        pid: u32,
+        /// Its name.
+        name: String,
+    },
+    /// A host task.
+    Task {
+        /// Thread id.
+        tid: u32,
+        /// Its process, where known.
+        pid: Option<u32>,
+        /// Its name.
+        name: String,
+    },
+    /// A host CPU.
+    Cpu {
+        /// CPU number.
+        cpu: u32,
+    },
+    /// An exit reason.
+    ExitReason {
+        /// The kernel's name.
+        reason: String,
+        /// Exits counted.
+        count: u64,
+    },
+    /// Threads of the VM's VMM by role.
+    VmmRole {
+        /// `io-thread`, `main-loop`, `vhost`, ...
+        role: String,
+        /// Threads.
+        threads: usize,
+    },
+}
+
+impl Entity {
+    /// How it is named in text.
+    pub fn label(&self) -> String {
+        match self {
+            Entity::Vm { pid, name } => format!("VM {name} (pid {pid})"),
+            Entity::Task { tid, pid: Some(pid), name } if pid != tid => format!("{name}[{tid}] of pid {pid}"),
+            Entity::Task { tid, name, .. } => format!("{name}[{tid}]"),
+            Entity::Cpu { cpu } => format!("CPU {cpu}"),
+            Entity::ExitReason { reason, count } => format!("{reason} ×{count}"),
+            Entity::VmmRole { role, threads } => format!("{threads} {role} thread(s)"),
+        }
+    }
+}
+
+/// A kind of cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseKind {
+    /// The vCPUs' CPUs were shared with other vCPUs or host tasks.
+    CpuContention,
+    /// The VMM's I/O threads waited for a CPU.
+    VmmThreadsStarved,
+    /// Exits of one reason took the vCPUs' time.
+    ExitStorm,
+    /// Host interrupts and softirqs on the vCPUs' CPUs.
+    HostInterrupts,
+    /// The vCPUs moved across CPUs.
+    Migrations,
+    /// KVM polled halted vCPUs, spending host CPU.
+    HaltPolling,
+}
+
+impl CauseKind {
+    /// Its name in text.
+    pub fn title(self) -> &'static str {
+        match self {
+            CauseKind::CpuContention => "CPU contention",
+            CauseKind::VmmThreadsStarved => "VMM I/O threads starved",
+            CauseKind::ExitStorm => "exit storm",
+            CauseKind::HostInterrupts => "host interrupts on the vCPUs' CPUs",
+            CauseKind::Migrations => "vCPU migrations",
+            CauseKind::HaltPolling => "halt-polling",
+        }
+    }
+}
+
+/// One cause.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cause {
+    /// What kind.
+    pub kind: CauseKind,
+    /// One line.
+    pub summary: String,
+    /// Time it took from the VM, ns (None: not measurable from a trace, e.g. migrations).
+    pub lost_ns: Option<u64>,
+    /// Its share of the VM's lost time, %.
+    pub share_pct: Option<f64>,
+    /// Its share of the VM's vCPU time, %.
+    pub vcpu_time_pct: Option<f64>,
+    /// Who or what is involved, most first.
+    pub entities: Vec<Entity>,
+    /// The figures behind it, and the events they come from.
+    pub evidence: Vec<String>,
+    /// Commands that show more.
+    pub see: Vec<String>,
+    /// What it rules out.
+    pub rules_out: Vec<String>,
+    /// A fix a user can try.
+    pub fix: String,
+}
+
+/// A cause the source cannot weigh, and what to record to tell.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CannotTell {
+    /// What cannot be told.
+    pub what: String,
+    /// Why.
+    pub why: String,
+    /// What to record to tell.
+    pub record: String,
+}
+
+/// One exit reason of the VM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExitFacts {
+    /// The kernel's name.
+    pub reason: String,
+    /// Exits.
+    pub count: u64,
+    /// Time handled, its vCPU's preemption left out (that is contention's), ns; None where
+    /// the source cannot time it.
+    pub handling_ns: Option<u64>,
+    /// The guest idling (HLT, WFx): not lost time.
+    pub guest_idle: bool,
+}
+
+/// Everything `explain` weighs about one VM, each figure None where the source lacks its
+/// events (with the reason in `unavailable`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VmFacts {
+    /// VMM pid.
+    pub pid: u32,
+    /// Its name.
+    pub name: String,
+    /// vCPUs.
+    pub vcpus: usize,
+    /// The window, seconds.
+    pub seconds: Option<f64>,
+    /// Its vCPUs' time running, waiting for a CPU and blocked, ns (sums).
+    pub run_ns: Option<u64>,
+    /// Waiting.
+    pub wait_ns: Option<u64>,
+    /// Blocked.
+    pub blocked_ns: Option<u64>,
+    /// Who ran on the CPUs its vCPUs waited for, most first.
+    pub preemptors: Option<Vec<(Entity, u64)>>,
+    /// Exits by reason, most time first.
+    pub exits: Option<Vec<ExitFacts>>,
+    /// Host hard-interrupt and softirq time while its vCPUs ran, ns, and their counts.
+    pub host_irq: Option<(u64, u64, u64, u64)>,
+    /// The CPUs its vCPUs ran on.
+    pub cpus: Vec<u32>,
+    /// Migrations of its vCPU threads.
+    pub migrations: Option<u64>,
+    /// Its VMM's non-vCPU threads by role: (role, threads, wait ns).
+    pub vmm_roles: Vec<(String, usize, Option<u64>)>,
+    /// Halt-polling time, ns.
+    pub halt_poll_ns: Option<u64>,
+    /// Events lost in the source (None: unknown).
+    pub lost_events: Option<u64>,
+    /// Figures the source cannot give: (figure, why).
+    pub unavailable: Vec<(String, String)>,
+}
+
+/// The answer for one VM.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// VMM pid.
+    pub pid: u32,
+    /// Its name.
+    pub name: String,
+    /// vCPUs.
+    pub vcpus: usize,
+    /// The window, seconds.
+    pub seconds: Option<f64>,
+    /// Where its vCPU time went, ns (None: unknown).
+    pub time: TimeSplit,
+    /// Its lost time, ns: the sum of the quantified causes.
+    pub lost_ns: Option<u64>,
+    /// That as a share of its vCPU time, %.
+    pub lost_pct: Option<f64>,
+    /// `nothing to explain`, `explained`, `partly explained` (causes found, but the lost time
+    /// is unknown without some events) or `cannot tell`.
+    pub verdict: String,
+    /// Causes, ranked: those with a measured time by it, then the others.
+    pub causes: Vec<Cause>,
+    /// What the source cannot weigh.
+    pub cannot_tell: Vec<CannotTell>,
+}
+
+/// Where the vCPUs' time went.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct TimeSplit {
+    /// Running (guest, and exits handled in the kernel or VMM on its thread).
+    pub running_ns: Option<u64>,
+    /// Waiting for a CPU.
+    pub waiting_ns: Option<u64>,
+    /// Blocked (idle, or waiting on I/O).
+    pub blocked_ns: Option<u64>,
+    /// In exits (not idle), handling.
+    pub exits_ns: Option<u64>,
+    /// In host interrupt and softirq handlers while running.
+    pub host_irq_ns: Option<u64>,
+}
+
+fn pct(part: u64, whole: u64) -> Option<f64> {
+    (whole > 0).then(|| 100.0 * part as f64 / whole as f64)
+}
+
+/// What to add to `record --events` for each missing figure.
+fn record_hint(figure: &str) -> &'static str {
+    if figure.contains("interrupt") || figure.contains("softirq") {
+        "virtprof record --events kvm,sched,irq,irq_vectors"
+    } else if figure.contains("migration") {
+        "virtprof record --events kvm,sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task"
+    } else if figure.contains("exit") || figure.contains("lightweight") {
+        "virtprof record --events kvm,sched (all kvm events, on a host that emits kvm_exit)"
+    } else {
+        "virtprof record --events kvm,sched (sched_switch and sched_wakeup)"
+    }
+}
+
+/// Explain one VM from its facts.
+pub fn explain(f: &VmFacts) -> Explanation {
+    // The vCPUs' observed time; without the states, their wall time over the window.
+    let observed = match (f.run_ns, f.wait_ns, f.blocked_ns) {
+        (Some(r), Some(w), Some(b)) => Some(r + w + b),
+        _ => f.seconds.map(|s| (s * 1e9) as u64 * f.vcpus as u64),
+    };
+    let exits_ns: Option<u64> = f
+        .exits
+        .as_ref()
+        .and_then(|rows| rows.iter().filter(|x| !x.guest_idle).map(|x| x.handling_ns).sum::<Option<u64>>());
+    let host_irq_ns = f.host_irq.map(|(irq, _, soft, _)| irq + soft);
+    // A VMM thread that serves I/O stalls the vCPUs only while they wait on it (blocked): its
+    // wait counts up to their blocked time.
+    let serving = |role: &str| matches!(role, "io-thread" | "main-loop" | "vhost" | "worker");
+    let starved_wait: Option<u64> = f.vmm_roles.iter().filter(|r| serving(&r.0)).map(|r| r.2).sum();
+    let starved_ns = match (starved_wait, f.blocked_ns) {
+        (Some(w), Some(b)) => Some(w.min(b)),
+        _ => None,
+    };
+    let mut causes = Vec::new();
+    let share_of_vcpu = |ns: u64| observed.and_then(|o| pct(ns, o));
+    let big_enough = |ns: u64| share_of_vcpu(ns).is_some_and(|p| p >= LEAST_CAUSE_PCT);
+    let cpus: Vec<String> = f.cpus.iter().map(u32::to_string).collect();
+    let cpu_list = cpus.join(",");
+
+    if let (Some(wait), Some(preemptors)) = (f.wait_ns, &f.preemptors) {
+        if big_enough(wait) {
+            let top: Vec<String> =
+                preemptors.iter().take(3).map(|(e, ns)| format!("{} {:.1} ms", e.label(), *ns as f64 / 1e6)).collect();
+            causes.push(Cause {
+                kind: CauseKind::CpuContention,
+                summary: format!(
+                    "its vCPUs waited {:.1} ms for a CPU; meanwhile there ran {}",
+                    wait as f64 / 1e6,
+                    if top.is_empty() { "nothing the trace names".to_string() } else { top.join(", ") }
+                ),
+                lost_ns: Some(wait),
+                share_pct: None,
+                vcpu_time_pct: share_of_vcpu(wait),
+                entities: preemptors.iter().take(5).map(|(e, _)| e.clone()).collect(),
+                evidence: vec![
+                    "waiting time: sched_switch (preempted, state R) and sched_wakeup to the next sched_switch in".into(),
+                    "who ran meanwhile: the tasks sched_switch put on the CPU each vCPU waited for".into(),
+                ],
+                see: vec![format!("virtprof sched FILE --vm {}", f.pid), "virtprof export FILE --format perfetto".into()],
+                rules_out: vec!["the guest itself: this time the vCPUs were runnable and not running".into()],
+                fix: format!(
+                    "give its vCPUs CPUs of their own (pin them: taskset -pc CPU TID, or libvirt vcpupin), or move the tasks above off CPU {}",
+                    if cpu_list.is_empty() { "them".to_string() } else { cpu_list.clone() }
+                ),
+            });
+        }
+    }
+    if let Some(starved) = starved_ns.filter(|&ns| big_enough(ns)) {
+        let roles: Vec<&(String, usize, Option<u64>)> = f.vmm_roles.iter().filter(|r| serving(&r.0)).collect();
+        causes.push(Cause {
+            kind: CauseKind::VmmThreadsStarved,
+            summary: format!(
+                "its VMM's I/O threads waited {:.1} ms for a CPU while its vCPUs were blocked (on their I/O, or idle)",
+                starved as f64 / 1e6
+            ),
+            lost_ns: Some(starved),
+            share_pct: None,
+            vcpu_time_pct: share_of_vcpu(starved),
+            entities: roles.iter().map(|r| Entity::VmmRole { role: r.0.clone(), threads: r.1 }).collect(),
+            evidence: vec![
+                "each VMM thread's waiting time: sched_switch and sched_wakeup; roles from thread names; counted up to the vCPUs' blocked time".into(),
+            ],
+            see: vec![format!("virtprof sched FILE --vm {} (by role)", f.pid)],
+            rules_out: vec!["the guest's own I/O pattern: the thread serving it was runnable and not running".into()],
+            fix: "give the VMM's I/O threads a CPU (an iothread pinned apart from the vCPUs, or a higher cgroup cpu.weight)".into(),
+        });
+    }
+    if let Some(exits) = &f.exits {
+        for x in exits.iter().filter(|x| !x.guest_idle) {
+            let Some(ns) = x.handling_ns.filter(|&ns| big_enough(ns)) else { continue };
+            causes.push(Cause {
+                kind: CauseKind::ExitStorm,
+                summary: format!(
+                    "{} {} exits took {:.1} ms{}",
+                    x.count,
+                    x.reason,
+                    ns as f64 / 1e6,
+                    f.seconds.map(|s| format!(" ({:.0}/s)", x.count as f64 / s.max(1e-9))).unwrap_or_default()
+                ),
+                lost_ns: Some(ns),
+                share_pct: None,
+                vcpu_time_pct: share_of_vcpu(ns),
+                entities: vec![Entity::ExitReason { reason: x.reason.clone(), count: x.count }],
+                evidence: vec!["exit durations: kvm_exit to kvm_entry, or kvm_userspace_exit to the next entry".into()],
+                see: vec![format!("virtprof exits FILE --vm {} --by reason", f.pid)],
+                rules_out: vec![
+                    "CPU contention for this time: the vCPU's preemption during exits is counted there".into()
+                ],
+                fix: exit_fix(&x.reason),
+            });
+        }
+    }
+    if let Some((irq, irqs, soft, softirqs)) = f.host_irq {
+        if big_enough(irq + soft) {
+            causes.push(Cause {
+                kind: CauseKind::HostInterrupts,
+                summary: format!(
+                    "host interrupts ({irqs}, {:.1} ms) and softirqs ({softirqs}, {:.1} ms) ran on its vCPUs' CPUs while they ran",
+                    irq as f64 / 1e6,
+                    soft as f64 / 1e6
+                ),
+                lost_ns: Some(irq + soft),
+                share_pct: None,
+                vcpu_time_pct: share_of_vcpu(irq + soft),
+                entities: f.cpus.iter().map(|&cpu| Entity::Cpu { cpu }).collect(),
+                evidence: vec!["irq_handler_entry/exit, irq_vectors, softirq_entry/exit on the CPU a vCPU thread ran on".into()],
+                see: vec!["virtprof exits FILE --threshold-us 100 (IRQS, SOFTIRQS per exit)".into()],
+                rules_out: vec!["the guest: this is host work on the vCPUs' CPUs".into()],
+                fix: format!("steer host IRQs away from CPU {cpu_list} (/proc/irq/*/smp_affinity, irqbalance --banirq) and isolate them (isolcpus, nohz_full)"),
+            });
+        }
+    }
+    if let (Some(m), Some(s)) = (f.migrations, f.seconds) {
+        let per_vcpu_s = m as f64 / (s.max(1e-9) * f.vcpus.max(1) as f64);
+        if per_vcpu_s >= MIGRATIONS_PER_S {
+            causes.push(Cause {
+                kind: CauseKind::Migrations,
+                summary: format!(
+                    "its vCPUs moved across CPUs {m} times ({per_vcpu_s:.0} per vCPU-second): cold caches after each"
+                ),
+                lost_ns: None,
+                share_pct: None,
+                vcpu_time_pct: None,
+                entities: f.cpus.iter().map(|&cpu| Entity::Cpu { cpu }).collect(),
+                evidence: vec![
+                    "sched_migrate_task of its vCPU threads (their cost is not in a trace: unquantified)".into()
+                ],
+                see: vec![format!("virtprof sched FILE --vm {} --window 100ms", f.pid)],
+                rules_out: Vec::new(),
+                fix: "pin each vCPU thread to one CPU (taskset -pc CPU TID, libvirt vcpupin)".into(),
+            });
+        }
+    }
+    if let (Some(poll), Some(run)) = (f.halt_poll_ns, f.run_ns) {
+        if pct(poll, run).is_some_and(|p| p >= HEALTHY_LOST_PCT) {
+            causes.push(Cause {
+                kind: CauseKind::HaltPolling,
+                summary: format!(
+                    "KVM polled its halted vCPUs for {:.1} ms of host CPU ({:.0} % of their run time)",
+                    poll as f64 / 1e6,
+                    pct(poll, run).unwrap_or(0.0)
+                ),
+                lost_ns: None,
+                share_pct: None,
+                vcpu_time_pct: None,
+                entities: Vec::new(),
+                evidence: vec!["kvm_vcpu_wakeup: time halted, polling only or polling then sleeping".into()],
+                see: vec![format!("virtprof exits FILE --vm {}", f.pid)],
+                rules_out: vec!["lost guest time: polling burns host CPU others could use".into()],
+                fix: "lower halt polling (/sys/module/kvm/parameters/halt_poll_ns, or a guest cpuidle-haltpoll)".into(),
+            });
+        }
+    }
+
+    let lost: Option<u64> = match (f.wait_ns, exits_ns, host_irq_ns, starved_ns) {
+        (Some(w), Some(x), Some(i), Some(s)) => Some(w + x + i + s),
+        _ => None,
+    };
+    // Shares of a lost time that is itself known only.
+    for c in &mut causes {
+        c.share_pct = c.lost_ns.zip(lost).and_then(|(ns, whole)| pct(ns, whole));
+    }
+    causes.sort_by(|a, b| match (a.lost_ns, b.lost_ns) {
+        (Some(x), Some(y)) => y.cmp(&x),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.kind.cmp(&b.kind),
+    });
+
+    let mut cannot_tell: Vec<CannotTell> = f
+        .unavailable
+        .iter()
+        .map(|(figure, why)| CannotTell { what: figure.clone(), why: why.clone(), record: record_hint(figure).into() })
+        .collect();
+    match f.lost_events {
+        Some(0) => {}
+        Some(n) => cannot_tell.push(CannotTell {
+            what: "every figure near the gaps".into(),
+            why: format!("{n} events were lost: states across each gap are taken from the next event"),
+            record: "virtprof record --buffer-size 65536 (or fewer events)".into(),
+        }),
+        None => cannot_tell.push(CannotTell {
+            what: "whether events were lost".into(),
+            why: "the source does not say (a recording cut short, a file without loss counts)".into(),
+            record: "virtprof record (its footer counts every CPU's loss)".into(),
+        }),
+    }
+    let lost_pct = lost.and_then(|l| observed.and_then(|o| pct(l, o)));
+    let verdict = match lost_pct {
+        None if causes.is_empty() => "cannot tell",
+        None => "partly explained",
+        Some(p) if p < HEALTHY_LOST_PCT && causes.iter().all(|c| c.lost_ns.is_some()) => "nothing to explain",
+        _ if causes.is_empty() => "nothing to explain",
+        _ => "explained",
+    };
+    if verdict == "nothing to explain" {
+        causes.clear();
+    }
+    Explanation {
+        pid: f.pid,
+        name: f.name.clone(),
+        vcpus: f.vcpus,
+        seconds: f.seconds,
+        time: TimeSplit {
+            running_ns: f.run_ns,
+            waiting_ns: f.wait_ns,
+            blocked_ns: f.blocked_ns,
+            exits_ns,
+            host_irq_ns,
+        },
+        lost_ns: lost,
+        lost_pct,
+        verdict: verdict.into(),
+        causes,
+        cannot_tell,
+    }
+}
+
+/// A fix to try for exits of `reason`.
+fn exit_fix(reason: &str) -> String {
+    let r = reason.to_ascii_lowercase();
+    if r.contains("mmio") || r.contains("npf") || r.contains("ept_misconfig") {
+        "serve the device in the kernel: an ioeventfd/irqfd (virtio with vhost) instead of user-space MMIO emulation"
+            .into()
+    } else if r.contains("io") {
+        "serve the port in the kernel: KVM_IOEVENTFD, or a virtio device with vhost, instead of user-space port I/O"
+            .into()
+    } else if r.contains("msr") || r.contains("timer") || r.contains("apic") {
+        "avoid MSR/timer exits: TSC-deadline timer with posted interrupts, the guest's kvm-clock, or APICv/AVIC".into()
+    } else if r.contains("ept") || r.contains("fault") || r.contains("pf") {
+        "avoid page-fault exits: back guest memory with huge pages and pre-fault it (no balloon churn)".into()
+    } else if r.contains("interrupt") || r.contains("intr") {
+        "external interrupts on the vCPUs' CPUs: steer host IRQs away from them".into()
+    } else {
+        format!("see what the guest does to cause {reason} exits (`virtprof exits FILE --threshold-us 100`)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> VmFacts {
+        VmFacts {
+            pid: 7,
+            name: "vm".into(),
+            vcpus: 1,
+            seconds: Some(1.0),
+            run_ns: Some(500_000_000),
+            wait_ns: Some(400_000_000),
+            blocked_ns: Some(100_000_000),
+            preemptors: Some(vec![(Entity::Vm { pid: 9, name: "noisy".into() }, 390_000_000)]),
+            exits: Some(vec![
+                ExitFacts {
+                    reason: "KVM_EXIT_MMIO".into(),
+                    count: 20_000,
+                    handling_ns: Some(100_000_000),
+                    guest_idle: false,
+                },
+                ExitFacts { reason: "HLT".into(), count: 10, handling_ns: Some(90_000_000), guest_idle: true },
+            ]),
+            host_irq: Some((1_000_000, 100, 2_000_000, 50)),
+            cpus: vec![1],
+            migrations: Some(3),
+            vmm_roles: Vec::new(),
+            halt_poll_ns: Some(0),
+            lost_events: Some(0),
+            unavailable: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn causes_are_ranked_by_the_time_they_took_and_share_the_lost_time() {
+        let e = explain(&facts());
+        let kinds: Vec<CauseKind> = e.causes.iter().map(|c| c.kind).collect();
+        // Host interrupts (0.3 %) are under the least share listed; HLT is idling, not lost.
+        assert_eq!(kinds, [CauseKind::CpuContention, CauseKind::ExitStorm]);
+        assert_eq!(e.lost_ns, Some(400_000_000 + 100_000_000 + 3_000_000));
+        let share = e.causes[0].share_pct.unwrap();
+        assert!((share - 100.0 * 400.0 / 503.0).abs() < 1e-9, "{share}");
+        assert_eq!(e.causes[0].entities[0], Entity::Vm { pid: 9, name: "noisy".into() });
+        assert_eq!(e.verdict, "explained");
+    }
+
+    #[test]
+    fn a_vm_that_loses_little_has_nothing_to_explain() {
+        let e = explain(&VmFacts {
+            wait_ns: Some(10_000_000),
+            exits: Some(Vec::new()),
+            preemptors: Some(Vec::new()),
+            run_ns: Some(990_000_000),
+            ..facts()
+        });
+        assert_eq!(e.verdict, "nothing to explain");
+        assert!(e.causes.is_empty());
+    }
+
+    #[test]
+    fn without_the_events_a_cause_needs_it_cannot_be_told_never_guessed() {
+        let e = explain(&VmFacts {
+            wait_ns: None,
+            run_ns: None,
+            blocked_ns: None,
+            preemptors: None,
+            unavailable: vec![("waiting (host steal) and blocked time".into(), "sched_switch was not recorded".into())],
+            ..facts()
+        });
+        assert!(e.causes.iter().all(|c| c.kind != CauseKind::CpuContention));
+        assert_eq!(e.lost_ns, None);
+        assert!(e.cannot_tell[0].record.contains("sched"), "{:?}", e.cannot_tell);
+    }
+}

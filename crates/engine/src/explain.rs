@@ -1,0 +1,187 @@
+//! `explain`'s facts about each VM of a source: the shared pass's vCPU and VMM-thread
+//! accounting, then per VM one more pass over its vCPU threads (their exits by reason, who
+//! took their CPUs, host interrupts while they ran, their migrations), each figure gated by
+//! what the source holds; `analysis::explain` weighs them.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use virtprof_analysis::contention::{Contention, Suffered};
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
+use virtprof_analysis::explain::{explain, Entity, ExitFacts, Explanation, VmFacts};
+use virtprof_analysis::qos::{window_report, VmInfo};
+use virtprof_analysis::{Analyzer, Names};
+use virtprof_model::evidence::{Figure, Holdings};
+use virtprof_model::Event;
+use virtprof_session::{evidence_event_ids, DecoderNames, Session};
+
+use crate::pass::{analyse_with, recording_tasks, Want, ACCOUNTING_SYSTEMS};
+use crate::usage;
+
+/// What `explain` prints and `--json` gives.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExplainReport {
+    /// The source.
+    pub source: String,
+    /// How its timestamps were read, where that needed saying.
+    pub clock: Option<String>,
+    /// Its loss, as every loss line says it.
+    pub lost_events_text: String,
+    /// The VMs explained, the one that lost the most first.
+    pub vms: Vec<Explanation>,
+}
+
+/// Explain the VMs of `recording` (`only`: one, by VMM pid or name).
+pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow::Result<ExplainReport> {
+    let want = Want { accounting: true, ..Want::default() };
+    let analysis = analyse_with(recording, want, &mut |_: &Event, _: &dyn Names| {})?;
+    let Some(total) = &analysis.total else { return Err(usage("the source holds no vCPU thread to explain")) };
+    let names = analysis.names();
+    let window = window_report(total, "run", &analysis.vms, &names, None, &analysis.holdings);
+    let chosen: Vec<&VmInfo> = match only {
+        Some(which) => {
+            let found: Vec<&VmInfo> =
+                analysis.vms.iter().filter(|vm| vm.pid.0.to_string() == which || vm.name == which).collect();
+            if found.is_empty() {
+                let known: Vec<String> = analysis.vms.iter().map(|vm| format!("{} ({})", vm.pid.0, vm.name)).collect();
+                return Err(usage(format!(
+                    "--vm {which}: no such VM in the source (it has {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            }
+            found
+        }
+        None => analysis.vms.iter().collect(),
+    };
+    if chosen.is_empty() {
+        return Err(usage("no VM in the source: nothing to explain (was the kvm system recorded?)"));
+    }
+    let lost_events = analysis.loss.complete.then(|| analysis.loss.total());
+    let host = recording_tasks(recording);
+    let vm_names: BTreeMap<u32, String> = analysis.vms.iter().map(|vm| (vm.pid.0, vm.name.clone())).collect();
+    let mut vms = Vec::new();
+    for vm in chosen {
+        let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
+        let tids: Vec<u32> = vm.vcpus.iter().map(|v| v.tid.0).collect();
+        let (exits, suffered) = vcpu_pass(recording, &tids, &analysis.holdings)?;
+        let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
+            row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
+        };
+        let h = &analysis.holdings;
+        let merged = merge(&suffered);
+        let preemptors = h.knows(Figure::Preemptors).then(|| {
+            let mut by: BTreeMap<String, (Entity, u64)> = BTreeMap::new();
+            for (tid, (name, ns)) in &merged.preemptors {
+                let pid = host.threads.get(tid).map(|(pid, _)| *pid);
+                let entity = match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
+                    Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
+                    None => Entity::Task {
+                        tid: *tid,
+                        pid,
+                        name: host.threads.get(tid).map_or_else(|| name.clone(), |(_, comm)| comm.clone()),
+                    },
+                };
+                by.entry(entity.label()).or_insert((entity, 0)).1 += ns;
+            }
+            let mut list: Vec<(Entity, u64)> = by.into_values().collect();
+            list.sort_by_key(|e| std::cmp::Reverse(e.1));
+            list
+        });
+        let halt_poll_ns = exits.as_ref().and_then(|report| report.totals.halt_poll_ns);
+        let exits = exits.map(|report| {
+            report
+                .by_reason
+                .iter()
+                .map(|r| ExitFacts {
+                    reason: r.reason.clone(),
+                    count: r.count,
+                    handling_ns: r.total_ns.map(|t| t.saturating_sub(r.preempted_ns.unwrap_or(0))),
+                    guest_idle: r.guest_idle,
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut unavailable: Vec<(String, String)> = h
+            .unavailable(&[Figure::WaitingBlocked, Figure::Preemptors, Figure::HostIrqTime, Figure::Migrations])
+            .into_iter()
+            .map(|u| (u.figure, u.reason))
+            .collect();
+        if !h.knows(Figure::ExitDurations) && !h.knows(Figure::RoundTripDurations) {
+            let u = h.check(Figure::RoundTripDurations).expect_err("checked");
+            unavailable.push(("exits' durations".into(), u.reason));
+        }
+        let facts = VmFacts {
+            pid: vm.pid.0,
+            name: vm.name.clone(),
+            vcpus: vm.vcpus.len(),
+            seconds: window.seconds,
+            run_ns: sum(|v| v.run_ns),
+            wait_ns: sum(|v| v.wait_ns),
+            blocked_ns: sum(|v| v.blocked_ns),
+            preemptors,
+            exits,
+            host_irq: h.knows(Figure::HostIrqTime).then_some((
+                merged.irq_ns,
+                merged.irqs,
+                merged.softirq_ns,
+                merged.softirqs,
+            )),
+            cpus: row.map(|r| r.vcpus.iter().filter_map(|v| v.cpu).collect()).unwrap_or_default(),
+            migrations: h.knows(Figure::Migrations).then_some(merged.migrations),
+            vmm_roles: row
+                .map(|r| r.roles.iter().map(|role| (role.role.to_string(), role.threads, role.wait_ns)).collect())
+                .unwrap_or_default(),
+            halt_poll_ns,
+            lost_events,
+            unavailable,
+        };
+        vms.push(explain(&facts));
+    }
+    vms.sort_by_key(|v| std::cmp::Reverse(v.lost_ns.unwrap_or(0)));
+    Ok(ExplainReport {
+        source: recording.path.display().to_string(),
+        clock: recording.clock_line(),
+        lost_events_text: recording.describe_loss(&analysis.loss, &analysis.decoder),
+        vms,
+    })
+}
+
+/// The exits of `tids` by reason and what they suffered, in one pass.
+fn vcpu_pass(
+    recording: &Session,
+    tids: &[u32],
+    holdings: &Holdings,
+) -> anyhow::Result<(Option<virtprof_analysis::exits::ExitReport>, Vec<Suffered>)> {
+    let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
+    let options = ExitOptions {
+        tids: tids.to_vec(),
+        evidence_events: evidence_event_ids(&decoder),
+        host: recording.host_kind(),
+        holdings: holdings.clone(),
+        ..Default::default()
+    };
+    let mut exits = ExitAnalyzer::new(options);
+    let mut contention = Contention::new(tids.iter().copied());
+    recording.walk(&mut decoder, |e, d| {
+        exits.on_event(e);
+        contention.on_event(e, &DecoderNames(d));
+    })?;
+    let report = exits.finish(&DecoderNames(&decoder));
+    Ok((Some(report), contention.finish().into_values().collect()))
+}
+
+/// What a VM's vCPU threads suffered, together.
+fn merge(each: &[Suffered]) -> Suffered {
+    let mut all = Suffered::default();
+    for s in each {
+        for (tid, (name, ns)) in &s.preemptors {
+            all.preemptors.entry(*tid).or_insert_with(|| (name.clone(), 0)).1 += ns;
+        }
+        all.unnamed_ns += s.unnamed_ns;
+        all.irq_ns += s.irq_ns;
+        all.irqs += s.irqs;
+        all.softirq_ns += s.softirq_ns;
+        all.softirqs += s.softirqs;
+        all.migrations += s.migrations;
+    }
+    all
+}
