@@ -108,7 +108,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 notes=target/tmp/host-notes.txt
 rm -f "$notes"
-cargo test --workspace --locked 2>&1 | tee "$log"
+# Every test binary runs even after one fails: one red test must not hide the others.
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # What passing tests found this host lacks (skips, operations that make no exit): said, not hidden.
 if [ -s "$notes" ]; then
     echo "test.sh: notes on this host from the tests:"

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use virtprof_model::{Event, EventKind};
 
+use crate::bins::TimeBins;
 use crate::{Analyzer, Names};
 
 /// Preemptors kept per watched thread (a host can run many short tasks): past it their time
@@ -60,12 +61,26 @@ pub struct Contention {
     cpus: Vec<Cpu>,
     waiting: Vec<Waiting>,
     suffered: HashMap<u32, Suffered>,
+    /// The watched threads' waiting and host-interrupt time over time, where asked for.
+    timelines: Option<(TimeBins, TimeBins)>,
 }
 
 impl Contention {
     /// Watch these threads.
     pub fn new(watched: impl IntoIterator<Item = u32>) -> Contention {
         Contention { watched: watched.into_iter().collect(), ..Default::default() }
+    }
+
+    /// Also bin the watched threads' waiting and host-interrupt time like `bins`.
+    pub fn with_timeline(mut self, bins: &TimeBins) -> Contention {
+        self.timelines = Some((bins.empty_like(), bins.empty_like()));
+        self
+    }
+
+    /// The watched threads' waiting and host-interrupt time over time (with
+    /// [`Contention::with_timeline`]).
+    pub fn take_timelines(&mut self) -> Option<(TimeBins, TimeBins)> {
+        self.timelines.take()
     }
 
     /// What each watched thread suffered (those that suffered nothing are absent).
@@ -89,6 +104,9 @@ impl Contention {
             if ns == 0 {
                 continue;
             }
+            if let Some((waits, _)) = &mut self.timelines {
+                waits.add_span(since.max(w.since), now);
+            }
             let s = self.suffered.entry(w.tid).or_default();
             let room = s.preemptors.len() < MAX_PREEMPTORS;
             match s.preemptors.entry(running) {
@@ -106,6 +124,13 @@ impl Contention {
     fn watched_on(&self, cpu: u32) -> Option<u32> {
         let (tid, _) = self.cpus.get(cpu as usize)?.current?;
         self.watched.contains(&tid).then_some(tid)
+    }
+
+    /// A host handler ran on a watched thread's CPU from `since` to `to`.
+    fn handler(&mut self, since: u64, to: u64) {
+        if let Some((_, irqs)) = &mut self.timelines {
+            irqs.add_span(since, to);
+        }
     }
 
     fn start_wait(&mut self, tid: u32, cpu: u32, since: u64) {
@@ -151,6 +176,7 @@ impl Analyzer for Contention {
             EventKind::IrqExit { .. } | EventKind::IrqVectorExit { .. } => {
                 let since = self.cpu(e.cpu).irq_since.take();
                 if let (Some(since), Some(tid)) = (since, self.watched_on(e.cpu)) {
+                    self.handler(since, e.ts);
                     let s = self.suffered.entry(tid).or_default();
                     s.irq_ns += e.ts.saturating_sub(since);
                     s.irqs += 1;
@@ -159,6 +185,7 @@ impl Analyzer for Contention {
             EventKind::SoftirqExit { .. } => {
                 let since = self.cpu(e.cpu).softirq_since.take();
                 if let (Some(since), Some(tid)) = (since, self.watched_on(e.cpu)) {
+                    self.handler(since, e.ts);
                     let s = self.suffered.entry(tid).or_default();
                     s.softirq_ns += e.ts.saturating_sub(since);
                     s.softirqs += 1;

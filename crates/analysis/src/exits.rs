@@ -46,6 +46,9 @@ pub struct ExitOptions {
     /// known: on a host without kvm_exit, the lightweight ones are these less the userspace
     /// round trips (the evidence events show only some).
     pub kvm_exits: Option<u64>,
+    /// Bin each reason's handling time (its vCPU's preemption left out) over time, at each
+    /// exit's start (exits are short against the bins): what `explain --html` draws.
+    pub timeline: Option<crate::bins::TimeBins>,
 }
 
 /// The key a reason is counted under, named at [`ExitAnalyzer::finish`].
@@ -420,6 +423,20 @@ pub struct ExitReport {
     pub by_vcpu: Vec<VcpuRow>,
     /// Per-exit rows, when asked for.
     pub rows: Vec<ExitRow>,
+    /// Per reason, its handling time over time (with `ExitOptions::timeline`; time known).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<ReasonTimeline>,
+}
+
+/// One reason's handling time over time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReasonTimeline {
+    /// The reason, as `by_reason` names it.
+    pub reason: String,
+    /// The guest idling (HLT, WFx): not handling.
+    pub guest_idle: bool,
+    /// The bins.
+    pub bins: crate::bins::TimeBins,
 }
 
 /// An exit whose kvm_entry the trace does not hold (it ended first, it has a gap there, or the
@@ -454,6 +471,7 @@ pub struct ExitAnalyzer {
     exit_path: bool,
     lost: u64,
     incomplete: u64,
+    timeline: HashMap<Key, crate::bins::TimeBins>,
 }
 
 #[derive(Debug, Clone)]
@@ -737,6 +755,10 @@ impl ExitAnalyzer {
             v.0 += 1;
         }
         v.2 += duration;
+        if let Some(template) = &self.options.timeline {
+            let bins = self.timeline.entry(x.key).or_insert_with(|| template.empty_like());
+            bins.add_at(x.start, duration.saturating_sub(x.preempted_ns));
+        }
         if self.options.rows && duration >= self.options.min_row_ns {
             let (irqs, softirqs) = self.cpus.get(x.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));
             let (irqs, softirqs) = (irqs - x.irqs_at_start, softirqs - x.softirqs_at_start);
@@ -964,7 +986,17 @@ impl ExitAnalyzer {
                 ));
             ("userspace_round_trips".to_string(), missing.collect())
         };
-        ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows }
+        let mut timeline: Vec<ReasonTimeline> = std::mem::take(&mut self.timeline)
+            .into_iter()
+            .filter(|_| time_known)
+            .map(|(k, bins)| ReasonTimeline {
+                reason: name(k),
+                guest_idle: idle.get(&k).copied().unwrap_or(false),
+                bins,
+            })
+            .collect();
+        timeline.sort_by(|a, b| a.reason.cmp(&b.reason));
+        ExitReport { source: Source { path, events, unavailable }, totals, by_reason, by_vcpu, rows, timeline }
     }
 }
 

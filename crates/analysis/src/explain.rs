@@ -258,7 +258,7 @@ pub fn explain(f: &VmFacts) -> Explanation {
     // The vCPUs' observed time; without the states, their wall time over the window.
     let observed = match (f.run_ns, f.wait_ns, f.blocked_ns) {
         (Some(r), Some(w), Some(b)) => Some(r + w + b),
-        _ => f.seconds.map(|s| (s * 1e9) as u64 * f.vcpus as u64),
+        _ => f.seconds.map(|s| virtprof_model::units::saturating_u64(s * 1e9).saturating_mul(f.vcpus as u64)),
     };
     let exits_ns: Option<u64> = f
         .exits
@@ -279,8 +279,10 @@ pub fn explain(f: &VmFacts) -> Explanation {
     let cpus: Vec<String> = f.cpus.iter().map(u32::to_string).collect();
     let cpu_list = cpus.join(",");
 
-    if let (Some(wait), Some(preemptors)) = (f.wait_ns, &f.preemptors) {
+    if let Some(wait) = f.wait_ns {
         if big_enough(wait) {
+            // Who ran meanwhile needs a trace; the live sampler knows the waiting only.
+            let preemptors = f.preemptors.as_deref().unwrap_or_default();
             let top: Vec<String> =
                 preemptors.iter().take(3).map(|(e, ns)| format!("{} {:.1} ms", e.label(), *ns as f64 / 1e6)).collect();
             causes.push(Cause {
@@ -288,7 +290,11 @@ pub fn explain(f: &VmFacts) -> Explanation {
                 summary: format!(
                     "its vCPUs waited {:.1} ms for a CPU; meanwhile there ran {}",
                     wait as f64 / 1e6,
-                    if top.is_empty() { "nothing the trace names".to_string() } else { top.join(", ") }
+                    match (&f.preemptors, top.is_empty()) {
+                        (None, _) => "tasks the source does not name (it holds no trace)".to_string(),
+                        (Some(_), true) => "nothing the trace names".to_string(),
+                        (Some(_), false) => top.join(", "),
+                    }
                 ),
                 lost_ns: Some(wait),
                 share_pct: None,

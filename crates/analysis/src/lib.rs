@@ -6,6 +6,7 @@
 
 pub mod balance;
 pub mod balancer;
+pub mod bins;
 pub mod contention;
 pub mod correlate;
 pub mod energy;

@@ -305,7 +305,8 @@ EXAMPLES:
   virtprof explain                               record this host for 5 s and explain every VM
   virtprof explain --vm 1234 --duration 10s      one VM, by VMM pid (or its name)
   virtprof explain run.vprec                     a recording (or trace.dat, perf.data, ...)
-  virtprof explain run.vprec --json              causes ranked, with kind, share, entities, evidence, fix")]
+  virtprof explain run.vprec --json              causes ranked: kind, share, entities, evidence, fix
+  virtprof explain run.vprec --html why.html     the same as a page, with each VM's causes over time")]
 pub struct ExplainArgs {
     /// A recording or a capture `import` reads; without it, this host is recorded live.
     pub file: Option<PathBuf>,
@@ -320,6 +321,9 @@ pub struct ExplainArgs {
     /// Print JSON: per VM, the time split and `causes`, ranked.
     #[arg(long)]
     pub json: bool,
+    /// Also write a self-contained HTML page: each VM's causes and their timeline.
+    #[arg(long, value_name = "OUT")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -346,9 +350,9 @@ EXAMPLES:
   virtprof import trace.txt --formats /sys/kernel/tracing -o run.vprec
                                                      ftrace text (timestamps keep microseconds)
   virtprof import host.dat --guest guest.dat -o pair.vprec
-                                                     a trace-cmd host+guest pair (`trace-cmd record -A`)
-                                                     as one recording: exits, sched, report and export
-                                                     read the guest from it as with --guest")]
+                                                     a trace-cmd host+guest pair (record -A) as one
+                                                     recording: exits, sched, report and export read
+                                                     its guest as with --guest")]
 pub struct ImportArgs {
     /// The capture: a tracefs dump directory (events/, per_cpu/cpuN/trace_pipe_raw, saved_cmdlines),
     /// a trace-cmd trace.dat (version 6 or 7), a perf.data with tracepoint samples, or ftrace
@@ -614,7 +618,7 @@ EXAMPLES:
   virtprof report run.vprec
   virtprof report run.vprec --html run.html
   virtprof report run.vprec --json --top 20 --spearman
-  virtprof report host.dat --guest guest.dat         a trace-cmd host+guest pair: the guest's CPUs too")]
+  virtprof report host.dat --guest guest.dat   a trace-cmd host+guest pair: the guest's CPUs too")]
 pub struct ReportArgs {
     /// The recording (or a trace.dat, tracefs dump, ...).
     pub file: PathBuf,

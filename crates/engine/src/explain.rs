@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use virtprof_analysis::bins::TimeBins;
 use virtprof_analysis::contention::{Contention, Suffered};
-use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
+use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
 use virtprof_analysis::explain::{explain, Entity, ExitFacts, Explanation, VmFacts};
 use virtprof_analysis::qos::{window_report, VmInfo};
 use virtprof_analysis::{Analyzer, Names};
@@ -28,8 +29,46 @@ pub struct ExplainReport {
     /// Its loss, as every loss line says it.
     pub lost_events_text: String,
     /// The VMs explained, the one that lost the most first.
-    pub vms: Vec<Explanation>,
+    pub vms: Vec<VmAnswer>,
 }
+
+/// One VM's answer and the timeline of its causes.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmAnswer {
+    /// The answer.
+    #[serde(flatten)]
+    pub explanation: Explanation,
+    /// Its lost time over the window by cause (None where the timestamps are not time).
+    pub timeline: Option<Timeline>,
+}
+
+/// Lost time per bin, by cause.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timeline {
+    /// Bin width, ns.
+    pub bin_ns: u64,
+    /// Each bin's start, seconds from the window's.
+    pub t_s: Vec<f64>,
+    /// One series per cause drawn.
+    pub series: Vec<TimelineSeries>,
+}
+
+/// One cause's lost time per bin.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineSeries {
+    /// The cause's kind (`cpu_contention`, `exit_storm`, `host_interrupts`).
+    pub cause: String,
+    /// Its label.
+    pub label: String,
+    /// Milliseconds lost per bin (summed over the VM's vCPUs).
+    pub ms: Vec<f64>,
+}
+
+/// Bins a timeline has.
+const TIMELINE_BINS: usize = 120;
+
+/// Exit reasons a timeline draws apart (the rest are not drawn).
+const TIMELINE_REASONS: usize = 3;
 
 /// Explain the VMs of `recording` (`only`: one, by VMM pid or name).
 pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow::Result<ExplainReport> {
@@ -63,7 +102,12 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     for vm in chosen {
         let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
         let tids: Vec<u32> = vm.vcpus.iter().map(|v| v.tid.0).collect();
-        let (exits, suffered) = vcpu_pass(recording, &tids, &analysis.holdings)?;
+        let bins = window.seconds.map(|_| {
+            let width = (window.end_ns.saturating_sub(window.start_ns) / TIMELINE_BINS as u64).max(1);
+            TimeBins::new(window.start_ns, width, TIMELINE_BINS)
+        });
+        let (exits, suffered, timelines) = vcpu_pass(recording, &tids, &analysis.holdings, bins.as_ref())?;
+        let timeline = bins.as_ref().map(|bins| timeline(bins, exits.as_ref(), timelines, &analysis.holdings));
         let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
             row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
         };
@@ -134,9 +178,9 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
             lost_events,
             unavailable,
         };
-        vms.push(explain(&facts));
+        vms.push(VmAnswer { explanation: explain(&facts), timeline });
     }
-    vms.sort_by_key(|v| std::cmp::Reverse(v.lost_ns.unwrap_or(0)));
+    vms.sort_by_key(|v| std::cmp::Reverse(v.explanation.lost_ns.unwrap_or(0)));
     Ok(ExplainReport {
         source: recording.path.display().to_string(),
         clock: recording.clock_line(),
@@ -145,28 +189,80 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     })
 }
 
-/// The exits of `tids` by reason and what they suffered, in one pass.
+/// The exits of `tids` by reason and what they suffered, in one pass; with `bins`, the waiting
+/// and host-interrupt time over time.
+type VcpuPass = (Option<ExitReport>, Vec<Suffered>, Option<(TimeBins, TimeBins)>);
+
 fn vcpu_pass(
     recording: &Session,
     tids: &[u32],
     holdings: &Holdings,
-) -> anyhow::Result<(Option<virtprof_analysis::exits::ExitReport>, Vec<Suffered>)> {
+    bins: Option<&TimeBins>,
+) -> anyhow::Result<VcpuPass> {
     let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
     let options = ExitOptions {
         tids: tids.to_vec(),
         evidence_events: evidence_event_ids(&decoder),
         host: recording.host_kind(),
         holdings: holdings.clone(),
+        timeline: bins.cloned(),
         ..Default::default()
     };
     let mut exits = ExitAnalyzer::new(options);
     let mut contention = Contention::new(tids.iter().copied());
+    if let Some(bins) = bins {
+        contention = contention.with_timeline(bins);
+    }
     recording.walk(&mut decoder, |e, d| {
         exits.on_event(e);
         contention.on_event(e, &DecoderNames(d));
     })?;
     let report = exits.finish(&DecoderNames(&decoder));
-    Ok((Some(report), contention.finish().into_values().collect()))
+    let timelines = contention.take_timelines();
+    Ok((Some(report), contention.finish().into_values().collect(), timelines))
+}
+
+/// The lost time per bin by cause, each drawn only where the source holds its events:
+/// waiting, host interrupts, the exit reasons that took the most handling time.
+fn timeline(
+    bins: &TimeBins,
+    exits: Option<&ExitReport>,
+    waits_irqs: Option<(TimeBins, TimeBins)>,
+    holdings: &Holdings,
+) -> Timeline {
+    let ms = |b: &TimeBins| b.ns.iter().map(|&ns| ns as f64 / 1e6).collect::<Vec<f64>>();
+    let mut series = Vec::new();
+    if let Some((waits, irqs)) = &waits_irqs {
+        if holdings.knows(Figure::Preemptors) {
+            series.push(TimelineSeries {
+                cause: "cpu_contention".into(),
+                label: "waiting for a CPU".into(),
+                ms: ms(waits),
+            });
+        }
+        if holdings.knows(Figure::HostIrqTime) {
+            series.push(TimelineSeries {
+                cause: "host_interrupts".into(),
+                label: "host interrupts".into(),
+                ms: ms(irqs),
+            });
+        }
+    }
+    let mut reasons: Vec<&virtprof_analysis::exits::ReasonTimeline> =
+        exits.map(|x| x.timeline.iter().filter(|r| !r.guest_idle).collect()).unwrap_or_default();
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.bins.ns.iter().sum::<u64>()));
+    for r in reasons.into_iter().take(TIMELINE_REASONS) {
+        series.push(TimelineSeries {
+            cause: "exit_storm".into(),
+            label: format!("exits: {}", r.reason),
+            ms: ms(&r.bins),
+        });
+    }
+    Timeline {
+        bin_ns: bins.width_ns,
+        t_s: (0..bins.ns.len()).map(|i| (i as u64 * bins.width_ns) as f64 / 1e9).collect(),
+        series,
+    }
 }
 
 /// What a VM's vCPU threads suffered, together.

@@ -147,6 +147,7 @@ pub fn exit_report(counts: &KernelCounts, names: &dyn Names, tids: Option<&[u32]
         by_reason,
         by_vcpu,
         rows: Vec::new(),
+        timeline: Vec::new(),
     }
 }
 

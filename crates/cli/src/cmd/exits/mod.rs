@@ -166,8 +166,16 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     let holdings = recording.holdings(&decoder);
     // KVM's count covers every thread: only with all of them analysed.
     let kvm_exits = recording.kvm_exits().filter(|_| tids.is_empty());
-    let options =
-        ExitOptions { rows, min_row_ns, tids, evidence_events, host: recording.host_kind(), holdings, kvm_exits };
+    let options = ExitOptions {
+        rows,
+        min_row_ns,
+        tids,
+        evidence_events,
+        host: recording.host_kind(),
+        holdings,
+        kvm_exits,
+        timeline: None,
+    };
     let mut analyzer = ExitAnalyzer::new(options);
     let mut vcpus = VcpuEvidence::default();
     // Both fed in one closure the walk inlines: no dynamic call per event, which shows on big
