@@ -91,6 +91,10 @@ pub enum CauseKind {
     Migrations,
     /// KVM polled halted vCPUs, spending host CPU.
     HaltPolling,
+    /// Steal the guest's own kernel counted (its agent's rows).
+    GuestSteal,
+    /// OS noise the guest's own loop measured (its agent's noise periods).
+    GuestNoise,
 }
 
 impl CauseKind {
@@ -103,6 +107,8 @@ impl CauseKind {
             CauseKind::HostInterrupts => "host interrupts on the vCPUs' CPUs",
             CauseKind::Migrations => "vCPU migrations",
             CauseKind::HaltPolling => "halt-polling",
+            CauseKind::GuestSteal => "steal seen inside the guest",
+            CauseKind::GuestNoise => "OS noise inside the guest",
         }
     }
 }
@@ -484,6 +490,135 @@ pub fn explain(f: &VmFacts) -> Explanation {
     }
 }
 
+/// What a guest's agent told of it (`record --agent`): its own view of its CPUs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GuestFacts {
+    /// Agent number in the recording.
+    pub agent: u32,
+    /// The guest's host name.
+    pub name: String,
+    /// Its CPUs.
+    pub cpus: u32,
+    /// Its CPUs' time as its kernel counted it (/proc/stat, every field), ns; None where the
+    /// agent could not read it.
+    pub cpu_ns: Option<u64>,
+    /// Of that, steal (KVM's steal-time record), ns.
+    pub steal_ns: Option<u64>,
+    /// Its noise loop's periods (`agent --noise`): samples, their total, the time measured.
+    pub noise: Option<(u64, u64, u64)>,
+    /// Rows missing (gaps in the link), as a count.
+    pub gaps: usize,
+}
+
+/// The answer for one guest, from the inside.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GuestExplanation {
+    /// Agent number.
+    pub agent: u32,
+    /// Its host name.
+    pub name: String,
+    /// `nothing to explain`, `explained` or `cannot tell`.
+    pub verdict: String,
+    /// Steal, % of its CPU time.
+    pub steal_pct: Option<f64>,
+    /// Noise, % of the noise loop's time.
+    pub noise_pct: Option<f64>,
+    /// Causes, ranked by share.
+    pub causes: Vec<Cause>,
+    /// What cannot be told.
+    pub cannot_tell: Vec<CannotTell>,
+}
+
+/// Explain one guest from its agent's rows (seed 004: the guest's steal and noise, which the
+/// host's view of the VM explains).
+pub fn explain_guest(g: &GuestFacts) -> GuestExplanation {
+    let steal_pct = g.cpu_ns.zip(g.steal_ns).and_then(|(cpu, steal)| pct(steal, cpu));
+    let noise_pct = g.noise.and_then(|(_, noise, measured)| pct(noise, measured));
+    let mut causes = Vec::new();
+    let mut cannot_tell = Vec::new();
+    match (steal_pct, g.steal_ns) {
+        (Some(p), Some(steal)) if p >= LEAST_CAUSE_PCT => causes.push(Cause {
+            kind: CauseKind::GuestSteal,
+            summary: format!(
+                "its kernel counted {:.1} ms stolen ({p:.1} % of its {} CPUs' time): its vCPUs waited for host CPUs",
+                steal as f64 / 1e6,
+                g.cpus
+            ),
+            lost_ns: Some(steal),
+            share_pct: None,
+            vcpu_time_pct: Some(p),
+            entities: Vec::new(),
+            evidence: vec!["the guest's /proc/stat steal (KVM's steal-time record), sent by `virtprof agent`".into()],
+            see: vec![
+                "virtprof report FILE (the guest's layer)".into(),
+                "virtprof explain FILE --vm VM (who took the host CPUs)".into(),
+            ],
+            rules_out: vec!["the guest's own load: stolen time is time its vCPUs were not running".into()],
+            fix: "the host side of the same loss: give the VM's vCPUs CPUs of their own, or move what ran there".into(),
+        }),
+        (None, _) => cannot_tell.push(CannotTell {
+            what: "the guest's steal".into(),
+            why: "its agent sent no /proc/stat rows".into(),
+            record: "virtprof agent in the guest, virtprof record --agent ADDRESS".into(),
+        }),
+        _ => {}
+    }
+    match (noise_pct, g.noise) {
+        (Some(p), Some((samples, noise, _))) if p >= LEAST_CAUSE_PCT => causes.push(Cause {
+            kind: CauseKind::GuestNoise,
+            summary: format!(
+                "its noise loop lost {:.1} ms in {samples} samples ({p:.1} % of its time)",
+                noise as f64 / 1e6
+            ),
+            lost_ns: Some(noise),
+            share_pct: None,
+            vcpu_time_pct: Some(p),
+            entities: Vec::new(),
+            evidence: vec![
+                "the guest's noise loop (`virtprof agent --noise CPUS`), every gap above its threshold".into()
+            ],
+            see: vec![
+                "virtprof noise --host-recording FILE --guest REPORT (which host events explain each sample)".into()
+            ],
+            rules_out: Vec::new(),
+            fix: "isolate the guest's measuring CPUs on the host too: pinned vCPUs, host IRQs steered away, nohz_full"
+                .into(),
+        }),
+        (None, _) => cannot_tell.push(CannotTell {
+            what: "OS noise inside the guest".into(),
+            why: "its agent ran no noise loop".into(),
+            record: "virtprof agent --noise CPUS in the guest".into(),
+        }),
+        _ => {}
+    }
+    if g.gaps > 0 {
+        cannot_tell.push(CannotTell {
+            what: "the guest's figures across its link's gaps".into(),
+            why: format!("{} gaps in its rows", g.gaps),
+            record: "a steadier link (vsock), or a longer --agent-wait".into(),
+        });
+    }
+    let total: u64 = causes.iter().filter_map(|c| c.lost_ns).sum();
+    for c in &mut causes {
+        c.share_pct = c.lost_ns.and_then(|ns| pct(ns, total));
+    }
+    causes.sort_by_key(|c| std::cmp::Reverse(c.lost_ns.unwrap_or(0)));
+    let verdict = match (steal_pct, noise_pct) {
+        (None, None) => "cannot tell",
+        _ if causes.is_empty() => "nothing to explain",
+        _ => "explained",
+    };
+    GuestExplanation {
+        agent: g.agent,
+        name: g.name.clone(),
+        verdict: verdict.into(),
+        steal_pct,
+        noise_pct,
+        causes,
+        cannot_tell,
+    }
+}
+
 /// A fix to try for exits of `reason`.
 fn exit_fix(reason: &str) -> String {
     let r = reason.to_ascii_lowercase();
@@ -561,6 +696,28 @@ mod tests {
         });
         assert_eq!(e.verdict, "nothing to explain");
         assert!(e.causes.is_empty());
+    }
+
+    #[test]
+    fn a_guest_names_the_steal_and_noise_it_saw_and_what_its_agent_did_not_send() {
+        let g = GuestFacts {
+            agent: 0,
+            name: "web".into(),
+            cpus: 2,
+            cpu_ns: Some(2_000_000_000),
+            steal_ns: Some(300_000_000),
+            noise: None,
+            gaps: 0,
+        };
+        let e = explain_guest(&g);
+        assert_eq!(e.verdict, "explained");
+        assert_eq!(e.causes[0].kind, CauseKind::GuestSteal);
+        assert_eq!(e.steal_pct, Some(15.0));
+        assert!(e.cannot_tell[0].record.contains("--noise"), "{:?}", e.cannot_tell);
+        let quiet = explain_guest(&GuestFacts { steal_ns: Some(1_000_000), ..g.clone() });
+        assert_eq!(quiet.verdict, "nothing to explain");
+        let blind = explain_guest(&GuestFacts { cpu_ns: None, steal_ns: None, ..g });
+        assert_eq!(blind.verdict, "cannot tell");
     }
 
     #[test]

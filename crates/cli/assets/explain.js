@@ -35,8 +35,21 @@
     }, [T.t_s].concat(T.series.map((x) => x.ms)));
   }
 
+  function guest(g) {
+    const pct = (p) => (p === null ? fmt(null) : fmt(p, 1) + " %");
+    const s = section(`Guest ${g.name} (agent ${g.agent}, its own view): ${g.verdict}`,
+      `Steal its kernel counted: ${pct(g.steal_pct)} of its CPU time; noise its loop measured: ${pct(g.noise_pct)}.`);
+    if (g.causes.length) {
+      s.append(table("grid", ["#", "cause", "share", "what", "evidence", "try", "see"],
+        g.causes.map((c, i) => [i + 1, c.kind, c.share_pct === null ? fmt(null) : fmt(c.share_pct, 0) + " %", c.summary,
+          c.evidence.join("; "), c.fix, c.see.join("; ")])));
+    }
+    if (g.cannot_tell.length) s.append(table("grid", ["cannot tell", "why", "to tell"], g.cannot_tell.map((c) => [c.what, c.why, c.record])));
+  }
+
   vp.run((D) => {
     document.getElementById("subtitle").textContent = `${D.source}; lost events: ${D.lost_events_text}` + (D.clock ? `; clock: ${D.clock}` : "");
     for (const v of D.vms) vm(D, v);
+    for (const g of D.guests) guest(g);
   });
 })();

@@ -9,7 +9,9 @@ use serde::Serialize;
 use virtprof_analysis::bins::TimeBins;
 use virtprof_analysis::contention::{Contention, Suffered};
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
-use virtprof_analysis::explain::{explain, Entity, ExitFacts, Explanation, VmFacts};
+use virtprof_analysis::explain::{
+    explain, explain_guest, Entity, ExitFacts, Explanation, GuestExplanation, GuestFacts, VmFacts,
+};
 use virtprof_analysis::qos::{window_report, VmInfo};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::evidence::{Figure, Holdings};
@@ -30,6 +32,8 @@ pub struct ExplainReport {
     pub lost_events_text: String,
     /// The VMs explained, the one that lost the most first.
     pub vms: Vec<VmAnswer>,
+    /// Guests seen from the inside (`record --agent`): their steal and noise.
+    pub guests: Vec<GuestExplanation>,
 }
 
 /// One VM's answer and the timeline of its causes.
@@ -181,11 +185,13 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
         vms.push(VmAnswer { explanation: explain(&facts), timeline });
     }
     vms.sort_by_key(|v| std::cmp::Reverse(v.explanation.lost_ns.unwrap_or(0)));
+    let guests = recording.guests.iter().map(|g| explain_guest(&guest_facts(g))).collect();
     Ok(ExplainReport {
         source: recording.path.display().to_string(),
         clock: recording.clock_line(),
         lost_events_text: recording.describe_loss(&analysis.loss, &analysis.decoder),
         vms,
+        guests,
     })
 }
 
@@ -262,6 +268,36 @@ fn timeline(
         bin_ns: bins.width_ns,
         t_s: (0..bins.ns.len()).map(|i| (i as u64 * bins.width_ns) as f64 / 1e9).collect(),
         series,
+    }
+}
+
+/// What a guest's agent sent: its CPUs' time and steal from /proc/stat, its noise loop.
+fn guest_facts(g: &virtprof_session::guest::GuestStream) -> GuestFacts {
+    let (mut cpu_ns, mut steal_ns, mut any) = (0.0, 0.0, false);
+    for (series, total) in g.totals() {
+        if let Some(field) = virtprof_agent::collect::cpu_field(&series.name) {
+            any = true;
+            cpu_ns += total;
+            if field == "steal" {
+                steal_ns += total;
+            }
+        }
+    }
+    let noise = (!g.noise.is_empty()).then(|| {
+        g.noise.iter().fold((0u64, 0u64, 0u64), |(n, ns, measured), b| {
+            let lost: u64 = b.samples.iter().map(|s| s.1).sum();
+            (n + b.samples.len() as u64, ns + lost, measured + b.end_ns.saturating_sub(b.start_ns))
+        })
+    });
+    let ns = virtprof_model::units::saturating_u64;
+    GuestFacts {
+        agent: g.agent,
+        name: g.name(),
+        cpus: g.guest.cpus,
+        cpu_ns: any.then(|| ns(cpu_ns)),
+        steal_ns: any.then(|| ns(steal_ns)),
+        noise,
+        gaps: g.gaps.len(),
     }
 }
 

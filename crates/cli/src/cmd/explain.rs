@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use virtprof_analysis::explain::Explanation;
+use virtprof_analysis::explain::{Cause, Explanation, GuestExplanation};
 use virtprof_engine::explain::{explain_recording, ExplainReport};
 use virtprof_engine::recorder::{record_into, RecordOptions};
 use virtprof_host::output::{write_file, Privacy};
@@ -44,6 +44,22 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Each cause in three lines: what and how much; the evidence, what it rules out and where to
+/// see more; the fix.
+fn print_causes(causes: &[Cause], out: &mut impl Write) -> std::io::Result<()> {
+    for (i, c) in causes.iter().enumerate() {
+        let share = c.share_pct.map_or_else(|| "share unknown".into(), |p| format!("{p:.0} %"));
+        writeln!(out, "  {}. {} [{share}]: {}", i + 1, c.kind.title(), c.summary)?;
+        let mut why = format!("     from {}", c.evidence.join("; "));
+        if !c.rules_out.is_empty() {
+            why += &format!("; rules out {}", c.rules_out.join("; "));
+        }
+        writeln!(out, "{why}; see `{}`", c.see.join("`, `"))?;
+        writeln!(out, "     try: {}", c.fix)?;
+    }
+    Ok(())
+}
+
 fn ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "unknown".into(), |ns| format!("{:.1} ms", ns as f64 / 1e6))
 }
@@ -52,10 +68,32 @@ fn print(report: &ExplainReport, out: &mut impl Write) -> std::io::Result<()> {
     for vm in &report.vms {
         print_vm(&vm.explanation, out)?;
     }
+    for g in &report.guests {
+        print_guest(g, out)?;
+    }
     if let Some(clock) = &report.clock {
         writeln!(out, "clock: {clock}")?;
     }
     writeln!(out, "lost events: {}", report.lost_events_text)
+}
+
+/// A guest seen from the inside by its agent.
+fn print_guest(g: &GuestExplanation, out: &mut impl Write) -> std::io::Result<()> {
+    let p = |v: Option<f64>| v.map_or_else(|| "unknown".into(), |p| format!("{p:.1} %"));
+    writeln!(
+        out,
+        "guest {} (agent {}, its own view): {}; steal {}, noise {}",
+        g.name,
+        g.agent,
+        g.verdict,
+        p(g.steal_pct),
+        p(g.noise_pct)
+    )?;
+    print_causes(&g.causes, out)?;
+    for c in &g.cannot_tell {
+        writeln!(out, "  cannot tell {}: {}; to tell: {}", c.what, c.why, c.record)?;
+    }
+    Ok(())
 }
 
 /// One VM: a line when it has nothing to explain, else its time split, each cause in three
@@ -86,16 +124,7 @@ fn print_vm(vm: &Explanation, out: &mut impl Write) -> std::io::Result<()> {
         ms(t.waiting_ns),
         ms(t.blocked_ns)
     )?;
-    for (i, c) in vm.causes.iter().enumerate() {
-        let share = c.share_pct.map_or_else(|| "share unknown".into(), |p| format!("{p:.0} %"));
-        writeln!(out, "  {}. {} [{share}]: {}", i + 1, c.kind.title(), c.summary)?;
-        let mut why = format!("     from {}", c.evidence.join("; "));
-        if !c.rules_out.is_empty() {
-            why += &format!("; rules out {}", c.rules_out.join("; "));
-        }
-        writeln!(out, "{why}; see `{}`", c.see.join("`, `"))?;
-        writeln!(out, "     try: {}", c.fix)?;
-    }
+    print_causes(&vm.causes, out)?;
     for c in &vm.cannot_tell {
         writeln!(out, "  cannot tell {}: {}; to tell: {}", c.what, c.why, c.record)?;
     }

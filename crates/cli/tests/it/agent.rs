@@ -19,13 +19,13 @@ pub fn report_json(rec: &Path) -> Value {
 
 /// A token file whose token is the test's own: an agent of another test that happens to get
 /// the same free port refuses it instead of serving the wrong host.
-fn token_file(name: &str) -> PathBuf {
+pub fn token_file(name: &str) -> PathBuf {
     let path = temp(name);
     std::fs::write(&path, format!("it-token-{name}-{}\n", std::process::id())).unwrap();
     path
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 

@@ -187,3 +187,56 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     println!("precision {hits}/{named}, recall {hits}/{expected}");
     assert_eq!(hits, expected);
 }
+
+/// A guest seen from the inside (`record --agent`, here an agent on this host over loopback,
+/// its noise loop on the CPU two pinned VMs share): explain names the noise its loop measured,
+/// as much as the recording's own guest layer holds, and what the agent did not send.
+#[test]
+fn explain_names_the_noise_a_guest_agent_measured() {
+    let test = "explain_names_the_noise_a_guest_agent_measured";
+    if !have_tracefs(test) {
+        return;
+    }
+    let Some(_vms) = have_kvm(test) else { return };
+    let token = super::agent::token_file("explain-agent-token");
+    let port = super::agent::free_port();
+    let mut agent = virtprof()
+        .args(["agent", "--listen", &format!("tcp:127.0.0.1:{port}"), "--interval", "100ms", "--sessions", "1"])
+        .args(["--noise", "1", "--noise-runtime", "900ms", "--token-file"])
+        .arg(&token)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let rec = temp("explain-agent.vprec");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let out = Command::new(&exe)
+        .args(["record", "-d", "3s", "--agent", &format!("tcp:127.0.0.1:{port}"), "--agent-token-file"])
+        .arg(&token)
+        .arg("-o")
+        .arg(&rec)
+        .arg("--")
+        .arg(&exe)
+        .args(["testvm", "-w", "compute", "--vms", "2", "--pin", "1", "--duration", "1500ms"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(agent.wait().unwrap().success());
+    let report = super::agent::report_json(&rec);
+    let noise = &report["guests"][0]["noise"];
+    let sum = |key: &str| noise.as_array().unwrap().iter().map(|n| n[key].as_f64().unwrap()).sum::<f64>();
+    let (noise_ns, measured_ns) = (sum("noise_ns"), sum("measured_ns"));
+    let out = virtprof().arg("explain").arg(&rec).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = &r["guests"][0];
+    let pct = g["noise_pct"].as_f64().unwrap();
+    assert!((pct - 100.0 * noise_ns / measured_ns).abs() < 1e-6, "{pct} against {noise_ns}/{measured_ns}");
+    // The loop shares CPU 1 with two busy VMs: its noise is large and named.
+    if pct >= 1.0 {
+        assert!(g["causes"].as_array().unwrap().iter().any(|c| c["kind"] == "guest_noise"), "{g}");
+    }
+    assert!(g["steal_pct"].is_number(), "the agent sends /proc/stat: {g}");
+    let _ = std::fs::remove_file(&rec);
+    let _ = std::fs::remove_file(&token);
+}
