@@ -102,15 +102,16 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     let lost_events = analysis.loss.complete.then(|| analysis.loss.total());
     let host = recording_tasks(recording);
     let vm_names: BTreeMap<u32, String> = analysis.vms.iter().map(|vm| (vm.pid.0, vm.name.clone())).collect();
+    let bins = window.seconds.map(|_| {
+        let width = (window.end_ns.saturating_sub(window.start_ns) / TIMELINE_BINS as u64).max(1);
+        TimeBins::new(window.start_ns, width, TIMELINE_BINS)
+    });
+    let each_vm: Vec<Vec<u32>> = chosen.iter().map(|vm| vm.vcpus.iter().map(|v| v.tid.0).collect()).collect();
+    let passes = vcpu_pass(recording, &each_vm, &analysis.holdings, bins.as_ref())?;
     let mut vms = Vec::new();
-    for vm in chosen {
+    for (vm, (exits, suffered, timelines)) in chosen.into_iter().zip(passes) {
         let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
-        let tids: Vec<u32> = vm.vcpus.iter().map(|v| v.tid.0).collect();
-        let bins = window.seconds.map(|_| {
-            let width = (window.end_ns.saturating_sub(window.start_ns) / TIMELINE_BINS as u64).max(1);
-            TimeBins::new(window.start_ns, width, TIMELINE_BINS)
-        });
-        let (exits, suffered, timelines) = vcpu_pass(recording, &tids, &analysis.holdings, bins.as_ref())?;
+        let exits = Some(exits);
         let timeline = bins.as_ref().map(|bins| timeline(bins, exits.as_ref(), timelines, &analysis.holdings));
         let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
             row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
@@ -195,37 +196,52 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     })
 }
 
-/// The exits of `tids` by reason and what they suffered, in one pass; with `bins`, the waiting
-/// and host-interrupt time over time.
-type VcpuPass = (Option<ExitReport>, Vec<Suffered>, Option<(TimeBins, TimeBins)>);
+/// Per VM: its vCPU threads' exits by reason, what they suffered and, with `bins`, their
+/// waiting and host-interrupt time over time.
+type VcpuPass = (ExitReport, Vec<Suffered>, Option<(TimeBins, TimeBins)>);
 
+/// One pass for every VM: the source is decoded once, each event handed to each VM's
+/// analyzers (each needs the other threads' events too: who preempted, which IRQs ran).
 fn vcpu_pass(
     recording: &Session,
-    tids: &[u32],
+    each_vm: &[Vec<u32>],
     holdings: &Holdings,
     bins: Option<&TimeBins>,
-) -> anyhow::Result<VcpuPass> {
+) -> anyhow::Result<Vec<VcpuPass>> {
     let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
-    let options = ExitOptions {
-        tids: tids.to_vec(),
-        evidence_events: evidence_event_ids(&decoder),
-        host: recording.host_kind(),
-        holdings: holdings.clone(),
-        timeline: bins.cloned(),
-        ..Default::default()
-    };
-    let mut exits = ExitAnalyzer::new(options);
-    let mut contention = Contention::new(tids.iter().copied());
-    if let Some(bins) = bins {
-        contention = contention.with_timeline(bins);
-    }
+    let evidence = evidence_event_ids(&decoder);
+    let mut analyzers: Vec<(ExitAnalyzer, Contention)> = each_vm
+        .iter()
+        .map(|tids| {
+            let options = ExitOptions {
+                tids: tids.clone(),
+                evidence_events: evidence.clone(),
+                host: recording.host_kind(),
+                holdings: holdings.clone(),
+                timeline: bins.cloned(),
+                ..Default::default()
+            };
+            let contention = Contention::new(tids.iter().copied());
+            match bins {
+                Some(b) => (ExitAnalyzer::new(options), contention.with_timeline(b)),
+                None => (ExitAnalyzer::new(options), contention),
+            }
+        })
+        .collect();
     recording.walk(&mut decoder, |e, d| {
-        exits.on_event(e);
-        contention.on_event(e, &DecoderNames(d));
+        for (exits, contention) in &mut analyzers {
+            exits.on_event(e);
+            contention.on_event(e, &DecoderNames(d));
+        }
     })?;
-    let report = exits.finish(&DecoderNames(&decoder));
-    let timelines = contention.take_timelines();
-    Ok((Some(report), contention.finish().into_values().collect(), timelines))
+    let names = DecoderNames(&decoder);
+    Ok(analyzers
+        .into_iter()
+        .map(|(exits, mut contention)| {
+            let timelines = contention.take_timelines();
+            (exits.finish(&names), contention.finish().into_values().collect(), timelines)
+        })
+        .collect())
 }
 
 /// The lost time per bin by cause, each drawn only where the source holds its events:
