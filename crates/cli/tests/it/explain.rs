@@ -55,6 +55,67 @@ fn vcpu_pct(vm: &Value, kind: &str) -> Option<f64> {
     vm["causes"].as_array().unwrap().iter().find(|c| c["kind"] == kind)?["vcpu_time_pct"].as_f64()
 }
 
+/// A compute VM whose vCPU thread the test moves between CPU 0 and 1 every 2 ms: (truth,
+/// explain's JSON, moves made).
+fn run_migrating() -> (TestvmReport, Value, u64) {
+    let file = temp("explain-migrating.vprec");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let workload = ["testvm", "-w", "compute", "--duration", "1500ms", "--name", "explain-migrating"];
+    let child = Command::new(&exe)
+        .args(["record", "-o", file.to_str().unwrap(), "--"])
+        .arg(&exe)
+        .args(workload)
+        .arg("--json")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut tid = None;
+    while tid.is_none() && std::time::Instant::now() < deadline {
+        tid = vcpu_thread_of("explain-migrating");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let tid = tid.expect("the testvm's vCPU thread");
+    let mut flips = 0u64;
+    for cpu in [0usize, 1].iter().cycle() {
+        // SAFETY: a cpu_set_t zeroed then set through libc's macros; the call reads it only.
+        let moved = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(*cpu, &mut set);
+            libc::sched_setaffinity(tid as libc::pid_t, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        if !moved {
+            break; // the thread ended
+        }
+        flips += 1;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let out = child.wait_with_output().unwrap();
+    let truth = parse_report(&out, &workload);
+    let json = virtprof().arg("explain").arg(&file).arg("--json").output().unwrap();
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let _ = std::fs::remove_file(&file);
+    (truth, serde_json::from_slice(&json.stdout).unwrap(), flips)
+}
+
+/// The vCPU thread of the testvm VM named `name`, once it runs.
+fn vcpu_thread_of(name: &str) -> Option<u32> {
+    for process in std::fs::read_dir("/proc").ok()?.flatten() {
+        let cmdline = std::fs::read(process.path().join("cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains(name) {
+            continue;
+        }
+        for task in std::fs::read_dir(process.path().join("task")).into_iter().flatten().flatten() {
+            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+            if comm.trim() == "vcpu0" {
+                return task.file_name().to_str()?.parse().ok();
+            }
+        }
+    }
+    None
+}
+
 /// One row of the suite's table: the case, what it should name, what it named first, the
 /// share it gave against the truth.
 struct Row {
@@ -153,6 +214,28 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     }
     let expected = if nothing { vec![] } else { vec!["cpu_contention"] };
     rows.push(Row { case: "healthy", expected, named: kinds(v), share_error_pts: None });
+
+    // Forced migrations: the vCPU thread moved between CPU 0 and 1 every 2 ms while it
+    // computes (500 per second, counted by the flipper as ground truth).
+    let (truth, r, flips) = run_migrating();
+    let t = &truth.vms[0].vcpus[0];
+    let v = vm(&r, truth.vms[0].pid);
+    let causes = v["causes"].as_array().unwrap();
+    let moved = causes.iter().find(|c| c["kind"] == "migrations").unwrap_or_else(|| panic!("{flips} flips: {v}"));
+    let summary = moved["summary"].as_str().unwrap();
+    let count: u64 =
+        summary.split("moved across CPUs ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok()).unwrap();
+    // Each move the flipper made is one sched_migrate_task (the kernel may add its own).
+    assert!(count >= flips * 9 / 10, "{count} migrations traced, {flips} moves made: {summary}");
+    // Migrations have no measured time: first unless a measured cause took ≥ 1 % (the host's
+    // own load, which schedstat shows as waiting).
+    let wait_pct = 100.0 * t.wait_ns as f64 / (t.run_ns + t.wait_ns) as f64;
+    if causes[0]["kind"] != "migrations" {
+        assert!(wait_pct >= 0.5 && causes[0]["kind"] == "cpu_contention", "{wait_pct:.1} % waiting: {v}");
+    }
+    let expected =
+        if causes[0]["kind"] == "migrations" { vec!["migrations"] } else { vec!["cpu_contention", "migrations"] };
+    rows.push(Row { case: "forced migrations", expected, named: kinds(v), share_error_pts: None });
 
     // The neighbour recorded without sched events: contention cannot be told, and is not
     // guessed.
