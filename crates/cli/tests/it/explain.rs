@@ -99,6 +99,37 @@ fn run_migrating() -> (TestvmReport, Value, u64) {
     (truth, serde_json::from_slice(&json.stdout).unwrap(), flips)
 }
 
+/// A compute VM pinned on CPU 1 while perf samples CPU 1 at 20 kHz: (truth, explain's JSON,
+/// perf's samples taken in the vCPU thread); None (noted) without perf.
+fn run_interrupted() -> Option<(TestvmReport, Value, u64)> {
+    let perf = Command::new("perf").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !perf {
+        super::util::note(TEST, "perf is missing: no interrupt-source case");
+        return None;
+    }
+    let file = temp("explain-interrupted.vprec");
+    let data = temp("explain-interrupted.perf.data");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let workload = ["testvm", "-w", "compute", "--pin", "1", "--duration", "1500ms"];
+    let script = format!(
+        "taskset -c 0 perf record -q -C 1 -e cpu-clock -F 20000 -o {} -- sleep 1.7 & {} {} --json; wait",
+        data.display(),
+        exe.display(),
+        workload.join(" ")
+    );
+    let out =
+        Command::new(&exe).args(["record", "-o", file.to_str().unwrap(), "--", "sh", "-c", &script]).output().unwrap();
+    let truth = parse_report(&out, &workload);
+    let comms = Command::new("perf").args(["script", "-F", "comm", "-i"]).arg(&data).output().unwrap();
+    let in_vcpu = String::from_utf8_lossy(&comms.stdout).lines().filter(|l| l.trim() == "vcpu0").count() as u64;
+    assert!(in_vcpu > 1000, "perf sampled the vCPU {in_vcpu} times");
+    let json = virtprof().arg("explain").arg(&file).arg("--json").output().unwrap();
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&data);
+    Some((truth, serde_json::from_slice(&json.stdout).unwrap(), in_vcpu))
+}
+
 /// The vCPU thread of the testvm VM named `name`, once it runs.
 fn vcpu_thread_of(name: &str) -> Option<u32> {
     for process in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -236,6 +267,34 @@ fn explain_names_each_injected_cause_first_with_its_size() {
     let expected =
         if causes[0]["kind"] == "migrations" { vec!["migrations"] } else { vec!["cpu_contention", "migrations"] };
     rows.push(Row { case: "forced migrations", expected, named: kinds(v), share_error_pts: None });
+
+    // An interrupt source on the vCPU's CPU: perf (itself on CPU 0) sampling CPU 1 at
+    // 20 kHz, a timer interrupt each, while the VM computes there. perf's samples taken in
+    // the vCPU thread are interrupts that hit it: the ground truth of the count.
+    if let Some((truth, r, in_vcpu)) = run_interrupted() {
+        let t = &truth.vms[0].vcpus[0];
+        let v = vm(&r, truth.vms[0].pid);
+        let causes = v["causes"].as_array().unwrap();
+        let irq = causes.iter().find(|c| c["kind"] == "host_interrupts").unwrap_or_else(|| panic!("{v}"));
+        let summary = irq["summary"].as_str().unwrap();
+        let count: u64 =
+            summary.split("host interrupts (").nth(1).and_then(|r| r.split(',').next()?.parse().ok()).unwrap();
+        // perf's own samples, and at most the kernel's tick (≤ 1000 Hz) more.
+        assert!(
+            count >= in_vcpu * 95 / 100 && count <= in_vcpu + 2_000,
+            "{count} interrupts traced, perf sampled {in_vcpu}"
+        );
+        if causes[0]["kind"] != "host_interrupts" {
+            let irq_ns = irq["lost_ns"].as_f64().unwrap();
+            assert!(causes[0]["kind"] == "cpu_contention" && t.wait_ns as f64 >= 0.9 * irq_ns, "{v}");
+        }
+        let expected = if causes[0]["kind"] == "host_interrupts" {
+            vec!["host_interrupts"]
+        } else {
+            vec!["cpu_contention", "host_interrupts"]
+        };
+        rows.push(Row { case: "interrupts on its CPU", expected, named: kinds(v), share_error_pts: None });
+    }
 
     // The neighbour recorded without sched events: contention cannot be told, and is not
     // guessed.
