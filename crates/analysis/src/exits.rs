@@ -46,8 +46,9 @@ pub struct ExitOptions {
     /// known: on a host without kvm_exit, the lightweight ones are these less the userspace
     /// round trips (the evidence events show only some).
     pub kvm_exits: Option<u64>,
-    /// Bin each reason's handling time (its vCPU's preemption left out) over time, at each
-    /// exit's start (exits are short against the bins): what `explain --html` draws.
+    /// Bin each reason's handling time (its vCPU's preemption and blocking left out) over
+    /// time, at each exit's start (exits are short against the bins): what `explain --html`
+    /// draws.
     pub timeline: Option<crate::bins::TimeBins>,
 }
 
@@ -757,7 +758,7 @@ impl ExitAnalyzer {
         v.2 += duration;
         if let Some(template) = &self.options.timeline {
             let bins = self.timeline.entry(x.key).or_insert_with(|| template.empty_like());
-            bins.add_at(x.start, duration.saturating_sub(x.preempted_ns));
+            bins.add_at(x.start, duration.saturating_sub(x.preempted_ns).saturating_sub(x.blocked_ns));
         }
         if self.options.rows && duration >= self.options.min_row_ns {
             let (irqs, softirqs) = self.cpus.get(x.cpu as usize).map_or((0, 0), |c| (c.irqs, c.softirqs));

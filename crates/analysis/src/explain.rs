@@ -156,8 +156,8 @@ pub struct ExitFacts {
     pub reason: String,
     /// Exits.
     pub count: u64,
-    /// Time handled, its vCPU's preemption left out (that is contention's), ns; None where
-    /// the source cannot time it.
+    /// Time handled, its vCPU's preemption (contention's) and blocking (the device's latency,
+    /// or a starved I/O thread's) left out, ns; None where the source cannot time it.
     pub handling_ns: Option<u64>,
     /// The guest idling (HLT, WFx): not lost time.
     pub guest_idle: bool,

@@ -263,6 +263,11 @@ pub struct TestvmArgs {
     /// How long the VMM sleeps per io-bound request.
     #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = duration)]
     pub io_latency: Duration,
+    /// Serve io-bound requests on an I/O thread per VM (named as QEMU names its iothreads),
+    /// as a virtio device's queue is served: the vCPU blocks until the thread answers. With a
+    /// CPU, the thread is pinned there (`--io-thread 0`); `any` leaves it unpinned.
+    #[arg(long, value_name = "CPU|any")]
+    pub io_thread: Option<String>,
     /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page
     /// (always on for --workload noise).
     #[arg(long)]

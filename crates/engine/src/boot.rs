@@ -76,6 +76,7 @@ pub fn testvm(script: Script, vcpus: u32, rate: u32) -> anyhow::Result<Collected
         name: Some("boot".into()),
         sample_hz: rate,
         noise_threshold_ns: 0,
+        io_thread: None,
     };
     virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start the VMM")?;

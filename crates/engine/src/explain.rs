@@ -144,7 +144,11 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
                 .map(|r| ExitFacts {
                     reason: r.reason.clone(),
                     count: r.count,
-                    handling_ns: r.total_ns.map(|t| t.saturating_sub(r.preempted_ns.unwrap_or(0))),
+                    // The vCPU's preemption is contention's; its blocking is the device's
+                    // latency (or a starved I/O thread's): neither is handling.
+                    handling_ns: r.total_ns.map(|t| {
+                        t.saturating_sub(r.preempted_ns.unwrap_or(0)).saturating_sub(r.blocked_ns.unwrap_or(0))
+                    }),
                     guest_idle: r.guest_idle,
                 })
                 .collect::<Vec<_>>()

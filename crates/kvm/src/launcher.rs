@@ -48,6 +48,8 @@ pub struct TestvmConfig {
     pub sample_hz: u32,
     /// The `noise` workload's threshold.
     pub noise_threshold_ns: u64,
+    /// Serve `io-bound` requests on an I/O thread per VM (pinned to the CPU given).
+    pub io_thread: Option<Option<u32>>,
 }
 
 impl TestvmConfig {
@@ -81,6 +83,7 @@ impl TestvmConfig {
             linger_ns: self.linger_ns,
             sample_hz: self.sample_hz,
             noise_threshold_ns: self.noise_threshold_ns,
+            io_thread: self.io_thread,
         }
     }
 }
@@ -213,6 +216,7 @@ mod tests {
             name: None,
             sample_hz: 0,
             noise_threshold_ns: 0,
+            io_thread: None,
         };
         assert_eq!((config.vm_name(0), config.vm_name(1)), ("compute-0".into(), "compute-1".into()));
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);

@@ -46,6 +46,25 @@ pub struct VmReport {
     /// CLOCK_MONOTONIC when sampling started (sample times count from here).
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub sampling_start_ns: Option<u64>,
+    /// The VMM's I/O thread (`--io-thread`), where it had one.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub io_thread: Option<ThreadReport>,
+}
+
+/// A VMM thread other than a vCPU (the I/O thread): what it served and its schedstat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ThreadReport {
+    /// Its thread id.
+    pub tid: u32,
+    /// The host CPU it was pinned to, if any.
+    pub pinned_cpu: Option<u32>,
+    /// Requests it served.
+    pub requests: u64,
+    /// Time on a CPU (schedstat), ns.
+    pub run_ns: u64,
+    /// Time runnable but waiting for a CPU (schedstat), ns.
+    pub wait_ns: u64,
 }
 
 /// One vCPU: its thread, what its guest program did, and what the host saw.

@@ -96,6 +96,14 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         return Err(usage("--workload noise runs for a --duration, not --iterations"));
     }
     let noise_threshold_ns = duration_ns(args.noise_threshold);
+    let io_thread = match args.io_thread.as_deref() {
+        None => None,
+        Some("any") => Some(None),
+        Some(cpu) => match cpu.parse::<u32>() {
+            Ok(cpu) if virtprof_trace::capture::online_cpus().contains(&cpu) => Some(Some(cpu)),
+            _ => return Err(usage(format!("--io-thread {cpu}: give an online CPU number or 'any'"))),
+        },
+    };
     Ok(TestvmConfig {
         script,
         vms: args.vms,
@@ -107,6 +115,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         name: args.name.clone(),
         sample_hz: args.inject_hz,
         noise_threshold_ns,
+        io_thread,
     })
 }
 

@@ -130,6 +130,38 @@ fn run_interrupted() -> Option<(TestvmReport, Value, u64)> {
     Some((truth, serde_json::from_slice(&json.stdout).unwrap(), in_vcpu))
 }
 
+/// A process killed when dropped (the CPU hog), even when the test fails.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An io-bound VM whose I/O thread shares CPU 0 with a CPU hog of far higher weight: (truth,
+/// explain's JSON).
+fn run_starved() -> (TestvmReport, Value) {
+    let _hog =
+        Killed(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]).spawn().expect("taskset"));
+    let file = temp("explain-starved.vprec");
+    let exe = assert_cmd::cargo::cargo_bin("virtprof");
+    let workload = ["testvm", "-w", "io-bound", "-n", "100", "--io-latency", "1ms", "--io-thread", "0", "--pin", "1"];
+    let out = Command::new(&exe)
+        .args(["record", "-o", file.to_str().unwrap(), "--", "nice", "-n", "19"])
+        .arg(&exe)
+        .args(workload)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let truth = parse_report(&out, &workload);
+    let json = virtprof().arg("explain").arg(&file).arg("--json").output().unwrap();
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let _ = std::fs::remove_file(&file);
+    (truth, serde_json::from_slice(&json.stdout).unwrap())
+}
+
 /// The vCPU thread of the testvm VM named `name`, once it runs.
 fn vcpu_thread_of(name: &str) -> Option<u32> {
     for process in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -295,6 +327,27 @@ fn explain_names_each_injected_cause_first_with_its_size() {
         };
         rows.push(Row { case: "interrupts on its CPU", expected, named: kinds(v), share_error_pts: None });
     }
+
+    // A starved I/O thread: io-bound requests served by the VMM's I/O thread on CPU 0, where
+    // a CPU hog runs at a far higher weight (nice 0 against the VMM's 19, as a low cgroup
+    // cpu.weight gives), the vCPU alone on CPU 1: its requests wait for the thread to run.
+    let (truth, r) = run_starved();
+    let io = truth.vms[0].io_thread.clone().expect("the I/O thread's report");
+    let v = vm(&r, truth.vms[0].pid);
+    assert_eq!(io.requests, 100);
+    let starved = &v["causes"][0];
+    assert_eq!(starved["kind"], "vmm_threads_starved", "I/O thread waited {} ns: {v}", io.wait_ns);
+    assert!(starved["entities"].as_array().unwrap().iter().any(|e| e["role"] == "io-thread"), "{starved}");
+    // At least the I/O thread's own schedstat wait, and no more than the vCPU was blocked.
+    let lost = starved["lost_ns"].as_f64().unwrap();
+    let blocked = v["time"]["blocked_ns"].as_f64().unwrap();
+    assert!(lost >= 0.9 * io.wait_ns as f64 && lost <= blocked, "{lost} ns; I/O thread waited {} ns", io.wait_ns);
+    rows.push(Row {
+        case: "starved I/O thread",
+        expected: vec!["vmm_threads_starved"],
+        named: kinds(v),
+        share_error_pts: None,
+    });
 
     // The neighbour recorded without sched events: contention cannot be told, and is not
     // guessed.

@@ -8,6 +8,7 @@
 
 mod arch;
 mod exits;
+mod io_thread;
 mod pc_sampler;
 mod shared_page;
 mod vcpu;
@@ -59,6 +60,10 @@ pub struct VmConfig {
     /// The `noise` workload's threshold.
     #[serde(default)]
     pub noise_threshold_ns: u64,
+    /// Serve `io-bound` requests on an I/O thread (pinned to the CPU given), not in the vCPU
+    /// threads.
+    #[serde(default)]
+    pub io_thread: Option<Option<u32>>,
 }
 
 /// An anonymous shared-memory file of `size` bytes named [`layout::GUEST_RAM_NAME`].
@@ -191,6 +196,20 @@ impl Vm {
         let mut wake_error = None;
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
+            let (io_requests, io_incoming) = io_thread::channel(config.vcpus);
+            let io_handle = match config.io_thread {
+                Some(pin) => {
+                    let latency = Duration::from_nanos(config.io_latency_ns);
+                    let incoming = io_incoming;
+                    Some(
+                        std::thread::Builder::new()
+                            .name(io_thread::NAME.into())
+                            .spawn_scoped(scope, move || io_thread::run(&incoming, latency, pin))
+                            .map_err(|e| VmmError::Os { what: "spawning the I/O thread".into(), source: e })?,
+                    )
+                }
+                None => None,
+            };
             for (((index, vcpu), page), stats) in (0u32..).zip(vcpus).zip(pages.iter().cloned()).zip(&vcpu_stats) {
                 let ctx = vcpu::VcpuContext {
                     index,
@@ -203,6 +222,7 @@ impl Vm {
                     page,
                     kick: sampling.then(|| &slots[index as usize]),
                     wake: waits.then(|| (&vm, &wake_slots[index as usize])),
+                    io: io_handle.is_some().then(|| io_requests.clone()),
                 };
                 let handle = std::thread::Builder::new()
                     .name(format!("vcpu{index}"))
@@ -237,11 +257,16 @@ impl Vm {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
-            handles
+            let results = handles
                 .into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(VmmError::Memory("a vCPU thread panicked".into()))))
-                .collect::<Result<Vec<_>, VmmError>>()
+                .collect::<Result<Vec<_>, VmmError>>();
+            // The vCPUs' senders are gone with their threads: the I/O thread ends with this one.
+            drop(io_requests);
+            let io_report = io_handle.and_then(|h| h.join().ok());
+            results.map(|r| (r, io_report))
         })?;
+        let (results, io_report) = results;
 
         if let Some(e) = wake_error {
             return Err(e);
@@ -265,6 +290,7 @@ impl Vm {
             vcpus: vcpu_reports,
             system_map: if sampling { program.system_map() } else { String::new() },
             sampling_start_ns: sampling.then(|| kicker.start_ns()),
+            io_thread: io_report,
         })
     }
 }

@@ -35,6 +35,8 @@ pub(crate) struct VcpuContext<'a> {
     pub kick: Option<&'a KickSlot>,
     /// The VM and this vCPU's wake-up line, when the script waits in WFI.
     pub wake: Option<(&'a VmFd, &'a WakeSlot)>,
+    /// The VMM's I/O thread, when `io-bound` requests go to it.
+    pub io: Option<super::io_thread::IoRequests>,
 }
 
 /// What the VMM does about one return from `KVM_RUN`.
@@ -166,7 +168,10 @@ pub(crate) fn run_vcpu(
         ctx.page.store(shared::VMM_MMIO_EXITS, mmio_exits);
         match action {
             Action::Resume => {}
-            Action::Block => std::thread::sleep(ctx.io_latency),
+            Action::Block => match &ctx.io {
+                Some(io) => io.serve(ctx.index)?,
+                None => std::thread::sleep(ctx.io_latency),
+            },
             Action::WakeAck => match ctx.wake {
                 Some((vm, slot)) => slot.acknowledged(vm, ctx.index)?,
                 None => {

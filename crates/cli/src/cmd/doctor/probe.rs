@@ -155,6 +155,7 @@ pub(super) fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
             name: Some("doctor-probe".into()),
             sample_hz: 0,
             noise_threshold_ns: 0,
+            io_thread: None,
         };
         match launcher::run_testvm(&exe, &config) {
             Ok(report) => reports.push(report),
