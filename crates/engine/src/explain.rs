@@ -111,48 +111,14 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     let mut vms = Vec::new();
     for (vm, (exits, suffered, timelines)) in chosen.into_iter().zip(passes) {
         let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
-        let exits = Some(exits);
-        let timeline = bins.as_ref().map(|bins| timeline(bins, exits.as_ref(), timelines, &analysis.holdings));
+        let timeline = bins.as_ref().map(|bins| timeline(bins, &exits, timelines, &analysis.holdings));
         let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
             row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
         };
         let h = &analysis.holdings;
         let merged = merge(&suffered);
-        let preemptors = h.knows(Figure::Preemptors).then(|| {
-            let mut by: BTreeMap<String, (Entity, u64)> = BTreeMap::new();
-            for (tid, (name, ns)) in &merged.preemptors {
-                let pid = host.threads.get(tid).map(|(pid, _)| *pid);
-                let entity = match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
-                    Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
-                    None => Entity::Task {
-                        tid: *tid,
-                        pid,
-                        name: host.threads.get(tid).map_or_else(|| name.clone(), |(_, comm)| comm.clone()),
-                    },
-                };
-                by.entry(entity.label()).or_insert((entity, 0)).1 += ns;
-            }
-            let mut list: Vec<(Entity, u64)> = by.into_values().collect();
-            list.sort_by_key(|e| std::cmp::Reverse(e.1));
-            list
-        });
-        let halt_poll_ns = exits.as_ref().and_then(|report| report.totals.halt_poll_ns);
-        let exits = exits.map(|report| {
-            report
-                .by_reason
-                .iter()
-                .map(|r| ExitFacts {
-                    reason: r.reason.clone(),
-                    count: r.count,
-                    // The vCPU's preemption is contention's; its blocking is the device's
-                    // latency (or a starved I/O thread's): neither is handling.
-                    handling_ns: r.total_ns.map(|t| {
-                        t.saturating_sub(r.preempted_ns.unwrap_or(0)).saturating_sub(r.blocked_ns.unwrap_or(0))
-                    }),
-                    guest_idle: r.guest_idle,
-                })
-                .collect::<Vec<_>>()
-        });
+        let preemptors = h.knows(Figure::Preemptors).then(|| named_preemptors(&merged, &host, &vm_names));
+        let halt_poll_ns = exits.totals.halt_poll_ns;
         let mut unavailable: Vec<(String, String)> = h
             .unavailable(&[Figure::WaitingBlocked, Figure::Preemptors, Figure::HostIrqTime, Figure::Migrations])
             .into_iter()
@@ -171,7 +137,7 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
             wait_ns: sum(|v| v.wait_ns),
             blocked_ns: sum(|v| v.blocked_ns),
             preemptors,
-            exits,
+            exits: Some(exit_facts(&exits)),
             host_irq: h.knows(Figure::HostIrqTime).then_some((
                 merged.irq_ns,
                 merged.irqs,
@@ -252,7 +218,7 @@ fn vcpu_pass(
 /// waiting, host interrupts, the exit reasons that took the most handling time.
 fn timeline(
     bins: &TimeBins,
-    exits: Option<&ExitReport>,
+    exits: &ExitReport,
     waits_irqs: Option<(TimeBins, TimeBins)>,
     holdings: &Holdings,
 ) -> Timeline {
@@ -275,7 +241,7 @@ fn timeline(
         }
     }
     let mut reasons: Vec<&virtprof_analysis::exits::ReasonTimeline> =
-        exits.map(|x| x.timeline.iter().filter(|r| !r.guest_idle).collect()).unwrap_or_default();
+        exits.timeline.iter().filter(|r| !r.guest_idle).collect();
     reasons.sort_by_key(|r| std::cmp::Reverse(r.bins.ns.iter().sum::<u64>()));
     for r in reasons.into_iter().take(TIMELINE_REASONS) {
         series.push(TimelineSeries {
@@ -289,6 +255,49 @@ fn timeline(
         t_s: (0..bins.ns.len()).map(|i| (i as u64 * bins.width_ns) as f64 / 1e9).collect(),
         series,
     }
+}
+
+/// Who ran while the vCPUs waited, most first: another VM's threads as that VM, the rest as
+/// host tasks named by the recording's task table.
+fn named_preemptors(
+    merged: &Suffered,
+    host: &crate::tasks::HostTasks,
+    vm_names: &BTreeMap<u32, String>,
+) -> Vec<(Entity, u64)> {
+    let mut by: BTreeMap<String, (Entity, u64)> = BTreeMap::new();
+    for (tid, (name, ns)) in &merged.preemptors {
+        let pid = host.threads.get(tid).map(|(pid, _)| *pid);
+        let entity = match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
+            Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
+            None => Entity::Task {
+                tid: *tid,
+                pid,
+                name: host.threads.get(tid).map_or_else(|| name.clone(), |(_, comm)| comm.clone()),
+            },
+        };
+        by.entry(entity.label()).or_insert((entity, 0)).1 += ns;
+    }
+    let mut list: Vec<(Entity, u64)> = by.into_values().collect();
+    list.sort_by_key(|e| std::cmp::Reverse(e.1));
+    list
+}
+
+/// A VM's exits by reason as `explain` weighs them.
+fn exit_facts(report: &ExitReport) -> Vec<ExitFacts> {
+    report
+        .by_reason
+        .iter()
+        .map(|r| ExitFacts {
+            reason: r.reason.clone(),
+            count: r.count,
+            // The vCPU's preemption is contention's; its blocking is the device's latency (or
+            // a starved I/O thread's): neither is handling.
+            handling_ns: r
+                .total_ns
+                .map(|t| t.saturating_sub(r.preempted_ns.unwrap_or(0)).saturating_sub(r.blocked_ns.unwrap_or(0))),
+            guest_idle: r.guest_idle,
+        })
+        .collect()
 }
 
 /// What a guest's agent sent: its CPUs' time and steal from /proc/stat, its noise loop.
