@@ -156,9 +156,11 @@ impl Scrape {
         gauges(
             e,
             "virtprof_vm_top_cause",
-            "1 for the cause explain ranks first for the VM over serve's run (none: nothing to explain); see `virtprof explain`.",
+            "1 for the cause explain ranks first for the VM over serve's run among those serve can weigh (none: none of them took 1 % of its vCPU time); see `virtprof explain`.",
             None,
-            answers.iter().filter(|(_, x)| x.verdict != "cannot tell").map(|(labels, x)| {
+            // Among the causes serve can weigh: `none` when they are small, absent where even the
+            // waiting is unknown.
+            answers.iter().filter(|(_, x)| x.time.waiting_ns.is_some()).map(|(labels, x)| {
                 let mut labels = labels.clone();
                 let top = x.causes.first().map_or("none".to_string(), |c| cause_name(c.kind));
                 labels.push(("cause", top));
