@@ -36,6 +36,21 @@ pub struct Suffered {
     pub migrations: u64,
 }
 
+impl Suffered {
+    /// Add `other` (another thread of the same VM): preemptors by tid, the rest summed.
+    pub fn add(&mut self, other: &Suffered) {
+        for (tid, (name, ns)) in &other.preemptors {
+            self.preemptors.entry(*tid).or_insert_with(|| (name.clone(), 0)).1 += ns;
+        }
+        self.unnamed_ns += other.unnamed_ns;
+        self.irq_ns += other.irq_ns;
+        self.irqs += other.irqs;
+        self.softirq_ns += other.softirq_ns;
+        self.softirqs += other.softirqs;
+        self.migrations += other.migrations;
+    }
+}
+
 /// A watched thread waiting for a CPU.
 #[derive(Debug, Clone, Copy)]
 struct Waiting {

@@ -116,7 +116,10 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
             row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
         };
         let h = &analysis.holdings;
-        let merged = merge(&suffered);
+        let merged = suffered.iter().fold(Suffered::default(), |mut all, s| {
+            all.add(s);
+            all
+        });
         let preemptors = h.knows(Figure::Preemptors).then(|| named_preemptors(&merged, &host, &vm_names));
         let halt_poll_ns = exits.totals.halt_poll_ns;
         let mut unavailable: Vec<(String, String)> = h
@@ -328,21 +331,4 @@ fn guest_facts(g: &virtprof_session::guest::GuestStream) -> GuestFacts {
         noise,
         gaps: g.gaps.len(),
     }
-}
-
-/// What a VM's vCPU threads suffered, together.
-fn merge(each: &[Suffered]) -> Suffered {
-    let mut all = Suffered::default();
-    for s in each {
-        for (tid, (name, ns)) in &s.preemptors {
-            all.preemptors.entry(*tid).or_insert_with(|| (name.clone(), 0)).1 += ns;
-        }
-        all.unnamed_ns += s.unnamed_ns;
-        all.irq_ns += s.irq_ns;
-        all.irqs += s.irqs;
-        all.softirq_ns += s.softirq_ns;
-        all.softirqs += s.softirqs;
-        all.migrations += s.migrations;
-    }
-    all
 }
