@@ -169,7 +169,9 @@ impl Analyzer for Contention {
                         self.waiting.retain(|x| x.tid != next_tid);
                     }
                 }
-                if prev_state == 0 && self.watched.contains(&prev_tid) {
+                // Preempted: R, or R+ (0x100) when the kernel preempted it (a tick, a CPU
+                // limit's throttling).
+                if crate::sched::preempted(prev_state) == Some(true) && self.watched.contains(&prev_tid) {
                     self.start_wait(prev_tid, e.cpu, e.ts);
                 }
                 let cpu = self.cpu(e.cpu);
@@ -243,8 +245,8 @@ mod tests {
             (105, 1, EventKind::IrqExit { irq: 4 }),
             (110, 1, EventKind::SoftirqEntry { vec: 1 }),
             (117, 1, EventKind::SoftirqExit { vec: 1 }),
-            // Preempted by 20 for 50, then 30 for 30.
-            (200, 1, switch(10, 0, 20)),
+            // Preempted by 20 for 50 (R+: the kernel preempted it), then 30 for 30.
+            (200, 1, switch(10, 0x100, 20)),
             (250, 1, switch(20, 1, 30)),
             (280, 1, switch(30, 1, 10)),
             // Blocked (not waiting) while 20 runs: nothing charged.

@@ -52,6 +52,10 @@ pub enum Entity {
         /// Exits counted.
         count: u64,
     },
+    /// No task: the CPU a thread waited for ran idle. The thread was runnable and held back:
+    /// throttled by a CPU limit (its cgroup's cpu.max or cpu.cfs_quota_us) or, briefly, the
+    /// CPU waking from idle.
+    IdleCpu,
     /// Threads of the VM's VMM by role.
     VmmRole {
         /// `io-thread`, `main-loop`, `vhost`, ...
@@ -69,6 +73,7 @@ impl Entity {
             Entity::Task { tid, pid: Some(pid), name } if pid != tid => format!("{name}[{tid}] of pid {pid}"),
             Entity::Task { tid, name, .. } => format!("{name}[{tid}]"),
             Entity::Cpu { cpu } => format!("CPU {cpu}"),
+            Entity::IdleCpu => "nothing (the CPU idle: a CPU limit throttled it)".into(),
             Entity::ExitReason { reason, count } => format!("{reason} ×{count}"),
             Entity::VmmRole { role, threads } => format!("{threads} {role} thread(s)"),
         }
@@ -193,6 +198,8 @@ pub struct VmFacts {
     pub migrations: Option<u64>,
     /// Its VMM's non-vCPU threads by role: (role, threads, wait ns).
     pub vmm_roles: Vec<(String, usize, Option<u64>)>,
+    /// Who ran on the CPUs its VMM's I/O-serving threads waited for, most first.
+    pub vmm_preemptors: Option<Vec<(Entity, u64)>>,
     /// Halt-polling time, ns.
     pub halt_poll_ns: Option<u64>,
     /// Events lost in the source (None: unknown).
@@ -259,6 +266,29 @@ fn record_hint(figure: &str) -> &'static str {
     }
 }
 
+/// A VMM thread role that serves the guest's I/O (its waits stall blocked vCPUs).
+pub fn serves_io(role: &str) -> bool {
+    matches!(role, "io-thread" | "main-loop" | "vhost" | "worker")
+}
+
+/// The waiting was mostly with the CPU idle: a CPU limit held the threads back, not a task.
+fn throttled(preemptors: &[(Entity, u64)]) -> bool {
+    preemptors.first().is_some_and(|(e, _)| *e == Entity::IdleCpu)
+}
+
+/// "Meanwhile there ran ...": the first three who ran while threads waited, with their time.
+fn who_ran(preemptors: Option<&[(Entity, u64)]>) -> String {
+    match preemptors {
+        None => "tasks the source does not name (it holds no trace)".to_string(),
+        Some([]) => "nothing the trace names".to_string(),
+        Some(list) => {
+            let top: Vec<String> =
+                list.iter().take(3).map(|(e, ns)| format!("{} {:.1} ms", e.label(), *ns as f64 / 1e6)).collect();
+            top.join(", ")
+        }
+    }
+}
+
 /// Explain one VM from its facts.
 pub fn explain(f: &VmFacts) -> Explanation {
     // The vCPUs' observed time; without the states, their wall time over the window.
@@ -273,8 +303,7 @@ pub fn explain(f: &VmFacts) -> Explanation {
     let host_irq_ns = f.host_irq.map(|(irq, _, soft, _)| irq + soft);
     // A VMM thread that serves I/O stalls the vCPUs only while they wait on it (blocked): its
     // wait counts up to their blocked time.
-    let serving = |role: &str| matches!(role, "io-thread" | "main-loop" | "vhost" | "worker");
-    let starved_wait: Option<u64> = f.vmm_roles.iter().filter(|r| serving(&r.0)).map(|r| r.2).sum();
+    let starved_wait: Option<u64> = f.vmm_roles.iter().filter(|r| serves_io(&r.0)).map(|r| r.2).sum();
     let starved_ns = match (starved_wait, f.blocked_ns) {
         (Some(w), Some(b)) => Some(w.min(b)),
         _ => None,
@@ -289,54 +318,68 @@ pub fn explain(f: &VmFacts) -> Explanation {
         if big_enough(wait) {
             // Who ran meanwhile needs a trace; the live sampler knows the waiting only.
             let preemptors = f.preemptors.as_deref().unwrap_or_default();
-            let top: Vec<String> =
-                preemptors.iter().take(3).map(|(e, ns)| format!("{} {:.1} ms", e.label(), *ns as f64 / 1e6)).collect();
+            let fix = if throttled(preemptors) {
+                "raise the CPU limit of its VMM's cgroup (cpu.max, or cpu.cfs_quota_us on cgroup v1): its vCPUs waited with their CPU idle".to_string()
+            } else {
+                format!(
+                    "give its vCPUs CPUs of their own (pin them: taskset -pc CPU TID, or libvirt vcpupin), or move the tasks above off CPU {}",
+                    if cpu_list.is_empty() { "them".to_string() } else { cpu_list.clone() }
+                )
+            };
             causes.push(Cause {
                 kind: CauseKind::CpuContention,
                 summary: format!(
                     "its vCPUs waited {:.1} ms for a CPU; meanwhile there ran {}",
                     wait as f64 / 1e6,
-                    match (&f.preemptors, top.is_empty()) {
-                        (None, _) => "tasks the source does not name (it holds no trace)".to_string(),
-                        (Some(_), true) => "nothing the trace names".to_string(),
-                        (Some(_), false) => top.join(", "),
-                    }
+                    who_ran(f.preemptors.as_deref())
                 ),
                 lost_ns: Some(wait),
                 share_pct: None,
                 vcpu_time_pct: share_of_vcpu(wait),
                 entities: preemptors.iter().take(5).map(|(e, _)| e.clone()).collect(),
                 evidence: vec![
-                    "waiting time: sched_switch (preempted, state R) and sched_wakeup to the next sched_switch in".into(),
+                    "waiting time: sched_switch (preempted, state R or R+) and sched_wakeup to the next sched_switch in"
+                        .into(),
                     "who ran meanwhile: the tasks sched_switch put on the CPU each vCPU waited for".into(),
                 ],
-                see: vec![format!("virtprof sched FILE --vm {}", f.pid), "virtprof export FILE --format perfetto".into()],
+                see: vec![
+                    format!("virtprof sched FILE --vm {}", f.pid),
+                    "virtprof export FILE --format perfetto".into(),
+                ],
                 rules_out: vec!["the guest itself: this time the vCPUs were runnable and not running".into()],
-                fix: format!(
-                    "give its vCPUs CPUs of their own (pin them: taskset -pc CPU TID, or libvirt vcpupin), or move the tasks above off CPU {}",
-                    if cpu_list.is_empty() { "them".to_string() } else { cpu_list.clone() }
-                ),
+                fix,
             });
         }
     }
     if let Some(starved) = starved_ns.filter(|&ns| big_enough(ns)) {
-        let roles: Vec<&(String, usize, Option<u64>)> = f.vmm_roles.iter().filter(|r| serving(&r.0)).collect();
+        let roles = f.vmm_roles.iter().filter(|r| serves_io(&r.0));
+        let preemptors = f.vmm_preemptors.as_deref().unwrap_or_default();
+        let fix = if throttled(preemptors) {
+            "raise the CPU limit of the cgroup its I/O threads are in (cpu.max, or cpu.cfs_quota_us on cgroup v1): they waited with their CPU idle"
+        } else {
+            "give the VMM's I/O threads a CPU (an iothread pinned apart from the vCPUs, or a higher cgroup cpu.weight)"
+        };
         causes.push(Cause {
             kind: CauseKind::VmmThreadsStarved,
             summary: format!(
-                "its VMM's I/O threads waited {:.1} ms for a CPU while its vCPUs were blocked (on their I/O, or idle)",
-                starved as f64 / 1e6
+                "its VMM's I/O threads waited {:.1} ms for a CPU while its vCPUs were blocked (on their I/O, or idle); meanwhile there ran {}",
+                starved as f64 / 1e6,
+                who_ran(f.vmm_preemptors.as_deref())
             ),
             lost_ns: Some(starved),
             share_pct: None,
             vcpu_time_pct: share_of_vcpu(starved),
-            entities: roles.iter().map(|r| Entity::VmmRole { role: r.0.clone(), threads: r.1 }).collect(),
+            entities: roles
+                .map(|r| Entity::VmmRole { role: r.0.clone(), threads: r.1 })
+                .chain(preemptors.iter().take(3).map(|(e, _)| e.clone()))
+                .collect(),
             evidence: vec![
                 "each VMM thread's waiting time: sched_switch and sched_wakeup; roles from thread names; counted up to the vCPUs' blocked time".into(),
+                "who ran meanwhile: the tasks sched_switch put on the CPU each I/O thread waited for (idle: none)".into(),
             ],
             see: vec![format!("virtprof sched FILE --vm {} (by role)", f.pid)],
             rules_out: vec!["the guest's own I/O pattern: the thread serving it was runnable and not running".into()],
-            fix: "give the VMM's I/O threads a CPU (an iothread pinned apart from the vCPUs, or a higher cgroup cpu.weight)".into(),
+            fix: fix.into(),
         });
     }
     if let Some(exits) = &f.exits {
@@ -666,6 +709,7 @@ mod tests {
             cpus: vec![1],
             migrations: Some(3),
             vmm_roles: Vec::new(),
+            vmm_preemptors: Some(Vec::new()),
             halt_poll_ns: Some(0),
             lost_events: Some(0),
             unavailable: Vec::new(),
@@ -683,6 +727,34 @@ mod tests {
         assert!((share - 100.0 * 400.0 / 503.0).abs() < 1e-9, "{share}");
         assert_eq!(e.causes[0].entities[0], Entity::Vm { pid: 9, name: "noisy".into() });
         assert_eq!(e.verdict, "explained");
+    }
+
+    #[test]
+    fn waiting_with_the_cpu_idle_is_named_a_cpu_limit_not_a_task() {
+        // An I/O thread that waited 300 ms, 290 of them with its CPU idle: its cgroup's limit.
+        let f = VmFacts {
+            wait_ns: Some(0),
+            blocked_ns: Some(400_000_000),
+            exits: Some(Vec::new()),
+            vmm_roles: vec![("io-thread".into(), 1, Some(300_000_000))],
+            vmm_preemptors: Some(vec![
+                (Entity::IdleCpu, 290_000_000),
+                (Entity::Task { tid: 7, pid: Some(7), name: "sh".into() }, 10_000_000),
+            ]),
+            ..facts()
+        };
+        let e = explain(&f);
+        let starved = &e.causes[0];
+        assert_eq!(starved.kind, CauseKind::VmmThreadsStarved);
+        assert_eq!(starved.lost_ns, Some(300_000_000));
+        assert!(starved.entities.contains(&Entity::IdleCpu), "{:?}", starved.entities);
+        assert!(starved.summary.contains("the CPU idle") && starved.fix.contains("cpu.max"), "{starved:?}");
+        // A task that took the CPU is not a limit.
+        let f = VmFacts {
+            vmm_preemptors: Some(vec![(Entity::Task { tid: 7, pid: Some(7), name: "sh".into() }, 290_000_000)]),
+            ..f
+        };
+        assert!(explain(&f).causes[0].fix.contains("cpu.weight"));
     }
 
     #[test]

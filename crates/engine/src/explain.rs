@@ -10,7 +10,7 @@ use virtprof_analysis::bins::TimeBins;
 use virtprof_analysis::contention::{Contention, Suffered};
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
 use virtprof_analysis::explain::{
-    explain, explain_guest, Entity, ExitFacts, Explanation, GuestExplanation, GuestFacts, VmFacts,
+    explain, explain_guest, serves_io, Entity, ExitFacts, Explanation, GuestExplanation, GuestFacts, VmFacts,
 };
 use virtprof_analysis::qos::{window_report, VmInfo};
 use virtprof_analysis::{Analyzer, Names};
@@ -106,21 +106,26 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
         let width = (window.end_ns.saturating_sub(window.start_ns) / TIMELINE_BINS as u64).max(1);
         TimeBins::new(window.start_ns, width, TIMELINE_BINS)
     });
-    let each_vm: Vec<Vec<u32>> = chosen.iter().map(|vm| vm.vcpus.iter().map(|v| v.tid.0).collect()).collect();
+    let each_vm: Vec<Watched> = chosen
+        .iter()
+        .map(|vm| Watched {
+            vcpus: vm.vcpus.iter().map(|v| v.tid.0).collect(),
+            serving: vm.others.iter().filter(|t| serves_io(&t.role.to_string())).map(|t| t.tid).collect(),
+        })
+        .collect();
     let passes = vcpu_pass(recording, &each_vm, &analysis.holdings, bins.as_ref())?;
     let mut vms = Vec::new();
-    for (vm, (exits, suffered, timelines)) in chosen.into_iter().zip(passes) {
+    for (vm, pass) in chosen.into_iter().zip(passes) {
+        let VcpuPass { exits, suffered, timelines, serving } = pass;
         let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
         let timeline = bins.as_ref().map(|bins| timeline(bins, &exits, timelines, &analysis.holdings));
         let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
             row.map_or(Some(0), |r| r.vcpus.iter().map(f).sum::<Option<u64>>())
         };
         let h = &analysis.holdings;
-        let merged = suffered.iter().fold(Suffered::default(), |mut all, s| {
-            all.add(s);
-            all
-        });
+        let merged = merge(&suffered);
         let preemptors = h.knows(Figure::Preemptors).then(|| named_preemptors(&merged, &host, &vm_names));
+        let vmm_preemptors = h.knows(Figure::Preemptors).then(|| named_preemptors(&merge(&serving), &host, &vm_names));
         let halt_poll_ns = exits.totals.halt_poll_ns;
         let mut unavailable: Vec<(String, String)> = h
             .unavailable(&[Figure::WaitingBlocked, Figure::Preemptors, Figure::HostIrqTime, Figure::Migrations])
@@ -152,6 +157,7 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
             vmm_roles: row
                 .map(|r| r.roles.iter().map(|role| (role.role.to_string(), role.threads, role.wait_ns)).collect())
                 .unwrap_or_default(),
+            vmm_preemptors,
             halt_poll_ns,
             lost_events,
             unavailable,
@@ -169,52 +175,86 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     })
 }
 
+/// One VM's threads the second pass watches.
+struct Watched {
+    vcpus: Vec<u32>,
+    /// Its VMM's threads that serve the guest's I/O.
+    serving: Vec<u32>,
+}
+
 /// Per VM: its vCPU threads' exits by reason, what they suffered and, with `bins`, their
-/// waiting and host-interrupt time over time.
-type VcpuPass = (ExitReport, Vec<Suffered>, Option<(TimeBins, TimeBins)>);
+/// waiting and host-interrupt time over time; what its I/O-serving threads suffered.
+struct VcpuPass {
+    exits: ExitReport,
+    suffered: Vec<Suffered>,
+    timelines: Option<(TimeBins, TimeBins)>,
+    serving: Vec<Suffered>,
+}
+
+/// One VM's analyzers in the second pass.
+struct VmAnalyzers {
+    exits: ExitAnalyzer,
+    vcpus: Contention,
+    serving: Contention,
+}
 
 /// One pass for every VM: the source is decoded once, each event handed to each VM's
 /// analyzers (each needs the other threads' events too: who preempted, which IRQs ran).
 fn vcpu_pass(
     recording: &Session,
-    each_vm: &[Vec<u32>],
+    each_vm: &[Watched],
     holdings: &Holdings,
     bins: Option<&TimeBins>,
 ) -> anyhow::Result<Vec<VcpuPass>> {
     let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
     let evidence = evidence_event_ids(&decoder);
-    let mut analyzers: Vec<(ExitAnalyzer, Contention)> = each_vm
+    let mut analyzers: Vec<VmAnalyzers> = each_vm
         .iter()
-        .map(|tids| {
+        .map(|watched| {
             let options = ExitOptions {
-                tids: tids.clone(),
+                tids: watched.vcpus.clone(),
                 evidence_events: evidence.clone(),
                 host: recording.host_kind(),
                 holdings: holdings.clone(),
                 timeline: bins.cloned(),
                 ..Default::default()
             };
-            let contention = Contention::new(tids.iter().copied());
-            match bins {
-                Some(b) => (ExitAnalyzer::new(options), contention.with_timeline(b)),
-                None => (ExitAnalyzer::new(options), contention),
+            let vcpus = Contention::new(watched.vcpus.iter().copied());
+            VmAnalyzers {
+                exits: ExitAnalyzer::new(options),
+                vcpus: match bins {
+                    Some(b) => vcpus.with_timeline(b),
+                    None => vcpus,
+                },
+                serving: Contention::new(watched.serving.iter().copied()),
             }
         })
         .collect();
     recording.walk(&mut decoder, |e, d| {
-        for (exits, contention) in &mut analyzers {
-            exits.on_event(e);
-            contention.on_event(e, &DecoderNames(d));
+        for vm in &mut analyzers {
+            vm.exits.on_event(e);
+            vm.vcpus.on_event(e, &DecoderNames(d));
+            vm.serving.on_event(e, &DecoderNames(d));
         }
     })?;
     let names = DecoderNames(&decoder);
     Ok(analyzers
         .into_iter()
-        .map(|(exits, mut contention)| {
-            let timelines = contention.take_timelines();
-            (exits.finish(&names), contention.finish().into_values().collect(), timelines)
+        .map(|mut vm| VcpuPass {
+            timelines: vm.vcpus.take_timelines(),
+            exits: vm.exits.finish(&names),
+            suffered: vm.vcpus.finish().into_values().collect(),
+            serving: vm.serving.finish().into_values().collect(),
         })
         .collect())
+}
+
+/// What a VM's threads suffered, together.
+fn merge(threads: &[Suffered]) -> Suffered {
+    threads.iter().fold(Suffered::default(), |mut all, s| {
+        all.add(s);
+        all
+    })
 }
 
 /// The lost time per bin by cause, each drawn only where the source holds its events:
@@ -260,8 +300,9 @@ fn timeline(
     }
 }
 
-/// Who ran while the vCPUs waited, most first: another VM's threads as that VM, the rest as
-/// host tasks named by the recording's task table.
+/// Who ran while the threads waited, most first: another VM's threads as that VM, the idle
+/// task as the CPU idle (a CPU limit held them back), the rest as host tasks named by the
+/// recording's task table.
 fn named_preemptors(
     merged: &Suffered,
     host: &crate::tasks::HostTasks,
@@ -271,6 +312,7 @@ fn named_preemptors(
     for (tid, (name, ns)) in &merged.preemptors {
         let pid = host.threads.get(tid).map(|(pid, _)| *pid);
         let entity = match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
+            _ if *tid == 0 => Entity::IdleCpu,
             Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
             None => Entity::Task {
                 tid: *tid,
