@@ -20,6 +20,10 @@ pub const LEAST_CAUSE_PCT: f64 = 1.0;
 /// Migrations per vCPU-second from which they are listed (their cost is not in a trace).
 pub const MIGRATIONS_PER_S: f64 = 50.0;
 
+/// Guest pages faulted in per vCPU-second from which they are listed (their cost is not in
+/// the fault events).
+pub const FAULTS_PER_S: f64 = 1000.0;
+
 /// Who or what a cause involves.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -94,6 +98,8 @@ pub enum CauseKind {
     HostInterrupts,
     /// The vCPUs moved across CPUs.
     Migrations,
+    /// KVM faulted guest memory in for the vCPUs (the host took it back: a balloon, reclaim).
+    MemoryFaults,
     /// KVM polled halted vCPUs, spending host CPU.
     HaltPolling,
     /// Steal the guest's own kernel counted (its agent's rows).
@@ -111,6 +117,7 @@ impl CauseKind {
             CauseKind::ExitStorm => "exit storm",
             CauseKind::HostInterrupts => "host interrupts on the vCPUs' CPUs",
             CauseKind::Migrations => "vCPU migrations",
+            CauseKind::MemoryFaults => "guest memory faulted in by KVM",
             CauseKind::HaltPolling => "halt-polling",
             CauseKind::GuestSteal => "steal seen inside the guest",
             CauseKind::GuestNoise => "OS noise inside the guest",
@@ -196,6 +203,10 @@ pub struct VmFacts {
     pub cpus: Vec<u32>,
     /// Migrations of its vCPU threads.
     pub migrations: Option<u64>,
+    /// Guest pages KVM faulted in for its vCPUs.
+    pub memory_faults: Option<u64>,
+    /// Who took guest memory back meanwhile (unmapped it), with how many unmaps, most first.
+    pub reclaimers: Option<Vec<(Entity, u64)>>,
     /// Its VMM's non-vCPU threads by role: (role, threads, wait ns).
     pub vmm_roles: Vec<(String, usize, Option<u64>)>,
     /// Who ran on the CPUs its VMM's I/O-serving threads waited for, most first.
@@ -228,7 +239,8 @@ pub struct Explanation {
     /// `nothing to explain`, `explained`, `partly explained` (causes found, but the lost time
     /// is unknown without some events) or `cannot tell`.
     pub verdict: String,
-    /// Causes, ranked: those with a measured time by it, then the others.
+    /// Causes, ranked: those that took ≥ 5 % of the vCPU time by it, then those a trace cannot
+    /// time, then the smaller measured ones.
     pub causes: Vec<Cause>,
     /// What the source cannot weigh.
     pub cannot_tell: Vec<CannotTell>,
@@ -257,6 +269,10 @@ fn pct(part: u64, whole: u64) -> Option<f64> {
 fn record_hint(figure: &str) -> &'static str {
     if figure.contains("interrupt") || figure.contains("softirq") {
         "virtprof record --events kvm,sched,irq,irq_vectors"
+    } else if figure.contains("faulted") {
+        "virtprof record --events kvm,sched,kvmmmu:kvm_mmu_spte_requested (x86 hosts)"
+    } else if figure.contains("took back") {
+        "virtprof record --events kvm,sched (kvm:kvm_unmap_hva_range)"
     } else if figure.contains("migration") {
         "virtprof record --events kvm,sched:sched_switch,sched:sched_wakeup,sched:sched_migrate_task"
     } else if figure.contains("exit") || figure.contains("lightweight") {
@@ -274,6 +290,35 @@ pub fn serves_io(role: &str) -> bool {
 /// The waiting was mostly with the CPU idle: a CPU limit held the threads back, not a task.
 fn throttled(preemptors: &[(Entity, u64)]) -> bool {
     preemptors.first().is_some_and(|(e, _)| *e == Entity::IdleCpu)
+}
+
+/// Guest pages faulted in at `per_vcpu_s`, and who took the memory back meanwhile.
+fn memory_faults(f: &VmFacts, faults: u64, per_vcpu_s: f64) -> Cause {
+    let reclaimers = f.reclaimers.as_deref();
+    let unmaps: u64 = reclaimers.unwrap_or_default().iter().map(|(_, n)| n).sum();
+    let taken_back = match reclaimers {
+        None => "whether the host took memory back is unknown (kvm_unmap_hva_range not recorded)".to_string(),
+        Some([]) => "the host unmapped none of it meanwhile: first touches (a guest booting, or growing)".to_string(),
+        Some(list) => {
+            let who: Vec<String> = list.iter().take(3).map(|(e, n)| format!("{} ×{n}", e.label())).collect();
+            format!("the host unmapped guest memory {unmaps} times meanwhile: {}", who.join(", "))
+        }
+    };
+    Cause {
+        kind: CauseKind::MemoryFaults,
+        summary: format!("KVM faulted {faults} guest pages in for its vCPUs ({per_vcpu_s:.0} per vCPU-second); {taken_back}"),
+        lost_ns: None,
+        share_pct: None,
+        vcpu_time_pct: None,
+        entities: reclaimers.unwrap_or_default().iter().take(5).map(|(e, _)| e.clone()).collect(),
+        evidence: vec![
+            "kvmmmu:kvm_mmu_spte_requested on its vCPU threads (their time is not in that event: unquantified; where kvm_exit is traced, the EPT-violation or NPF exits hold it)".into(),
+            "kvm:kvm_unmap_hva_range, by the task that unmapped the memory".into(),
+        ],
+        see: vec![format!("virtprof stats --pid {} (pf_fixed, pf_taken)", f.pid)],
+        rules_out: Vec::new(),
+        fix: "stop taking its memory back: deflate the balloon or turn off free page reporting, keep the host out of reclaim (memory pressure, kswapd), or back guest RAM with huge pages or locked memory (hugetlbfs, mlock)".into(),
+    }
 }
 
 /// "Meanwhile there ran ...": the first three who ran while threads waited, with their time.
@@ -448,6 +493,12 @@ pub fn explain(f: &VmFacts) -> Explanation {
             });
         }
     }
+    if let (Some(faults), Some(s)) = (f.memory_faults, f.seconds) {
+        let per_vcpu_s = faults as f64 / (s.max(1e-9) * f.vcpus.max(1) as f64);
+        if per_vcpu_s >= FAULTS_PER_S {
+            causes.push(memory_faults(f, faults, per_vcpu_s));
+        }
+    }
     if let (Some(poll), Some(run)) = (f.halt_poll_ns, f.run_ns) {
         if pct(poll, run).is_some_and(|p| p >= HEALTHY_LOST_PCT) {
             causes.push(Cause {
@@ -477,11 +528,18 @@ pub fn explain(f: &VmFacts) -> Explanation {
     for c in &mut causes {
         c.share_pct = c.lost_ns.zip(lost).and_then(|(ns, whole)| pct(ns, whole));
     }
-    causes.sort_by(|a, b| match (a.lost_ns, b.lost_ns) {
-        (Some(x), Some(y)) => y.cmp(&x),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.kind.cmp(&b.kind),
+    // Measured causes that took at least 5 % of the vCPU time first, by their time; then
+    // those a trace cannot time (migrations, faults), which may be large; then the small ones.
+    let tier = |c: &Cause| match (c.lost_ns, c.vcpu_time_pct) {
+        (Some(_), Some(p)) if p >= HEALTHY_LOST_PCT => 0,
+        (None, _) => 1,
+        _ => 2,
+    };
+    causes.sort_by(|a, b| {
+        tier(a).cmp(&tier(b)).then_with(|| match (a.lost_ns, b.lost_ns) {
+            (Some(x), Some(y)) => y.cmp(&x),
+            _ => a.kind.cmp(&b.kind),
+        })
     });
 
     let mut cannot_tell: Vec<CannotTell> = f
@@ -710,6 +768,8 @@ mod tests {
             migrations: Some(3),
             vmm_roles: Vec::new(),
             vmm_preemptors: Some(Vec::new()),
+            memory_faults: Some(0),
+            reclaimers: Some(Vec::new()),
             halt_poll_ns: Some(0),
             lost_events: Some(0),
             unavailable: Vec::new(),
@@ -755,6 +815,29 @@ mod tests {
             ..f
         };
         assert!(explain(&f).causes[0].fix.contains("cpu.weight"));
+    }
+
+    #[test]
+    fn a_fault_storm_is_named_with_who_took_the_memory_back_and_left_unquantified() {
+        let balloon = Entity::Task { tid: 8, pid: Some(5), name: "reclaim".into() };
+        // 2 % of its time waiting: measured, but small; the faults' cost is unknown.
+        let f = VmFacts {
+            wait_ns: Some(20_000_000),
+            exits: Some(Vec::new()),
+            memory_faults: Some(20_000),
+            reclaimers: Some(vec![(balloon.clone(), 50)]),
+            ..facts()
+        };
+        let e = explain(&f);
+        let kinds: Vec<CauseKind> = e.causes.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, [CauseKind::MemoryFaults, CauseKind::CpuContention]);
+        let cause = &e.causes[0];
+        assert_eq!((cause.lost_ns, cause.entities.first()), (None, Some(&balloon)));
+        assert!(cause.summary.contains("20000 guest pages") && cause.summary.contains("50 times"), "{cause:?}");
+        // Under the rate, not listed; without the unmap event, who took it back is unknown.
+        assert!(explain(&VmFacts { memory_faults: Some(500), ..f.clone() }).causes.is_empty());
+        let blind = explain(&VmFacts { reclaimers: None, ..f });
+        assert!(blind.causes[0].summary.contains("unknown (kvm_unmap_hva_range not recorded)"));
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod guest_cpus;
 pub mod guest_tasks;
 pub mod hist;
 pub mod intervals;
+pub mod memory;
 pub mod noise;
 pub mod pcprof;
 pub mod phases;

@@ -198,6 +198,8 @@ WORKLOADS:
   cpuid        CPUID leaf 0 (a lightweight exit on VMX/SVM; on this project's PVM host none
                reaches KVM: the phase table shows 0 KVM_EXITS and says so)
   fault        UD2: shows how guest faults are reported
+  touch        a store to the next page of a 4 MiB buffer (wrapping): no exit once mapped, unless
+               --reclaim-hz takes the buffer back, when KVM faults each page in again (x86)
   noise        a TSC gap loop: each gap above --noise-threshold is stored with steal and exit
                counts (seed 004's guest columns; --duration only)
   hlt          HLT, at --cpl 0 only: KVM hands each halt to the VMM (1 HLT exit per iteration)
@@ -230,6 +232,7 @@ EXAMPLES:
   virtprof testvm --workload io-bound -n 100 --io-latency 2ms --json
   virtprof testvm --workload boot --shares init_mm=61,probe_devices=27,start_user=12 --duration 2s
   virtprof testvm --workload hlt --cpl 0 -n 1000     a guest kernel's HLT: one VMM exit per halt
+  virtprof testvm --workload touch --reclaim-hz 50   a balloon's fault storm (stats: pf_fixed)
   virtprof testvm --workload hvc --cpl 0 -n 1000     (arm64) 1000 HVC64 exits answered by KVM")]
 pub struct TestvmArgs {
     /// What every vCPU runs.
@@ -268,6 +271,11 @@ pub struct TestvmArgs {
     /// CPU, the thread is pinned there (`--io-thread 0`); `any` leaves it unpinned.
     #[arg(long, value_name = "CPU|any")]
     pub io_thread: Option<String>,
+    /// For --workload touch: take every VM's touch buffers back HZ times a second
+    /// (madvise MADV_REMOVE, as a balloon returns guest pages to the host), so KVM faults each
+    /// page in again at the guest's next touch: a fault storm of known size.
+    #[arg(long, value_name = "HZ", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub reclaim_hz: u32,
     /// Enable the KVM steal-time record (MSR_KVM_STEAL_TIME) in each vCPU's shared page
     /// (always on for --workload noise).
     #[arg(long)]

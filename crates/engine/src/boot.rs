@@ -77,6 +77,7 @@ pub fn testvm(script: Script, vcpus: u32, rate: u32) -> anyhow::Result<Collected
         sample_hz: rate,
         noise_threshold_ns: 0,
         io_thread: None,
+        reclaim_hz: 0,
     };
     virtprof_host::stop::install_handler();
     let exe = std::env::current_exe().context("locating the virtprof executable to start the VMM")?;

@@ -12,6 +12,7 @@ use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions, ExitReport};
 use virtprof_analysis::explain::{
     explain, explain_guest, serves_io, Entity, ExitFacts, Explanation, GuestExplanation, GuestFacts, VmFacts,
 };
+use virtprof_analysis::memory::{MemoryCounter, MemoryFaults};
 use virtprof_analysis::qos::{window_report, VmInfo};
 use virtprof_analysis::{Analyzer, Names};
 use virtprof_model::evidence::{Figure, Holdings};
@@ -116,7 +117,7 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
     let passes = vcpu_pass(recording, &each_vm, &analysis.holdings, bins.as_ref())?;
     let mut vms = Vec::new();
     for (vm, pass) in chosen.into_iter().zip(passes) {
-        let VcpuPass { exits, suffered, timelines, serving } = pass;
+        let VcpuPass { exits, suffered, timelines, serving, memory } = pass;
         let row = window.vms.iter().find(|r| r.pid == vm.pid.0);
         let timeline = bins.as_ref().map(|bins| timeline(bins, &exits, timelines, &analysis.holdings));
         let sum = |f: fn(&virtprof_analysis::qos::VcpuRow) -> Option<u64>| -> Option<u64> {
@@ -128,7 +129,14 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
         let vmm_preemptors = h.knows(Figure::Preemptors).then(|| named_preemptors(&merge(&serving), &host, &vm_names));
         let halt_poll_ns = exits.totals.halt_poll_ns;
         let mut unavailable: Vec<(String, String)> = h
-            .unavailable(&[Figure::WaitingBlocked, Figure::Preemptors, Figure::HostIrqTime, Figure::Migrations])
+            .unavailable(&[
+                Figure::WaitingBlocked,
+                Figure::Preemptors,
+                Figure::HostIrqTime,
+                Figure::Migrations,
+                Figure::MemoryFaults,
+                Figure::MemoryReclaims,
+            ])
             .into_iter()
             .map(|u| (u.figure, u.reason))
             .collect();
@@ -154,6 +162,8 @@ pub fn explain_recording(recording: &mut Session, only: Option<&str>) -> anyhow:
             )),
             cpus: row.map(|r| r.vcpus.iter().filter_map(|v| v.cpu).collect()).unwrap_or_default(),
             migrations: h.knows(Figure::Migrations).then_some(merged.migrations),
+            memory_faults: h.knows(Figure::MemoryFaults).then_some(memory.faults),
+            reclaimers: h.knows(Figure::MemoryReclaims).then(|| reclaimers(&memory, &host, &vm_names)),
             vmm_roles: row
                 .map(|r| r.roles.iter().map(|role| (role.role.to_string(), role.threads, role.wait_ns)).collect())
                 .unwrap_or_default(),
@@ -189,6 +199,7 @@ struct VcpuPass {
     suffered: Vec<Suffered>,
     timelines: Option<(TimeBins, TimeBins)>,
     serving: Vec<Suffered>,
+    memory: MemoryFaults,
 }
 
 /// One VM's analyzers in the second pass.
@@ -196,6 +207,7 @@ struct VmAnalyzers {
     exits: ExitAnalyzer,
     vcpus: Contention,
     serving: Contention,
+    memory: MemoryCounter,
 }
 
 /// One pass for every VM: the source is decoded once, each event handed to each VM's
@@ -208,6 +220,11 @@ fn vcpu_pass(
 ) -> anyhow::Result<Vec<VcpuPass>> {
     let mut decoder = recording.decoder(ACCOUNTING_SYSTEMS)?;
     let evidence = evidence_event_ids(&decoder);
+    let id = |figure: Figure, system: &str, name: &str| {
+        holdings.knows(figure).then(|| decoder.layout().format_by_name(system, name).map(|f| f.id)).flatten()
+    };
+    let fault_event = id(Figure::MemoryFaults, "kvmmmu", "kvm_mmu_spte_requested");
+    let unmap_event = id(Figure::MemoryReclaims, "kvm", "kvm_unmap_hva_range");
     let mut analyzers: Vec<VmAnalyzers> = each_vm
         .iter()
         .map(|watched| {
@@ -227,6 +244,7 @@ fn vcpu_pass(
                     None => vcpus,
                 },
                 serving: Contention::new(watched.serving.iter().copied()),
+                memory: MemoryCounter::new(watched.vcpus.iter().copied(), fault_event, unmap_event),
             }
         })
         .collect();
@@ -235,6 +253,7 @@ fn vcpu_pass(
             vm.exits.on_event(e);
             vm.vcpus.on_event(e, &DecoderNames(d));
             vm.serving.on_event(e, &DecoderNames(d));
+            vm.memory.on_event(e, &DecoderNames(d));
         }
     })?;
     let names = DecoderNames(&decoder);
@@ -245,6 +264,7 @@ fn vcpu_pass(
             exits: vm.exits.finish(&names),
             suffered: vm.vcpus.finish().into_values().collect(),
             serving: vm.serving.finish().into_values().collect(),
+            memory: vm.memory.finish(),
         })
         .collect())
 }
@@ -308,23 +328,63 @@ fn named_preemptors(
     host: &crate::tasks::HostTasks,
     vm_names: &BTreeMap<u32, String>,
 ) -> Vec<(Entity, u64)> {
+    let threads = merged.preemptors.iter().map(|(tid, (name, ns))| (*tid, Some(name.as_str()), *ns));
+    ranked(threads, host, vm_names)
+}
+
+/// Who unmapped guest memory, most first, named as [`named_preemptors`] names them. (The
+/// unmap event names no VM: a task's unmaps may have been of any VM's memory.)
+fn reclaimers(
+    memory: &MemoryFaults,
+    host: &crate::tasks::HostTasks,
+    vm_names: &BTreeMap<u32, String>,
+) -> Vec<(Entity, u64)> {
+    let mut list = ranked(memory.unmaps_by.iter().map(|(tid, n)| (*tid, None, *n)), host, vm_names);
+    if memory.unmaps_unnamed > 0 {
+        list.push((Entity::Task { tid: 0, pid: None, name: "other tasks".into() }, memory.unmaps_unnamed));
+    }
+    list
+}
+
+/// Threads' amounts summed by the entity each is named as, most first.
+fn ranked<'a>(
+    threads: impl Iterator<Item = (u32, Option<&'a str>, u64)>,
+    host: &crate::tasks::HostTasks,
+    vm_names: &BTreeMap<u32, String>,
+) -> Vec<(Entity, u64)> {
     let mut by: BTreeMap<String, (Entity, u64)> = BTreeMap::new();
-    for (tid, (name, ns)) in &merged.preemptors {
-        let pid = host.threads.get(tid).map(|(pid, _)| *pid);
-        let entity = match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
-            _ if *tid == 0 => Entity::IdleCpu,
-            Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
-            None => Entity::Task {
-                tid: *tid,
-                pid,
-                name: host.threads.get(tid).map_or_else(|| name.clone(), |(_, comm)| comm.clone()),
-            },
-        };
-        by.entry(entity.label()).or_insert((entity, 0)).1 += ns;
+    for (tid, name, amount) in threads {
+        let entity = task_entity(tid, name, host, vm_names);
+        by.entry(entity.label()).or_insert((entity, 0)).1 += amount;
     }
     let mut list: Vec<(Entity, u64)> = by.into_values().collect();
     list.sort_by_key(|e| std::cmp::Reverse(e.1));
     list
+}
+
+/// A thread as `explain` names it: its VM's, or a host task (`name` where the task table does
+/// not know it).
+fn task_entity(
+    tid: u32,
+    name: Option<&str>,
+    host: &crate::tasks::HostTasks,
+    vm_names: &BTreeMap<u32, String>,
+) -> Entity {
+    let pid = host.threads.get(&tid).map(|(pid, _)| *pid);
+    match pid.and_then(|p| vm_names.get(&p).map(|n| (p, n))) {
+        _ if tid == 0 => Entity::IdleCpu,
+        Some((p, n)) => Entity::Vm { pid: p, name: n.clone() },
+        None => Entity::Task {
+            tid,
+            pid,
+            name: host
+                .threads
+                .get(&tid)
+                .map(|(_, comm)| comm.clone())
+                .or_else(|| name.map(str::to_string))
+                .unwrap_or_else(|| format!("tid {tid}")),
+        },
+    }
 }
 
 /// A VM's exits by reason as `explain` weighs them.

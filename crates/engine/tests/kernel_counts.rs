@@ -80,6 +80,7 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
         sample_hz: 0,
         noise_threshold_ns: 0,
         io_thread: None,
+        reclaim_hz: 0,
     };
     let report = Vm::new(config).expect("a VM").run().expect("the VM runs");
     let end = virtprof_host::monotonic_ns();
@@ -284,6 +285,7 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
         sample_hz: 0,
         noise_threshold_ns: 0,
         io_thread: None,
+        reclaim_hz: 0,
     };
     let done = std::sync::atomic::AtomicBool::new(false);
     let reading = &mut counter;

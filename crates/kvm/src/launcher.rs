@@ -50,6 +50,8 @@ pub struct TestvmConfig {
     pub noise_threshold_ns: u64,
     /// Serve `io-bound` requests on an I/O thread per VM (pinned to the CPU given).
     pub io_thread: Option<Option<u32>>,
+    /// Take the `touch` buffers back from the guests this often per second (0: never).
+    pub reclaim_hz: u32,
 }
 
 impl TestvmConfig {
@@ -84,6 +86,7 @@ impl TestvmConfig {
             sample_hz: self.sample_hz,
             noise_threshold_ns: self.noise_threshold_ns,
             io_thread: self.io_thread,
+            reclaim_hz: self.reclaim_hz,
         }
     }
 }
@@ -217,6 +220,7 @@ mod tests {
             sample_hz: 0,
             noise_threshold_ns: 0,
             io_thread: None,
+            reclaim_hz: 0,
         };
         assert_eq!((config.vm_name(0), config.vm_name(1)), ("compute-0".into(), "compute-1".into()));
         assert_eq!(config.vm_config(0).pin, vec![Some(0), Some(1)]);

@@ -31,6 +31,10 @@ pub enum Class {
     Softirq,
     /// `sched:sched_migrate_task`: a thread moved to another CPU.
     Migrate,
+    /// `kvmmmu:kvm_mmu_spte_requested`: KVM faulting a guest page in (x86).
+    MmuFault,
+    /// `kvm:kvm_unmap_hva_range`: the host taking guest memory back (a balloon, reclaim).
+    HvaUnmap,
     /// The VMs' KVM binary statistics at the start and end (`record` keeps them).
     KvmStats,
     /// Timestamps in nanoseconds, or cycles of a known frequency.
@@ -39,7 +43,7 @@ pub enum Class {
 
 impl Class {
     /// Every kind, in order.
-    pub const ALL: [Class; 12] = [
+    pub const ALL: [Class; 14] = [
         Class::SchedSwitch,
         Class::SchedWakeup,
         Class::UserspaceExit,
@@ -50,6 +54,8 @@ impl Class {
         Class::Irq,
         Class::Softirq,
         Class::Migrate,
+        Class::MmuFault,
+        Class::HvaUnmap,
         Class::KvmStats,
         Class::Time,
     ];
@@ -67,6 +73,8 @@ impl Class {
             Class::Irq => &[("irq", "irq_handler_entry")],
             Class::Softirq => &[("irq", "softirq_entry")],
             Class::Migrate => &[("sched", "sched_migrate_task")],
+            Class::MmuFault => &[("kvmmmu", "kvm_mmu_spte_requested")],
+            Class::HvaUnmap => &[("kvm", "kvm_unmap_hva_range")],
             Class::KvmStats | Class::Time => &[],
         }
     }
@@ -226,11 +234,15 @@ pub enum Figure {
     HostIrqTime,
     /// A vCPU thread's moves across CPUs.
     Migrations,
+    /// Guest pages KVM faulted in on a vCPU's behalf.
+    MemoryFaults,
+    /// Times the host took guest memory back, and who did.
+    MemoryReclaims,
 }
 
 impl Figure {
     /// Every figure, in order (the documentation's table lists them so).
-    pub const ALL: [Figure; 23] = [
+    pub const ALL: [Figure; 25] = [
         Figure::ExitDurations,
         Figure::RoundTripDurations,
         Figure::LightHeavySplit,
@@ -254,6 +266,8 @@ impl Figure {
         Figure::Preemptors,
         Figure::HostIrqTime,
         Figure::Migrations,
+        Figure::MemoryFaults,
+        Figure::MemoryReclaims,
     ];
 
     /// What it needs.
@@ -283,6 +297,8 @@ impl Figure {
             Figure::Preemptors => &[Class::SchedSwitch, Class::SchedWakeup, Class::Time],
             Figure::HostIrqTime => &[Class::Irq, Class::Softirq, Class::SchedSwitch, Class::Time],
             Figure::Migrations => &[Class::Migrate],
+            Figure::MemoryFaults => &[Class::MmuFault],
+            Figure::MemoryReclaims => &[Class::HvaUnmap],
         }
     }
 
@@ -312,6 +328,8 @@ impl Figure {
             Figure::Preemptors => "who ran on the CPU a vCPU waited for",
             Figure::HostIrqTime => "host interrupt and softirq time on a vCPU's CPU while it ran",
             Figure::Migrations => "vCPU migrations across CPUs",
+            Figure::MemoryFaults => "guest pages KVM faulted in for a vCPU",
+            Figure::MemoryReclaims => "guest memory the host took back, and who took it",
         }
     }
 }

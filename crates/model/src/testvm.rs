@@ -49,6 +49,10 @@ pub struct VmReport {
     /// The VMM's I/O thread (`--io-thread`), where it had one.
     #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
     pub io_thread: Option<ThreadReport>,
+    /// Times the VMM took the touch buffers back from the guest (`--reclaim-hz`): each is
+    /// one `madvise(MADV_REMOVE)` of them all.
+    #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "Option::is_none"))]
+    pub reclaims: Option<u64>,
 }
 
 /// A VMM thread other than a vCPU (the I/O thread): what it served and its schedstat.

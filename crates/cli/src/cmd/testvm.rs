@@ -85,11 +85,19 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
     let io_latency_ns = duration_ns(args.io_latency);
     let linger_ns = args.linger.map_or(0, duration_ns);
     let noise = script.phases.iter().any(|p| p.workload == Workload::Noise);
-    if noise && args.vcpus > virtprof_kvm::guest::layout::NOISE_VCPUS {
+    let buffered = script.phases.iter().find(|p| p.workload.uses_buffer());
+    if let Some(phase) = buffered.filter(|_| args.vcpus > virtprof_kvm::guest::layout::NOISE_VCPUS) {
         return Err(usage(format!(
-            "--vcpus {}: the noise workload supports 1 to {}",
+            "--vcpus {}: the {} workload supports 1 to {}",
             args.vcpus,
+            phase.workload,
             virtprof_kvm::guest::layout::NOISE_VCPUS
+        )));
+    }
+    if args.reclaim_hz > 0 && !script.phases.iter().any(|p| p.workload == Workload::Touch) {
+        return Err(usage(format!(
+            "--reclaim-hz {}: only the touch workload has memory to take back (--workload touch)",
+            args.reclaim_hz
         )));
     }
     if noise && matches!(bound, Bound::Iterations(_)) && args.phases.is_none() {
@@ -116,6 +124,7 @@ pub fn config_from_args(args: &TestvmArgs) -> anyhow::Result<TestvmConfig> {
         sample_hz: args.inject_hz,
         noise_threshold_ns,
         io_thread,
+        reclaim_hz: args.reclaim_hz,
     })
 }
 
@@ -183,6 +192,16 @@ fn write_human(report: &TestvmReport, config: &TestvmConfig, out: &mut impl Writ
         }
     }
     table.write_text(&mut *out)?;
+    for vm in &report.vms {
+        if let Some(times) = vm.reclaims {
+            let faulted: u64 = vm.vcpus.iter().filter_map(|v| v.kvm_stats.get("pf_fixed")).sum();
+            writeln!(
+                out,
+                "VM {}: its touch buffers taken back {times} times (--reclaim-hz); KVM faulted {faulted} pages in (pf_fixed)",
+                vm.index
+            )?;
+        }
+    }
     write_phase_exits(report, out)
 }
 

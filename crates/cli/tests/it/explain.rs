@@ -378,6 +378,39 @@ fn explain_names_each_injected_cause_first_with_its_size() {
         if causes[0]["kind"] == "migrations" { vec!["migrations"] } else { vec!["cpu_contention", "migrations"] };
     rows.push(Row { case: "forced migrations", expected, named: kinds(v), share_error_pts: None });
 
+    // A fault storm: the VMM takes the guest's touch buffer back 50 times a second (as a
+    // balloon returns pages to the host) and KVM faults every page in again at the guest's
+    // next touch; the vCPU's KVM stats fd (pf_fixed) counts them.
+    let workload = ["testvm", "-w", "touch", "--pin", "1", "--duration", "1s", "--reclaim-hz", "50"];
+    let (truth, r) = run_case("faults", &[], &workload);
+    let (vm0, v) = (&truth.vms[0], vm(&r, truth.vms[0].pid));
+    let fixed = vm0.vcpus[0].kvm_stats["pf_fixed"];
+    let reclaims = vm0.reclaims.expect("the reclaim count");
+    let causes = v["causes"].as_array().unwrap();
+    let storm = causes.iter().find(|c| c["kind"] == "memory_faults").unwrap_or_else(|| panic!("{fixed} faults: {v}"));
+    let summary = storm["summary"].as_str().unwrap();
+    let number_after = |text: &str| -> u64 {
+        summary
+            .split(text)
+            .nth(1)
+            .and_then(|r| r.split(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{summary}"))
+    };
+    // One traced fault per page KVM fixed (a retried fault is traced once more: 1 % at most).
+    let faults = number_after("KVM faulted ");
+    assert!(faults.abs_diff(fixed) <= fixed / 100, "{faults} faults traced, KVM fixed {fixed}");
+    assert!(fixed > 20 * reclaims, "{fixed} faults for {reclaims} reclaims");
+    // Who took the memory back: the VM's own VMM, at least once per reclaim.
+    assert_eq!((&storm["entities"][0]["kind"], &storm["entities"][0]["pid"]), (&"vm".into(), &vm0.pid.into()));
+    assert!(number_after("unmapped guest memory ") >= reclaims, "{reclaims} reclaims: {summary}");
+    // First, unless a measured cause took ≥ 5 % (a loaded host's contention).
+    let first = causes[0]["kind"] == "memory_faults";
+    if !first {
+        assert!(causes[0]["kind"] == "cpu_contention" && causes[0]["vcpu_time_pct"].as_f64() >= Some(5.0), "{v}");
+    }
+    let expected = if first { vec!["memory_faults"] } else { vec!["cpu_contention", "memory_faults"] };
+    rows.push(Row { case: "fault storm (reclaim)", expected, named: kinds(v), share_error_pts: None });
+
     // An interrupt source on the vCPU's CPU: perf (itself on CPU 0) sampling CPU 1 at
     // 20 kHz, a timer interrupt each, while the VM computes there. perf's samples taken in
     // the vCPU thread are interrupts that hit it: the ground truth of the count.

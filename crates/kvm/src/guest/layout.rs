@@ -139,7 +139,8 @@ pub mod shared {
     pub const MMIO_KERNEL_ADDR: u64 = 0x40;
     /// VMM → guest: the `noise` loop's threshold in TSC ticks.
     pub const NOISE_THRESHOLD: u64 = 0x48;
-    /// VMM → guest: guest-physical address of this vCPU's noise sample buffer.
+    /// VMM → guest: guest-physical address of this vCPU's noise sample buffer (the `touch`
+    /// workload's buffer too).
     pub const NOISE_BUFFER: u64 = 0x50;
     /// VMM → guest: lightweight exits (the KVM stats fd's `exits` minus the VMM's returns),
     /// published by the VMM's main thread every 100 µs.

@@ -52,6 +52,10 @@ pub enum Workload {
     /// A read of `ID_AA64PFR0_EL1` (arm64, EL1 only): KVM traps ID registers (HCR_EL2.TID3)
     /// and answers in the kernel, a lightweight `SYS64` exit.
     Sysreg,
+    /// A store to the next page of the vCPU's 4 MiB touch buffer (1024 pages, wrapping): once
+    /// every page is mapped it makes no exit, unless the host takes the buffer back
+    /// (`--reclaim-hz`, as a balloon does) and KVM has to fault each page in again.
+    Touch,
     /// An OS-noise loop: reads the TSC; a step above the VMM-given threshold is a sample,
     /// stored with the steal time and the VMM's exit counters accumulated since the previous
     /// sample. Clock-sync exits before and after let the host map guest TSC to its clock.
@@ -60,7 +64,7 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload, in help order.
-    pub const ALL: [Workload; 14] = [
+    pub const ALL: [Workload; 15] = [
         Workload::Compute,
         Workload::PioUser,
         Workload::PioKernel,
@@ -69,6 +73,7 @@ impl Workload {
         Workload::IoBound,
         Workload::Cpuid,
         Workload::Fault,
+        Workload::Touch,
         Workload::Noise,
         Workload::Hlt,
         Workload::Rdmsr,
@@ -88,6 +93,7 @@ impl Workload {
             Workload::IoBound => "io-bound",
             Workload::Cpuid => "cpuid",
             Workload::Fault => "fault",
+            Workload::Touch => "touch",
             Workload::Noise => "noise",
             Workload::Hlt => "hlt",
             Workload::Rdmsr => "rdmsr",
@@ -95,6 +101,12 @@ impl Workload {
             Workload::Wfi => "wfi",
             Workload::Sysreg => "sysreg",
         }
+    }
+
+    /// It stores into the vCPU's buffer ([`layout::noise_buffer`]): a VM has buffers for
+    /// [`layout::NOISE_VCPUS`] vCPUs.
+    pub fn uses_buffer(self) -> bool {
+        matches!(self, Workload::Noise | Workload::Touch)
     }
 
     /// Privileged instructions: at CPL3 (EL0) they fault instead of reaching the hypervisor.
@@ -353,7 +365,8 @@ impl fmt::Display for Script {
 }
 
 /// Registers: r15 = shared page, r14 = iteration counter or TSC deadline, r13 = PIO doorbell
-/// port, rdi = MMIO doorbell address. rax/rbx/rcx/rdx are free for bodies (CPUID clobbers them).
+/// port, rdi = MMIO doorbell address, r12 = the touch buffer (rbx the offset in it).
+/// rax/rbx/rcx/rdx are free for other bodies (CPUID clobbers them).
 fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64) -> Result<(), VmmError> {
     let name = phase.function.clone().unwrap_or_else(|| format!("phase{index}_{}", phase.workload.symbol()));
     let a = |r: Result<(), IcedError>| r.map_err(asm_err);
@@ -368,6 +381,10 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
         Workload::PioKernel => a(b.asm.movzx(r13d, word_ptr(r15 + shared::PIO_KERNEL_PORT as i32)))?,
         Workload::MmioKernel => a(b.asm.mov(rdi, qword_ptr(r15 + shared::MMIO_KERNEL_ADDR as i32)))?,
         Workload::MmioUser => a(b.asm.mov(rdi, layout::MMIO_USER_ADDR))?,
+        Workload::Touch => {
+            a(b.asm.mov(r12, qword_ptr(r15 + shared::NOISE_BUFFER as i32)))?;
+            a(b.asm.xor(ebx, ebx))?
+        }
         _ => {}
     }
     match phase.bound {
@@ -407,6 +424,11 @@ fn emit_phase(b: &mut ProgramBuilder, index: usize, phase: &Phase, tsc_khz: u64)
             a(b.asm.cpuid())?
         }
         Workload::Fault => a(b.asm.ud2())?,
+        Workload::Touch => {
+            a(b.asm.mov(dword_ptr(r12 + rbx), eax))?;
+            a(b.asm.add(rbx, 4096))?;
+            a(b.asm.and(rbx, (layout::NOISE_AREA - 1) as i32))?
+        }
         Workload::Hlt => a(b.asm.hlt())?,
         Workload::Rdmsr => {
             a(b.asm.mov(ecx, IA32_APIC_BASE))?;

@@ -10,6 +10,7 @@ mod arch;
 mod exits;
 mod io_thread;
 mod pc_sampler;
+mod reclaim;
 mod shared_page;
 mod vcpu;
 mod wake;
@@ -64,6 +65,9 @@ pub struct VmConfig {
     /// threads.
     #[serde(default)]
     pub io_thread: Option<Option<u32>>,
+    /// Take the `touch` buffers back from the guest this often per second (0: never).
+    #[serde(default)]
+    pub reclaim_hz: u32,
 }
 
 /// An anonymous shared-memory file of `size` bytes named [`layout::GUEST_RAM_NAME`].
@@ -101,11 +105,12 @@ impl Vm {
                 layout::MAX_VCPUS
             )));
         }
-        let noise = config.script.phases.iter().any(|p| p.workload == crate::guest::Workload::Noise);
-        if noise && config.vcpus > layout::NOISE_VCPUS {
+        let buffered = config.script.phases.iter().find(|p| p.workload.uses_buffer());
+        if let Some(phase) = buffered.filter(|_| config.vcpus > layout::NOISE_VCPUS) {
             return Err(VmmError::Memory(format!(
-                "{} vCPUs requested; the noise workload has sample buffers for {}",
+                "{} vCPUs requested; the {} workload has buffers for {}",
                 config.vcpus,
+                phase.workload,
                 layout::NOISE_VCPUS
             )));
         }
@@ -194,9 +199,22 @@ impl Vm {
         let waits = config.script.phases.iter().any(|p| p.workload == crate::guest::Workload::Wfi);
         let wake_slots: Vec<wake::WakeSlot> = (0..config.vcpus).map(|_| wake::WakeSlot::new()).collect();
         let mut wake_error = None;
+        let reclaiming = std::sync::atomic::AtomicBool::new(config.reclaim_hz > 0);
         let results = std::thread::scope(|scope| {
             let mut handles = Vec::new();
             let (io_requests, io_incoming) = io_thread::channel(config.vcpus);
+            let reclaim_handle = if config.reclaim_hz > 0 {
+                let buffers = reclaim::Buffers::of(&memory, config.vcpus)?;
+                let (hz, running) = (config.reclaim_hz, &reclaiming);
+                Some(
+                    std::thread::Builder::new()
+                        .name(reclaim::NAME.into())
+                        .spawn_scoped(scope, move || reclaim::run(&buffers, hz, running))
+                        .map_err(|e| VmmError::Os { what: "spawning the reclaim thread".into(), source: e })?,
+                )
+            } else {
+                None
+            };
             let io_handle = match config.io_thread {
                 Some(pin) => {
                     let latency = Duration::from_nanos(config.io_latency_ns);
@@ -264,9 +282,15 @@ impl Vm {
             // The vCPUs' senders are gone with their threads: the I/O thread ends with this one.
             drop(io_requests);
             let io_report = io_handle.and_then(|h| h.join().ok());
-            results.map(|r| (r, io_report))
+            reclaiming.store(false, Ordering::Relaxed);
+            let reclaims = match reclaim_handle.map(|h| h.join()) {
+                None => None,
+                Some(Ok(done)) => Some(done?),
+                Some(Err(_)) => return Err(VmmError::Memory("the reclaim thread panicked".into())),
+            };
+            results.map(|r| (r, io_report, reclaims))
         })?;
-        let (results, io_report) = results;
+        let (results, io_report, reclaims) = results;
 
         if let Some(e) = wake_error {
             return Err(e);
@@ -291,6 +315,7 @@ impl Vm {
             system_map: if sampling { program.system_map() } else { String::new() },
             sampling_start_ns: sampling.then(|| kicker.start_ns()),
             io_thread: io_report,
+            reclaims,
         })
     }
 }

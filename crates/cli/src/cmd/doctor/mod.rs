@@ -356,7 +356,7 @@ fn features(
         f("stats", if kvm.stats.is_ok() { "KVM binary stats of any VMM via pidfd_getfd" } else { "unavailable" }),
         f(
             "import",
-            "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc without TSC2NSEC: counts, durations unknown until --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; a host trace.dat and its guest's placed on one clock by TIME_SHIFT (exits/export --guest); not yet: the pair imported into one recording",
+            "on any host: trace.dat v6/v7 (zstd, zlib, none; every buffer; x86-tsc without TSC2NSEC: counts, durations unknown until --tsc-khz), perf.data tracepoint samples, tracefs dumps, ftrace text; a host trace.dat and its guest's placed on one clock by TIME_SHIFT (exits/export/sched/report --guest), or imported as one recording (import HOST --guest GUEST)",
         ),
     ]
 }

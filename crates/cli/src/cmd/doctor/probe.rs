@@ -156,6 +156,7 @@ pub(super) fn live_probe(tracefs: &Tracefs) -> anyhow::Result<Probe> {
             sample_hz: 0,
             noise_threshold_ns: 0,
             io_thread: None,
+            reclaim_hz: 0,
         };
         match launcher::run_testvm(&exe, &config) {
             Ok(report) => reports.push(report),

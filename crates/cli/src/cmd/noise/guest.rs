@@ -115,6 +115,7 @@ pub fn run(s: &Settings, cpu: u32, inject_hz: u32) -> anyhow::Result<GuestReport
         sample_hz: inject_hz,
         noise_threshold_ns: s.threshold_ns,
         io_thread: None,
+        reclaim_hz: 0,
     };
     let exe = std::env::current_exe()?;
     let vm = std::thread::spawn(move || launcher::run_testvm(&exe, &config));
