@@ -132,7 +132,15 @@ fn run_interrupted() -> Option<(TestvmReport, Value, u64)> {
 }
 
 /// A process killed when dropped (the CPU hog), even when the test fails.
-struct Killed(std::process::Child);
+pub(super) struct Killed(pub(super) std::process::Child);
+
+impl Killed {
+    /// A shell loop that spins on `cpu`.
+    pub(super) fn hog(cpu: u32) -> Killed {
+        let cpu = cpu.to_string();
+        Killed(Command::new("taskset").args(["-c", &cpu, "sh", "-c", "while :; do :; done"]).spawn().expect("taskset"))
+    }
+}
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -192,8 +200,7 @@ fn run_starved() -> Option<(TestvmReport, Value, u64)> {
         super::util::note(TEST, "no cgroup v1 cpu controller (/sys/fs/cgroup/cpu): no starved I/O thread case");
         return None;
     };
-    let hog =
-        Killed(Command::new("taskset").args(["-c", "0", "sh", "-c", "while :; do :; done"]).spawn().expect("taskset"));
+    let hog = Killed::hog(0);
     limit.add(hog.0.id());
     let file = temp("explain-starved.vprec");
     let exe = assert_cmd::cargo::cargo_bin("virtprof");

@@ -151,6 +151,45 @@ fn real_workloads_run_in_a_guest_and_natively_and_the_recording_has_what_they_di
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// Issue 56's suite with a real guest: the workload guest's QEMU (its two vCPU threads and the
+/// rest) pinned to CPU 1, where a host CPU hog spins, while stress-ng runs inside. `explain`
+/// names CPU contention first, the hog among the first who ran meanwhile.
+#[test]
+fn explain_names_the_host_hog_that_shares_the_workload_guests_cpu() {
+    let test = "explain_names_the_host_hog_that_shares_the_workload_guests_cpu";
+    if !have_tracefs(test) || built(test).is_none() {
+        return;
+    }
+    let _lock = vm_lock();
+    let tmp = empty_dir("workload-explain");
+    let hog = super::explain::Killed::hog(1);
+    let hog_pid = hog.0.id();
+    let rec = tmp.join("stress.vprec");
+    let out = Command::new("sh")
+        .arg(script("run.sh"))
+        .args(["--seconds", "3", "-o", rec.to_str().unwrap(), "stress"])
+        .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
+        .env("TMPDIR", &tmp)
+        .env("WG_PLACE", "taskset -apc 1")
+        .output()
+        .unwrap();
+    result(&out, "stress beside a hog");
+    drop(hog);
+    let out = Command::new(env!("CARGO_BIN_EXE_virtprof")).arg("explain").arg(&rec).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = &r["vms"][0];
+    let time = &v["time"];
+    let observed: f64 = ["running_ns", "waiting_ns", "blocked_ns"].iter().map(|k| time[k].as_f64().unwrap()).sum();
+    let waiting = time["waiting_ns"].as_f64().unwrap() / observed;
+    assert!(waiting > 0.2, "the hog took {:.0} % of its vCPUs' time: {v}", 100.0 * waiting);
+    let cause = &v["causes"][0];
+    assert_eq!(cause["kind"], "cpu_contention", "{v}");
+    let who = cause["entities"].as_array().unwrap();
+    assert!(who.iter().take(3).any(|e| e["pid"] == hog_pid), "hog {hog_pid} not among the first: {cause}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn workload_usage_errors_exit_2_and_say_what_to_do() {
     let tmp = empty_dir("workload-usage");
