@@ -62,8 +62,8 @@ struct Waiting {
 /// One host CPU.
 #[derive(Debug, Clone, Default)]
 struct Cpu {
-    /// The task on it and since when (None before its first sched_switch).
-    current: Option<(u32, u64)>,
+    /// The task on it, since when, and its name (None before its first sched_switch).
+    current: Option<(u32, u64, virtprof_model::StrId)>,
     /// Open hard interrupt (irq or vector) and softirq handlers' start times.
     irq_since: Option<u64>,
     softirq_since: Option<u64>,
@@ -111,10 +111,26 @@ impl Contention {
         &mut self.cpus[i]
     }
 
-    /// Charge the task running on `cpu` with the waits on that CPU, up to `now`.
-    fn charge_waits(&mut self, cpu: u32, now: u64, names: &dyn Names, comm: Option<virtprof_model::StrId>) {
-        let Some((running, since)) = self.cpus.get(cpu as usize).and_then(|c| c.current) else { return };
-        for w in self.waiting.iter().filter(|w| w.cpu == cpu && w.tid != running) {
+    /// Charge the task running on `cpu` with the waits on that CPU, up to `now`. The task
+    /// keeps running there until the next switch, so this is done at a switch only.
+    fn charge_waits(&mut self, cpu: u32, now: u64, names: &dyn Names) {
+        self.charge(cpu, now, names, None);
+    }
+
+    /// The wait of `tid` ended at `now` away from its switch-in on the CPU it waited for (it
+    /// runs elsewhere, or its switch-in was not traced): what ran there took it until now.
+    fn end_wait(&mut self, tid: u32, now: u64, names: &dyn Names) {
+        if let Some(w) = self.waiting.iter().find(|w| w.tid == tid).copied() {
+            self.charge(w.cpu, now, names, Some(tid));
+            self.waiting.retain(|x| x.tid != tid);
+        }
+    }
+
+    /// Charge the task running on `cpu` with the waits on it (`only` that one's), to `now`.
+    fn charge(&mut self, cpu: u32, now: u64, names: &dyn Names, only: Option<u32>) {
+        let Some((running, since, comm)) = self.cpus.get(cpu as usize).and_then(|c| c.current) else { return };
+        let waits = self.waiting.iter().filter(|w| w.cpu == cpu && w.tid != running);
+        for w in waits.filter(|w| only.is_none_or(|tid| tid == w.tid)) {
             let ns = now.saturating_sub(since.max(w.since));
             if ns == 0 {
                 continue;
@@ -127,8 +143,7 @@ impl Contention {
             match s.preemptors.entry(running) {
                 std::collections::hash_map::Entry::Occupied(mut entry) => entry.get_mut().1 += ns,
                 std::collections::hash_map::Entry::Vacant(entry) if room => {
-                    let name = comm.map_or_else(|| format!("tid {running}"), |c| names.task(c));
-                    entry.insert((name, ns));
+                    entry.insert((names.task(comm), ns));
                 }
                 std::collections::hash_map::Entry::Vacant(_) => s.unnamed_ns += ns,
             }
@@ -137,7 +152,7 @@ impl Contention {
 
     /// The watched thread running on `cpu`, if one is.
     fn watched_on(&self, cpu: u32) -> Option<u32> {
-        let (tid, _) = self.cpus.get(cpu as usize)?.current?;
+        let (tid, _, _) = self.cpus.get(cpu as usize)?.current?;
         self.watched.contains(&tid).then_some(tid)
     }
 
@@ -156,17 +171,20 @@ impl Contention {
 
 impl Analyzer for Contention {
     fn on_event(&mut self, e: &Event, names: &dyn Names) {
+        // A waiting thread that makes an event runs: the trace missed its switch-in (some
+        // kernels resume a task from idle without sched_switch). Its wait ended by now.
+        self.end_wait(e.tid, e.ts, names);
         match e.kind {
-            EventKind::SchedSwitch { prev_tid, prev_state, prev_comm, next_tid, .. } => {
+            EventKind::SchedSwitch { prev_tid, prev_state, next_tid, next_comm, .. } => {
                 // The outgoing task held the CPU the waiters on it wanted.
-                self.charge_waits(e.cpu, e.ts, names, Some(prev_comm));
-                if let Some(at) = self.waiting.iter().position(|w| w.tid == next_tid) {
-                    let w = self.waiting.swap_remove(at);
-                    // It waited for another CPU: what ran there until now took it.
-                    if w.cpu != e.cpu {
-                        self.waiting.push(w);
-                        self.charge_waits(w.cpu, e.ts, names, None);
+                self.charge_waits(e.cpu, e.ts, names);
+                if let Some(w) = self.waiting.iter().find(|w| w.tid == next_tid).copied() {
+                    if w.cpu == e.cpu {
+                        // Charged just above.
                         self.waiting.retain(|x| x.tid != next_tid);
+                    } else {
+                        // It waited for another CPU: what ran there until now took it.
+                        self.end_wait(next_tid, e.ts, names);
                     }
                 }
                 // Preempted: R, or R+ (0x100) when the kernel preempted it (a tick, a CPU
@@ -175,7 +193,7 @@ impl Analyzer for Contention {
                     self.start_wait(prev_tid, e.cpu, e.ts);
                 }
                 let cpu = self.cpu(e.cpu);
-                cpu.current = Some((next_tid, e.ts));
+                cpu.current = Some((next_tid, e.ts, next_comm));
                 // A handler open across a switch is not the next task's.
                 cpu.irq_since = None;
                 cpu.softirq_since = None;
@@ -183,8 +201,13 @@ impl Analyzer for Contention {
             EventKind::SchedWakeup { tid, target_cpu } if self.watched.contains(&tid) => {
                 self.start_wait(tid, target_cpu, e.ts);
             }
-            EventKind::SchedMigrate { tid, .. } if self.watched.contains(&tid) => {
+            EventKind::SchedMigrate { tid, dest_cpu, .. } if self.watched.contains(&tid) => {
                 self.suffered.entry(tid).or_default().migrations += 1;
+                // Waiting, it now waits for the CPU it was moved to.
+                if self.waiting.iter().any(|w| w.tid == tid) {
+                    self.end_wait(tid, e.ts, names);
+                    self.start_wait(tid, dest_cpu, e.ts);
+                }
             }
             EventKind::IrqEntry { .. } | EventKind::IrqVectorEntry { .. } => {
                 self.cpu(e.cpu).irq_since = Some(e.ts);
@@ -264,5 +287,29 @@ mod tests {
         by.sort();
         assert_eq!(by, [(20, "task20", 50), (30, "task30", 30), (40, "task40", 20)]);
         assert_eq!((s.irq_ns, s.irqs, s.softirq_ns, s.softirqs, s.migrations), (5, 1, 7, 1, 1));
+    }
+
+    #[test]
+    fn a_wait_ends_at_the_threads_own_event_and_follows_it_to_the_cpu_it_is_moved_to() {
+        let mut c = Contention::new([10]);
+        for (ts, cpu, tid, kind) in [
+            (0, 0, 0, switch_to(20, 20)),
+            (0, 1, 0, switch_to(30, 30)),
+            // Preempted by 20 on CPU 0 at 100; moved to CPU 1 at 150, where 30 runs.
+            (100, 0, 10, switch(10, 0x100, 20)),
+            (150, 0, 0, EventKind::SchedMigrate { tid: 10, orig_cpu: 0, dest_cpu: 1 }),
+            // Its own event at 180: it runs (its switch-in was not traced). 20 ran on CPU 0
+            // meanwhile, and is charged for 50 only; 30 for the 30 on CPU 1.
+            (180, 1, 10, EventKind::KvmFpu { load: true }),
+            (300, 0, 20, switch(20, 1, 40)),
+            (300, 1, 30, switch(30, 1, 40)),
+        ] {
+            c.on_event(&Event { ts, cpu, tid, kind }, &crate::TestNames);
+        }
+        let s = &c.finish()[&10];
+        let mut by: Vec<_> = s.preemptors.iter().map(|(tid, (_, ns))| (*tid, *ns)).collect();
+        by.sort();
+        assert_eq!(by, [(20, 50), (30, 30)]);
+        assert_eq!(s.migrations, 1);
     }
 }

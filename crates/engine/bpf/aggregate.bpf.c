@@ -124,11 +124,51 @@ struct {
 	__type(value, struct timing);
 } timings SEC(".maps");
 
-// Events that found a map full: index 0 exits, 1 threads, 2 timings; 3: exits that began
-// before the previous one of their thread ended (not timed); 4: whether any kvm_exit fired.
+// Who ran while a tracked thread waited for a CPU: (waiter, the task that ran) → ns. Only the
+// waiter's own switch-ins add to its keys.
+struct wait_key {
+	__u32 waiter;
+	__u32 by;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct wait_key);
+	__type(value, __u64);
+} waits_by SEC(".maps");
+
+// Each CPU's last RUNS runs (the task and when), written by that CPU only: at a tracked
+// thread's switch-in there, the runs since it was queued there are who took the CPU from it.
+// A wait longer than the runs kept is charged for what they cover; the rest stays unnamed.
+#define RUNS 16
+struct run {
+	__u32 tid;
+	__u32 pad;
+	__u64 start;
+	__u64 end;
+};
+
+struct runs {
+	__u64 since; // when the task on the CPU now started (0: before the program was attached)
+	__u32 head;
+	__u32 pad;
+	struct run ring[RUNS];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 5);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct runs);
+} cpu_runs SEC(".maps");
+
+// Events that found a map full: index 0 exits, 1 threads, 2 timings; 3: exits that began
+// before the previous one of their thread ended (not timed); 4: whether any kvm_exit fired;
+// 5: waits the waits_by map had no room for.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 6);
 	__type(key, __u32);
 	__type(value, __u64);
 } full SEC(".maps");
@@ -515,6 +555,51 @@ int kvm_mmio(void *ctx)
 	return 1;
 }
 
+// Add `ns` of `waiter`'s wait to the task `by` that ran meanwhile.
+static __always_inline void charge(__u32 waiter, __u32 by, __u64 ns)
+{
+	struct wait_key key = { .waiter = waiter, .by = by };
+	__u64 *sum = bpf_map_lookup_elem(&waits_by, &key);
+	if (sum) {
+		__sync_fetch_and_add(sum, ns);
+		return;
+	}
+	if (bpf_map_update_elem(&waits_by, &key, &ns, BPF_NOEXIST) != 0)
+		map_full(5);
+}
+
+// `prev` ran on this CPU until `ts`; `next` runs from now. Returns the CPU's runs.
+static __always_inline struct runs *record_run(__u32 prev, __u64 ts)
+{
+	__u32 zero = 0;
+	struct runs *r = bpf_map_lookup_elem(&cpu_runs, &zero);
+	if (!r)
+		return 0;
+	if (r->since) {
+		struct run *slot = &r->ring[r->head & (RUNS - 1)];
+		slot->tid = prev;
+		slot->start = r->since;
+		slot->end = ts;
+		r->head += 1;
+	}
+	r->since = ts;
+	return r;
+}
+
+// `waiter`, queued on this CPU since `from`, runs at `ts`: the runs there since are who took it.
+static __always_inline void charge_wait(struct runs *r, __u32 waiter, __u64 from, __u64 ts)
+{
+	for (int i = 0; i < RUNS; i++) {
+		struct run *x = &r->ring[i];
+		if (!x->start || x->end <= from || x->start >= ts)
+			continue;
+		__u64 start = x->start > from ? x->start : from;
+		__u64 end = x->end < ts ? x->end : ts;
+		if (end > start && x->tid != waiter)
+			charge(waiter, x->tid, end - start);
+	}
+}
+
 // A switch on this CPU from `prev` (which leaves running, blocked or exited) to `next`.
 #define LEAVES_RUNNABLE 0
 #define LEAVES_BLOCKED 1
@@ -524,6 +609,7 @@ static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 	__u64 ts = bpf_ktime_get_ns();
 	__u32 cpu = bpf_get_smp_processor_id();
 	on_event(current_tid(), cpu, ts);
+	struct runs *runs = record_run(prev, ts);
 	struct thread *t = prev ? bpf_map_lookup_elem(&threads, &prev) : 0;
 	if (t) {
 		if (t->state == UNKNOWN)
@@ -554,6 +640,8 @@ static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 			extremes_since_read(t);
 			if (waited > t->wait_max_ns)
 				t->wait_max_ns = waited;
+			if (runs && t->cpu == cpu)
+				charge_wait(runs, next, t->queued, ts);
 		}
 		if (t->state == UNKNOWN)
 			resolve(t, RUNNABLE, ts);

@@ -66,6 +66,18 @@ struct RawThread {
 // SAFETY: u64s, four u32s, a u64, four u32s: no padding, every bit pattern valid.
 unsafe impl Pod for RawThread {}
 
+/// The waits_by map's key, as `struct wait_key`: a tracked thread and a task that ran on the
+/// CPU it waited for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawWaitKey {
+    waiter: u32,
+    by: u32,
+}
+
+// SAFETY: two u32s, no padding, every bit pattern valid.
+unsafe impl Pod for RawWaitKey {}
+
 /// The timings map's key, as `struct timing_key`: a reason and a bucket (`SUMMARY`: none).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -209,6 +221,12 @@ pub struct KernelCounts {
     pub full: [u64; 3],
     /// Exits that began before their thread's previous one ended: not timed.
     pub incomplete: u64,
+    /// Who ran on the CPU a tracked thread waited for: (waiter, task, ns), sorted. A wait is
+    /// charged to the runs on the CPU it ended on since it was queued there, as far as the
+    /// CPU's last 16 runs reach: the rest of it is named by no task.
+    pub waits_by: Vec<(u32, u32, u64)>,
+    /// Waits the waits_by map had no room for.
+    pub waits_full: u64,
     /// Events the kernel did not run the program for (`recursion_misses`: it skips a
     /// tracepoint's program while another BPF program, or a BPF map syscall such as our own
     /// reads, holds the CPU's BPF guard; see `trace_call_bpf`).
@@ -475,6 +493,13 @@ impl KernelCounter {
         let mut threads: BpfHashMap<&mut MapData, u32, RawThread> =
             BpfHashMap::try_from(map).map_err(bpf("map threads"))?;
         let _ = threads.remove(&tid);
+        let map = self.ebpf.map_mut("waits_by").ok_or_else(|| KernelCountError::Format("no map waits_by".into()))?;
+        let mut waits: BpfHashMap<&mut MapData, RawWaitKey, u64> =
+            BpfHashMap::try_from(map).map_err(bpf("map waits_by"))?;
+        let keys: Vec<RawWaitKey> = waits.keys().filter_map(Result::ok).filter(|k| k.waiter == tid).collect();
+        for key in keys {
+            let _ = waits.remove(&key);
+        }
         Ok(())
     }
 
@@ -519,9 +544,23 @@ impl KernelCounter {
         let sum = |i: u32| -> Result<u64, KernelCountError> {
             Ok(full.get(&i, 0).map_err(bpf("reading map full"))?.iter().sum())
         };
+        let mut waits_by: Vec<(u32, u32, u64)> = entries::<RawWaitKey, u64>(map("waits_by")?, "waits_by")?
+            .into_iter()
+            .map(|(key, ns)| (key.waiter, key.by, ns))
+            .collect();
+        waits_by.sort_unstable();
         let durations = self.durations()?;
         let missed = self.missed();
-        Ok(KernelCounts { reasons, threads, durations, full: [sum(0)?, sum(1)?, sum(2)?], incomplete: sum(3)?, missed })
+        Ok(KernelCounts {
+            reasons,
+            threads,
+            durations,
+            full: [sum(0)?, sum(1)?, sum(2)?],
+            incomplete: sum(3)?,
+            waits_by,
+            waits_full: sum(5)?,
+            missed,
+        })
     }
 
     /// The kernel's count of events each attached program was skipped for, summed (from the

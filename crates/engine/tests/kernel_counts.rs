@@ -7,12 +7,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use virtprof_analysis::contention::Contention;
 use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey, SchedAccounting, SchedOptions};
+use virtprof_analysis::{Analyzer, Names};
 use virtprof_engine::kernel_counts::KernelCounter;
 use virtprof_kvm::guest::Script;
 use virtprof_kvm::vmm::{Vm, VmConfig};
+use virtprof_model::Event;
 use virtprof_session::{evidence_event_ids, DecoderNames, LiveTrace, EVIDENCE_EVENTS};
 
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -84,7 +87,10 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
     };
     let report = Vm::new(config).expect("a VM").run().expect("the VM runs");
     let end = virtprof_host::monotonic_ns();
-    trace.drain_into(&mut [&mut traced, &mut timed]).expect("the trace drains");
+    // Kept for who took the CPUs the vCPUs waited for: their threads are known only now.
+    let mut events: Vec<Event> = Vec::new();
+    let mut keep = |e: &Event, _: &dyn Names| events.push(*e);
+    trace.drain_into(&mut [&mut traced, &mut timed, &mut keep]).expect("the trace drains");
     assert_eq!(trace.loss().total(), 0, "the trace lost events: the comparison would not hold");
     let traced = traced.finish(end);
     let kernel = counter.counts().expect("the maps read");
@@ -213,15 +219,50 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
             th.count()
         );
     }
+    // Who ran while each vCPU waited: the program names what the CPU it ended its wait on
+    // ran since it was queued there (its last 16 runs); the trace follows a wait across
+    // CPUs. Both name the same tasks for nearly all of it, and never more than it waited.
+    let mut contention = Contention::new(report.vcpus.iter().map(|v| v.tid));
+    for e in &events {
+        contention.on_event(e, &names);
+    }
+    let suffered = contention.finish();
+    let t_wait =
+        |tid: u32| -> u64 { traced.counters.iter().filter(|((t, _), _)| *t == tid).map(|(_, c)| c.wait_ns).sum() };
+    assert_eq!(kernel.waits_full, 0);
+    for vcpu in &report.vcpus {
+        let named: BTreeMap<u32, u64> =
+            kernel.waits_by.iter().filter(|(w, _, _)| *w == vcpu.tid).map(|(_, by, ns)| (*by, *ns)).collect();
+        let in_kernel: u64 = named.values().sum();
+        let traced_by: BTreeMap<u32, u64> = suffered
+            .get(&vcpu.tid)
+            .map(|s| s.preemptors.iter().map(|(tid, (_, ns))| (*tid, *ns)).collect())
+            .unwrap_or_default();
+        let traced_total: u64 = traced_by.values().sum();
+        let k = kernel.threads.iter().find(|(tid, _)| *tid == vcpu.tid).unwrap().1.at(end);
+        println!("vCPU {}: waits named {in_kernel} ns in the kernel, {traced_total} traced, of {} waited; kernel {named:?}, traced {traced_by:?}", vcpu.index, k.wait_ns);
+        assert!(in_kernel <= k.wait_ns, "vCPU {}: named {in_kernel} ns of {} waited", vcpu.index, k.wait_ns);
+        assert!(
+            traced_total <= t_wait(vcpu.tid) + t_wait(vcpu.tid) / 100,
+            "vCPU {}: traced names {traced_total} ns",
+            vcpu.index
+        );
+        let same: u64 = named.iter().map(|(by, ns)| (*ns).min(traced_by.get(by).copied().unwrap_or(0))).sum();
+        assert!(
+            same as f64 >= 0.9 * traced_total as f64,
+            "vCPU {}: the kernel and the trace agree on who took {same} of {traced_total} ns",
+            vcpu.index
+        );
+    }
     // Exited threads leave the maps (bounded) once read.
     for vcpu in &report.vcpus {
         counter.forget(vcpu.tid).expect("forgetting a thread");
     }
     let after = counter.counts().expect("the maps read");
     assert!(
-        report.vcpus.iter().all(
-            |v| after.threads.iter().all(|(t, _)| *t != v.tid) && after.reasons.iter().all(|(t, _, _)| *t != v.tid)
-        ),
+        report.vcpus.iter().all(|v| after.threads.iter().all(|(t, _)| *t != v.tid)
+            && after.reasons.iter().all(|(t, _, _)| *t != v.tid)
+            && after.waits_by.iter().all(|(t, _, _)| *t != v.tid)),
         "forgotten threads are gone from the maps"
     );
 }

@@ -82,6 +82,11 @@ pub struct Scrape {
     pub durations: Vec<(String, Histogram)>,
     /// VMM pid → CPU seconds of its threads other than the vCPUs.
     pub vmm_cpu_s: BTreeMap<u32, f64>,
+    /// VMM pid → who ran while its vCPUs waited, by `by` label, most first (where the
+    /// in-kernel program counts it).
+    pub preempted_by: BTreeMap<u32, Vec<(String, u64)>>,
+    /// Whether the source names who took the vCPUs' CPUs (the in-kernel program does).
+    pub names_preemptors: bool,
     /// Seconds the collection took.
     pub collect_seconds: f64,
     /// Scrapes collected since serve started, this one included (requests answered from a
@@ -153,6 +158,23 @@ impl Scrape {
                 })
             }),
         )?;
+        // Who took it, where the in-kernel program names them: series of their own, so that
+        // summing the family above never counts a second twice.
+        counters(
+            e,
+            "virtprof_vm_lost_by",
+            "Time a VM lost to CPU contention, by who ran on the CPU its vCPUs waited for (vm PID: another VM; task NAME: a host task, its name without its /N suffix; idle: nothing ran, a CPU limit such as cgroup cpu.max held them back). Counted in the kernel (eBPF) only; what no task is named for is virtprof_vm_lost_seconds_total less their sum.",
+            Some(Unit::Seconds),
+            answers.iter().flat_map(|(labels, x)| {
+                let by = self.preempted_by.get(&x.pid).map(Vec::as_slice).unwrap_or_default();
+                by.iter().map(move |(by, ns)| {
+                    let mut labels = labels.clone();
+                    labels.push(("cause", "cpu_contention".to_string()));
+                    labels.push(("by", by.clone()));
+                    (labels, *ns as f64 / 1e9)
+                })
+            }),
+        )?;
         gauges(
             e,
             "virtprof_vm_top_cause",
@@ -175,7 +197,11 @@ impl Scrape {
         sampler.refresh()?;
         let snapshot = sampler.run_snapshot();
         let vms = sampler.vms().to_vec();
+        let preempted_by =
+            vms.iter().filter_map(|vm| Some((vm.pid.0, by_labels(sampler.preempted_by(vm)?, &vms)))).collect();
         Ok(Scrape {
+            preempted_by,
+            names_preemptors: sampler.is_in_kernel(),
             kvm_exits: sampler.kvm_exits_now(),
             reasons: sampler.traced_exit_reasons(),
             durations: sampler.exit_durations(),
@@ -263,6 +289,40 @@ fn vm_facts(vm: &virtprof_analysis::qos::VmRow, seconds: Option<f64>) -> VmFacts
         lost_events: Some(0),
         ..VmFacts::default()
     }
+}
+
+/// `by` values a VM's series have at most; past them, tasks are summed as `others`. Names
+/// are folded (`kworker/u8:2` is `task kworker`) so that a VM's values stay few and each
+/// series only grows.
+const MOST_BY: usize = 32;
+
+/// Who ran while a VM's vCPUs waited, as `by` label values: another VM as `vm PID`, the idle
+/// task as `idle` (a CPU limit throttled them), a host task as `task NAME` (its comm without
+/// a `/N` suffix; `task (exited)` when it is gone), most first.
+fn by_labels(preempted_by: Vec<(u32, u64)>, vms: &[VmInfo]) -> Vec<(String, u64)> {
+    let label = |tid: u32| -> String {
+        if tid == 0 {
+            return "idle".into();
+        }
+        let owner =
+            vms.iter().find(|vm| vm.vcpus.iter().any(|v| v.tid.0 == tid) || vm.others.iter().any(|t| t.tid == tid));
+        match owner {
+            Some(vm) => format!("vm {}", vm.pid.0),
+            None => match std::fs::read_to_string(format!("/proc/{tid}/comm")) {
+                Ok(comm) => format!("task {}", comm.trim().split('/').next().unwrap_or_default()),
+                Err(_) => "task (exited)".into(),
+            },
+        }
+    };
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for (tid, ns) in preempted_by {
+        let name = label(tid);
+        let name = if by.len() >= MOST_BY && !by.contains_key(&name) { "others".to_string() } else { name };
+        *by.entry(name).or_default() += ns;
+    }
+    let mut list: Vec<(String, u64)> = by.into_iter().collect();
+    list.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+    list
 }
 
 /// A cause's label value.
@@ -469,7 +529,11 @@ impl Scrape {
             None,
             MetricType::Info,
         )?;
-        for u in &self.run().unavailable {
+        let preemptors = (!self.names_preemptors).then(|| {
+            "who ran on the CPU a vCPU waited for (virtprof_vm_lost_by_seconds_total): counted in the kernel (eBPF) only, and this serve traces or polls"
+                .to_string()
+        });
+        for u in self.run().unavailable.iter().chain(&preemptors) {
             let (figure, reason) = u.split_once(": ").unwrap_or((u.as_str(), ""));
             let labels: Labels = vec![("figure", figure.to_string()), ("reason", reason.to_string())];
             family.encode_family(&Labels::new())?.encode_info(&labels)?;

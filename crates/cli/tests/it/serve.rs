@@ -193,15 +193,32 @@ fn serve_names_cpu_contention_as_the_top_cause_of_two_vms_on_one_cpu() {
         .unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let text = scrape(&served.address, "");
-    assert!(vms.wait_with_output().unwrap().status.success());
+    let out = vms.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let truth: virtprof_model::testvm::TestvmReport = serde_json::from_slice(&out.stdout).unwrap();
     served.stop();
     let s = samples(&text);
-    for vm in ["contend-0", "contend-1"] {
+    let in_kernel = !text.contains("counted in the kernel (eBPF) only");
+    for (vm, other) in [("contend-0", truth.vms[1].pid), ("contend-1", truth.vms[0].pid)] {
         let top = s.iter().find(|(n, l, _)| n == "virtprof_vm_top_cause" && l["vm"] == vm);
         assert_eq!(top.map(|(_, l, _)| l["cause"].as_str()), Some("cpu_contention"), "{vm}: {text}");
         let lost = value(&s, "virtprof_vm_lost_seconds_total", vm, &|l| l["cause"] == "cpu_contention").unwrap();
         let run = value(&s, "virtprof_vcpu_run_seconds_total", vm, &|_| true).unwrap();
         assert!(lost > 0.3 * run, "{vm}: lost {lost} s to contention, ran {run} s");
+        // Who took it: the other VM, most of it (the in-kernel program names them).
+        if in_kernel {
+            let by = |l: &BTreeMap<String, String>| l["by"] == format!("vm {other}");
+            let by_other = value(&s, "virtprof_vm_lost_by_seconds_total", vm, &by).unwrap_or(0.0);
+            let named: f64 = s
+                .iter()
+                .filter(|(n, l, _)| n == "virtprof_vm_lost_by_seconds_total" && l["vm"] == vm)
+                .map(|(_, _, v)| v)
+                .sum();
+            assert!(by_other > 0.5 * lost, "{vm}: {by_other} s by VM {other} of {lost} s lost:\n{text}");
+            assert!(named <= lost * 1.01, "{vm}: {named} s named, {lost} s lost");
+        } else {
+            note(test, "serve does not count in the kernel here: who took the CPU is not named");
+        }
     }
     check_conventions(&text);
 }

@@ -28,6 +28,9 @@ pub(super) struct KernelSource {
     retired: VecDeque<(u32, Retired)>,
     /// Threads in the maps: at the last read, and those added by [`KernelSource::track`] since.
     in_maps: HashSet<u32>,
+    /// Who ran while each tracked thread waited, since the start: waiter → (task, ns), the
+    /// retired threads' included.
+    waits_by: BTreeMap<u32, Vec<(u32, u64)>>,
 }
 
 /// An exited thread's final figures.
@@ -37,6 +40,7 @@ struct Retired {
     counters: Counters,
     guest: bool,
     reasons: Vec<(ReasonKey, u64)>,
+    waits_by: Vec<(u32, u64)>,
 }
 
 /// One read of the maps.
@@ -97,6 +101,7 @@ impl KernelSource {
             durations: Vec::new(),
             retired: VecDeque::new(),
             in_maps: HashSet::new(),
+            waits_by: BTreeMap::new(),
         })
     }
 
@@ -107,7 +112,12 @@ impl KernelSource {
         self.durations = counts.durations;
         // A retired thread's id in use again is a new thread: the old one's figures go.
         self.retired.retain(|(tid, _)| counts.threads.binary_search_by_key(tid, |(t, _)| *t).is_err());
+        self.waits_by.clear();
+        for (waiter, by, ns) in &counts.waits_by {
+            self.waits_by.entry(*waiter).or_default().push((*by, *ns));
+        }
         for (tid, r) in &self.retired {
+            self.waits_by.insert(*tid, r.waits_by.clone());
             // Gone: nothing new since the previous read.
             let mut counters = r.counters;
             Extremes::NONE.set(&mut counters);
@@ -119,7 +129,9 @@ impl KernelSource {
         sample.reasons.extend(counts.reasons.iter().map(|(tid, reason, n)| ((*tid, *reason), *n)));
         for (tid, t) in counts.threads.iter().filter(|(_, t)| t.state == ThreadState::Exited) {
             let reasons = counts.reasons.iter().filter(|(t, _, _)| t == tid).map(|(_, r, n)| (*r, *n)).collect();
-            self.retired.push_back((*tid, Retired { cpu: t.cpu, counters: t.at(now), guest: t.runs_guest, reasons }));
+            let waits_by = self.waits_by.get(tid).cloned().unwrap_or_default();
+            let retired = Retired { cpu: t.cpu, counters: t.at(now), guest: t.runs_guest, reasons, waits_by };
+            self.retired.push_back((*tid, retired));
             self.counter.forget(*tid)?;
         }
         self.in_maps =
@@ -165,6 +177,12 @@ impl KernelSource {
     /// Exit durations by reason since the start (empty unless timed).
     pub(super) fn durations(&self) -> &[(ReasonKey, Histogram)] {
         &self.durations
+    }
+
+    /// Who ran on the CPU each tracked thread waited for, since the start: waiter → (task,
+    /// ns). A wait is named as far as its CPU's last runs reach (see `KernelCounts::waits_by`).
+    pub(super) fn waits_by(&self) -> &BTreeMap<u32, Vec<(u32, u64)>> {
+        &self.waits_by
     }
 
     /// Exits and evidence since the start, per (thread, reason).

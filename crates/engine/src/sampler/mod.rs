@@ -337,6 +337,22 @@ impl Sampler {
         Ok(())
     }
 
+    /// Who ran on the CPUs a VM's vCPUs waited for since the start, summed per task: (tid,
+    /// ns), most first. None where the source cannot tell (polled, or traced: only the
+    /// in-kernel program names them).
+    pub fn preempted_by(&self, vm: &VmInfo) -> Option<Vec<(u32, u64)>> {
+        let Source::Kernel(k) = &self.source else { return None };
+        let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+        for vcpu in &vm.vcpus {
+            for (tid, ns) in k.waits_by().get(&vcpu.tid.0).into_iter().flatten() {
+                *by.entry(*tid).or_default() += ns;
+            }
+        }
+        let mut list: Vec<(u32, u64)> = by.into_iter().collect();
+        list.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+        Some(list)
+    }
+
     /// VMs and their vCPU threads now; new vCPU threads start being accounted.
     fn rediscover(&mut self, now: u64) {
         // Listing /proc costs a lookup per process: new VMs are looked for every few refreshes,
