@@ -6,7 +6,7 @@
 //! `_total` on counters, and label values drawn from bounded sets (VMs on the host, their
 //! vCPUs, the kernel's exit reasons, host CPUs).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use prometheus_client::collector::Collector;
@@ -197,8 +197,9 @@ impl Scrape {
         sampler.refresh()?;
         let snapshot = sampler.run_snapshot();
         let vms = sampler.vms().to_vec();
+        let mut labels = ByLabels::new(&vms);
         let preempted_by =
-            vms.iter().filter_map(|vm| Some((vm.pid.0, by_labels(sampler.preempted_by(vm)?, &vms)))).collect();
+            vms.iter().filter_map(|vm| Some((vm.pid.0, labels.fold(sampler.preempted_by(vm)?)))).collect();
         Ok(Scrape {
             preempted_by,
             names_preemptors: sampler.is_in_kernel(),
@@ -296,33 +297,51 @@ fn vm_facts(vm: &virtprof_analysis::qos::VmRow, seconds: Option<f64>) -> VmFacts
 /// series only grows.
 const MOST_BY: usize = 32;
 
-/// Who ran while a VM's vCPUs waited, as `by` label values: another VM as `vm PID`, the idle
-/// task as `idle` (a CPU limit throttled them), a host task as `task NAME` (its comm without
-/// a `/N` suffix; `task (exited)` when it is gone), most first.
-fn by_labels(preempted_by: Vec<(u32, u64)>, vms: &[VmInfo]) -> Vec<(String, u64)> {
-    let label = |tid: u32| -> String {
-        if tid == 0 {
-            return "idle".into();
+/// `by` label values of the tasks that ran while VMs' vCPUs waited: another VM as `vm PID`,
+/// the idle task as `idle` (a CPU limit throttled them), a host task as `task NAME` (its comm
+/// without a `/N` suffix; `task (exited)` when it is gone). Each task is named once per
+/// scrape, whichever VMs' vCPUs it took the CPU from.
+struct ByLabels {
+    /// Every VM's thread → its VMM pid.
+    owners: HashMap<u32, u32>,
+    named: HashMap<u32, String>,
+}
+
+impl ByLabels {
+    fn new(vms: &[VmInfo]) -> ByLabels {
+        let mut owners = HashMap::new();
+        for vm in vms {
+            let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
+            owners.extend(threads.map(|tid| (tid, vm.pid.0)));
         }
-        let owner =
-            vms.iter().find(|vm| vm.vcpus.iter().any(|v| v.tid.0 == tid) || vm.others.iter().any(|t| t.tid == tid));
-        match owner {
-            Some(vm) => format!("vm {}", vm.pid.0),
-            None => match std::fs::read_to_string(format!("/proc/{tid}/comm")) {
+        ByLabels { owners, named: HashMap::new() }
+    }
+
+    fn label(&mut self, tid: u32) -> String {
+        let owners = &self.owners;
+        let name = self.named.entry(tid).or_insert_with(|| match (tid, owners.get(&tid)) {
+            (0, _) => "idle".into(),
+            (_, Some(pid)) => format!("vm {pid}"),
+            (_, None) => match std::fs::read_to_string(format!("/proc/{tid}/comm")) {
                 Ok(comm) => format!("task {}", comm.trim().split('/').next().unwrap_or_default()),
                 Err(_) => "task (exited)".into(),
             },
-        }
-    };
-    let mut by: BTreeMap<String, u64> = BTreeMap::new();
-    for (tid, ns) in preempted_by {
-        let name = label(tid);
-        let name = if by.len() >= MOST_BY && !by.contains_key(&name) { "others".to_string() } else { name };
-        *by.entry(name).or_default() += ns;
+        });
+        name.clone()
     }
-    let mut list: Vec<(String, u64)> = by.into_iter().collect();
-    list.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
-    list
+
+    /// One VM's (task, ns) as (label, ns), most first, at most [`MOST_BY`] labels.
+    fn fold(&mut self, preempted_by: Vec<(u32, u64)>) -> Vec<(String, u64)> {
+        let mut by: BTreeMap<String, u64> = BTreeMap::new();
+        for (tid, ns) in preempted_by {
+            let name = self.label(tid);
+            let name = if by.len() >= MOST_BY && !by.contains_key(&name) { "others".to_string() } else { name };
+            *by.entry(name).or_default() += ns;
+        }
+        let mut list: Vec<(String, u64)> = by.into_iter().collect();
+        list.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
+        list
+    }
 }
 
 /// A cause's label value.

@@ -17,11 +17,17 @@ fn script(name: &str) -> PathBuf {
 
 /// `run.sh ARGS` with this build's binary, its temporary folders under `tmp`.
 fn run_sh(tmp: &Path, args: &[&str]) -> Output {
+    run_sh_with(tmp, args, &[])
+}
+
+/// [`run_sh`] with more environment (`WG_PLACE`, ...).
+fn run_sh_with(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new("sh")
         .arg(script("run.sh"))
         .args(args)
         .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
         .env("TMPDIR", tmp)
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -165,14 +171,8 @@ fn explain_names_the_host_hog_that_shares_the_workload_guests_cpu() {
     let hog = super::explain::Killed::hog(1);
     let hog_pid = hog.0.id();
     let rec = tmp.join("stress.vprec");
-    let out = Command::new("sh")
-        .arg(script("run.sh"))
-        .args(["--seconds", "3", "-o", rec.to_str().unwrap(), "stress"])
-        .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
-        .env("TMPDIR", &tmp)
-        .env("WG_PLACE", "taskset -apc 1")
-        .output()
-        .unwrap();
+    let args = ["--seconds", "3", "-o", rec.to_str().unwrap(), "stress"];
+    let out = run_sh_with(&tmp, &args, &[("WG_PLACE", "taskset -apc 1")]);
     result(&out, "stress beside a hog");
     drop(hog);
     let out = Command::new(env!("CARGO_BIN_EXE_virtprof")).arg("explain").arg(&rec).arg("--json").output().unwrap();
