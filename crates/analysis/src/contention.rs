@@ -64,6 +64,8 @@ struct Waiting {
 struct Cpu {
     /// The task on it, since when, and its name (None before its first sched_switch).
     current: Option<(u32, u64, virtprof_model::StrId)>,
+    /// Its last event's time.
+    last_ts: u64,
     /// Open hard interrupt (irq or vector) and softirq handlers' start times.
     irq_since: Option<u64>,
     softirq_since: Option<u64>,
@@ -115,6 +117,22 @@ impl Contention {
     /// keeps running there until the next switch, so this is done at a switch only.
     fn charge_waits(&mut self, cpu: u32, now: u64, names: &dyn Names) {
         self.charge(cpu, now, names, None);
+    }
+
+    /// `tid` makes an event on `cpu` at `now`: if it waited, the trace missed its switch-in.
+    /// It ran from where the scheduler accounting places that switch-in
+    /// (`SchedAccounting::infer_switch_in`): this CPU's last event since it began waiting,
+    /// else when it was queued here, else now. Until then what ran where it waited took it.
+    fn end_inferred_wait(&mut self, tid: u32, cpu: u32, now: u64, names: &dyn Names) {
+        let Some(w) = self.waiting.iter().find(|w| w.tid == tid).copied() else { return };
+        let last = self.cpus.get(cpu as usize).map_or(0, |c| c.last_ts);
+        let before = (last > w.since && last <= now).then_some(last);
+        let ran_from = match before {
+            Some(before) => before,
+            None if w.cpu == cpu => w.since,
+            None => now,
+        };
+        self.end_wait(tid, ran_from, names);
     }
 
     /// The wait of `tid` ended at `now` away from its switch-in on the CPU it waited for (it
@@ -172,8 +190,15 @@ impl Contention {
 impl Analyzer for Contention {
     fn on_event(&mut self, e: &Event, names: &dyn Names) {
         // A waiting thread that makes an event runs: the trace missed its switch-in (some
-        // kernels resume a task from idle without sched_switch). Its wait ended by now.
-        self.end_wait(e.tid, e.ts, names);
+        // kernels resume a task without sched_switch). Its wait ended by now.
+        self.end_inferred_wait(e.tid, e.cpu, e.ts, names);
+        self.on_kind(e, names);
+        self.cpu(e.cpu).last_ts = e.ts;
+    }
+}
+
+impl Contention {
+    fn on_kind(&mut self, e: &Event, names: &dyn Names) {
         match e.kind {
             EventKind::SchedSwitch { prev_tid, prev_state, next_tid, next_comm, .. } => {
                 // The outgoing task held the CPU the waiters on it wanted.
@@ -298,8 +323,10 @@ mod tests {
             // Preempted by 20 on CPU 0 at 100; moved to CPU 1 at 150, where 30 runs.
             (100, 0, 10, switch(10, 0x100, 20)),
             (150, 0, 0, EventKind::SchedMigrate { tid: 10, orig_cpu: 0, dest_cpu: 1 }),
-            // Its own event at 180: it runs (its switch-in was not traced). 20 ran on CPU 0
-            // meanwhile, and is charged for 50 only; 30 for the 30 on CPU 1.
+            (170, 1, 30, EventKind::SchedWakeup { tid: 50, target_cpu: 0 }),
+            // Its own event at 180: it runs (its switch-in was not traced), at the latest
+            // since CPU 1's last event. 20 ran on CPU 0 meanwhile, and is charged for 50
+            // only; 30 for the 20 on CPU 1.
             (180, 1, 10, EventKind::KvmFpu { load: true }),
             (300, 0, 20, switch(20, 1, 40)),
             (300, 1, 30, switch(30, 1, 40)),
@@ -309,7 +336,24 @@ mod tests {
         let s = &c.finish()[&10];
         let mut by: Vec<_> = s.preemptors.iter().map(|(tid, (_, ns))| (*tid, *ns)).collect();
         by.sort();
-        assert_eq!(by, [(20, 50), (30, 30)]);
+        assert_eq!(by, [(20, 50), (30, 20)]);
         assert_eq!(s.migrations, 1);
+    }
+
+    #[test]
+    fn a_switch_in_the_trace_missed_ends_the_wait_where_the_scheduler_accounting_places_it() {
+        let mut c = Contention::new([10]);
+        for (ts, tid, kind) in [
+            (0, 0, switch_to(10, 10)),
+            // Preempted by 20 at 100 (R); 20 runs, its last event at 150; no switch back to 10
+            // is traced, 10's own event comes at 400: it ran from 150, waited 50.
+            (100, 10, switch(10, 0, 20)),
+            (150, 20, EventKind::SchedWakeup { tid: 30, target_cpu: 0 }),
+            (400, 10, EventKind::KvmFpu { load: true }),
+        ] {
+            c.on_event(&Event { ts, cpu: 1, tid, kind }, &crate::TestNames);
+        }
+        let s = &c.finish()[&10];
+        assert_eq!(s.preemptors.iter().map(|(tid, (_, ns))| (*tid, *ns)).collect::<Vec<_>>(), [(20, 50)]);
     }
 }

@@ -554,13 +554,17 @@ impl SchedAccounting {
         if matches!(e.kind, EventKind::SchedSwitch { next_tid, .. } if next_tid == e.tid) {
             return;
         }
-        // Queued on this CPU, it ran from then: an idle CPU runs what is queued on it at once.
-        // Otherwise (woken unseen, or queued elsewhere) from the last event on this CPU since
-        // it stopped: what the CPU did before it (an interrupt in idle, the one that woke it)
-        // came first, and the thread's own first event can be a whole tick later. With no such
-        // event, from this one. Windows closed since then are restated.
+        // It ran from the last event on this CPU since it stopped: what the CPU did before it
+        // (an interrupt in idle, the one that woke it, another task) came first, and the
+        // thread's own first event can be a whole tick later. Queued on this CPU, not before it
+        // was queued, and from then if the CPU did nothing since: an idle CPU runs what is
+        // queued on it at once. Otherwise from this event. Windows closed since are restated.
         let before = self.cpu_last_ts.get(e.cpu as usize).copied().filter(|&ts| ts > t.entered && ts <= e.ts);
-        let at = if t.state == State::Runnable && t.cpu == e.cpu { t.queued.min(e.ts) } else { before.unwrap_or(e.ts) };
+        let queued_here = (t.state == State::Runnable && t.cpu == e.cpu).then_some(t.queued.min(e.ts));
+        let at = match (queued_here, before) {
+            (Some(queued), before) => before.map_or(queued, |ts| ts.max(queued)),
+            (None, before) => before.unwrap_or(e.ts),
+        };
         self.ran_already_from(e.tid, at, e.cpu);
         self.transition(e.tid, State::Running, e.cpu, at);
         if let Some(t) = self.threads.get_mut(&e.tid) {
@@ -1013,6 +1017,16 @@ mod tests {
         a.on_event(&switch(12 * MS, 1, 9, 1, 0));
         let t = a.finish(20 * MS).thread(9, None);
         assert_eq!((t.run_ns, t.inferred_execs), (MS + 7 * MS, 1));
+
+        // Preempted on CPU 1 (queued there), another task's event there at 4 ms: it waited
+        // at least until then, though an idle CPU would have run it at once.
+        let mut a = analyzer(100 * MS);
+        a.track(9, 0);
+        a.on_event(&switch(MS, 1, 9, 0, 20));
+        a.on_event(&Event { ts: 4 * MS, cpu: 1, tid: 20, kind: EventKind::IrqEntry { irq: 9 } });
+        a.on_event(&pio(6 * MS, 1, 9));
+        let t = a.finish(10 * MS).thread(9, None);
+        assert_eq!((t.run_ns, t.wait_ns, t.inferred_execs), (MS + 6 * MS, 3 * MS, 1));
     }
 
     #[test]

@@ -399,13 +399,14 @@ static __always_inline void on_event(__u32 tid, __u32 cpu, __u64 ts)
 	__u64 *last = bpf_map_lookup_elem(&cpu_last, &zero);
 	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
 	if (t && (t->state == BLOCKED || t->state == RUNNABLE)) {
-		__u64 at = ts;
+		__u64 before = last && *last > t->since && *last <= ts ? *last : 0;
+		__u64 at = before ? before : ts;
 		if (t->state == RUNNABLE && t->cpu == cpu) {
-			at = t->queued > t->since ? t->queued : t->since;
-			if (at > ts)
-				at = ts;
-		} else if (last && *last > t->since && *last <= ts) {
-			at = *last;
+			// Queued here: not before it was queued; from then if the CPU did nothing since.
+			__u64 queued = t->queued > t->since ? t->queued : t->since;
+			if (queued > ts)
+				queued = ts;
+			at = before > queued ? before : queued;
 		}
 		transition(t, RUNNING, cpu, at);
 		t->exec_start = at;
