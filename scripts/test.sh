@@ -103,6 +103,11 @@ if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1 && command -v aar
 else
     echo "test.sh: no aarch64 toolchain (rustup target or gcc-aarch64-linux-gnu): the arm64 build and bed are skipped"
 fi
+# The static binary and the Debian package: the packaging tests install them, and the agent
+# tests put the static binary alone in their guests (VIRTPROF_PACKAGE_DIR).
+echo "test.sh: scripts/package.sh"
+scripts/package.sh
+export VIRTPROF_PACKAGE_DIR=$PWD/target/package
 echo "test.sh: cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

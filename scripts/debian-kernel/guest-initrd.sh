@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build an initramfs that runs a (stripped) copy of BINARY inside a guest and powers off: the
-# binary at /virtprof, the shared libraries `ldd` names, and run-init.c as /init. The command
+# binary at /virtprof, the shared libraries `ldd` names (none for the static binary of
+# scripts/package.sh), and run-init.c as /init. The command
 # line comes from the kernel command line, after `--`, e.g.
 #   bash scripts/debian-kernel/guest-initrd.sh target/release/virtprof /tmp/noise.cpio
 #   qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1G -nographic -no-reboot \
@@ -20,8 +21,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 gcc -Os -static -o "$work/init" "$here/run-init.c"
 objcopy --strip-all "$binary" "$work/virtprof"
-# Every library the dynamic binary loads, at the path the loader looks for it.
-ldd "$binary" | awk '/=> \// { print $3 } /^\t\/.*ld-linux/ { print $1 }' > "$work/libs"
+# Every library a dynamic binary loads, at the path the loader looks for it (none for a
+# static one: scripts/package.sh's binary goes in alone).
+if ldd "$binary" >/dev/null 2>&1; then
+    ldd "$binary" | awk '/=> \// { print $3 } /^\t\/.*ld-linux/ { print $1 }' > "$work/libs"
+else
+    : > "$work/libs"
+fi
 : > "$work/modules"
 if [ -n "${MODULES:-}" ]; then
     kernel=$(bash "$here/../nested-svm/bed.sh" kernel)
@@ -63,4 +69,4 @@ with open(out, "wb") as f:
         f.write(entry(dest.lstrip("/"), mode, open(src, "rb").read()))
     f.write(entry("TRAILER!!!", 0))
 PY
-echo "guest-initrd.sh: $out ($(du -h "$out" | cut -f1))" >&2
+echo "guest-initrd.sh: $out ($(du -h "$out" | cut -f1), $(wc -l < "$work/libs") libraries)" >&2

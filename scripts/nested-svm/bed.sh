@@ -18,7 +18,7 @@
 # off. `qemu-system-x86_64` in L1 is that QEMU.
 #
 # VIRTPROF: the binary under test (default target/debug/virtprof); it is copied in stripped,
-# with the libraries it links. Inside L1: `virtprof` on PATH, busybox, /out (a host folder
+# with the libraries it links (none: the static binary of scripts/package.sh goes in alone). Inside L1: `virtprof` on PATH, busybox, /out (a host folder
 # whose files come back: BED_OUT, default a fresh folder under target/nested-svm whose path
 # is printed). Runs may go on at once: each has its own folders and initramfs, and the
 # kernel is unpacked once under a lock. Everything inside L1 is emulated: exits cost tens of
@@ -91,9 +91,13 @@ prepare() {
         basename "$ko" .ko >> "$ir/lib/modules/order"
     done
     objcopy --strip-debug "$virtprof" "$ir/usr/bin/virtprof"
-    ldd "$virtprof" | grep -o '/[^ ]*' | while read -r lib; do
+    # The libraries a dynamic build links (none for scripts/package.sh's static binary), and
+    # the loader the host's QEMU starts with (its libraries come from /host).
+    { ldd "$virtprof" 2>/dev/null || true; } | { grep -o '/[^ ]*' || true; } | while read -r lib; do
         mkdir -p "$ir$(dirname "$lib")" && cp -L "$lib" "$ir$lib"
     done
+    loader=$(readelf -l "$(command -v qemu-system-x86_64)" | sed -n 's/.*interpreter: \(.*\)]/\1/p')
+    mkdir -p "$ir$(dirname "$loader")" && cp -L "$loader" "$ir$loader"
     cp "$root/scripts/nested-svm/init" "$ir/init"
     cp "$root/scripts/nested-svm/qemu-system-x86_64" "$root/scripts/nested-svm/l2-boot" \
         "$root/scripts/nested-svm/hang-guard" "$ir/usr/bin/"

@@ -15,9 +15,12 @@ EXAMPLES:
   virtprof testvm --phases compute:200ms,pio-user:10000,io-bound:50
   virtprof stats --pid 1234                        KVM binary stats of any VMM process";
 
+/// The release and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("VIRTPROF_COMMIT"), ")");
+
 /// virtprof: a vertical profiler and monitor for KVM virtual machines.
 #[derive(Debug, Parser)]
-#[command(name = "virtprof", version, about, after_help = EXAMPLES, propagate_version = true)]
+#[command(name = "virtprof", version = VERSION, about, after_help = EXAMPLES, propagate_version = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -69,6 +72,10 @@ pub enum Command {
     /// Run inside a Linux guest: send guest kernel and application counters per interval to a
     /// host's `record --agent` over vsock, virtio-serial or TCP, answering its clock pings.
     Agent(AgentArgs),
+    /// Print a shell completion script for virtprof to standard output.
+    Completions(CompletionsArgs),
+    /// Write virtprof's manual pages (virtprof(1) and one per command) into a folder.
+    Manpages(ManpagesArgs),
     /// Internal: the VMM process of one test VM (reads its config on stdin).
     #[command(name = "__vmm", hide = true)]
     Vmm {
@@ -76,6 +83,29 @@ pub enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+EXAMPLES:
+  virtprof completions bash > /etc/bash_completion.d/virtprof
+  virtprof completions zsh > /usr/local/share/zsh/site-functions/_virtprof
+  virtprof completions fish > ~/.config/fish/completions/virtprof.fish
+(The Debian package installs all three.)")]
+pub struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+EXAMPLES:
+  virtprof manpages /usr/local/share/man/man1 && man virtprof-explain
+  virtprof manpages target/man && man -l target/man/virtprof.1")]
+pub struct ManpagesArgs {
+    /// The folder to write virtprof.1 and virtprof-COMMAND.1 into (made if missing).
+    pub dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -146,7 +146,11 @@ pub fn thread_role(pid: u32, tid: u32, comm: &str) -> ThreadRole {
 
 /// Inspect process `pid`: `Ok(None)` if it holds no KVM VM.
 pub fn inspect(proc_root: &Path, pid: u32) -> std::io::Result<Option<DiscoveredVm>> {
-    let fds = list_kvm_fds(proc_root, pid).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let fds = list_kvm_fds(proc_root, pid).map_err(|e| match e {
+        // Kept whole: a refusal (no CAP_SYS_PTRACE) is told from a process that went away.
+        crate::error::StatsError::Proc { source, .. } => source,
+        e => std::io::Error::other(e.to_string()),
+    })?;
     if !fds.iter().any(|f| f.kind == KvmFdKind::Vm) {
         return Ok(None);
     }
@@ -216,12 +220,25 @@ struct Known {
     first_seen: Instant,
     /// Its VM, if it holds one.
     vm: Option<DiscoveredVm>,
+    /// Its fd table could not be read: permission denied (a VM it runs is not seen).
+    denied: bool,
 }
 
 impl Known {
     fn worth_rechecking(&self) -> bool {
         self.vm.is_some() || self.first_seen.elapsed() < RECHECK_FOR
     }
+}
+
+/// Whether this process holds CAP_SYS_PTRACE (bit 19 of `CapEff` in /proc/self/status),
+/// which lets it read any process's fd table.
+fn may_ptrace_any() -> bool {
+    static HOLDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOLDS.get_or_init(|| {
+        let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
+        effective.and_then(|hex| u64::from_str_radix(hex, 16).ok()).is_some_and(|caps| caps & (1 << 19) != 0)
+    })
 }
 
 /// How long a new process holding no VM keeps being re-inspected.
@@ -325,7 +342,12 @@ impl Discovery {
             return None;
         }
         let root = &self.proc_root;
-        let inspect = || inspect(root, pid).ok().flatten();
+        let inspect = || match inspect(root, pid) {
+            Ok(vm) => (vm, false),
+            // Holding CAP_SYS_PTRACE, a refusal is a process exiting meanwhile (the kernel
+            // says EACCES once its task is gone), not one this process may not see.
+            Err(e) => (None, e.kind() == std::io::ErrorKind::PermissionDenied && !may_ptrace_any()),
+        };
         match self.known.remove(&pid) {
             Some(known) if !known.worth_rechecking() => Some(known),
             Some(known) => {
@@ -338,19 +360,32 @@ impl Discovery {
                     (None, _) => start_time(root, pid)?,
                 };
                 if start != known.start {
-                    return Some(Known { start, first_seen: Instant::now(), vm: inspect() });
+                    let (vm, denied) = inspect();
+                    return Some(Known { start, first_seen: Instant::now(), vm, denied });
                 }
                 // Seen between KVM_CREATE_VM and its first KVM_CREATE_VCPU, a VM has no vCPU fds
                 // yet: that is not complete, or its vCPUs would never be looked for again.
                 let complete =
                     known.vm.as_ref().is_some_and(|vm| vm.vcpu_fds > 0 && vm.vcpus.len() >= vm.vcpu_fds as usize);
-                Some(if complete { known } else { Known { vm: inspect(), ..known } })
+                Some(if complete {
+                    known
+                } else {
+                    let (vm, denied) = inspect();
+                    Known { vm, denied, ..known }
+                })
             }
             None => {
                 let start = start_time(root, pid)?;
-                Some(Known { start, first_seen: Instant::now(), vm: inspect() })
+                let (vm, denied) = inspect();
+                Some(Known { start, first_seen: Instant::now(), vm, denied })
             }
         }
+    }
+
+    /// Processes whose fd tables this process may not read (it lacks CAP_SYS_PTRACE over
+    /// them): any VM they run is not found.
+    pub fn denied(&self) -> usize {
+        self.known.values().filter(|k| k.denied).count()
     }
 
     fn vms(&self) -> Vec<DiscoveredVm> {

@@ -59,15 +59,21 @@ pub fn classify_fd_link(target: &str) -> Option<KvmFdKind> {
 pub fn list_kvm_fds(proc_root: &Path, pid: u32) -> Result<Vec<RemoteKvmFd>, StatsError> {
     let dir = proc_root.join(pid.to_string()).join("fd");
     let entries = fs::read_dir(&dir).map_err(|e| StatsError::Proc { path: dir.clone(), source: e })?;
-    let mut fds: Vec<RemoteKvmFd> = entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let fd = entry.file_name().to_str()?.parse().ok()?;
-            let target = fs::read_link(entry.path()).ok()?;
-            let kind = classify_fd_link(target.to_str()?)?;
-            Some(RemoteKvmFd { fd, kind })
-        })
-        .collect();
+    let mut fds = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let Some(fd) = entry.file_name().to_str().and_then(|name| name.parse().ok()) else { continue };
+        // The list is readable without CAP_SYS_PTRACE over the process; the links are not.
+        let target = match fs::read_link(entry.path()) {
+            Ok(target) => target,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(StatsError::Proc { path: entry.path(), source: e })
+            }
+            Err(_) => continue, // closed meanwhile
+        };
+        if let Some(kind) = target.to_str().and_then(classify_fd_link) {
+            fds.push(RemoteKvmFd { fd, kind });
+        }
+    }
     fds.sort_by_key(|f| f.fd);
     Ok(fds)
 }

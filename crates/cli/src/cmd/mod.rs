@@ -4,12 +4,14 @@ pub mod agent;
 mod balance;
 mod boot;
 mod compare;
+mod completions;
 mod demo;
 mod doctor;
 mod exits;
 mod explain;
 mod export;
 pub mod import;
+mod manpages;
 pub mod noise;
 mod record;
 mod report;
@@ -43,6 +45,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Balance(args) => balance::run(&args),
         Command::Noise(args) => noise::run(&args),
         Command::Agent(args) => agent::run(&args),
+        Command::Completions(args) => completions::run(&args),
+        Command::Manpages(args) => manpages::run(&args),
         Command::Vmm { .. } => {
             virtprof_host::stop::install_handler();
             virtprof_kvm::launcher::serve_child(std::io::stdin().lock(), std::io::stdout().lock())?;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::util::{debian_kernel, have_tracefs, note, temp, virtprof, vm_lock};
+use super::util::{debian_kernel, have_tracefs, note, static_binary, temp, virtprof, vm_lock};
 
 pub fn report_json(rec: &Path) -> Value {
     let out = virtprof().arg("report").arg(rec).arg("--json").output().unwrap();
@@ -55,15 +55,21 @@ impl Guest {
     fn boot(dir: &Path, name: &str, agent_args: &str, qemu_args: &[String], files: &str) -> Guest {
         let initrd = temp(&format!("{name}.cpio"));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/debian-kernel/guest-initrd.sh");
+        // The static binary where it was built: the guest then holds it and nothing else.
+        let binary = static_binary(name);
         let built = Command::new("bash")
             .arg(&script)
-            .arg(assert_cmd::cargo::cargo_bin("virtprof"))
+            .arg(binary.clone().unwrap_or_else(|| assert_cmd::cargo::cargo_bin("virtprof")))
             .arg(&initrd)
             .env("MODULES", "virtio_pci virtio_console virtio_net")
             .env("FILES", files)
             .output()
             .unwrap();
-        assert!(built.status.success(), "guest-initrd.sh: {}", String::from_utf8_lossy(&built.stderr));
+        let said = String::from_utf8_lossy(&built.stderr);
+        assert!(built.status.success(), "guest-initrd.sh: {said}");
+        if binary.is_some() {
+            assert!(said.contains(", 0 libraries)"), "the static binary goes in alone: {said}");
+        }
         let mut qemu = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", "1G", "-nographic", "-no-reboot", "-nodefaults"])
             .args(["-serial", "stdio", "-kernel"])

@@ -23,7 +23,21 @@ impl Served {
     // The child is waited for by `stop`, or ends by its own `-d` if a test fails first.
     #[allow(clippy::zombie_processes)]
     pub fn start(args: &[&str]) -> Served {
-        let mut child = virtprof()
+        Served::start_under(&[], args)
+    }
+
+    /// The same, run by `wrapper` (a command that runs the rest of its arguments: setpriv).
+    #[allow(clippy::zombie_processes)]
+    pub fn start_under(wrapper: &[&str], args: &[&str]) -> Served {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut command = std::process::Command::new(program);
+                command.args(rest).arg(assert_cmd::cargo::cargo_bin("virtprof"));
+                command
+            }
+            None => virtprof(),
+        };
+        let mut child = command
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
             .stderr(Stdio::piped())

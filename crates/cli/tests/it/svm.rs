@@ -9,7 +9,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use super::util::{note, temp, vm_lock};
+use super::util::{note, static_binary, temp, vm_lock};
 
 /// Run `job` (a shell script) in L1, each attempt within `timeout_s`; its /out comes back in
 /// the returned folder. L1 is emulated on every host CPU, so it holds the VM lock like the
@@ -36,11 +36,13 @@ fn in_l1_booted(test: &str, job: &str, timeout_s: u32, append: &str) -> Option<P
     let script = temp(&format!("{test}.sh"));
     std::fs::write(&script, job).unwrap();
     let bed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/nested-svm/bed.sh");
+    // The static binary where it was built: L1 then gets it alone, no libraries beside it.
+    let binary = static_binary(test).unwrap_or_else(|| env!("CARGO_BIN_EXE_virtprof").into());
     let run = Command::new("bash")
         .arg(bed)
         .args(["run", "-t", &timeout_s.to_string()])
         .arg(&script)
-        .env("VIRTPROF", env!("CARGO_BIN_EXE_virtprof"))
+        .env("VIRTPROF", &binary)
         .env("BED_OUT", &out)
         .env("BED_APPEND", append)
         .output()

@@ -234,3 +234,40 @@ pub fn linux_boot_profile(recording: &std::path::Path, system_map: &std::path::P
     assert!(resolved > 0.9, "kernel samples resolved through {}: {resolved}", system_map.display());
     boot
 }
+
+/// The static binary `scripts/package.sh` made (`VIRTPROF_PACKAGE_DIR`, default
+/// target/package), if it was built from this very source (its `--version` is this build's);
+/// otherwise None, with a note saying how to make it (`scripts/test.sh` does before the tests).
+pub fn static_binary(test: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("VIRTPROF_PACKAGE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/package"));
+    let binary = dir.join("virtprof");
+    let version = |command: &mut std::process::Command| {
+        command.arg("--version").output().ok().map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let ours = version(&mut virtprof());
+    match version(&mut std::process::Command::new(&binary)) {
+        Some(theirs) if Some(&theirs) == ours.as_ref() => Some(binary),
+        Some(theirs) => {
+            note(
+                test,
+                format!(
+                    "SKIP: {} is {} not this build's {ours:?}: run scripts/package.sh",
+                    binary.display(),
+                    theirs.trim()
+                ),
+            );
+            None
+        }
+        None => {
+            note(test, format!("SKIP: no static binary at {} (scripts/package.sh makes it)", binary.display()));
+            None
+        }
+    }
+}
+
+/// The repository's root.
+pub fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}

@@ -500,6 +500,13 @@ impl Sampler {
         if let Source::Polling(_) = &self.source {
             report.unavailable.extend(POLLING_LACKS.iter().map(|s| s.to_string()));
         }
+        let denied = self.discovery.denied();
+        if denied > 0 {
+            report.unavailable.push(format!(
+                "VMs of {denied} processes this run may not inspect: reading their /proc/PID/fd was \
+                 refused (run as root, with CAP_SYS_PTRACE)"
+            ));
+        }
         self.apply_kvm_stats(&mut report);
         report
     }
