@@ -108,6 +108,9 @@ fi
 echo "test.sh: scripts/package.sh"
 scripts/package.sh
 export VIRTPROF_PACKAGE_DIR=$PWD/target/package
+# kubeconform and the schemas (Go modules, PyPI) fetched before the tests, not during them: the
+# Kubernetes manifests' test then only validates.
+bash scripts/kubernetes/check.sh || echo "test.sh: scripts/kubernetes/check.sh failed; its test will say why"
 echo "test.sh: cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,11 +1,13 @@
 //! `virtprof doctor --json`: the checks reflect this host, and the live probe's kvm event counts
 //! match the probe VM's known work.
 
-use super::util::{have_kvm, have_tracefs, host_kind, note, virtprof};
+use super::util::{have_tracefs, host_kind, note, virtprof, vm_lock};
 
 #[test]
 fn doctor_json_reports_kvm_and_the_live_probe() {
     let test = "doctor_json_reports_kvm_and_the_live_probe";
+    // The live probe runs micro-VMs: not beside another test's VMs (or a recording of them).
+    let _vms = vm_lock();
     let out = virtprof().args(["doctor", "--json"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -26,9 +28,11 @@ fn doctor_json_reports_kvm_and_the_live_probe() {
         assert_eq!(debugfs["status"], "warn", "{debugfs}");
         assert!(debugfs["detail"].as_str().unwrap().contains("kvm_stat will not work here"), "{debugfs}");
     }
-    let Some(_vms) = have_kvm(test) else {
+    // Holding the VM lock already (above).
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        note(test, format!("SKIP: /dev/kvm unavailable ({e})"));
         return;
-    };
+    }
     if !have_tracefs(test) {
         return;
     }

@@ -278,7 +278,7 @@ pub(super) fn host_differences(kind: Option<HostKind>, probe: &Probe) -> Vec<Str
     if traced && all_exit && matches!(kind, Some(HostKind::Vmx | HostKind::Svm)) {
         lines.push(
             "none: this is a VMX/SVM host. Every probed guest operation exits to KVM at both privilege levels, and \
-             kvm_exit/kvm_entry time each exit (README, \"On a real kvm_amd host\", lists what a PVM host lacks)."
+             kvm_exit/kvm_entry time each exit (docs/testbeds.md, \"On a real kvm_amd host\", lists what a PVM host lacks)."
                 .to_string(),
         );
     }
