@@ -22,7 +22,8 @@ done
 # crt-static on the gnu target: glibc linked in, a static-pie binary. Only the target's
 # artifacts get the flag (--target keeps it off build scripts and proc macros).
 echo "package.sh: cargo build --release (static, $target)"
-RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+# No DWARF is built (it would be stripped below anyway): a minute less on 2 cores.
+RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" CARGO_PROFILE_RELEASE_DEBUG=0 \
     cargo build --release --locked --target "$target" -p virtprof-cli
 built=target/$target/release/virtprof
 if readelf -d "$built" | grep -q '(NEEDED)'; then

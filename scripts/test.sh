@@ -96,9 +96,11 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1 && command -v aarch64-linux-gnu-gcc >/dev/null; then
     echo "test.sh: aarch64: clippy, arch-free tests under qemu-user, release build"
     cargo clippy --target aarch64-unknown-linux-gnu --workspace --all-targets --locked -- -D warnings
-    cargo test --target aarch64-unknown-linux-gnu --locked -p virtprof-model -p virtprof-trace \
-        -p virtprof-analysis -p virtprof-store -p virtprof-sinks
-    cargo build --release --target aarch64-unknown-linux-gnu --locked -p virtprof-cli
+    # Emulated, the fuzz targets run a tenth of their inputs (the x86 run does them all).
+    VIRTPROF_FUZZ_ITERS=5000 cargo test --target aarch64-unknown-linux-gnu --locked -p virtprof-model \
+        -p virtprof-trace -p virtprof-analysis -p virtprof-store -p virtprof-sinks
+    # No debug info: the arm64 bed needs the program, not its DWARF (a minute less to build).
+    CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --target aarch64-unknown-linux-gnu --locked -p virtprof-cli
     export VIRTPROF_AARCH64=$PWD/target/aarch64-unknown-linux-gnu/release/virtprof
 else
     echo "test.sh: no aarch64 toolchain (rustup target or gcc-aarch64-linux-gnu): the arm64 build and bed are skipped"
@@ -115,13 +117,19 @@ echo "test.sh: cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 notes=target/tmp/host-notes.txt
-rm -f "$notes"
+lock_times=target/tmp/vm-lock-times.txt
+rm -f "$notes" "$lock_times"
 # Every test binary runs even after one fails: one red test must not hide the others.
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # What passing tests found this host lacks (skips, operations that make no exit): said, not hidden.
 if [ -s "$notes" ]; then
     echo "test.sh: notes on this host from the tests:"
     sed 's/^/  /' "$notes"
+fi
+# The tests that run VMs run one after another (they hold one lock): where that serial time went.
+if [ -s "$lock_times" ]; then
+    echo "test.sh: VM-lock time, $(awk '{ s += $1 } END { printf "%.0f s", s }' "$lock_times") in all; the longest:"
+    sort -rn "$lock_times" | head -8 | sed 's/^/  /'
 fi
 # One closing line for the whole suite (cargo prints one per test binary, the last often a
 # doc-test binary with 0 tests).

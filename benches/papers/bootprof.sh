@@ -11,17 +11,23 @@
 #
 #   sh benches/papers/bootprof.sh [OUT]      (default target/papers/bootprof)
 #
-# RUNS (default 3) boots of each kind, BALLOON_MS (default 10000), RATE (samples per second,
+# RUNS (default 5) boots of each kind, BALLOON_MS (default 10000), RATE (samples per second,
 # default 10000). Run again into the same OUT, it keeps the boots it has and does the rest.
 # VIRTPROF: the binary (default target/release/virtprof, built when missing).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=$(realpath -m "${1:-$root/target/papers/bootprof}")
-runs=${RUNS:-3} balloon_ms=${BALLOON_MS:-10000} rate=${RATE:-10000}
-virtprof=${VIRTPROF:-$root/target/release/virtprof}
+runs=${RUNS:-5} balloon_ms=${BALLOON_MS:-10000} rate=${RATE:-10000}
+study=bootprof.sh
 mkdir -p "$out"
-[ -x "$virtprof" ] || cargo build --release -q -p virtprof-cli --manifest-path "$root/Cargo.toml"
+. "$here/common.sh"
+study_binary
+accel=kvm accel_why="the nested-SVM bed: L2 under kvm_amd in an L1 that QEMU TCG emulates; timings are emulation's"
+# An L1 boot, L2's boot recorded whole (about 40-55 s) and L1's shutdown: about 4 minutes.
+study_plan $((2 * runs)) 0 240
+study_inputs bed
+study_manifest RUNS="$runs" BALLOON_MS="$balloon_ms" RATE="$rate"
 balloon=$(sh "$root/scripts/boot-balloon/build.sh")
 kernel=$root/target/debian-kernel
 bash "$root/scripts/debian-kernel/fetch.sh" "$kernel" > /dev/null
@@ -62,8 +68,9 @@ while :; do
 done
 EOF
     echo "bootprof.sh: $name: booting L2 in the nested-SVM bed (balloon $ms ms)" >&2
-    BED_OUT=$bed_out VIRTPROF=$virtprof bash "$root/scripts/nested-svm/bed.sh" run -t 1800 "$job" > "$out/$name.bed.log" 2>&1 ||
-        echo "bootprof.sh: $name failed in the bed: see $out/$name.bed.log" >&2
+    BED_OUT=$bed_out study_run "$name" "$out/$name.bed.err" "$out/$name.bed.log" \
+        bash "$root/scripts/nested-svm/bed.sh" run -t 1800 "$job" ||
+        echo "bootprof.sh: $name failed in the bed: see $out/$name.bed.log and $out/$name.bed.err" >&2
     for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
     rm -rf "$job" "$bed_out"
 done
@@ -82,3 +89,4 @@ done
 echo "## Boot profiling (seed 003) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d): $runs boots each, balloon $balloon_ms ms, $rate samples/s"
 echo
 python3 "$here/bootprof_table.py" "$out" "$runs"
+study_pack

@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from study import load
+from study import guard_note, load, scan_guards
 
 # Seed 003, Table 1: realm, symbol, fraction of time sampled, rank.
 PAPER_TOP10 = [("Xen", "handle-exception", 0.28891, 1), ("Xen", "hypercall", 0.16096, 2),
@@ -185,6 +185,8 @@ def main():
         print()
     print("```")
 
+    scan_guards(sys.argv[1])
+    guard_note()
 
 if __name__ == "__main__":
     main()

@@ -17,15 +17,21 @@
 # One L1 boot per job, so a broken emulated L1 costs one job; run again into the same OUT, it
 # keeps the jobs it has and does the rest. VIRTPROF: the binary (default target/release/virtprof,
 # built when missing). SECONDS_TRACED (default 10): how long L1 records each noise setup;
-# RUNS (default 3): runs of each setup.
+# RUNS (default 5): runs of each setup.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=$(realpath -m "${1:-$root/target/papers/osnoise}")
-traced=${SECONDS_TRACED:-10} runs=${RUNS:-3}
-virtprof=${VIRTPROF:-$root/target/release/virtprof}
+traced=${SECONDS_TRACED:-10} runs=${RUNS:-5}
+study=osnoise.sh
 mkdir -p "$out"
-[ -x "$virtprof" ] || cargo build --release -q -p virtprof-cli --manifest-path "$root/Cargo.toml"
+. "$here/common.sh"
+study_binary
+accel=kvm accel_why="the nested-SVM bed: L2 under kvm_amd in an L1 that QEMU TCG emulates; timings are emulation's"
+# The probes' L1 boot, then one L1 boot per setup and run (4 setups), each about 5 minutes.
+study_plan $((1 + 4 * runs)) 0 300
+study_inputs bed
+study_manifest SECONDS_TRACED="$traced" RUNS="$runs"
 
 # L2's initramfs: virtprof, busybox and the job script below, with the vsock and PTP modules.
 l2job=$(mktemp "${TMPDIR:-/tmp}/osnoise-l2.XXXXXX")
@@ -118,9 +124,9 @@ run_job() {
     bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
     { echo "set -e"; echo "$l1_helpers"; echo "$3"; echo "date > /out/$1.done"; } > "$job"
     echo "osnoise.sh: $1: L1 boot (append '$2')" >&2
-    BED_OUT=$bed_out BED_APPEND="clocksource=tsc tsc=reliable $2" VIRTPROF=$virtprof \
-        bash "$root/scripts/nested-svm/bed.sh" run -t 2400 "$job" > "$out/$1.bed.log" 2>&1 ||
-        echo "osnoise.sh: $1 failed in the bed: see $out/$1.bed.log" >&2
+    BED_OUT=$bed_out BED_APPEND="clocksource=tsc tsc=reliable $2" \
+        study_run "$1" "$out/$1.bed.err" "$out/$1.bed.log" bash "$root/scripts/nested-svm/bed.sh" run -t 2400 "$job" ||
+        echo "osnoise.sh: $1 failed in the bed: see $out/$1.bed.log and $out/$1.bed.err" >&2
     for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
     rm -rf "$job" "$bed_out"
 }
@@ -170,3 +176,4 @@ done
 echo "## osnoise for VMs (seed 004) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d)"
 echo
 python3 "$here/osnoise_table.py" "$out" "$runs"
+study_pack

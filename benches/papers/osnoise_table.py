@@ -17,7 +17,7 @@ import re
 import statistics
 import sys
 
-from study import load
+from study import guard_note, load, scan_guards
 
 # Seed 004, Table 1: instruction, n., average overhead ns, min. overhead ns.
 PAPER_TABLE1 = {"CPUID": (16040, 2535.42, 2199), "I/O": (125178, 13734.75, 9534)}
@@ -199,6 +199,8 @@ def main():
     fig17(out, runs)
     figs22_24(out, runs)
 
+    scan_guards(sys.argv[1])
+    guard_note()
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,7 @@
 #   sh benches/papers/thermal.sh [OUT]      (default target/papers/thermal)
 #
 # HZ (default "0 1 10 20 100 1000"), WORKLOADS (default "iperf build"), SECONDS_EACH
-# (default 20), RUNS (default 3): the frequencies are taken in a different order in every run
+# (default 20), RUNS (default 5): the frequencies are taken in a different order in every run
 # (rotated), so that a drift of the host over the study does not read as a trend in F. Run
 # again into the same OUT, it keeps the runs that succeeded and does the rest. Where the host
 # has no VMX/SVM the guest runs under QEMU TCG (its vCPU threads are swapped all the same;
@@ -20,13 +20,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-$root/target/papers/thermal}
 freqs=${HZ:-0 1 10 20 100 1000} workloads=${WORKLOADS:-iperf build}
-seconds=${SECONDS_EACH:-20} runs=${RUNS:-3}
-virtprof=${VIRTPROF:-$root/target/debug/virtprof}
+seconds=${SECONDS_EACH:-20} runs=${RUNS:-5}
+study=thermal.sh
 mkdir -p "$out"
+. "$here/common.sh"
 [ "$(nproc)" -ge 2 ] || { echo "thermal.sh: needs 2 CPUs (one per vCPU)" >&2; exit 2; }
-[ -x "$virtprof" ] || { echo "thermal.sh: no virtprof binary at $virtprof (cargo build, or set VIRTPROF)" >&2; exit 2; }
-grep -qwE 'vmx|svm' /proc/cpuinfo ||
-    echo "thermal.sh: no VMX/SVM here: the guest runs under QEMU TCG; its exits are unknown" >&2
+study_binary
+study_accel
+study_plan "$(study_count "$runs" "$workloads" "$freqs")" "$seconds"
+study_inputs
+study_manifest HZ="$freqs" WORKLOADS="$workloads" SECONDS_EACH="$seconds" RUNS="$runs"
 
 # Run by run.sh once the guest is ready: the balancer on QEMU's vCPU threads, in the
 # background until QEMU exits (it stops by itself when its vCPU threads are gone).
@@ -66,9 +69,12 @@ while [ "$i" -le "$runs" ]; do
             fi
             echo "thermal.sh: $workload, vCPUs swapped at $hz Hz, run $i of $runs" >&2
             rm -f "$out/$name.balance.json"
-            THERMAL_HZ=$hz THERMAL_OUT=$out/$name.balance VIRTPROF=$virtprof WG_PLACE="sh $place" \
+            # The balancer runs beside the guest, started by place.sh: its CPU is the run's.
+            THERMAL_HZ=$hz THERMAL_OUT=$out/$name.balance WG_PLACE="sh $place" \
+                GUARD_ALSO_PIDFILES=$out/$name.balance.pid \
+                study_run "$name" "$out/$name.log" "$out/$name.result" \
                 sh "$root/scripts/workload-guest/run.sh" --net tap --seconds "$seconds" --interval 100ms \
-                -o "$out/$name.vprec" "$workload" 2> "$out/$name.log" > "$out/$name.result" ||
+                -o "$out/$name.vprec" "$workload" ||
                 echo "thermal.sh: $name failed: see $out/$name.log" >&2
             settle "$name"
             # The recordings are large and the tables need none of them (KEEP_RECORDINGS=1 keeps).
@@ -81,3 +87,4 @@ done
 echo "## Thermal balancing (seed 002) on the workload guest, $(date -u +%Y-%m-%d): vCPUs swapped by force"
 echo
 python3 "$here/thermal_table.py" "$out" "$freqs" "$workloads"
+study_pack

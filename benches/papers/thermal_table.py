@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 
-from study import load, result
+from study import guard_note, load, result
 
 # Seed 002, Table 6.1: Netperf Mbit/s (eager, lazy) per migration frequency.
 PAPER_NETPERF = {0: (846.25, 846.25), 1: (841.40, 844.67), 10: (841.77, 844.91), 20: (846.51, 849.92),
@@ -99,11 +99,13 @@ def main():
     print("Requested: forced ticks that fell due; carried out: swaps made (a late wake-up skips the"
           " ticks it missed); placements: thread moves (2 per swap, 2 initial pins); seen: placements"
           " after which the thread was traced on its new CPU; wrong: traced on another CPU before its"
-          " next move; lost: trace events lost.")
+          " next move; lost: trace events lost. realized = carried out / requested, the counterpart"
+          " of the seed's Rr (realized over requested mappings); seen / placements is another"
+          " quantity, not the seed's.")
     print()
-    print("| Hz | requested | carried out | placements | seen | wrong | lost | seen / placements |"
-          " seed Dm / Rm / Rr (Table 6.4) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| Hz | requested | carried out | realized | placements | seen | wrong | lost |"
+          " seen / placements | seed Dm / Rm / Rr (Table 6.4) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for hz in freqs:
         found = [b for w in workloads for _, b in runs(out, w, hz)[0]]
         if not found:
@@ -117,7 +119,8 @@ def main():
         lost = sum(x["lost_events"] for x in v)
         paper = PAPER_MAPPINGS.get(hz)
         ratio = f"{seen / placed:.2f}" if placed else "-"
-        print(f"| {hz} | {due} | {made} | {placed} | {seen} | {wrong} | {lost} | {ratio} | "
+        realized = f"{made / due:.2f}" if due else "-"
+        print(f"| {hz} | {due} | {made} | {realized} | {placed} | {seen} | {wrong} | {lost} | {ratio} | "
               f"{f'{paper[0]} / {paper[1]} / {paper[2]:.2f}' if paper else '-'} |")
     print()
 
@@ -150,6 +153,7 @@ def main():
     if failures:
         print(f"Runs left out (failed; their logs are in {out}): {', '.join(failures)}.")
 
+    guard_note()
 
 if __name__ == "__main__":
     main()

@@ -8,7 +8,7 @@
 #
 #   sh benches/papers/vrtprof.sh [OUT]      (default target/papers/vrtprof)
 #
-# RUNS (default 3), SECONDS_EACH (default 10), WORKLOADS (default "stress sqlite compress build
+# RUNS (default 5), SECONDS_EACH (default 10), WORKLOADS (default "stress sqlite compress build
 # web"), RUN_ARGS (more run.sh options, e.g. "--nested": the guest is L2 on kvm_amd, the native
 # side runs in L1). Run again into the same OUT, it keeps the runs that succeeded and does the
 # rest. What this host cannot give is said,
@@ -20,21 +20,26 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-$root/target/papers/vrtprof}
-runs=${RUNS:-3} seconds=${SECONDS_EACH:-10}
+runs=${RUNS:-5} seconds=${SECONDS_EACH:-10}
 workloads=${WORKLOADS:-stress sqlite compress build web}
-virtprof=${VIRTPROF:-$root/target/debug/virtprof}
+study=vrtprof.sh
 mkdir -p "$out"
-
-echo "vrtprof.sh: $runs runs of ${seconds}s for each of: $workloads; natively and in the guest ${RUN_ARGS:-}" >&2
-grep -qwE 'vmx|svm' /proc/cpuinfo || case " ${RUN_ARGS:-} " in
-    *" --nested "*) ;;
-    *) echo "vrtprof.sh: no VMX/SVM here: the guest runs under QEMU TCG (emulated), not as a KVM guest" >&2 ;;
+. "$here/common.sh"
+study_binary
+study_accel
+case " ${RUN_ARGS:-} " in
+    *" --nested "*) accel_why="the nested-SVM bed: the guest is L2 under kvm_amd in an L1 QEMU TCG emulates, timings are emulation's" ;;
 esac
+echo "vrtprof.sh: $runs runs of ${seconds}s for each of: $workloads; natively and in the guest ${RUN_ARGS:-}" >&2
+study_plan "$(study_count "$runs" "$workloads" "native guest")" "$seconds"
+study_inputs
+study_manifest RUNS="$runs" SECONDS_EACH="$seconds" WORKLOADS="$workloads" RUN_ARGS="${RUN_ARGS:-}"
 for w in $workloads; do
     for side in native guest; do
         i=1
         while [ "$i" -le "$runs" ]; do
-            flag= run=$out/$w-$side-$i
+            flag= name=$w-$side-$i
+            run=$out/$name
             [ "$side" = native ] && flag=--native
             # Done before (a study run again after a failure): kept.
             if [ -s "$run.vprec" ] && grep -q WG-RESULT "$run.result" 2>/dev/null; then
@@ -42,11 +47,14 @@ for w in $workloads; do
                 continue
             fi
             # shellcheck disable=SC2086 # options are words
-            if ! sh "$root/scripts/workload-guest/run.sh" $flag ${RUN_ARGS:-} --seconds "$seconds" --interval 100ms \
-                -o "$run.vprec" "$w" 2> "$run.log" > "$run.result" || ! grep -q WG-RESULT "$run.result"; then
+            if ! study_run "$name" "$run.log" "$run.result" sh "$root/scripts/workload-guest/run.sh" $flag ${RUN_ARGS:-} \
+                --seconds "$seconds" --interval 100ms -o "$run.vprec" "$w" || ! grep -q WG-RESULT "$run.result"; then
                 # A failed run's recording is not one of the side's runs.
                 [ -e "$run.vprec" ] && mv "$run.vprec" "$run.vprec.failed"
                 echo "vrtprof.sh: $w ($side, run $i) failed: see $run.log and $run.result" >&2
+            elif grep -q '"disturbed": true' "$run.guard.json"; then
+                # Disturbed after every retry: kept aside, not compared (the tables list it).
+                mv "$run.vprec" "$run.vprec.disturbed"
             fi
             i=$((i + 1))
         done
@@ -59,40 +67,6 @@ done
 "$virtprof" compare "$out"/*-native-*.vprec --vs "$out"/*-guest-*.vprec --json --matrix --top 1000000 > "$out/all.json"
 "$virtprof" compare "$out"/*-native-*.vprec --vs "$out"/*-guest-*.vprec --html "$out/all.html" --top 25 2> /dev/null
 
-# The summary: each workload's own count per side, and the correlation changes beyond spread.
-python3 - "$out" $workloads <<'PY'
-import glob, json, statistics, sys
-out, workloads = sys.argv[1], sys.argv[2:]
-def results(w, side):
-    vals = []
-    for f in sorted(glob.glob(f"{out}/{w}-{side}-*.result")):
-        for line in open(f):
-            if line.startswith("WG-RESULT"):
-                kv = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
-                vals.append((float(kv["ops"]) / float(kv["seconds"]), kv["unit"]))
-    return vals
-print("## Workloads, each side's own count per second (mean ± sd over runs)\n")
-print("| workload | unit | native | guest | guest / native |")
-print("|---|---|---|---|---|")
-for w in workloads:
-    n, g = results(w, "native"), results(w, "guest")
-    if not n or not g:
-        print(f"| {w} | | {'-' if not n else ''} | {'-' if not g else ''} | |")
-        continue
-    f = lambda v: f"{statistics.mean(x for x, _ in v):,.1f} ± {statistics.stdev(x for x, _ in v) if len(v) > 1 else 0:,.1f}"
-    ratio = statistics.mean(x for x, _ in g) / statistics.mean(x for x, _ in n)
-    print(f"| {w} | {n[0][1]}/s | {f(n)} | {f(g)} | {ratio:.3f} |")
-a = json.load(open(f"{out}/all.json"))
-# Pairs both sides define (a metric the native side has no source for, such as the guest's
-# eth0, is no change under virtualization), largest changes first.
-both = [c for c in a["changes"] if c["r_in_a"] is not None and c["r_in_b"] is not None]
-beyond = [c for c in both if c["beyond_spread"]]
-print(f"\n## Correlation changes, native ({len(a['a'])} runs) -> guest ({len(a['b'])} runs), all workloads\n")
-print(f"{len(both)} pairs defined on both sides; {len(beyond)} changed beyond the runs' spread. The 20 largest:\n")
-print("| change | metric | metric | native r | guest r | beyond spread |")
-print("|---|---|---|---|---|---|")
-show = lambda r, sd: f"{r:+.2f}" + ("" if sd is None else f" ± {sd:.2f}")
-for c in both[:20]:
-    print(f"| {c['change']:+.2f} | {c['a']} | {c['b']} | {show(c['r_in_a'], c['a_sd'])} | {show(c['r_in_b'], c['b_sd'])} | {'yes' if c['beyond_spread'] else ''} |")
-PY
+python3 "$here/vrtprof_table.py" "$out" "$workloads"
+study_pack
 echo "vrtprof.sh: pages in $out (all.html: every workload; WORKLOAD.html: one each)" >&2

@@ -13,50 +13,41 @@
 #   sh benches/papers/xenmon.sh [OUT]      (default target/papers/xenmon)
 #
 # RATIOS (default "0.5 1 2 10"), CONNECTIONS (wrk's open connections, the load steps; default
-# "1 4 16 64"), SECONDS_EACH (default 8), RUNS (default 1). Run again into the same OUT, it
+# "1 4 16 64"), SECONDS_EACH (default 8), RUNS (default 5). Run again into the same OUT, it
 # keeps the runs that succeeded and does the rest. What this host cannot give is said,
 # never made up: without VMX/SVM the guest runs under QEMU TCG, so its vCPUs make no exits and
 # KVM's I/O count is unknown (the packet count stands in); wrk is closed-loop (it steps open
-# connections, not a request rate); cgroup v1 `cpu.shares` (or v2 `cpu.weight`) is CFS's
-# proportional share, not BVT's.
+# connections, not a request rate); cgroup v2 `cpu.weight` (or v1 `cpu.shares` where v2 has no
+# cpu controller) is CFS's proportional share, not BVT's.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=${1:-$root/target/papers/xenmon}
 ratios=${RATIOS:-0.5 1 2 10} steps=${CONNECTIONS:-1 4 16 64}
-seconds=${SECONDS_EACH:-8} runs=${RUNS:-1}
-virtprof=${VIRTPROF:-$root/target/debug/virtprof}
+seconds=${SECONDS_EACH:-8} runs=${RUNS:-5}
+study=xenmon.sh
 mkdir -p "$out"
+. "$here/common.sh"
 [ "$(nproc)" -ge 2 ] || { echo "xenmon.sh: needs 2 CPUs (QEMU on one, wrk on the other)" >&2; exit 2; }
-cpu_root=/sys/fs/cgroup/cpu
-[ -w "$cpu_root/cgroup.procs" ] || cpu_root=
-[ -n "$cpu_root" ] || { echo "xenmon.sh: needs the cgroup v1 cpu controller at /sys/fs/cgroup/cpu" >&2; exit 2; }
-grep -qwE 'vmx|svm' /proc/cpuinfo ||
-    echo "xenmon.sh: no VMX/SVM here: the guest runs under QEMU TCG; exits and KVM's I/O count are unknown" >&2
-
-# The placement, run by run.sh once the guest serves: QEMU on the last CPU, its vCPU threads in
-# one group and the rest (main loop, iothread, pool: threads made later join their maker's,
-# the main loop's) in the other, weighted RATIO : 1.
-place=$out/place.sh
-cat > "$place" <<'EOF'
-#!/bin/sh
-set -eu
-pid=$1 base=/sys/fs/cgroup/cpu/virtprof-xenmon
-cpu=$(($(nproc) - 1))
-mkdir -p "$base/vcpu" "$base/io"
-echo 1024 > "$base/vcpu/cpu.shares"
-awk -v r="$XENMON_RATIO" 'BEGIN { printf "%d\n", r * 1024 }' > "$base/io/cpu.shares"
-for task in /proc/"$pid"/task/*; do
-    tid=${task##*/}
-    taskset -p -c "$cpu" "$tid" > /dev/null
-    case $(cat "$task/comm") in
-        CPU*) echo "$tid" > "$base/vcpu/tasks" ;;
-        *) echo "$tid" > "$base/io/tasks" ;;
-    esac
+# Where the groups go: cgroup v2's cpu controller (cpu.weight; threaded groups hold a process's
+# threads apart) where a cgroup2 mount offers it, else cgroup v1's (cpu.shares).
+cgroup=
+for mount in $(awk '$3 == "cgroup2" { print $2 }' /proc/mounts); do
+    if grep -qw cpu "$mount/cgroup.controllers" 2> /dev/null; then cgroup="v2 $mount"; break; fi
 done
-EOF
+[ -n "$cgroup" ] || { [ -w /sys/fs/cgroup/cpu/cgroup.procs ] && cgroup="v1 /sys/fs/cgroup/cpu"; } || true
+[ -n "$cgroup" ] || { echo "xenmon.sh: needs the cpu controller of cgroup v2 (a cgroup2 mount listing cpu in its cgroup.controllers) or of cgroup v1 (/sys/fs/cgroup/cpu)" >&2; exit 2; }
+cgroup_version=${cgroup%% *} cgroup_root=${cgroup#* }
+base=$cgroup_root/virtprof-xenmon
+study_binary
+study_accel
+echo "xenmon.sh: cgroup $cgroup_version at $cgroup_root; $accel_why" >&2
+study_plan "$(study_count "$runs" "$ratios" "$steps")" "$seconds"
+study_inputs
+study_manifest RATIOS="$ratios" CONNECTIONS="$steps" SECONDS_EACH="$seconds" RUNS="$runs" CGROUP="$cgroup_version"
+
 # The groups go when the study ends, however it ends (their threads are gone by then).
-trap 'rmdir /sys/fs/cgroup/cpu/virtprof-xenmon/vcpu /sys/fs/cgroup/cpu/virtprof-xenmon/io /sys/fs/cgroup/cpu/virtprof-xenmon 2> /dev/null || true' EXIT
+trap 'rmdir "$base/vcpu" "$base/io" "$base" 2> /dev/null || true' EXIT
 
 last=$(($(nproc) - 2))
 for ratio in $ratios; do
@@ -70,9 +61,10 @@ for ratio in $ratios; do
                 continue
             fi
             echo "xenmon.sh: I/O side : vCPUs = $ratio : 1, $c connections, run $i" >&2
-            XENMON_RATIO=$ratio WG_PLACE="sh $place" WG_LOAD_CPUS=0-$last \
+            XENMON_RATIO=$ratio XENMON_BASE=$base XENMON_CGROUP=$cgroup_version WG_PLACE="sh $here/xenmon_place.sh" \
+                WG_LOAD_CPUS=0-$last study_run "$name" "$out/$name.log" "$out/$name.result" \
                 sh "$root/scripts/workload-guest/run.sh" --net tap --connections "$c" --seconds "$seconds" \
-                --interval 100ms -o "$out/$name.vprec" web 2> "$out/$name.log" > "$out/$name.result" ||
+                --interval 100ms -o "$out/$name.vprec" web ||
                 echo "xenmon.sh: $name failed: see $out/$name.log" >&2
             if [ -s "$out/$name.vprec" ]; then
                 "$virtprof" sched --json "$out/$name.vprec" > "$out/$name.sched.json" 2>> "$out/$name.log" || true
@@ -83,6 +75,7 @@ for ratio in $ratios; do
     done
 done
 
-echo "## XenMon in KVM terms, $(date -u +%Y-%m-%d): QEMU's threads on one host CPU, I/O side : vCPUs by cpu.shares"
+echo "## XenMon in KVM terms, $(date -u +%Y-%m-%d): QEMU's threads on one host CPU, I/O side : vCPUs by cgroup $cgroup_version CPU weight"
 echo
 python3 "$here/xenmon_table.py" "$out" "$ratios" "$steps"
+study_pack

@@ -15,7 +15,7 @@ import glob
 import statistics
 import sys
 
-from study import load, result
+from study import guard_note, load, result
 
 
 
@@ -96,6 +96,7 @@ def main():
                 cells[0] += f" ± {statistics.stdev(r['rps'] for r in rows):,.0f}"
             print(f"| {ratio} | {step} | {len(rows)} | " + " | ".join(cells) + f" | {sum(r['lost'] for r in rows)} |")
 
+    guard_note()
 
 if __name__ == "__main__":
     main()

@@ -518,6 +518,11 @@ impl<W: Write> Writer<W> {
         Ok(w)
     }
 
+    /// Push what is buffered to the output (a file: so a kill from here on leaves it there).
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
     /// Append whole raw pages of one CPU.
     pub fn pages(&mut self, cpu: u32, pages: &[u8]) -> io::Result<()> {
         self.chunk(ChunkKind::Pages, &[&cpu.to_le_bytes(), pages])

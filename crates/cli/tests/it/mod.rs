@@ -15,6 +15,7 @@ mod layout;
 mod loss;
 mod noise;
 mod packaging;
+mod papers;
 mod perf_stat;
 mod perfdata;
 mod prometheus;

@@ -639,13 +639,21 @@ fn a_sigkilled_tracer_leaves_nothing_tracing_and_its_recording_in_place() {
         let _ = std::fs::remove_file(&recording);
         let mut child = virtprof().args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let pid = child.id();
+        let hidden =
+            recording.with_file_name(format!(".{}.{pid}.tmp", recording.file_name().unwrap().to_string_lossy()));
         let deadline = Instant::now() + Duration::from_secs(30);
         while !instance_of(pid).is_some_and(|(_, on)| on) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let (instance, _) = instance_of(pid).unwrap_or_else(|| panic!("{what}: no instance tracing within 30 s"));
-        // A moment of tracing, so a recording has chunks to keep.
+        // A moment of tracing, so a recording has chunks to keep; a recording's metadata is on
+        // disk first (written once tracing is on: on a loaded host that can take longer).
         std::thread::sleep(Duration::from_millis(700));
+        if args[0] == "record" {
+            while std::fs::metadata(&hidden).map_or(true, |m| m.len() == 0) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         child.kill().unwrap();
         child.wait().unwrap();
         let killed = Instant::now();
@@ -665,8 +673,6 @@ fn a_sigkilled_tracer_leaves_nothing_tracing_and_its_recording_in_place() {
             note_text += "; vCPU threads' affinity given back";
         }
         if args[0] == "record" {
-            let hidden =
-                recording.with_file_name(format!(".{}.{pid}.tmp", recording.file_name().unwrap().to_string_lossy()));
             while !recording.exists() && killed.elapsed() < Duration::from_secs(5) {
                 std::thread::sleep(Duration::from_millis(10));
             }

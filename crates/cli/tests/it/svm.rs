@@ -141,8 +141,20 @@ virtprof exits /tmp/r.vprec --json > /out/exits.json
 hang-guard 60 virtprof record -o /tmp/quiet.vprec -- sleep 1
 virtprof exits /tmp/quiet.vprec --json > /out/quiet.json
 ls $T/instances > /out/instances
+# The XenMon study's placement in cgroup v2 (L1 mounts no v1 cpu hierarchy, so v2 has the cpu
+# controller): a paused QEMU's threads in two weighted threaded groups.
+mount -t cgroup2 none /sys/fs/cgroup
+qemu-system-x86_64 -enable-kvm -S -smp 2 -m 64M -nographic -nodefaults -name place,debug-threads=on > /out/place-qemu.log 2>&1 &
+q=$!
+for i in $(seq 100); do grep -qx 'CPU 1/KVM' /proc/$q/task/*/comm 2>/dev/null && break; sleep 0.2; done
+XENMON_RATIO=0.5 XENMON_BASE=/sys/fs/cgroup/virtprof-xenmon XENMON_CGROUP=v2 sh PLACE $q > /out/place.log 2>&1 || echo "xenmon_place.sh failed: $?" >> /out/place.log
+for t in /proc/$q/task/*; do echo "$(cat $t/comm)|$(grep -lx ${t##*/} /sys/fs/cgroup/virtprof-xenmon/*/cgroup.threads | cut -d/ -f6)"; done > /out/place.txt
+cat /sys/fs/cgroup/virtprof-xenmon/vcpu/cpu.weight /sys/fs/cgroup/virtprof-xenmon/io/cpu.weight > /out/place.weights || true
+kill $q; wait $q || true
 "#;
-    let Some(out) = in_l1(test, job, 300) else { return };
+    let place = super::util::repo().join("benches/papers/xenmon_place.sh");
+    let job = job.replace("PLACE", &format!("/host{}", place.display()));
+    let Some(out) = in_l1(test, &job, 300) else { return };
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
 
     let doctor: Value = serde_json::from_str(&read("doctor.json")).unwrap();
@@ -177,6 +189,19 @@ ls $T/instances > /out/instances
     assert_eq!(quiet["source"]["unavailable"], serde_json::json!([]), "{quiet}");
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
     note(test, format!("kvm_amd in L1: per-reason exits {ours:?}"));
+
+    // benches/papers/xenmon_place.sh on cgroup v2: QEMU's vCPU threads in one group, the rest
+    // in the other, weighted 100 : 50 (XENMON_RATIO 0.5).
+    let placed = read("place.txt");
+    let log = format!("{}{}", read("place.log"), read("place-qemu.log"));
+    assert!(!log.contains("failed"), "{log}");
+    assert!(placed.lines().filter(|l| l.starts_with("CPU ")).count() == 2, "two vCPU threads: {placed}\n{log}");
+    for line in placed.lines() {
+        let (comm, group) = line.split_once('|').unwrap();
+        let want = if comm.starts_with("CPU ") { "vcpu" } else { "io" };
+        assert_eq!(group, want, "thread {comm:?} in cgroup v2: {placed}\n{log}");
+    }
+    assert_eq!(read("place.weights").split_whitespace().collect::<Vec<_>>(), ["100", "50"]);
 }
 
 /// The testvm workloads and the privilege level each runs at, and the exit reason (as

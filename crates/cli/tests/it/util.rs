@@ -30,7 +30,7 @@ static VM_LOCK: Mutex<()> = Mutex::new(());
 
 /// If /dev/kvm can be opened, the exclusive right to run VMs; otherwise print why the test is
 /// skipped and return None.
-pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
+pub fn have_kvm(test: &str) -> Option<VmLock> {
     match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
         Ok(_) => Some(vm_lock()),
         Err(e) => {
@@ -42,8 +42,29 @@ pub fn have_kvm(test: &str) -> Option<MutexGuard<'static, ()>> {
 
 /// The exclusive right to run VMs (KVM or emulated): CPU-hungry guests would skew the others'
 /// timing.
-pub fn vm_lock() -> MutexGuard<'static, ()> {
-    VM_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+pub fn vm_lock() -> VmLock {
+    let guard = VM_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    VmLock { _guard: guard, since: std::time::Instant::now() }
+}
+
+/// Held while a test runs VMs. The tests holding it run one after another, so their hold
+/// times add up to most of the suite's length: each is appended to `vm-lock-times.txt` in
+/// cargo's test temp folder, which `scripts/test.sh` sums up after the suite.
+pub struct VmLock {
+    _guard: MutexGuard<'static, ()>,
+    since: std::time::Instant,
+}
+
+impl Drop for VmLock {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let held = self.since.elapsed().as_secs_f64();
+        let test = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("vm-lock-times.txt");
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{held:.1} {test}");
+        }
+    }
 }
 
 /// True if we are root with tracefs mounted (or mountable); otherwise print why not.

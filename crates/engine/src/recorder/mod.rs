@@ -248,7 +248,10 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         ..Default::default()
     };
 
-    let writer = Writer::new(out, &metadata)?;
+    let mut writer = Writer::new(out, &metadata)?;
+    // On disk at once, not when the buffer fills: a recording killed from here on is kept by
+    // the reaper as one that reads (its metadata, then whatever chunks came before the kill).
+    writer.flush()?;
     let writer_failed = Arc::new(AtomicBool::new(false));
     let writer_thread = std::thread::Builder::new().name("virtprof-writer".into()).spawn({
         let writer_failed = writer_failed.clone();

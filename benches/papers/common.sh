@@ -1,0 +1,108 @@
+# What the study scripts share (sourced by benches/papers/*.sh, POSIX sh): the binary they
+# use, the virtualization they run on, the expected duration said before they start, the
+# manifest that makes a results folder self-describing, and the load guard around each run.
+# Callers set $here (this folder), $root (the repository) and $out (the study's folder).
+
+# The release binary (timings of a debug build are not virtprof's): VIRTPROF if set, else
+# target/release/virtprof, built (or brought up to date) first.
+study_binary() {
+    if [ -n "${VIRTPROF:-}" ]; then
+        virtprof=$VIRTPROF
+    else
+        virtprof=$root/target/release/virtprof
+        echo "$study: cargo build --release -p virtprof-cli" >&2
+        (cd "$root" && cargo build --release --locked -q -p virtprof-cli) >&2 ||
+            { echo "$study: the release build failed" >&2; exit 2; }
+    fi
+    [ -x "$virtprof" ] || { echo "$study: no virtprof binary at $virtprof (cargo build --release, or set VIRTPROF)" >&2; exit 2; }
+    export VIRTPROF=$virtprof
+}
+
+# How guests run on this host: accel=kvm where the CPU has VMX or SVM (x86) or the kernel
+# offers KVM on arm64, else tcg; accel_why says which, for the manifest and the first line.
+study_accel() {
+    accel=tcg accel_why="no VMX, SVM or arm64 KVM here: guests run under QEMU TCG, timings are emulation's"
+    if [ -w /dev/kvm ]; then
+        if grep -qw vmx /proc/cpuinfo; then
+            accel=kvm accel_why="Intel VMX: guests run under KVM"
+        elif grep -qw svm /proc/cpuinfo; then
+            accel=kvm accel_why="AMD SVM: guests run under KVM"
+        elif [ "$(uname -m)" = aarch64 ]; then
+            accel=kvm accel_why="arm64 KVM: guests run under KVM"
+        fi
+    fi
+}
+
+# Say what the study will do and about how long it takes: study_plan RUNS SECONDS [BOOT], a run
+# being SECONDS of workload after BOOT seconds of start-up (default: the workload guest's boot,
+# about 40 s under TCG and 10 s under KVM).
+study_plan() {
+    study_boot=${3:-40}
+    [ -n "${3:-}" ] || [ "$accel" != kvm ] || study_boot=10
+    study_each=$(($2 + study_boot))
+    echo "$study: $1 runs of about $study_each s each: expect about $(( ($1 * study_each + 59) / 60 )) minutes ($accel_why)" >&2
+}
+
+# How many runs: study_count RUNS WORDS... is RUNS for every combination of the words' items
+# (each word a space-separated list), e.g. study_count 5 "$ratios" "$steps".
+study_count() {
+    study_total=$1
+    shift
+    for study_list in "$@"; do
+        set -- $study_list
+        study_total=$((study_total * $#))
+    done
+    echo "$study_total"
+}
+
+# The study's pinned inputs, built (or checked) before the manifest records them: the
+# workload guest (its packages and the Debian kernel) or, with "bed", the nested-SVM bed's
+# kernel alone.
+study_inputs() {
+    if [ "${1:-}" = bed ]; then
+        STUDY_INPUTS=kernel
+        bash "$root/scripts/nested-svm/bed.sh" kernel > /dev/null
+    else
+        STUDY_INPUTS="kernel guest"
+        bash "$root/scripts/workload-guest/build.sh" > /dev/null
+    fi
+    export STUDY_INPUTS
+}
+
+# The results folder's manifest: the command, versions and host facts a reader needs to trust
+# or redo the numbers. study_manifest KEY=VALUE... adds the study's own parameters.
+study_manifest() {
+    python3 "$here/manifest.py" "$out/manifest.json" "$study" "$virtprof" "$accel" "$accel_why" "$@"
+}
+
+# One run under the load guard: study_run NAME LOG RESULT COMMAND [ARGS...]. The command's
+# stdout goes to RESULT, its stderr to LOG; guard.py's verdict to $out/NAME.guard.json and to
+# the terminal. A disturbed run is done again up to GUARD_RETRIES times (default 2); the
+# verdicts of the disturbed attempts are kept as NAME.disturbed-K.guard.json. Returns the
+# command's exit code.
+study_run() {
+    # Globals (POSIX sh has no locals), prefixed so the callers' own names are safe.
+    study_name=$1 study_log=$2 study_result=$3
+    shift 3
+    study_attempt=0
+    while :; do
+        study_status=0
+        python3 "$here/guard.py" "$out/$study_name.guard.json" -- "$@" > "$study_result" 2> "$study_log" ||
+            study_status=$?
+        grep '^guard: ' "$study_log" >&2 || true
+        grep -q '"disturbed": true' "$out/$study_name.guard.json" 2> /dev/null || return "$study_status"
+        study_attempt=$((study_attempt + 1))
+        [ "$study_attempt" -le "${GUARD_RETRIES:-2}" ] || return "$study_status"
+        mv "$out/$study_name.guard.json" "$out/$study_name.disturbed-$study_attempt.guard.json"
+        echo "$study: $study_name was disturbed by other load: running it again ($study_attempt of ${GUARD_RETRIES:-2})" >&2
+    done
+}
+
+# The results folder: manifest.json and every run's small outputs (JSON, results, logs, guard
+# verdicts; recordings only with KEEP_RECORDINGS) in runs.tar.xz, which table.py reads alone.
+study_pack() {
+    (cd "$out" && find . -maxdepth 1 -type f \( -name '*.json' -o -name '*.result' -o -name '*.log' \
+        -o -name '*.txt' -o -name '*.html' ${KEEP_RECORDINGS:+-o -name '*.vprec'} \) ! -name runs.tar.xz -print |
+        sed 's|^\./||' | LC_ALL=C sort | tar -cJf runs.tar.xz -T -)
+    echo "$study: raw data in $out/runs.tar.xz ($(du -h "$out/runs.tar.xz" | cut -f1)); tables again: python3 benches/papers/table.py $out" >&2
+}

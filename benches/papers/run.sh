@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One command per study: run it on the best virtualization this host has, and leave a results
+# folder anyone can check.
+#
+#   bash benches/papers/run.sh STUDY [RESULTS]
+#
+# STUDY: vrtprof, xenmon, thermal (the workload guest: under KVM where the CPU has VMX or SVM,
+# else under QEMU TCG, said first), bootprof, osnoise (the nested-SVM bed: kvm_amd in an
+# emulated L1 on any x86 host). The study's own variables (RUNS, SECONDS_EACH, ...) pass
+# through; see the top of benches/papers/STUDY.sh.
+#
+# The study works in target/papers/STUDY (kept for reruns: a study run again does only the
+# runs it lacks). RESULTS (default benches/results/papers/STUDY-DATE-ACCEL) gets manifest.json
+# (command, versions, inputs checked against pins.sha256, host facts), runs.tar.xz (every
+# run's JSON, results, logs and load-guard verdicts) and table.md, the tables made from
+# RESULTS alone by benches/papers/table.py (as anyone checking a number would make them).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+die() { echo "run.sh: $*" >&2; exit 2; }
+
+study=${1:-}
+case $study in
+    vrtprof | xenmon | thermal | bootprof | osnoise) ;;
+    "") die "usage: run.sh STUDY [RESULTS] (STUDY: vrtprof, xenmon, thermal, bootprof, osnoise)" ;;
+    *) die "unknown study '$study' (vrtprof, xenmon, thermal, bootprof, osnoise)" ;;
+esac
+case $study in
+    vrtprof | xenmon | thermal)
+        # The workload guest is an x86-64 guest run by qemu-system-x86_64.
+        [ "$(uname -m)" = x86_64 ] ||
+            die "$study runs the x86-64 workload guest; on $(uname -m) it cannot run yet (the arm64 bed, docs/testbeds.md, runs testvm guests)"
+        if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ]; then
+            accel=kvm
+            echo "run.sh: $study: this CPU has $(grep -owE 'vmx|svm' /proc/cpuinfo | head -1 | tr a-z A-Z): the guest runs under KVM" >&2
+        else
+            accel=tcg
+            echo "run.sh: $study: no VMX or SVM here: the guest runs under QEMU TCG (emulated; timings are emulation's)" >&2
+        fi
+        ;;
+    *)
+        accel=nested-svm
+        echo "run.sh: $study: in the nested-SVM bed (kvm_amd in an L1 that QEMU TCG emulates)" >&2
+        ;;
+esac
+results=$(realpath -m "${2:-$root/benches/results/papers/$study-$(date -u +%Y-%m-%d)-$accel}")
+work=$root/target/papers/$study
+mkdir -p "$work" "$results"
+
+sh "$here/$study.sh" "$work"
+cp "$work/manifest.json" "$work/runs.tar.xz" "$results/"
+# table.md comes from the results folder alone, as anyone checking it would make it.
+python3 "$here/table.py" "$results" > "$results/table.md"
+echo "run.sh: $results: manifest.json, runs.tar.xz and table.md (made from the folder alone by benches/papers/table.py)" >&2
