@@ -72,7 +72,7 @@ study_inputs() {
 # The results folder's manifest: the command, versions and host facts a reader needs to trust
 # or redo the numbers. study_manifest KEY=VALUE... adds the study's own parameters.
 study_manifest() {
-    python3 "$here/manifest.py" "$out/manifest.json" "$study" "$virtprof" "$accel" "$accel_why" "$@"
+    python3 "$here/manifest.py" "$out/manifest.json" "${study%.sh}" "$virtprof" "$accel" "$accel_why" "$@"
 }
 
 # One run under the load guard: study_run NAME LOG RESULT COMMAND [ARGS...]. The command's
