@@ -380,3 +380,70 @@ fn xenmon_places_vcpu_threads_and_the_rest_in_two_weighted_groups() {
         note(test, "SKIP: no cgroup cpu controller (v2 or v1) on this host");
     }
 }
+
+/// Decimal numbers in `text` ("+0.83", "1,197.8", "−0.02"), as the tables print them.
+fn decimals(text: &str) -> Vec<String> {
+    let text = text.replace('−', "-");
+    let mut out = Vec::new();
+    let bytes: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let starts =
+            bytes[i].is_ascii_digit() && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == '.'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let from = if i > 0 && (bytes[i - 1] == '+' || bytes[i - 1] == '-') { i - 1 } else { i };
+        let mut j = i;
+        while j < bytes.len() && (bytes[j].is_ascii_digit() || bytes[j] == ',' || bytes[j] == '.') {
+            j += 1;
+        }
+        let token: String = bytes[from..j].iter().collect::<String>().trim_end_matches([',', '.']).to_string();
+        if token.contains('.') {
+            out.push(token);
+        }
+        i = j;
+    }
+    out
+}
+
+#[test]
+fn committed_results_make_their_tables_again_and_papers_md_quotes_only_their_numbers() {
+    let results = repo().join("benches/results/papers");
+    let mut folders = 0;
+    for entry in std::fs::read_dir(&results).unwrap() {
+        let folder = entry.unwrap().path();
+        if !folder.join("manifest.json").exists() {
+            continue;
+        }
+        folders += 1;
+        let made = Command::new("python3").arg(papers().join("table.py")).arg(&folder).output().unwrap();
+        assert!(made.status.success(), "{}: {}", folder.display(), text(&made));
+        let committed = std::fs::read_to_string(folder.join("table.md")).unwrap();
+        assert!(
+            String::from_utf8_lossy(&made.stdout) == committed,
+            "{}: table.md is not what table.py makes from the folder",
+            folder.display()
+        );
+    }
+    assert!(folders > 0, "no results folder under {}", results.display());
+    // Each block of docs/papers.md that says where its numbers come from quotes only numbers
+    // that table has.
+    let papers_md = std::fs::read_to_string(repo().join("docs/papers.md")).unwrap();
+    let mut blocks = 0;
+    for block in papers_md.split("<!-- numbers from ").skip(1) {
+        let (source, rest) = block.split_once(" -->").unwrap();
+        let (quoted, _) = rest.split_once("<!-- end of numbers -->").expect("a numbers block ends");
+        let table = std::fs::read_to_string(repo().join(source))
+            .unwrap_or_else(|e| panic!("docs/papers.md quotes {source}: {e}"))
+            .replace('−', "-");
+        let numbers = decimals(quoted);
+        assert!(!numbers.is_empty(), "the block from {source} quotes no number");
+        for number in numbers {
+            assert!(table.contains(&number), "docs/papers.md quotes {number}, which {source} does not have");
+        }
+        blocks += 1;
+    }
+    assert!(blocks > 0, "docs/papers.md has no block of numbers from a results folder");
+}
