@@ -129,7 +129,7 @@ fi
 # The tests that run VMs run one after another (they hold one lock): where that serial time went.
 if [ -s "$lock_times" ]; then
     echo "test.sh: VM-lock time, $(awk '{ s += $1 } END { printf "%.0f s", s }' "$lock_times") in all; the longest:"
-    sort -rn "$lock_times" | head -8 | sed 's/^/  /'
+    sort -rn "$lock_times" | sed -n '1,8s/^/  /p'
 fi
 # One closing line for the whole suite (cargo prints one per test binary, the last often a
 # doc-test binary with 0 tests).

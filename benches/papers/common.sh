@@ -18,17 +18,16 @@ study_binary() {
     export VIRTPROF=$virtprof
 }
 
-# How guests run on this host: accel=kvm where the CPU has VMX or SVM (x86) or the kernel
-# offers KVM on arm64, else tcg; accel_why says which, for the manifest and the first line.
+# How the workload guest runs on this host (as its run.sh decides): accel=kvm where the CPU has
+# VMX or SVM and /dev/kvm can be opened, else tcg; accel_why says which, for the manifest and
+# the first line.
 study_accel() {
-    accel=tcg accel_why="no VMX, SVM or arm64 KVM here: guests run under QEMU TCG, timings are emulation's"
+    accel=tcg accel_why="no VMX or SVM here: the guest runs under QEMU TCG (emulated; timings are emulation's)"
     if [ -w /dev/kvm ]; then
         if grep -qw vmx /proc/cpuinfo; then
-            accel=kvm accel_why="Intel VMX: guests run under KVM"
+            accel=kvm accel_why="Intel VMX: the guest runs under KVM"
         elif grep -qw svm /proc/cpuinfo; then
-            accel=kvm accel_why="AMD SVM: guests run under KVM"
-        elif [ "$(uname -m)" = aarch64 ]; then
-            accel=kvm accel_why="arm64 KVM: guests run under KVM"
+            accel=kvm accel_why="AMD SVM: the guest runs under KVM"
         fi
     fi
 }

@@ -19,35 +19,33 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 die() { echo "run.sh: $*" >&2; exit 2; }
 
-study=${1:-}
-case $study in
+which=${1:-}
+case $which in
     vrtprof | xenmon | thermal | bootprof | osnoise) ;;
     "") die "usage: run.sh STUDY [RESULTS] (STUDY: vrtprof, xenmon, thermal, bootprof, osnoise)" ;;
-    *) die "unknown study '$study' (vrtprof, xenmon, thermal, bootprof, osnoise)" ;;
+    *) die "unknown study '$which' (vrtprof, xenmon, thermal, bootprof, osnoise)" ;;
 esac
-case $study in
+# The same choice the study makes (common.sh), said before anything is built.
+out= study=run.sh
+. "$here/common.sh"
+case $which in
     vrtprof | xenmon | thermal)
         # The workload guest is an x86-64 guest run by qemu-system-x86_64.
         [ "$(uname -m)" = x86_64 ] ||
-            die "$study runs the x86-64 workload guest; on $(uname -m) it cannot run yet (the arm64 bed, docs/testbeds.md, runs testvm guests)"
-        if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ]; then
-            accel=kvm
-            echo "run.sh: $study: this CPU has $(grep -owE 'vmx|svm' /proc/cpuinfo | head -1 | tr a-z A-Z): the guest runs under KVM" >&2
-        else
-            accel=tcg
-            echo "run.sh: $study: no VMX or SVM here: the guest runs under QEMU TCG (emulated; timings are emulation's)" >&2
-        fi
+            die "$which runs the x86-64 workload guest; on $(uname -m) it cannot run yet (the arm64 bed, docs/testbeds.md, runs testvm guests)"
+        study_accel
+        echo "run.sh: $which: $accel_why" >&2
         ;;
     *)
         accel=nested-svm
-        echo "run.sh: $study: in the nested-SVM bed (kvm_amd in an L1 that QEMU TCG emulates)" >&2
+        echo "run.sh: $which: in the nested-SVM bed (kvm_amd in an L1 that QEMU TCG emulates; timings are emulation's)" >&2
         ;;
 esac
-results=$(realpath -m "${2:-$root/benches/results/papers/$study-$(date -u +%Y-%m-%d)-$accel}")
-work=$root/target/papers/$study
+results=$(realpath -m "${2:-$root/benches/results/papers/$which-$(date -u +%Y-%m-%d)-$accel}")
+work=$root/target/papers/$which
 mkdir -p "$work" "$results"
 
-sh "$here/$study.sh" "$work"
+sh "$here/$which.sh" "$work"
 cp "$work/manifest.json" "$work/runs.tar.xz" "$results/"
 # table.md comes from the results folder alone, as anyone checking it would make it.
 python3 "$here/table.py" "$results" > "$results/table.md"

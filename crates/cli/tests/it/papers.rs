@@ -264,6 +264,15 @@ fn a_study_refuses_inputs_other_than_the_pinned_ones_unless_told() {
     std::fs::remove_dir_all(&target).unwrap();
 }
 
+#[test]
+fn run_sh_says_which_studies_there_are() {
+    for (args, said) in [(vec![], "usage: run.sh STUDY"), (vec!["nope"], "unknown study 'nope' (vrtprof, xenmon")] {
+        let output = Command::new("bash").arg(papers().join("run.sh")).args(&args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
+        assert!(text(&output).contains(said), "{args:?}: {}", text(&output));
+    }
+}
+
 /// A process with threads named as QEMU names them: "CPU 0/KVM", "CPU 1/KVM" and an I/O thread.
 struct FakeQemu(std::process::Child);
 
