@@ -71,12 +71,17 @@ tap_up() {
     done
     ip addr add "$subnet.1/24" dev "$tap" && ip link set "$tap" up
 }
-# Give the guest a command (init reads its console); true if its WG-DONE says rc=0.
+# Give the guest a command (init reads its console); true if its WG-DONE says rc=0, else the
+# line and the console before it are shown.
 tell() {
     before=$(lines_with "WG-DONE $2 ")
     echo "$1" > "$run/con.in"
     await "WG-DONE $2 " "$before" "$3" || return 1
-    [ "$(grep -a "WG-DONE $2 " "$run/console.log" | tail -1 | sed 's/.*rc=\([0-9]*\).*/\1/')" = 0 ]
+    done_line=$(grep -a "WG-DONE $2 " "$run/console.log" | tail -1 | tr -d '\r')
+    [ "$(echo "$done_line" | sed 's/.*rc=\([0-9]*\).*/\1/')" = 0 ] && return 0
+    echo "run.sh: the guest's '$1' ended: $done_line; its console:" >&2
+    tail -10 "$run/console.log" >&2
+    return 1
 }
 # The guest's root with this host's kernel: /proc, /dev and the run's data bound in and a
 # tmpfs on /tmp (the root may be read-only: the bed's L1 reads it from the host), in a mount
@@ -270,7 +275,12 @@ if [ "$native" = 0 ]; then
     echo "run.sh: $(grep -a WG-READY "$run/console.log" | sed 's/.*WG-READY/guest ready:/' | tr -d '\r') ($accel)" >&2
     [ "$net" = tap ] && echo "run.sh: network: tap $tap, guest $server, vhost-net $vhost" >&2
     case $workload in
-        web | iperf) tell "start $workload" "$workload" 60 || die "the guest could not start $workload" ;;
+        # Seen once under load: a start that said rc≠0. A second try after a stop (which ends
+        # a server half started) costs seconds; a guest that fails twice is said.
+        web | iperf)
+            tell "start $workload" "$workload" 60 ||
+                { echo "run.sh: starting $workload again" >&2; tell "stop $workload" "$workload" 60 || true
+                  tell "start $workload" "$workload" 60; } || die "the guest could not start $workload" ;;
     esac
     if [ -n "${WG_PLACE:-}" ]; then
         # shellcheck disable=SC2086 # a command and its words
