@@ -10,6 +10,7 @@ taken from this machine, so anyone can check a number docs/papers.md quotes.
 """
 
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -29,16 +30,34 @@ TABLES = {
 }
 
 
+# A study's runs take a few MB unpacked; an archive claiming more is refused, not unpacked.
+UNPACKED_LIMIT = 1 << 30
+
+
+def refuse(why):
+    """Bad input: say what and where, exit 2."""
+    print(f"table.py: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
 def unpack(archive, into):
-    """Unpack runs.tar.xz, refusing members that are not plain files in its top folder."""
-    with tarfile.open(archive, "r:xz") as tar:
-        for member in tar:
-            name = member.name
-            if not member.isfile() or "/" in name or name in ("", ".", ".."):
-                sys.exit(f"table.py: {archive}: refusing member {name!r} (not a plain file at the top)")
-            with tar.extractfile(member) as src, open(os.path.join(into, name), "wb") as dst:
-                while block := src.read(1 << 20):
-                    dst.write(block)
+    """Unpack runs.tar.xz, refusing members that are not plain files in its top folder and
+    archives past UNPACKED_LIMIT; a damaged archive is said so (exit 2)."""
+    total = 0
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isfile() or "/" in name or name in ("", ".", ".."):
+                    refuse(f"{archive}: refusing member {name!r} (not a plain file at the top)")
+                total += member.size
+                if total > UNPACKED_LIMIT:
+                    refuse(f"{archive}: its members claim over {UNPACKED_LIMIT >> 20} MiB; refusing it")
+                with tar.extractfile(member) as src, open(os.path.join(into, name), "wb") as dst:
+                    while block := src.read(1 << 20):
+                        dst.write(block)
+    except (tarfile.TarError, EOFError, lzma.LZMAError) as e:
+        refuse(f"{archive} is damaged ({e}); make it again with the study (run.sh)")
 
 
 def main():
@@ -57,15 +76,27 @@ def main():
         sys.exit(2)
     script, params = TABLES[study]
     args = [manifest.get("parameters", {}).get(key, default) for key, default in params]
-    print(f"<!-- {study}: {manifest.get('virtprof')}, {manifest.get('accel_why')}, "
-          f"started {manifest.get('started_utc')} -->")
     archive = os.path.join(folder, "runs.tar.xz")
     with tempfile.TemporaryDirectory() as scratch:
         runs = folder
         if os.path.exists(archive):
             unpack(archive, scratch)
             runs = scratch
-        return subprocess.call([sys.executable, os.path.join(HERE, script), runs, *args])
+        made = subprocess.run([sys.executable, os.path.join(HERE, script), runs, *args], stdout=subprocess.PIPE)
+    head = (f"<!-- {study}: {manifest.get('virtprof')}, {manifest.get('accel_why')}, "
+            f"started {manifest.get('started_utc')} -->\n")
+    try:
+        sys.stdout.buffer.write(head.encode() + made.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # A reader that stopped early (`| head`) got what it wanted.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        print(f"table.py: writing the tables: {e.strerror}", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return made.returncode
 
 
 if __name__ == "__main__":

@@ -8,17 +8,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use super::util::{note, repo, temp};
+use super::util::{empty_dir, note, repo};
 
 fn papers() -> PathBuf {
     repo().join("benches/papers")
-}
-
-fn fresh(name: &str) -> PathBuf {
-    let dir = temp(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 fn json(path: &Path) -> Value {
@@ -58,7 +51,7 @@ fn f64_of(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn the_load_guard_counts_a_runs_own_cpu_and_its_neighbours_apart() {
-    let dir = fresh("papers-guard");
+    let dir = empty_dir("papers-guard");
     // The run's own CPU (a child it reaps): counted as the run's, not as other load. Ticks of
     // 10 ms and the python start-up bound the error.
     let (output, own) = guard(&dir, "own", &[], &["python3", "-c", &busy(1.0, None, 0.0)]);
@@ -125,7 +118,7 @@ fn with_common(out: &Path, script: &str, env: &[(&str, &str)]) -> Output {
 
 #[test]
 fn a_disturbed_run_is_run_again_and_every_verdict_kept() {
-    let out = fresh("papers-retry");
+    let out = empty_dir("papers-retry");
     // A limit no run can meet: every attempt is disturbed.
     let output = with_common(
         &out,
@@ -157,7 +150,7 @@ fn result_line(ops: u32) -> String {
 
 #[test]
 fn a_results_folder_makes_its_tables_alone_leaving_out_disturbed_runs() {
-    let out = fresh("papers-results");
+    let out = empty_dir("papers-results");
     // A VrtProf folder of five runs a side (no compare output): native 100..140 ops, guest
     // 10, 20, 30, 40 and a disturbed fifth of 1 000.
     for (i, ops) in [100, 110, 120, 130, 140].into_iter().enumerate() {
@@ -203,7 +196,7 @@ fn a_results_folder_makes_its_tables_alone_leaving_out_disturbed_runs() {
 
     // Hostile folders: no manifest, an unknown study, an archive member outside the folder.
     let run = |dir: &Path| Command::new("python3").arg(papers().join("table.py")).arg(dir).output().unwrap();
-    let empty = fresh("papers-results-empty");
+    let empty = empty_dir("papers-results-empty");
     assert_eq!(run(&empty).status.code(), Some(2), "no manifest");
     std::fs::write(empty.join("manifest.json"), r#"{"study": "nope"}"#).unwrap();
     let unknown = run(&empty);
@@ -218,16 +211,46 @@ fn a_results_folder_makes_its_tables_alone_leaving_out_disturbed_runs() {
         .unwrap();
     assert!(evil.success());
     let refused = run(&empty);
-    assert!(!refused.status.success());
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
     assert!(text(&refused).contains("refusing member '../escaped'"), "{}", text(&refused));
     assert!(!empty.parent().unwrap().join("escaped").exists());
+    // A member whose header claims 2 GiB: refused before anything is unpacked. An archive cut
+    // short: damaged, said so.
+    let lying = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import io, lzma, sys, tarfile
+b = io.BytesIO()
+t = tarfile.open(fileobj=b, mode='w', format=tarfile.USTAR_FORMAT)
+i = tarfile.TarInfo('a.result')
+i.size = 10
+t.addfile(i, io.BytesIO(b'x' * 10))
+t.close()
+r = bytearray(b.getvalue())
+r[124:136] = b'%011o\\0' % (2 << 30)
+r[148:156] = b' ' * 8
+r[148:156] = b'%06o\\0 ' % sum(r[:512])
+open(sys.argv[1], 'wb').write(lzma.compress(bytes(r)))",
+        )
+        .arg(empty.join("runs.tar.xz"))
+        .status()
+        .unwrap();
+    assert!(lying.success());
+    let refused = run(&empty);
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("claim over 1024 MiB"), "{}", text(&refused));
+    let whole = std::fs::read(out.join("runs.tar.xz")).unwrap();
+    std::fs::write(empty.join("runs.tar.xz"), &whole[..whole.len() / 2]).unwrap();
+    let cut = run(&empty);
+    assert_eq!(cut.status.code(), Some(2), "{}", text(&cut));
+    assert!(text(&cut).contains("is damaged"), "{}", text(&cut));
     std::fs::remove_dir_all(&empty).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
 fn a_study_refuses_inputs_other_than_the_pinned_ones_unless_told() {
-    let target = fresh("papers-pins");
+    let target = empty_dir("papers-pins");
     std::fs::create_dir_all(target.join("nested-svm")).unwrap();
     std::fs::write(target.join("nested-svm/linux-image-9.9.9-amd64_9.9.9-1_amd64.deb"), "not Debian's").unwrap();
     let manifest = target.join("out/manifest.json");
@@ -349,7 +372,7 @@ fn xenmon_places_vcpu_threads_and_the_rest_in_two_weighted_groups() {
             continue;
         };
         tried += 1;
-        let dir = fresh(&format!("papers-place-{version}"));
+        let dir = empty_dir(&format!("papers-place-{version}"));
         let base = root.join(format!("virtprof-it-xenmon-{}", std::process::id()));
         let qemu = FakeQemu::start(&dir);
         let output = Command::new("sh")

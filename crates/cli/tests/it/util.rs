@@ -88,6 +88,14 @@ pub fn temp(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("virtprof-it-{name}-{}", std::process::id()))
 }
 
+/// A fresh, empty folder of this test process.
+pub fn empty_dir(name: &str) -> std::path::PathBuf {
+    let dir = temp(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// `virtprof record -o FILE RECORD_ARGS -- virtprof testvm ARGS --json`, returning testvm's
 /// report; panics with stderr on failure.
 pub fn record_testvm(file: &std::path::Path, record_args: &[&str], args: &[&str]) -> TestvmReport {

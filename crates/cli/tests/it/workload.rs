@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use super::agent::report_json;
-use super::util::{debian_kernel, have_tracefs, note, temp, vm_lock};
+use super::util::{debian_kernel, empty_dir, have_tracefs, note, vm_lock};
 
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/workload-guest").join(name)
@@ -30,14 +30,6 @@ fn run_sh_with(tmp: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .envs(env.iter().copied())
         .output()
         .unwrap()
-}
-
-/// A fresh, empty folder of this test process.
-fn empty_dir(name: &str) -> PathBuf {
-    let dir = temp(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// The workload's own result line: `WG-RESULT name=N seconds=S ops=K unit=U ...` as pairs.
