@@ -7,27 +7,36 @@
 # (scripts/boot-balloon) whose init busy-waits BALLOON_MS in the kernel's delay loop (0 in the
 # control), the seed's ballooned symbol. Per boot: realms, the top symbols with realm,
 # fraction and rank, the ballooned symbol's fraction and the boot's length, per-symbol time
-# profiles; across runs, how stable each rank is.
+# profiles; across runs, how stable each rank is. Fig. 4 (a boot's user-space "last mile"):
+# the workload guest booted the same way, its init doing real user-space work (modules, the
+# network, the agent) up to WG-READY, then powered off: kernel and user realms per tenth of
+# the boot.
 #
 #   sh benches/papers/bootprof.sh [OUT]      (default target/papers/bootprof)
 #
-# RUNS (default 5) boots of each kind, BALLOON_MS (default 10000), RATE (samples per second,
-# default 10000). Run again into the same OUT, it keeps the boots it has and does the rest.
+# RUNS (default 5) boots of each kind, USERLAND_RUNS (default RUNS; 0: none) workload-guest
+# boots, BALLOON_MS (default 10000), RATE (samples per second, default 10000). Run again into
+# the same OUT, it keeps the boots it has and does the rest.
 # VIRTPROF: the binary (default target/release/virtprof, built when missing).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out=$(realpath -m "${1:-$root/target/papers/bootprof}")
-runs=${RUNS:-5} balloon_ms=${BALLOON_MS:-10000} rate=${RATE:-10000}
+runs=${RUNS:-5} balloon_ms=${BALLOON_MS:-10000} rate=${RATE:-10000} userland_runs=${USERLAND_RUNS:-${RUNS:-5}}
 study=bootprof.sh
 mkdir -p "$out"
 . "$here/common.sh"
 study_binary
 accel=kvm accel_why="the nested-SVM bed: L2 under kvm_amd in an L1 that QEMU TCG emulates; timings are emulation's"
 # An L1 boot, L2's boot recorded whole (about 40-55 s) and L1's shutdown: about 4 minutes.
-study_plan $((2 * runs)) 0 240
+study_plan $((2 * runs + userland_runs)) 0 240
 study_inputs bed
-study_manifest RUNS="$runs" BALLOON_MS="$balloon_ms" RATE="$rate"
+if [ "$userland_runs" -gt 0 ]; then
+    # The workload guest too (its packages are pinned as well): its initramfs is L2's userland.
+    study_inputs
+    wg=$root/target/workload-guest
+fi
+study_manifest RUNS="$runs" USERLAND_RUNS="$userland_runs" BALLOON_MS="$balloon_ms" RATE="$rate"
 balloon=$(sh "$root/scripts/boot-balloon/build.sh")
 kernel=$root/target/debian-kernel
 bash "$root/scripts/debian-kernel/fetch.sh" "$kernel" > /dev/null
@@ -46,18 +55,47 @@ while [ "$i" -le "$runs" ]; do
     done
     i=$((i + 1))
 done
+i=1
+while [ "$i" -le "$userland_runs" ]; do
+    grep -q WG-READY "$out/userland-$i.console" 2> /dev/null && [ -s "$out/userland-$i.vprec" ] || todo="$todo userland-$i"
+    i=$((i + 1))
+done
 
 # One L1 boot per L2 boot: emulated SVM now and then breaks L1 itself (a panic, a reset), and
 # the bed then runs the job again from the start, so a job of one boot loses only that boot.
 # In L1 the boot is recorded whole; an L2 that ends before its marker is booted again, three
 # times at most.
+job= study_bed_out=
+trap 'rm -rf "$job" "$study_bed_out"' EXIT
 for name in $todo; do
     ms=0
     case $name in balloon-*) ms=$balloon_ms ;; esac
     job=$(mktemp "${TMPDIR:-/tmp}/bootprof-job.XXXXXX")
-    bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
-    trap 'rm -rf "$job" "$bed_out"' EXIT
-    cat > "$job" <<EOF
+    case $name in
+        userland-*)
+            # The workload guest's init reads commands from its console once it has said
+            # WG-READY: its boot is recorded until then, and a poweroff ends it.
+            cat > "$job" <<EOF
+mkfifo /tmp/console-in
+exec 3<> /tmp/console-in
+L2_INITRD=/host$wg/initrd.gz hang-guard 900 virtprof record -o /out/$name.vprec --events kvm -- l2-boot -m 768M \
+    < /tmp/console-in > /out/$name.console 2> /out/$name.log &
+recording=\$!
+waited=0
+until grep -q WG-READY /out/$name.console; do
+    kill -0 \$recording 2> /dev/null || break
+    waited=\$((waited + 1))
+    [ \$waited -gt 900 ] && break
+    sleep 1
+done
+echo poweroff >&3
+wait \$recording || true
+grep -q WG-READY /out/$name.console || { echo "$name: the workload guest never said WG-READY"; rm -f /out/$name.vprec; }
+EOF
+            echo "bootprof.sh: $name: booting the workload guest as L2 in the nested-SVM bed" >&2
+            ;;
+        *)
+            cat > "$job" <<EOF
 attempt=1
 while :; do
     L2_INITRD=/host$balloon/balloon-initrd.gz L2_APPEND="rdinit=/balloon-init balloon_ms=$ms" \
@@ -67,24 +105,16 @@ while :; do
     attempt=\$((attempt + 1))
 done
 EOF
-    echo "bootprof.sh: $name: booting L2 in the nested-SVM bed (balloon $ms ms)" >&2
-    BED_OUT=$bed_out study_run "$name" "$out/$name.bed.err" "$out/$name.bed.log" \
-        bash "$root/scripts/nested-svm/bed.sh" run -t 1800 "$job" ||
-        echo "bootprof.sh: $name failed in the bed: see $out/$name.bed.log and $out/$name.bed.err" >&2
-    for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
-    rm -rf "$job" "$bed_out"
+            echo "bootprof.sh: $name: booting L2 in the nested-SVM bed (balloon $ms ms)" >&2
+            ;;
+    esac
+    study_bed_job "$name" "$root/scripts/nested-svm/bed.sh" 1800 "$job"
+    rm -f "$job"
 done
 
 # Each boot's profile from its recording; the symbols of Figs. 5-7 followed over time.
-for rec in "$out"/*.vprec; do
-    [ -e "$rec" ] || continue
-    base=${rec%.vprec}
-    [ -s "$base.boot.json" ] && [ "$base.boot.json" -nt "$rec" ] && continue
-    "$virtprof" boot --recording "$rec" --system-map "$kernel/System.map" --rate "$rate" --top 40 \
-        --symbol delay_tsc --symbol read_pci_config --symbol native_write_msr \
-        --json --html "$base.boot.html" > "$base.boot.json" 2> "$base.boot.err" ||
-        { echo "bootprof.sh: boot --recording $rec failed: $(cat "$base.boot.err")" >&2; rm -f "$base.boot.json"; }
-done
+study_boot_profiles "$kernel/System.map" --rate "$rate" --symbol delay_tsc --symbol read_pci_config \
+    --symbol native_write_msr
 
 echo "## Boot profiling (seed 003) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d): $runs boots each, balloon $balloon_ms ms, $rate samples/s"
 echo

@@ -55,12 +55,15 @@ study_count() {
 }
 
 # The study's pinned inputs, built (or checked) before the manifest records them: the
-# workload guest (its packages and the Debian kernel) or, with "bed", the nested-SVM bed's
-# kernel alone.
+# workload guest (its packages and the Debian kernel), with "bed" the nested-SVM bed's kernel
+# alone, with "arm64" the arm64 bed's kernel and busybox.
 study_inputs() {
     if [ "${1:-}" = bed ]; then
         STUDY_INPUTS=kernel
         bash "$root/scripts/nested-svm/bed.sh" kernel > /dev/null
+    elif [ "${1:-}" = arm64 ]; then
+        STUDY_INPUTS=arm64
+        VIRTPROF=${VIRTPROF_AARCH64:-$VIRTPROF} bash "$root/scripts/arm64/bed.sh" prepare > /dev/null
     else
         STUDY_INPUTS="kernel guest"
         bash "$root/scripts/workload-guest/build.sh" > /dev/null
@@ -97,11 +100,45 @@ study_run() {
     done
 }
 
+# One job in a test bed, under the load guard: study_bed_job NAME BED SECONDS JOB [ENV=VALUE...],
+# BED the bed's script (scripts/nested-svm/bed.sh, scripts/arm64/bed.sh), JOB the script it
+# runs in L1 within SECONDS; what the job leaves in /out lands in $out, its output in
+# $out/NAME.bed.log. A failed job is said, not fatal (the study runs the rest; run again, it
+# does what is missing). The caller's EXIT trap removes "$study_bed_out" if interrupted.
+study_bed_job() {
+    study_job_name=$1 study_bed=$2 study_seconds=$3 study_job=$4
+    shift 4
+    study_bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
+    study_run "$study_job_name" "$out/$study_job_name.bed.err" "$out/$study_job_name.bed.log" \
+        env BED_OUT="$study_bed_out" "$@" bash "$study_bed" run -t "$study_seconds" "$study_job" ||
+        echo "$study: $study_job_name failed in the bed: see $out/$study_job_name.bed.log and $out/$study_job_name.bed.err" >&2
+    for study_file in "$study_bed_out"/*; do [ -e "$study_file" ] && mv "$study_file" "$out/"; done
+    rm -rf "$study_bed_out"
+}
+
+# Each boot recording's profile (`virtprof boot --recording`), unless one newer than it exists:
+# study_boot_profiles MAP [ARGS...], MAP the kernel's symbols (or "per-run": each recording's
+# own RUN.kallsyms, taken in the L1 that recorded it).
+study_boot_profiles() {
+    study_map=$1
+    shift
+    for study_rec in "$out"/*.vprec; do
+        [ -e "$study_rec" ] || continue
+        study_base=${study_rec%.vprec}
+        [ -s "$study_base.boot.json" ] && [ "$study_base.boot.json" -nt "$study_rec" ] && continue
+        [ "$study_map" = per-run ] && study_map_here=$study_base.kallsyms || study_map_here=$study_map
+        "$virtprof" boot --recording "$study_rec" --system-map "$study_map_here" --top 40 "$@" \
+            --json --html "$study_base.boot.html" > "$study_base.boot.json" 2> "$study_base.boot.err" ||
+            { echo "$study: boot --recording $study_rec failed: $(cat "$study_base.boot.err")" >&2; rm -f "$study_base.boot.json"; }
+    done
+}
+
 # The results folder: manifest.json and every run's small outputs (JSON, results, logs, guard
 # verdicts; recordings only with KEEP_RECORDINGS) in runs.tar.xz, which table.py reads alone.
 study_pack() {
     (cd "$out" && find . -maxdepth 1 -type f \( -name '*.json' -o -name '*.result' -o -name '*.log' \
-        -o -name '*.txt' -o -name '*.html' ${KEEP_RECORDINGS:+-o -name '*.vprec'} \) ! -name runs.tar.xz -print |
+        -o -name '*.txt' -o -name '*.html' -o -name '*.console' ${KEEP_RECORDINGS:+-o -name '*.vprec'} \) \
+        ! -name runs.tar.xz -print |
         sed 's|^\./||' | LC_ALL=C sort | tar -cJf runs.tar.xz -T -)
     echo "$study: raw data in $out/runs.tar.xz ($(du -h "$out/runs.tar.xz" | cut -f1)); tables again: python3 benches/papers/table.py $out" >&2
 }

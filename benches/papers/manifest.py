@@ -4,8 +4,8 @@
     manifest.py OUT/manifest.json STUDY VIRTPROF ACCEL ACCEL_WHY [KEY=VALUE ...]
 
 Versions (virtprof's own, with its commit; the kernel; QEMU), the study's inputs checked
-against benches/papers/pins.sha256 (the Debian kernel and the workload guest's packages,
-by version and SHA-256), and the host's facts (CPUs, model, memory, virtualization). A study
+against benches/papers/pins.sha256 (the Debian kernels, the workload guest's packages and the
+arm64 bed's, by version and SHA-256), and the host's facts (CPUs, model, memory, virtualization). A study
 whose inputs are not the pinned ones is refused (exit 2) unless STUDY_UNPINNED=1, and the
 manifest then lists what differs. STUDY_INPUTS names the kinds of input the study uses
 (default "kernel guest"). KEY=VALUE pairs are the study's parameters (RUNS, ...).
@@ -28,6 +28,7 @@ TARGET = os.environ.get("STUDY_TARGET") or os.path.join(ROOT, "target")
 INPUTS = {
     "kernel": os.path.join(TARGET, "nested-svm"),
     "guest": os.path.join(TARGET, "workload-guest", "debs"),
+    "arm64": os.path.join(TARGET, "arm64-bed"),
 }
 
 
@@ -99,7 +100,7 @@ def main():
         sys.exit(__doc__)
     path, study, virtprof, accel, accel_why = sys.argv[1:6]
     params = dict(kv.split("=", 1) for kv in sys.argv[6:] if "=" in kv)
-    kinds = os.environ.get("STUDY_INPUTS", " ".join(INPUTS)).split()
+    kinds = os.environ.get("STUDY_INPUTS", "kernel guest").split()
     unknown = [k for k in kinds if k not in INPUTS]
     if unknown:
         sys.exit(f"manifest.py: STUDY_INPUTS names unknown kinds {unknown} (known: {', '.join(INPUTS)})")
@@ -117,7 +118,7 @@ def main():
         "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "parameters": params,
         "virtprof": first_line([virtprof, "--version"]),
-        "qemu": first_line(["qemu-system-x86_64", "--version"]),
+        "qemu": first_line(["qemu-system-aarch64" if "arm64" in kinds else "qemu-system-x86_64", "--version"]),
         "accel": accel,
         "accel_why": accel_why,
         "host": host(),

@@ -8,9 +8,14 @@
 #                again while L1 records. Table 1: `agent --noise 1 --noise-probe ...` while L1
 #                records it: the exits timed from inside, beside L1's kvm_exit->kvm_entry.
 #   untuned/...  Figs. 17, 22-24: the plain noise loop (`agent --noise 1`) on L2's CPU 1 while
-#                L1 records, in four setups: no tuning; guest isolation (L2 isolcpus=1); host
+#                L1 records, in five setups: no tuning; guest isolation (L2 isolcpus=1); host
 #                isolation (L1 isolcpus=1, L2's CPU 1 thread alone on L1's CPU 1, its other
-#                threads on CPU 0); both.
+#                threads on CPU 0); both; and both with L1 and L2 also nohz_full=1
+#                rcu_nocbs=1 (Fig. 23's explanation tested: does the hypervisor noise left
+#                after isolation go with the tick and RCU's callbacks moved off the CPU?).
+#   l1-...       Figs. 15/16: the same loop run natively in L1 on its CPU 1 (`virtprof noise`,
+#                the host's own noise) in the two isolated L1s, beside what L2's loop has left
+#                when L1's account of its vCPU is taken out.
 #
 #   sh benches/papers/osnoise.sh [OUT]      (default target/papers/osnoise)
 #
@@ -28,8 +33,9 @@ mkdir -p "$out"
 . "$here/common.sh"
 study_binary
 accel=kvm accel_why="the nested-SVM bed: L2 under kvm_amd in an L1 that QEMU TCG emulates; timings are emulation's"
-# The probes' L1 boot, then one L1 boot per setup and run (4 setups), each about 5 minutes.
-study_plan $((1 + 4 * runs)) 0 300
+# The probes' L1 boot, then three L1 boots per run (two setups each in two of them, one in
+# the third), each about 5 minutes.
+study_plan $((1 + 3 * runs)) 0 300
 study_inputs bed
 study_manifest SECONDS_TRACED="$traced" RUNS="$runs"
 
@@ -109,6 +115,10 @@ record_phase() { # NAME PHASE [LISTENING_COUNT]: record the agent of that phase
     hang-guard 300 virtprof record -o /out/$1.vprec -d '"$traced"'s --agent vsock:3:9478 --agent-wait 120s \
         2> /out/$1.record.log
 }
+l1_noise() { # NAME: the noise loop natively in L1 on CPU 1, as L2 runs it (the noise of L1 itself)
+    hang-guard 120 virtprof noise --cpus 1 --duration '"$traced"'s --period 1s --runtime 900ms --threshold 5us --json \
+        > /out/$1.noise.json 2> /out/$1.noise.err || echo "L1 noise loop $1 failed: see $1.noise.err"
+}
 end_l2() {
     wait_line "$console" "L2-PHASE done" || true
     for i in $(seq 60); do kill -0 $l2 2> /dev/null || break; sleep 1; done
@@ -118,17 +128,15 @@ end_l2() {
 '
 
 # One L1 boot: $1 job name, $2 L1's extra command line, $3 the job's own lines.
+job= study_bed_out=
+trap 'rm -f "$l2job" "$initrd" "$job"; rm -rf "$study_bed_out"' EXIT
 run_job() {
     [ -s "$out/$1.done" ] && return 0
     job=$(mktemp "${TMPDIR:-/tmp}/osnoise-job.XXXXXX")
-    bed_out=$(mktemp -d "$out/.bed-out.XXXXXX")
     { echo "set -e"; echo "$l1_helpers"; echo "$3"; echo "date > /out/$1.done"; } > "$job"
     echo "osnoise.sh: $1: L1 boot (append '$2')" >&2
-    BED_OUT=$bed_out BED_APPEND="clocksource=tsc tsc=reliable $2" \
-        study_run "$1" "$out/$1.bed.err" "$out/$1.bed.log" bash "$root/scripts/nested-svm/bed.sh" run -t 2400 "$job" ||
-        echo "osnoise.sh: $1 failed in the bed: see $out/$1.bed.log and $out/$1.bed.err" >&2
-    for f in "$bed_out"/*; do [ -e "$f" ] && mv "$f" "$out/"; done
-    rm -rf "$job" "$bed_out"
+    study_bed_job "$1" "$root/scripts/nested-svm/bed.sh" 2400 "$job" BED_APPEND="clocksource=tsc tsc=reliable $2"
+    rm -f "$job"
 }
 
 run_job probes "" '
@@ -151,11 +159,18 @@ record_phase guest-isolated-$i agent-noise
 end_l2
 "
     run_job "host-isolated-$i" "isolcpus=1" "
+l1_noise l1-isolated-$i
 boot_l2 host-isolated-$i noise '' yes
 record_phase host-isolated-$i agent-noise
 end_l2
 boot_l2 both-isolated-$i noise isolcpus=1 yes
 record_phase both-isolated-$i agent-noise
+end_l2
+"
+    run_job "host-nohz-$i" "isolcpus=1 nohz_full=1 rcu_nocbs=1" "
+l1_noise l1-nohz-$i
+boot_l2 nohz-isolated-$i noise 'isolcpus=1 nohz_full=1 rcu_nocbs=1' yes
+record_phase nohz-isolated-$i agent-noise
 end_l2
 "
     i=$((i + 1))

@@ -22,10 +22,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Each study's table script and the manifest parameters it takes, in order, with the
 # defaults its study script uses.
 TABLES = {
-    "xenmon": ("xenmon_table.py", [("RATIOS", "0.5 1 2 10"), ("CONNECTIONS", "1 4 16 64")]),
+    "xenmon": ("xenmon_table.py", [("RATIOS", "0.5 1 2 10"), ("CONNECTIONS", "1 4 16 64"), ("RATES", "")]),
     "thermal": ("thermal_table.py", [("HZ", "0 1 10 20 100 1000"), ("WORKLOADS", "iperf build")]),
     "vrtprof": ("vrtprof_table.py", [("WORKLOADS", "stress sqlite compress build web")]),
+    "overhead": ("overhead_table.py", [("WORKLOADS", "stress sqlite compress build web"), ("INTERVALS", "100ms")]),
     "bootprof": ("bootprof_table.py", [("RUNS", "3")]),
+    "bootprof-arm64": ("bootprof_table.py", [("RUNS", "5")]),
     "osnoise": ("osnoise_table.py", [("RUNS", "3")]),
 }
 

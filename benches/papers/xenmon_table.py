@@ -1,10 +1,12 @@
 """The XenMon study's table from its runs (benches/papers/xenmon.sh writes them).
 
-    python3 benches/papers/xenmon_table.py OUT "RATIOS" "CONNECTIONS"
+    python3 benches/papers/xenmon_table.py OUT "RATIOS" "CONNECTIONS" ["RATES"]
 
-Per configuration (I/O side : vCPUs) and load step, the mean over runs of: wrk's throughput
-(± its standard deviation over the runs)
-and response time; the vCPUs' and the I/O side's CPU use (% of the one host CPU they share,
+Per configuration (I/O side : vCPUs) and load step (wrk's connections, or with RATES the
+open-loop load's offered requests a second), the mean over runs of: the throughput (± its
+standard deviation over the runs) and response time; for an open-loop load, the requests that
+failed or timed out and those the client sent late or not at all (then it, not the server,
+set the pace); the vCPUs' and the I/O side's CPU use (% of the one host CPU they share,
 XenMon's Fig. 4), their waiting and blocked shares (Figs. 5, 6: the vCPUs' mean, and the main
 loop's, which does the I/O side's network work), executions per second and CPU time per
 execution of the main loop (Figs. 8, 9), and the guest's network packets per main-loop
@@ -18,6 +20,12 @@ import sys
 from study import guard_note, load, result
 
 
+def number(kv, key):
+    """A result's figure, or None where the run did not give it ("unknown")."""
+    try:
+        return float(kv[key])
+    except (KeyError, ValueError):
+        return None
 
 
 def run_row(base):
@@ -38,7 +46,9 @@ def run_row(base):
         packets = sum(m["total"] for m in guest["metrics"] if m["metric"] in names)
     return {
         "rps": float(kv["ops"]) / float(kv["seconds"]),
-        "latency_ms": float(kv["latency_avg_us"]) / 1000 if "latency_avg_us" in kv else None,
+        "latency_ms": None if number(kv, "latency_avg_us") is None else number(kv, "latency_avg_us") / 1000,
+        "failed": None if number(kv, "sent") is None else number(kv, "errors") + number(kv, "timeouts"),
+        "client_lag": None if number(kv, "sent") is None else number(kv, "late") + number(kv, "unsent"),
         "vcpu_cpu": 100 * vcpu["cpus"],
         "io_cpu": 100 * io_side_cpus,
         "vcpu_wait": vcpu["waiting_pct"],
@@ -66,6 +76,8 @@ def cell(value, places=1):
 COLUMNS = [
     ("req/s", "rps", 0),
     ("latency ms", "latency_ms", 2),
+    ("failed or timed out", "failed", 0),
+    ("sent late or not sent", "client_lag", 0),
     ("vCPUs CPU %", "vcpu_cpu", 1),
     ("I/O side CPU %", "io_cpu", 1),
     ("vCPU wait %", "vcpu_wait", 1),
@@ -81,22 +93,28 @@ COLUMNS = [
 
 
 def main():
-    out, ratios, steps = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
-    print("| I/O : vCPU | connections | runs | " + " | ".join(c[0] for c in COLUMNS) + " | lost events |")
-    print("|---" * (len(COLUMNS) + 4) + "|")
+    out, ratios = sys.argv[1], sys.argv[2].split()
+    rates = sys.argv[4].split() if len(sys.argv) > 4 else []
+    # The open-loop study's steps are rates (files conf<R>-r<rate>-N), wrk's connections (-c<N>-).
+    steps, prefix, step_name = (rates, "r", "offered req/s") if rates else (sys.argv[3].split(), "c", "connections")
+    # The open-loop columns mean nothing for wrk's runs.
+    columns = [c for c in COLUMNS if rates or c[1] not in ("failed", "client_lag")]
+    print(f"| I/O : vCPU | {step_name} | runs | " + " | ".join(c[0] for c in columns) + " | lost events |")
+    print("|---" * (len(columns) + 4) + "|")
     for ratio in ratios:
         for step in steps:
-            bases = sorted(p[: -len(".result")] for p in glob.glob(f"{out}/conf{ratio}-c{step}-*.result"))
+            bases = sorted(p[: -len(".result")] for p in glob.glob(f"{out}/conf{ratio}-{prefix}{step}-*.result"))
             rows = [r for r in map(run_row, bases) if r]
             if not rows:
                 print(f"| {ratio} | {step} | 0 | (every run failed: see its log) |")
                 continue
-            cells = [cell(mean(rows, key), places) for _, key, places in COLUMNS]
+            cells = [cell(mean(rows, key), places) for _, key, places in columns]
             if len(rows) > 1:
                 cells[0] += f" ± {statistics.stdev(r['rps'] for r in rows):,.0f}"
             print(f"| {ratio} | {step} | {len(rows)} | " + " | ".join(cells) + f" | {sum(r['lost'] for r in rows)} |")
 
     guard_note()
+
 
 if __name__ == "__main__":
     main()

@@ -23,6 +23,10 @@
 #                   device on this host, with vhost-net where /dev/vhost-net exists)
 #   --record ARGS   more arguments for `virtprof record` (e.g. "--counters task-clock")
 #   --connections N web: wrk's open connections (default 16), the load's step
+#   --rate N        web: an open-loop load in place of wrk: N requests a second on a fixed
+#                   schedule, one connection each (openloop.py; the XenMon paper's httperf)
+#   --no-record     run the workload without `virtprof record` (the guest's agent idles,
+#                   listening): the baseline of the recording's own overhead. No -o file
 #
 # WG_PLACE: a command run once the guest is ready, before the recording, with QEMU's pid as its
 # argument (to pin or weigh its threads; its failure ends the run). WG_LOAD_CPUS: the host
@@ -113,6 +117,7 @@ case ${1:-} in
 esac
 
 native=0 nested=0 seconds=10 interval=100ms out= accel= memory=1G net=user record_args= workload= connections=16
+rate= record=1
 while [ $# -gt 0 ]; do
     case $1 in
         --native) native=1 ;;
@@ -125,6 +130,8 @@ while [ $# -gt 0 ]; do
         --accel) accel=${2:?--accel kvm|tcg}; shift ;;
         --record) record_args=${2:?--record ARGS}; shift ;;
         --connections) connections=${2:?--connections N}; shift ;;
+        --rate) rate=${2:?--rate N}; shift ;;
+        --no-record) record=0 ;;
         -h | --help) sed -n '2,/^set -eu/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         -*) die "unknown option '$1' (see --help)" ;;
         *) [ -z "$workload" ] || die "one workload at a time ('$workload', then '$1')"; workload=$1 ;;
@@ -139,6 +146,13 @@ esac
 case $seconds in '' | *[!0-9]* | 0) die "--seconds takes a whole number of seconds above 0, not '$seconds'" ;; esac
 case $net in user | tap) ;; *) die "--net takes user or tap, not '$net'" ;; esac
 case $connections in '' | *[!0-9]* | 0) die "--connections takes a whole number above 0, not '$connections'" ;; esac
+if [ -n "$rate" ]; then
+    case $rate in *[!0-9]* | 0) die "--rate takes a whole number of requests a second above 0, not '$rate'" ;; esac
+    [ "$workload" = web ] || die "--rate is the web workload's open-loop load, not $workload's"
+    # The bed's L1 has no Python to run openloop.py.
+    [ "$nested" = 0 ] || die "--rate cannot run in the nested bed (its L1 has no Python for openloop.py)"
+fi
+[ "$record$nested" = 01 ] && die "--no-record runs on this host, not in the nested bed"
 side=guest
 [ "$native" = 1 ] && side=native
 [ "$nested" = 1 ] && side=nested
@@ -292,10 +306,12 @@ else
     cp -a "$wg/data/." "$run/data/"
     sed "s/^server.port = .*/server.port = $web_port/; s/^server.bind = .*/server.bind = \"127.0.0.1\"/" \
         "$wg/root/bed/lighttpd.conf" > "$run/data/lighttpd.conf"
-    agent=tcp:127.0.0.1:$(free_port 19478)
-    "$virtprof" agent --listen "$agent" --token-file "$token" --interval "$interval" --sessions 1 \
-        2> "$run/agent.log" &
-    pids="$!"
+    if [ "$record" = 1 ]; then
+        agent=tcp:127.0.0.1:$(free_port 19478)
+        "$virtprof" agent --listen "$agent" --token-file "$token" --interval "$interval" --sessions 1 \
+            2> "$run/agent.log" &
+        pids="$!"
+    fi
     case $workload in
         web) in_root lighttpd -D -f /data/lighttpd.conf > "$run/server.log" 2>&1 & pids="$pids $!" ;;
         iperf) in_root iperf3 -s -p "$iperf_port" > "$run/server.log" 2>&1 & pids="$pids $!" ;;
@@ -320,7 +336,13 @@ pin=
 [ -n "${WG_LOAD_CPUS:-}" ] && pin="taskset -c $WG_LOAD_CPUS"
 case $workload in
     # A stuck guest must not hold the load generator (iperf3 waits on a silent peer for ever).
-    web) load="timeout -k 5 $((seconds + 60)) $pin sh $0 --_root $wg $run wrk -t $threads -c $connections -d ${seconds}s http://$server:$web_target/index.html" ;;
+    web)
+        if [ -n "$rate" ]; then
+            load="timeout -k 5 $((seconds + 60)) $pin python3 $here/openloop.py --rate $rate --seconds $seconds http://$server:$web_target/index.html"
+        else
+            load="timeout -k 5 $((seconds + 60)) $pin sh $0 --_root $wg $run wrk -t $threads -c $connections -d ${seconds}s http://$server:$web_target/index.html"
+        fi
+        ;;
     iperf) load="timeout -k 5 $((seconds + 60)) sh $0 --_root $wg $run iperf3 -c $server -p $iperf_target -t $seconds -J" ;;
     *)
         if [ "$native" = 1 ]; then
@@ -330,13 +352,19 @@ case $workload in
         fi
         ;;
 esac
-echo "run.sh: recording $workload ($side, ${seconds}s) into $out" >&2
 status=0
 # In the background: a signal to this script runs its trap at once (sh defers traps until a
 # foreground command ends).
-# shellcheck disable=SC2086 # $record_args and $load are words
-"$virtprof" record --interval "$interval" --agent "$agent" --agent-token-file "$token" $record_args \
-    -o "$out" -- $load > "$run/load.out" &
+if [ "$record" = 1 ]; then
+    echo "run.sh: recording $workload ($side, ${seconds}s) into $out" >&2
+    # shellcheck disable=SC2086 # $record_args and $load are words
+    "$virtprof" record --interval "$interval" --agent "$agent" --agent-token-file "$token" $record_args \
+        -o "$out" -- $load > "$run/load.out" &
+else
+    echo "run.sh: running $workload ($side, ${seconds}s), not recorded" >&2
+    # shellcheck disable=SC2086 # $load is words
+    $load > "$run/load.out" &
+fi
 recording=$!
 wait "$recording" || status=$?
 recording=
@@ -353,7 +381,9 @@ if [ "$native" = 0 ] && { [ "$status" = 124 ] || ! kill -0 "$qemu" 2>/dev/null; 
     [ "$status" = 0 ] && status=1
 fi
 grep -av WG-RESULT "$run/load.out" >&2 || true
-case $workload in
+case $workload$rate in
+    # openloop.py prints its own result line (web with a --rate).
+    web[0-9]*) grep -a WG-RESULT "$run/load.out" || true ;;
     web)
         # wrk: "Latency 805.21us ..." (us, ms or s) and "N requests in S, ...".
         awk '/^ *Latency/ { v = $2; k = 1; if (v ~ /ms$/) k = 1000; else if (v ~ /us$/) k = 1; else if (v ~ /s$/) k = 1e6

@@ -1,7 +1,8 @@
 //! The studies' machinery (`benches/papers/`), without running a study: the load guard that
 //! marks and repeats runs other load disturbed, the results folder whose tables are made again
-//! from it alone, the pins that refuse other inputs, and the XenMon placement in cgroup v1 or
-//! v2 groups.
+//! from it alone, the pins that refuse other inputs, the XenMon placement in cgroup v1 or v2
+//! groups, the open-loop load against servers that answer, stall, flood or refuse, and the
+//! tables of the overhead and open-loop studies.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -289,7 +290,7 @@ fn a_study_refuses_inputs_other_than_the_pinned_ones_unless_told() {
 
 #[test]
 fn run_sh_says_which_studies_there_are() {
-    for (args, said) in [(vec![], "usage: run.sh STUDY"), (vec!["nope"], "unknown study 'nope' (vrtprof, xenmon")] {
+    for (args, said) in [(vec![], "usage: run.sh STUDY"), (vec!["nope"], "unknown study 'nope' (vrtprof, overhead, xenmon")] {
         let output = Command::new("bash").arg(papers().join("run.sh")).args(&args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
         assert!(text(&output).contains(said), "{args:?}: {}", text(&output));
@@ -478,4 +479,240 @@ fn committed_results_make_their_tables_again_and_papers_md_quotes_only_their_num
         blocks += 1;
     }
     assert!(blocks > 0, "docs/papers.md has no block of numbers from a results folder");
+}
+
+/// A loopback server in Python, kind "count" (answers each GET with 200 and counts requests in
+/// `count_file` as it stops), "silent" (accepts, never answers), "flood" (answers with a body
+/// that never ends); its port once it listens. Stopped (killed) when dropped.
+struct Server(std::process::Child, u16);
+
+impl Server {
+    fn start(dir: &Path, kind: &str) -> Server {
+        let port_file = dir.join(format!("{kind}.port"));
+        let count_file = dir.join(format!("{kind}.count"));
+        let script = format!(
+            r#"import http.server, signal, socket, socketserver, sys, threading, time
+kind = "{kind}"
+served = 0
+lock = threading.Lock()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global served
+        with lock:
+            served += 1
+        if kind == "silent":
+            time.sleep(60)
+        elif kind == "flood":
+            self.send_response(200)
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"x" * 65536)
+            except OSError:
+                return
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+    def log_message(self, *a):
+        pass
+class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+s = Server(("127.0.0.1", 0), Handler)
+def stop(*_):
+    open("{count}", "w").write(str(served))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open("{port}.tmp", "w").write(str(s.server_address[1]))
+import os; os.rename("{port}.tmp", "{port}")
+s.serve_forever()
+"#,
+            count = count_file.display(),
+            port = port_file.display(),
+        );
+        let child = Command::new("python3").arg("-c").arg(script).spawn().unwrap();
+        for _ in 0..200 {
+            if let Ok(port) = std::fs::read_to_string(&port_file) {
+                return Server(child, port.trim().parse().unwrap());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("the {kind} server never listened");
+    }
+
+    /// Stop it; the requests it counted.
+    fn stop(mut self, dir: &Path, kind: &str) -> u64 {
+        let _ = Command::new("kill").arg("-TERM").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+        std::fs::read_to_string(dir.join(format!("{kind}.count"))).unwrap().trim().parse().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn open_loop(args: &[&str]) -> (Output, std::collections::BTreeMap<String, String>) {
+    let output = Command::new("python3")
+        .arg(repo().join("scripts/workload-guest/openloop.py"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let pairs = stdout
+        .lines()
+        .find(|l| l.starts_with("WG-RESULT "))
+        .map(|l| l.split_whitespace().filter_map(|w| w.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect())
+        .unwrap_or_default();
+    (output, pairs)
+}
+
+fn count(pairs: &std::collections::BTreeMap<String, String>, key: &str) -> u64 {
+    pairs.get(key).unwrap_or_else(|| panic!("{key} in {pairs:?}")).parse().unwrap()
+}
+
+/// The XenMon study's open-loop load (openloop.py, httperf's --rate): every request of the
+/// schedule is sent whatever the server does, each ends by its deadline, and the result line
+/// counts what came of each, against a server that counts what it got.
+#[test]
+fn an_open_loop_load_sends_its_schedule_whatever_the_server_does() {
+    let dir = empty_dir("papers-openloop");
+    let url = |port: u16| format!("http://127.0.0.1:{port}/index.html");
+
+    // A server that answers: 100 a second for 2 s is 200 requests sent, got and answered.
+    let server = Server::start(&dir, "count");
+    let (output, r) = open_loop(&["--rate", "100", "--seconds", "2", &url(server.1)]);
+    assert!(output.status.success(), "{}", text(&output));
+    let got = server.stop(&dir, "count");
+    assert_eq!((count(&r, "sent"), count(&r, "unsent")), (200, 0), "{r:?}");
+    assert_eq!(got, 200, "the server got every request sent: {r:?}");
+    assert_eq!((count(&r, "replies"), count(&r, "ops"), count(&r, "errors"), count(&r, "timeouts")), (200, 200, 0, 0));
+    assert!(r["latency_avg_us"].parse::<f64>().unwrap() > 0.0, "{r:?}");
+
+    // A server that never answers: each request ends at its deadline, and beyond --max-open
+    // requests are counted unsent, not queued.
+    let silent = Server::start(&dir, "silent");
+    let (output, r) =
+        open_loop(&["--rate", "50", "--seconds", "1", "--timeout", "0.5", "--max-open", "10", &url(silent.1)]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(count(&r, "sent") + count(&r, "unsent"), 50, "{r:?}");
+    assert_eq!(count(&r, "timeouts"), count(&r, "sent"), "{r:?}");
+    assert!(count(&r, "unsent") > 0, "at most 10 in flight: {r:?}");
+    assert_eq!((count(&r, "replies"), r["latency_avg_us"].as_str()), (0, "unknown"), "no reply, no latency: {r:?}");
+    drop(silent);
+
+    // A server whose reply never ends: read and dropped until the deadline (memory bounded).
+    let flood = Server::start(&dir, "flood");
+    let (output, r) = open_loop(&["--rate", "10", "--seconds", "1", "--timeout", "0.5", &url(flood.1)]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!((count(&r, "sent"), count(&r, "timeouts"), count(&r, "replies")), (10, 10, 0), "{r:?}");
+    drop(flood);
+
+    // Nobody listening: every request an error.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (output, r) = open_loop(&["--rate", "20", "--seconds", "1", &url(port)]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!((count(&r, "sent"), count(&r, "errors"), count(&r, "replies")), (20, 20, 0), "{r:?}");
+
+    for (args, says) in [
+        (vec!["--rate", "0", "--seconds", "1", "http://127.0.0.1:1/"], "--rate takes requests per second above 0"),
+        (vec!["--rate", "5", "--seconds", "1", "ftp://127.0.0.1/"], "is not an http:// URL"),
+        (vec!["--rate", "5", "--seconds", "-1", "http://127.0.0.1:1/"], "--seconds takes a time above 0"),
+    ] {
+        let (output, _) = open_loop(&args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
+        assert!(text(&output).contains(says), "{args:?}: {}", text(&output));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The overhead study's table (VrtProf Table IV) from a folder of runs: each condition's rate
+/// with its spread, the overhead as time per operation recorded over not, with its standard
+/// error, and the events the recordings held and lost.
+#[test]
+fn the_overhead_table_gives_each_overhead_with_its_error() {
+    let out = empty_dir("papers-overhead");
+    for (i, (bare, recorded)) in [(100, 90), (102, 92), (98, 88)].into_iter().enumerate() {
+        std::fs::write(out.join(format!("stress-bare-{}.result", i + 1)), result_line(bare)).unwrap();
+        std::fs::write(out.join(format!("stress-100ms-{}.result", i + 1)), result_line(recorded)).unwrap();
+        std::fs::write(
+            out.join(format!("stress-100ms-{}.recorded.json", i + 1)),
+            format!(r#"{{"events": 10000, "lost_events": {i}, "duration_s": 10.0}}"#),
+        )
+        .unwrap();
+        for condition in ["bare", "100ms"] {
+            std::fs::write(out.join(format!("stress-{condition}-{}.guard.json", i + 1)), r#"{"disturbed": false}"#)
+                .unwrap();
+        }
+    }
+    std::fs::write(
+        out.join("manifest.json"),
+        r#"{"study": "overhead", "parameters": {"WORKLOADS": "stress sqlite", "INTERVALS": "100ms"}}"#,
+    )
+    .unwrap();
+    let table = Command::new("python3").arg(papers().join("table.py")).arg(&out).output().unwrap();
+    let said = text(&table);
+    assert!(table.status.success(), "{said}");
+    // 100/90 - 1 = +11.1 %; the standard error from sd 2 over means 100 and 90, n = 3 each.
+    let se = 100.0 / 90.0 * ((2.0f64 / 100.0).powi(2) / 3.0 + (2.0f64 / 90.0).powi(2) / 3.0).sqrt();
+    let row = format!(
+        "| stress | cpu-bogo-ops/s | 10.0 ± 0.2 (n=3) | 9.0 ± 0.2 (n=3) | +11.1 % ± {:.1} | yes | 1,000 | 3 |",
+        100.0 * se
+    );
+    assert!(said.contains(&row), "{row}\n{said}");
+    assert!(said.contains("| sqlite | /s | - | - | - | - | - | 0 |"), "a workload without runs: {said}");
+    assert!(said.contains("Geometric mean of the overheads' sizes over 1 workloads: 11.1 %"), "{said}");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The open-loop XenMon table: steps are offered rates, with what failed and what the client
+/// could not send on time beside the throughput.
+#[test]
+fn the_open_loop_xenmon_table_steps_offered_rates() {
+    let out = empty_dir("papers-xenmon-open");
+    let role = |name: &str, cpus: f64| {
+        format!(
+            r#"{{"role": "{name}", "cpus": {cpus}, "waiting_pct": 10.0, "blocked_pct": 20.0, "execs_per_s": 100.0,
+                "cpu_per_exec_us": 30.0, "exec_count": 800}}"#
+        )
+    };
+    let sched = format!(
+        r#"{{"lost_events": 0, "windows": [{{"vms": [{{"kind": "qemu", "roles": [{}, {}]}}]}}]}}"#,
+        role("vcpu", 0.8),
+        role("main-loop", 0.1)
+    );
+    for (i, (replies, failed)) in [(1900, 100), (2000, 0)].into_iter().enumerate() {
+        let base = out.join(format!("conf0.5-r250-{}", i + 1));
+        std::fs::write(
+            base.with_extension("result"),
+            format!(
+                "WG-RESULT name=web seconds=8.00 ops={replies} unit=requests offered_per_s=250 sent=2000 \
+                 replies={replies} errors={failed} timeouts=0 unsent=0 late=4 latency_avg_us=1500.0 latency_p99_us=9000.0\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(base.with_extension("sched.json"), &sched).unwrap();
+        std::fs::write(base.with_extension("report.json"), r#"{"guests": []}"#).unwrap();
+        std::fs::write(base.with_extension("guard.json"), r#"{"disturbed": false}"#).unwrap();
+    }
+    std::fs::write(
+        out.join("manifest.json"),
+        r#"{"study": "xenmon", "parameters": {"RATIOS": "0.5", "CONNECTIONS": "1 4", "RATES": "250 500"}}"#,
+    )
+    .unwrap();
+    let table = Command::new("python3").arg(papers().join("table.py")).arg(&out).output().unwrap();
+    let said = text(&table);
+    assert!(table.status.success(), "{said}");
+    assert!(said.contains("| I/O : vCPU | offered req/s | runs | req/s | latency ms | failed or timed out |"), "{said}");
+    // 1 900 and 2 000 replies in 8 s: 237.5 and 250 req/s; 50 failed and 4 sent late a run.
+    assert!(said.contains("| 0.5 | 250 | 2 | 244 ± 9 | 1.50 | 50 | 4 | 80.0 | 10.0 |"), "{said}");
+    assert!(said.contains("| 0.5 | 500 | 0 | (every run failed: see its log) |"), "{said}");
+    std::fs::remove_dir_all(&out).unwrap();
 }

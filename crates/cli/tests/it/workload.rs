@@ -191,6 +191,10 @@ fn workload_usage_errors_exit_2_and_say_what_to_do() {
         (&["--seconds", "0", "web"][..], "--seconds takes a whole number"),
         (&["--connections", "0", "web"][..], "--connections takes a whole number above 0"),
         (&["--bogus", "web"][..], "unknown option '--bogus'"),
+        (&["--rate", "0", "web"][..], "--rate takes a whole number of requests a second above 0"),
+        (&["--rate", "100", "stress"][..], "--rate is the web workload's open-loop load, not stress's"),
+        (&["--nested", "--rate", "100", "web"][..], "--rate cannot run in the nested bed"),
+        (&["--nested", "--no-record", "stress"][..], "--no-record runs on this host, not in the nested bed"),
     ] {
         let out = run_sh(&tmp, args);
         let err = String::from_utf8_lossy(&out.stderr);
