@@ -290,7 +290,9 @@ fn a_study_refuses_inputs_other_than_the_pinned_ones_unless_told() {
 
 #[test]
 fn run_sh_says_which_studies_there_are() {
-    for (args, said) in [(vec![], "usage: run.sh STUDY"), (vec!["nope"], "unknown study 'nope' (vrtprof, overhead, xenmon")] {
+    for (args, said) in
+        [(vec![], "usage: run.sh STUDY"), (vec!["nope"], "unknown study 'nope' (vrtprof, overhead, xenmon")]
+    {
         let output = Command::new("bash").arg(papers().join("run.sh")).args(&args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
         assert!(text(&output).contains(said), "{args:?}: {}", text(&output));
@@ -558,11 +560,8 @@ impl Drop for Server {
 }
 
 fn open_loop(args: &[&str]) -> (Output, std::collections::BTreeMap<String, String>) {
-    let output = Command::new("python3")
-        .arg(repo().join("scripts/workload-guest/openloop.py"))
-        .args(args)
-        .output()
-        .unwrap();
+    let output =
+        Command::new("python3").arg(repo().join("scripts/workload-guest/openloop.py")).args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     let pairs = stdout
         .lines()
@@ -689,18 +688,19 @@ fn the_open_loop_xenmon_table_steps_offered_rates() {
         role("main-loop", 0.1)
     );
     for (i, (replies, failed)) in [(1900, 100), (2000, 0)].into_iter().enumerate() {
-        let base = out.join(format!("conf0.5-r250-{}", i + 1));
+        // Not with_extension: "conf0.5-..." has a dot of its own.
+        let file = |suffix: &str| out.join(format!("conf0.5-r250-{}.{suffix}", i + 1));
         std::fs::write(
-            base.with_extension("result"),
+            file("result"),
             format!(
                 "WG-RESULT name=web seconds=8.00 ops={replies} unit=requests offered_per_s=250 sent=2000 \
                  replies={replies} errors={failed} timeouts=0 unsent=0 late=4 latency_avg_us=1500.0 latency_p99_us=9000.0\n"
             ),
         )
         .unwrap();
-        std::fs::write(base.with_extension("sched.json"), &sched).unwrap();
-        std::fs::write(base.with_extension("report.json"), r#"{"guests": []}"#).unwrap();
-        std::fs::write(base.with_extension("guard.json"), r#"{"disturbed": false}"#).unwrap();
+        std::fs::write(file("sched.json"), &sched).unwrap();
+        std::fs::write(file("report.json"), r#"{"guests": []}"#).unwrap();
+        std::fs::write(file("guard.json"), r#"{"disturbed": false}"#).unwrap();
     }
     std::fs::write(
         out.join("manifest.json"),
@@ -710,7 +710,10 @@ fn the_open_loop_xenmon_table_steps_offered_rates() {
     let table = Command::new("python3").arg(papers().join("table.py")).arg(&out).output().unwrap();
     let said = text(&table);
     assert!(table.status.success(), "{said}");
-    assert!(said.contains("| I/O : vCPU | offered req/s | runs | req/s | latency ms | failed or timed out |"), "{said}");
+    assert!(
+        said.contains("| I/O : vCPU | offered req/s | runs | req/s | latency ms | failed or timed out |"),
+        "{said}"
+    );
     // 1 900 and 2 000 replies in 8 s: 237.5 and 250 req/s; 50 failed and 4 sent late a run.
     assert!(said.contains("| 0.5 | 250 | 2 | 244 ± 9 | 1.50 | 50 | 4 | 80.0 | 10.0 |"), "{said}");
     assert!(said.contains("| 0.5 | 500 | 0 | (every run failed: see its log) |"), "{said}");
