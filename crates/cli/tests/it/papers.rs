@@ -534,10 +534,12 @@ s.serve_forever()
             count = count_file.display(),
             port = port_file.display(),
         );
-        let child = Command::new("python3").arg("-c").arg(script).spawn().unwrap();
+        // Owned at once: a server that never listens is killed by the drop of the panic.
+        let mut server = Server(Command::new("python3").arg("-c").arg(script).spawn().unwrap(), 0);
         for _ in 0..200 {
             if let Ok(port) = std::fs::read_to_string(&port_file) {
-                return Server(child, port.trim().parse().unwrap());
+                server.1 = port.trim().parse().unwrap();
+                return server;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
