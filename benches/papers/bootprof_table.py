@@ -160,7 +160,8 @@ def last_mile(userland):
     print("### Fig. 4: a boot's user-space last mile (the workload guest, booted to WG-READY)")
     print()
     if not userland:
-        print("Not run in this study (USERLAND_RUNS=0, or every workload-guest boot failed: see its log).")
+        print("No workload-guest boot in this study (bootprof.sh boots them on kvm_amd unless USERLAND_RUNS=0; "
+              "a boot that failed left its log).")
         print()
         return
     tenths = {"kernel": [[] for _ in range(10)], "user": [[] for _ in range(10)]}

@@ -31,7 +31,9 @@ def spread(values):
     if not values:
         return "-"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):,.1f} ± {sd:,.1f} (n={len(values)})"
+    # Slow workloads (a few rounds a second) need more places to show their spread.
+    places = 3 if abs(statistics.mean(values)) < 10 else 1
+    return f"{statistics.mean(values):,.{places}f} ± {sd:,.{places}f} (n={len(values)})"
 
 
 def overhead(bare, recorded):

@@ -101,10 +101,11 @@ def main():
     columns = [c for c in COLUMNS if rates or c[1] not in ("failed", "client_lag")]
     print(f"| I/O : vCPU | {step_name} | runs | " + " | ".join(c[0] for c in columns) + " | lost events |")
     print("|---" * (len(columns) + 4) + "|")
+    runs = {}
     for ratio in ratios:
         for step in steps:
             bases = sorted(p[: -len(".result")] for p in glob.glob(f"{out}/conf{ratio}-{prefix}{step}-*.result"))
-            rows = [r for r in map(run_row, bases) if r]
+            rows = runs[ratio, step] = [r for r in map(run_row, bases) if r]
             if not rows:
                 print(f"| {ratio} | {step} | 0 | (every run failed: see its log) |")
                 continue
@@ -112,8 +113,31 @@ def main():
             if len(rows) > 1:
                 cells[0] += f" ± {statistics.stdev(r['rps'] for r in rows):,.0f}"
             print(f"| {ratio} | {step} | {len(rows)} | " + " | ".join(cells) + f" | {sum(r['lost'] for r in rows)} |")
-
+    print()
+    ends(runs, ratios, steps, step_name)
     guard_note()
+
+
+def ends(runs, ratios, steps, step_name):
+    """The paper's comparison: the most I/O weight against the least, per load step, and
+    whether the two differ beyond the runs' spread (the means further apart than the sum of
+    their standard deviations)."""
+    low, high = ratios[0], ratios[-1]
+    print(f"I/O : vCPU {high} over {low}, per {step_name}:")
+    print()
+    print(f"| {step_name} | req/s | beyond the spread | packets per main-loop exec |")
+    print("|---|---:|---|---:|")
+    for step in steps:
+        a, b = runs.get((low, step)), runs.get((high, step))
+        if not a or not b or len(a) < 2 or len(b) < 2:
+            print(f"| {step} | - | - | - |")
+            continue
+        ra, rb = [r["rps"] for r in a], [r["rps"] for r in b]
+        beyond = abs(statistics.mean(rb) - statistics.mean(ra)) > statistics.stdev(ra) + statistics.stdev(rb)
+        pa, pb = mean(a, "packets_exec"), mean(b, "packets_exec")
+        packets = "-" if pa is None or pb is None or pa == 0 else f"{pb / pa:.2f}"
+        print(f"| {step} | {statistics.mean(rb) / statistics.mean(ra):.2f} | {'yes' if beyond else 'no'} | {packets} |")
+    print()
 
 
 if __name__ == "__main__":

@@ -664,7 +664,7 @@ fn the_overhead_table_gives_each_overhead_with_its_error() {
     // 100/90 - 1 = +11.1 %; the standard error from sd 2 over means 100 and 90, n = 3 each.
     let se = 100.0 / 90.0 * ((2.0f64 / 100.0).powi(2) / 3.0 + (2.0f64 / 90.0).powi(2) / 3.0).sqrt();
     let row = format!(
-        "| stress | cpu-bogo-ops/s | 10.0 ± 0.2 (n=3) | 9.0 ± 0.2 (n=3) | +11.1 % ± {:.1} | yes | 1,000 | 3 |",
+        "| stress | cpu-bogo-ops/s | 10.0 ± 0.2 (n=3) | 9.000 ± 0.200 (n=3) | +11.1 % ± {:.1} | yes | 1,000 | 3 |",
         100.0 * se
     );
     assert!(said.contains(&row), "{row}\n{said}");
