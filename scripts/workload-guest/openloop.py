@@ -20,7 +20,8 @@ ops counts replies with a 2xx status; errors are refused or broken connections a
 statuses. Latency runs from when a request was due, not from when it went out, so a client
 that falls behind does not hide the delay. late counts requests sent more than 10 ms after
 they were due: when it is above 1 % of them this client, not the server, set the pace, and
-it says so on stderr. Exits 0 when it ran, 2 on bad usage.
+it says so on stderr. Exits 0 when it ran, 2 on bad usage, 1 when the result could not be
+written, 130 when interrupted (no result line).
 """
 
 import argparse
@@ -135,14 +136,24 @@ def main():
     args, url = parse_args()
     if sys.version_info < (3, 11):
         usage("needs Python 3.11 or later (asyncio.timeout_at)")
-    tally = asyncio.run(offer(args, url))
+    try:
+        tally = asyncio.run(offer(args, url))
+    except KeyboardInterrupt:
+        # A load cut short has no result to give: said, not a partial line read as a whole one.
+        print("openloop.py: interrupted; no result", file=sys.stderr)
+        return 130
     latencies = sorted(tally.latencies)
     average = f"{1e6 * sum(latencies) / len(latencies):.1f}" if latencies else "unknown"
     p99 = f"{1e6 * percentile(latencies, 0.99):.1f}" if latencies else "unknown"
-    print(f"WG-RESULT name=web seconds={args.seconds:.2f} ops={tally.replies} unit=requests "
-          f"offered_per_s={args.rate:g} sent={tally.sent} replies={tally.replies} errors={tally.errors} "
-          f"timeouts={tally.timeouts} unsent={tally.unsent} late={tally.late} "
-          f"latency_avg_us={average} latency_p99_us={p99}", flush=True)
+    try:
+        print(f"WG-RESULT name=web seconds={args.seconds:.2f} ops={tally.replies} unit=requests "
+              f"offered_per_s={args.rate:g} sent={tally.sent} replies={tally.replies} errors={tally.errors} "
+              f"timeouts={tally.timeouts} unsent={tally.unsent} late={tally.late} "
+              f"latency_avg_us={average} latency_p99_us={p99}", flush=True)
+    except OSError as e:
+        # A closed pipe or a full disk: the result is lost, and said so.
+        print(f"openloop.py: could not write the result: {e.strerror}", file=sys.stderr)
+        return 1
     if tally.late > 0.01 * max(1, tally.sent):
         print(f"openloop.py: {tally.late} of {tally.sent} requests went out over {LATE_S * 1000:.0f} ms "
               f"late: this client could not offer {args.rate:g}/s here, so it set the pace",
