@@ -147,7 +147,7 @@ wait_line "$console" "L2-PHASE traced" || hang-guard --broken "L2 never reached 
 hang-guard 300 virtprof record -o /out/probes-traced.vprec -d 40s 2> /out/probes-traced.record.log
 end_l2
 '
-# The four noise setups, RUNS times each (one L1 boot per run and host tuning).
+# The five noise setups, RUNS times each (one L1 boot per run and host tuning), and L1's own noise.
 i=1
 while [ "$i" -le "$runs" ]; do
     run_job "host-untuned-$i" "" "
