@@ -118,5 +118,5 @@ study_boot_profiles "$kernel/System.map" --rate "$rate" --symbol delay_tsc --sym
 
 echo "## Boot profiling (seed 003) on kvm_amd (nested-SVM bed), $(date -u +%Y-%m-%d): $runs boots each, balloon $balloon_ms ms, $rate samples/s"
 echo
-python3 "$here/bootprof_table.py" "$out" "$runs"
+python3 "$here/bootprof_table.py" "$out" "$runs" "$userland_runs"
 study_pack

@@ -1,6 +1,6 @@
 """The boot-profiling study's tables from its boots (benches/papers/bootprof.sh writes them).
 
-    python3 benches/papers/bootprof_table.py OUT RUNS
+    python3 benches/papers/bootprof_table.py OUT RUNS [USERLAND_RUNS]
 
 From each boot's `virtprof boot --recording --json` (OUT/{control,balloon}-N.boot.json) and its
 console (the guest's uptime when its init ran): the realms (Fig. 3), the top 10 symbols with
@@ -92,9 +92,14 @@ def spearman(a, b, top=20):
 
 def main():
     out, runs = sys.argv[1], int(sys.argv[2])
+    userland = [(i, p) for i, p, _ in boots(out, "userland", int(sys.argv[3]) if len(sys.argv) > 3 else runs)]
     control, balloon = boots(out, "control", runs), boots(out, "balloon", runs)
     if not control:
-        print("No control boot has a profile: nothing to show (see the boots' .log and .boot.err files).")
+        print("No control boot has a profile (see the boots' .log and .boot.err files).")
+        print()
+        last_mile(userland)
+        scan_guards(sys.argv[1])
+        guard_note()
         return
     first = control[0][1]
     print(f"Source: {first['source']}; {first['rate_hz']} samples/s. {first.get('note') or ''}")
@@ -149,7 +154,7 @@ def main():
         print()
 
     figures(top, names, control, balloon)
-    last_mile([(i, p) for i, p, _ in boots(out, "userland", runs)])
+    last_mile(userland)
     scan_guards(sys.argv[1])
     guard_note()
 

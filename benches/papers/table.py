@@ -26,7 +26,7 @@ TABLES = {
     "thermal": ("thermal_table.py", [("HZ", "0 1 10 20 100 1000"), ("WORKLOADS", "iperf build")]),
     "vrtprof": ("vrtprof_table.py", [("WORKLOADS", "stress sqlite compress build web")]),
     "overhead": ("overhead_table.py", [("WORKLOADS", "stress sqlite compress build web"), ("INTERVALS", "100ms")]),
-    "bootprof": ("bootprof_table.py", [("RUNS", "3")]),
+    "bootprof": ("bootprof_table.py", [("RUNS", "3"), ("USERLAND_RUNS", "0")]),
     "bootprof-arm64": ("bootprof_table.py", [("RUNS", "5")]),
     "osnoise": ("osnoise_table.py", [("RUNS", "3")]),
 }
