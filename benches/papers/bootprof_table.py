@@ -169,24 +169,39 @@ def last_mile(userland):
               "a boot that failed left its log).")
         print()
         return
-    tenths = {"kernel": [[] for _ in range(10)], "user": [[] for _ in range(10)]}
+    # Per tenth of each boot: kernel and user as shares of the guest's own time (the seed's
+    # Fig. 4), and that own time's share of all realms (what the exits and firmware leave).
+    tenths = {"kernel": [[] for _ in range(10)], "user": [[] for _ in range(10)],
+              "guest": [[] for _ in range(10)]}
+    last_ratio, user_s = [], []
     for _, p in userland:
         bins = p["bins"]["realms"]
-        n = len(bins.get("kernel") or bins.get("user") or [])
+        n = max((len(v) for v in bins.values()), default=0)
+        column = lambda realm: bins.get(realm) or [0] * n
         for k in range(10):
             lo, hi = k * n // 10, max((k + 1) * n // 10, k * n // 10 + 1)
-            kernel = sum((bins.get("kernel") or [0] * n)[lo:hi])
-            user = sum((bins.get("user") or [0] * n)[lo:hi])
+            kernel, user = sum(column("kernel")[lo:hi]), sum(column("user")[lo:hi])
+            everything = sum(sum(v[lo:hi]) for v in bins.values())
+            if everything:
+                tenths["guest"][k].append((kernel + user) / everything)
             if kernel + user:
                 tenths["kernel"][k].append(kernel / (kernel + user))
                 tenths["user"][k].append(user / (kernel + user))
+            if k == 9 and kernel:
+                last_ratio.append(user / kernel)
+        user_s.append(p["realms"].get("user", 0.0) * p["duration_ns"] / 1e9)
     print(f"Share of the guest's own time (kernel + user = 1) in each tenth of the boot, mean ± sd over "
-          f"{len(userland)} boots:")
+          f"{len(userland)} boots; below them, that own time's share of the tenth (the rest is exits "
+          f"and firmware; \"-\": no boot has a kernel or user sample there, only firmware and exits):")
     print()
     print("| realm | " + " | ".join(f"{10 * k}–{10 * (k + 1)} %" for k in range(10)) + " |")
     print("|---|" + "---:|" * 10)
     for realm in ("kernel", "user"):
         print(f"| {realm} | " + " | ".join(mean_sd(v, "{:.2f}") for v in tenths[realm]) + " |")
+    print("| guest of all | " + " | ".join(mean_sd(v, "{:.2f}") for v in tenths["guest"]) + " |")
+    print()
+    print(f"User realm over kernel realm in the last tenth: {mean_sd(last_ratio, '{:.2f}')} (the seed: more "
+          f"than 2); user time in the whole boot {mean_sd(user_s, '{:.2f}')} s.")
     print()
     print("Seed 003 (Fig. 4): \"time spent in user space is relatively insignificant, averaging 3%, until "
           "the last mile of the boot-sequence. During the last mile the time spent in user realm more "
