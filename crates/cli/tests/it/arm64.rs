@@ -292,10 +292,12 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
         assert_eq!((stat(&user, "mmio_exit_user"), mmio(&user)), (202, 202), "mmio-user --cpl {cpl}");
         assert_eq!((stat(&kernel, "mmio_exit_kernel"), kernel.ioeventfd, mmio(&kernel)), (200, 200, 2), "--cpl {cpl}");
         assert_eq!(stat(&io, "mmio_exit_user"), 202, "io-bound --cpl {cpl}");
-        // Every WFI trapped and waited for the VMM's wake-up, acknowledged by an MMIO store;
-        // nearly every one slept until it came (KVM counts no sleep for a wake-up that arrives
-        // before the vCPU blocks: 4 of 200 once, in the emulated L1 under a CI run's load).
-        assert_eq!(stat(&wfi, "wfi_exit_stat"), 200, "wfi --cpl {cpl}: {:?}", wfi.stats);
+        // Nearly every WFI trapped and waited for the VMM's wake-up, acknowledged by an MMIO
+        // store: TWI traps a WFI only where it would suspend the CPU, so one whose wake-up is
+        // already pending runs on without an exit (QEMU TCG, the bed's L1, checks: 99 traps of
+        // 100 WFIs once, under a CI run's load), and KVM counts no sleep for a wake-up that
+        // arrives before the vCPU blocks (4 of 200 once). KVM's own counts are the truth below.
+        assert!((190..=200).contains(&stat(&wfi, "wfi_exit_stat")), "wfi --cpl {cpl}: {:?}", wfi.stats);
         assert!((190..=200).contains(&stat(&wfi, "halt_wakeup")), "wfi --cpl {cpl}: {:?}", wfi.stats);
         assert!(mmio(&wfi) >= 202, "wfi --cpl {cpl}: a wake-up acknowledgement per wait");
     }
@@ -308,8 +310,10 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
     let ours = by_reason(&inside);
     assert_eq!(ours["HVC64 (EC 0x16)"], (300, 300, 0, false), "{ours:?}");
     assert_eq!(ours["SYS64 (EC 0x18)"], (300, 300, 0, false), "{ours:?}");
-    assert_eq!(ours["WFx (EC 0x01)"], (100, 100, 0, true), "{ours:?}");
-    assert_eq!(stat(&phases, "wfi_exit_stat"), 100);
+    // Every WFI that trapped (see above: nearly all of the 100), as KVM counted them.
+    let wfi_exits = stat(&phases, "wfi_exit_stat");
+    assert!((95..=100).contains(&wfi_exits), "{:?}", phases.stats);
+    assert_eq!(ours["WFx (EC 0x01)"], (wfi_exits, wfi_exits, 0, true), "{ours:?}");
     let stores = mmio(&phases);
     assert_eq!(ours["DABT_LOW (EC 0x24)"].2, stores, "heavyweight DABT_LOW = the VMM's MMIO exits: {ours:?}");
     assert_eq!(inside["totals"]["exits"].as_u64(), Some(stat(&phases, "exits")), "every exit KVM counted: {inside}");
@@ -330,7 +334,9 @@ virtprof doctor > /out/doctor.txt 2>&1 || true
         .collect();
     assert_eq!(kernel["HVC64 (EC 0x16)"], (300, false), "{kernel:?}");
     assert_eq!(kernel["SYS64 (EC 0x18)"], (300, false), "{kernel:?}");
-    assert_eq!(kernel["WFx (EC 0x01)"], (100, true), "{kernel:?}");
+    let counted_wfi = stat(&counted, "wfi_exit_stat");
+    assert!((95..=100).contains(&counted_wfi), "{:?}", counted.stats);
+    assert_eq!(kernel["WFx (EC 0x01)"], (counted_wfi, true), "{kernel:?}");
     assert_eq!(bpf["totals"]["exits"].as_u64(), Some(stat(&counted, "exits")), "{bpf}");
     // Counting a guest that was running before the program was attached: only the exit in
     // flight at the start can lack its end (the ends are attached before the starts).
