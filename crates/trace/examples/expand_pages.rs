@@ -11,6 +11,7 @@
 //! the pages alone would take) and one thread per CPU (the parallelism `exits` has). The
 //! file's metadata sections are left out, so the floor is the pages' alone.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -63,13 +64,20 @@ fn main() -> ExitCode {
     });
     match (serial, parallel) {
         (Ok(serial), Ok(parallel)) => {
-            println!(
+            let line = format!(
                 "expand_pages: {} frames, {compressed} compressed bytes into {expanded}; best of {reps}: serial {:.1} ms, per CPU in parallel {:.1} ms",
                 frames.len(),
                 ms(serial),
                 ms(parallel)
             );
-            ExitCode::SUCCESS
+            // A closed pipe or a full disk is said, not a panic.
+            match writeln!(std::io::stdout(), "{line}") {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("expand_pages: writing the result: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("expand_pages: {path}: {e}");
