@@ -18,19 +18,14 @@ use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::Discovery;
 use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
 
+use super::vm_scans::ScanSchedule;
+
 use super::WriterMsg;
 
 /// Ring slots: at 1 ms intervals, a second of rows before the writer must have drained.
 const RING_SLOTS: usize = 1024;
 /// Drain the ring at least this often.
 const DRAIN_EVERY: Duration = Duration::from_millis(100);
-/// Look for new VMs this soon after the start and after each VM found, then back off
-/// (doubling) up to [`DISCOVER_AT_MOST`]: a scan of /proc costs about 1% of a CPU at every
-/// 10 ms, and VMs mostly start with the command being recorded.
-const DISCOVER_FIRST: Duration = Duration::from_millis(10);
-/// The longest wait between scans for new VMs (a VM starting later is sampled from then).
-const DISCOVER_AT_MOST: Duration = Duration::from_millis(500);
-
 /// The running interval thread.
 pub struct IntervalThread {
     stop: Arc<AtomicBool>,
@@ -91,8 +86,8 @@ fn run(
     let t0 = monotonic_ns();
     sampler.sample(&mut row);
     let (mut next, mut last_end, mut rows) = (0u64, t0, 0u64);
-    let (mut last_drain, mut last_discover) = (Instant::now(), Instant::now());
-    let mut discover_every = DISCOVER_FIRST;
+    let (mut last_drain, mut last_scan_ns) = (Instant::now(), t0);
+    let mut scans = ScanSchedule::new(last_pid());
     let drain = |ring: &mut IntervalRing, upto: u64, encoder: &mut IntervalEncoder| -> anyhow::Result<u64> {
         encoder.begin(ring.width());
         ring.drain(upto, |index, start, end, values| encoder.row(index, start, end, values));
@@ -133,11 +128,14 @@ fn run(
             rows += drain(&mut ring, index, &mut encoder)?;
             last_drain = Instant::now();
         }
-        if last_discover.elapsed() >= discover_every {
-            last_discover = Instant::now();
-            discover_every = (discover_every * 2).min(DISCOVER_AT_MOST);
-            if sampler.add_vms(&discovery.scan()) {
-                discover_every = DISCOVER_FIRST;
+        // Timed from the wake-ups, which keep to the interval grid whatever a scan took.
+        if scans.due(Duration::from_nanos(now - last_scan_ns), last_pid) {
+            last_scan_ns = now;
+            let pid = last_pid();
+            let found = discovery.scan();
+            let new_vm = sampler.add_vms(&found);
+            scans.scanned(pid, &found, new_vm);
+            if new_vm {
                 rows += drain(&mut ring, index, &mut encoder)?;
                 ring.set_width(sampler.series().len());
                 row.resize(sampler.series().len(), 0.0);
@@ -146,4 +144,12 @@ fn run(
         }
     }
     Ok(IntervalStats { interval_ns, rows, missed: ring.missed(), overwritten: ring.overwritten() })
+}
+
+/// The pid the kernel handed out last (the fifth field of /proc/loadavg), which changes
+/// whenever a process or thread begins; None where it cannot be read (then scans keep to
+/// their back-off).
+fn last_pid() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_ascii_whitespace().nth(4)?.parse().ok()
 }

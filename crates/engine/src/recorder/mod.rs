@@ -6,6 +6,7 @@
 
 mod agents;
 mod intervals;
+mod vm_scans;
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
