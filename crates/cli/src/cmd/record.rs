@@ -71,6 +71,13 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     };
     Ok(match summary.command_status {
         Some(status) if !status.success() && !passed_on(&status) => {
+            // A command killed by a signal prints nothing of its own: say which, or the
+            // recording's failure has no explanation anywhere.
+            if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
+                let core =
+                    if std::os::unix::process::ExitStatusExt::core_dumped(&status) { " (core dumped)" } else { "" };
+                eprintln!("virtprof: the recorded command was killed by signal {signal}{core}; the recording is kept");
+            }
             ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8)
         }
         _ => ExitCode::SUCCESS,

@@ -135,7 +135,10 @@ fn run_in_bed(test: &str, job: &str) -> Option<PathBuf> {
     let out = temp(&format!("{test}-out"));
     let _ = std::fs::remove_dir_all(&out);
     let script = temp(&format!("{test}.sh"));
-    std::fs::write(&script, job).unwrap();
+    // A failing job leaves L1's last kernel messages beside its own files (a command killed
+    // by the kernel says nothing itself).
+    let on_failure = "trap 'rc=$?; [ $rc = 0 ] || dmesg | tail -40 > /out/dmesg-on-failure.txt' EXIT\n";
+    std::fs::write(&script, format!("{on_failure}{job}")).unwrap();
     let bed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/arm64/bed.sh");
     let run = Command::new("bash")
         .arg(bed)
@@ -147,12 +150,32 @@ fn run_in_bed(test: &str, job: &str) -> Option<PathBuf> {
         .unwrap();
     assert!(
         run.status.success(),
-        "arm64 bed job failed ({}):\n{}\n{}",
+        "arm64 bed job failed ({}):\n{}\n{}\n{}",
         run.status,
         String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
+        String::from_utf8_lossy(&run.stderr),
+        text_files_ends(&out)
     );
     Some(out)
+}
+
+/// The last lines of each text file a job left in `out`, for a failure's message.
+fn text_files_ends(out: &Path) -> String {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt" || x == "err"))
+        .collect();
+    files.sort();
+    let mut said = String::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+        said += &format!("== {}:\n{tail}\n", file.display());
+    }
+    said
 }
 
 /// On a live arm64 KVM host (the bed): `virtprof record` by the aarch64 build around the probe;

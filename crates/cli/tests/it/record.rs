@@ -258,3 +258,24 @@ fn an_unwritable_output_is_refused_before_tracing_starts() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot create '/nonexistent-dir/x.vprec'"));
     assert!(!instance_of(pid), "instance virtprof-record-{pid} left behind after an error");
 }
+
+/// The recorded command's failure is record's (as with `time CMD`): its exit code passed on,
+/// a death by a signal named (the command itself says nothing then), the recording kept.
+#[test]
+fn the_commands_failure_is_passed_on_and_a_killing_signal_named() {
+    let test = "the_commands_failure_is_passed_on_and_a_killing_signal_named";
+    if !have_tracefs(test) {
+        return;
+    }
+    let rec = temp("failing-command.vprec");
+    for (script, code, said) in
+        [("exit 7", 7, None), ("kill -SEGV $$", 1, Some("the recorded command was killed by signal 11"))]
+    {
+        let out = virtprof().args(["record", "-o"]).arg(&rec).args(["--", "sh", "-c", script]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{script}: {stderr}");
+        assert_eq!(said.is_some_and(|s| stderr.contains(s)), said.is_some(), "{script}: {stderr}");
+        assert!(stderr.contains("lost events: 0") && rec.exists(), "{script}: the recording is kept: {stderr}");
+    }
+    let _ = std::fs::remove_file(rec);
+}
