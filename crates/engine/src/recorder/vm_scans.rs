@@ -1,9 +1,13 @@
 //! When the interval thread looks for new VMs. A scan of /proc costs about 1 % of a CPU at
-//! every 10 ms, so scans back off while nothing changes; three signs bring the next one
-//! forward: a VM found (its vCPU threads follow), a VM seen before its vCPU threads are (the
-//! moment between KVM_CREATE_VM and the threads' start), and a new pid (a process or thread
-//! began). Without the last, a VM starting late in a recording and living less than the
-//! longest wait was never sampled at all.
+//! every 10 ms on a quiet host (a scan re-reads the fd tables of every process younger than
+//! 10 s: a quarter of a CPU where processes start all the time), so scans back off while
+//! nothing changes; three signs bring the next one forward: a VM found (its vCPU threads
+//! follow), a VM seen before its vCPU threads are (the moment between KVM_CREATE_VM and the
+//! threads' start), and a new pid (a process or thread began). Without the last, a VM starting
+//! late in a recording and living less than the longest wait was never sampled at all. New
+//! pids that bring no VM back off in turn: where tasks start all the time, scans keep to the
+//! timed back-off, as they did before; once the pids rest, the next new one is acted on at
+//! once.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +28,8 @@ const UNSETTLED_SCANS: u8 = 8;
 #[derive(Debug)]
 pub struct ScanSchedule {
     wait: Duration,
+    /// The least time after a scan that a new pid brings the next one.
+    pid_wait: Duration,
     /// The last pid the kernel had handed out at the last scan.
     pid_at_scan: Option<u32>,
     /// VMs seen short of their vCPU threads: scans they have been so.
@@ -33,7 +39,7 @@ pub struct ScanSchedule {
 impl ScanSchedule {
     /// A schedule whose first scan comes [`FIRST`] after the one made at the start.
     pub fn new(last_pid: Option<u32>) -> Self {
-        ScanSchedule { wait: FIRST, pid_at_scan: last_pid, unsettled: HashMap::new() }
+        ScanSchedule { wait: FIRST, pid_wait: FIRST, pid_at_scan: last_pid, unsettled: HashMap::new() }
     }
 
     /// Whether a scan is due `since` the last one; `last_pid` reads the kernel's last pid
@@ -41,11 +47,12 @@ impl ScanSchedule {
     /// 10 ms intervals one 9.9 ms after the last scan would otherwise put scans 20 ms apart.
     pub fn due(&self, since: Duration, last_pid: impl FnOnce() -> Option<u32>) -> bool {
         let since = since + EARLY;
-        since >= self.wait || (since >= FIRST && last_pid() != self.pid_at_scan)
+        since >= self.wait || (since >= self.pid_wait && last_pid() != self.pid_at_scan)
     }
 
     /// A scan was made (at `last_pid`) and found `vms`, `new_vm` of them or their vCPUs new.
     pub fn scanned(&mut self, last_pid: Option<u32>, vms: &[DiscoveredVm], new_vm: bool) {
+        let new_pids = last_pid != self.pid_at_scan;
         self.pid_at_scan = last_pid;
         let unsettled: HashMap<u32, u8> = vms
             .iter()
@@ -54,7 +61,12 @@ impl ScanSchedule {
             .collect();
         let settling = unsettled.values().any(|&n| n <= UNSETTLED_SCANS);
         self.unsettled = unsettled;
-        self.wait = if new_vm || settling { FIRST } else { (self.wait * 2).min(AT_MOST) };
+        if new_vm || settling {
+            (self.wait, self.pid_wait) = (FIRST, FIRST);
+        } else {
+            self.wait = (self.wait * 2).min(AT_MOST);
+            self.pid_wait = if new_pids { (self.pid_wait * 2).min(AT_MOST) } else { FIRST };
+        }
     }
 }
 
@@ -89,7 +101,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_pid_brings_the_scan_forward_but_not_under_the_first_wait() {
+    fn a_new_pid_after_a_rest_brings_the_scan_forward_but_not_under_the_first_wait() {
         let mut s = ScanSchedule::new(Some(100));
         (0..8).for_each(|_| s.scanned(Some(100), &[], false));
         assert!(!s.due(Duration::from_millis(8), || Some(101)));
@@ -97,6 +109,28 @@ mod tests {
         // Where the pid cannot be read, the back-off alone.
         s.scanned(None, &[], false);
         assert!(!s.due(Duration::from_millis(100), || None));
+    }
+
+    #[test]
+    fn new_pids_that_bring_no_vm_back_off_until_the_pids_rest() {
+        let mut s = ScanSchedule::new(Some(100));
+        // A host where tasks start all the time: each scan sees new pids and finds nothing.
+        let gaps: Vec<u128> = (1..=7)
+            .map(|pid| {
+                s.scanned(Some(100 + pid), &[], false);
+                s.pid_wait.as_millis()
+            })
+            .collect();
+        assert_eq!(gaps, [20, 40, 80, 160, 320, 500, 500]);
+        assert!(!s.due(Duration::from_millis(400), || Some(1000)));
+        // The pids rest for a scan: the next new one is acted on at once again.
+        s.scanned(Some(107), &[], false);
+        s.scanned(Some(107), &[], false);
+        assert!(s.due(Duration::from_millis(10), || Some(108)));
+        // A VM found: everything at its fastest.
+        (1..=7).for_each(|pid| s.scanned(Some(200 + pid), &[], false));
+        s.scanned(Some(300), &[vm(300, 1, 1)], true);
+        assert!(s.due(Duration::from_millis(10), || Some(301)));
     }
 
     #[test]
