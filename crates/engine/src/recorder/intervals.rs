@@ -19,7 +19,6 @@ use virtprof_kvm::discover::Discovery;
 use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
 
 use super::vm_scans::ScanSchedule;
-
 use super::WriterMsg;
 
 /// Ring slots: at 1 ms intervals, a second of rows before the writer must have drained.
@@ -129,7 +128,7 @@ fn run(
             last_drain = Instant::now();
         }
         // Timed from the wake-ups, which keep to the interval grid whatever a scan took.
-        if scans.due(Duration::from_nanos(now - last_scan_ns), last_pid) {
+        if scans.due(Duration::from_nanos(now.saturating_sub(last_scan_ns)), last_pid) {
             last_scan_ns = now;
             let pid = last_pid();
             let found = discovery.scan();
