@@ -415,12 +415,17 @@ fn every_figure_is_the_full_recordings_or_unknown_with_any_event_class_left_out(
         if !out.status.success() {
             errors.push(format!("{name}: report --html: {}", String::from_utf8_lossy(&out.stderr)));
         }
-        for (args, refusal) in
-            [(vec!["balance", "--replay"], "interval rows"), (vec!["boot", "--recording"], "kvm_exit")]
-        {
+        // Refusals that say what the file lacks are unknowns, as the rule wants. A recording
+        // whose VM started while its scans for new VMs were backed off (the recorders started
+        // first see the others' burst of new pids; docs/intervals.md) has interval rows but
+        // none of the VM's: `balance --replay` says it has no vCPU run times.
+        for (args, refusals) in [
+            (vec!["balance", "--replay"], &["interval rows", "has no vCPU run times"][..]),
+            (vec!["boot", "--recording"], &["kvm_exit"][..]),
+        ] {
             let out = virtprof().args(&args).arg(file).output().unwrap();
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let clear_refusal = out.status.code() == Some(2) && stderr.contains(refusal);
+            let clear_refusal = out.status.code() == Some(2) && refusals.iter().any(|r| stderr.contains(r));
             if !(out.status.success() || clear_refusal) || stderr.contains("panicked") {
                 errors.push(format!("{name}: {args:?}: exit {:?}: {stderr}", out.status.code()));
             }
