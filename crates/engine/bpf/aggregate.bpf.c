@@ -124,18 +124,24 @@ struct {
 	__type(value, struct timing);
 } timings SEC(".maps");
 
-// Who ran while a tracked thread waited for a CPU: (waiter, the task that ran) → ns. Only the
-// waiter's own switch-ins add to its keys.
-struct wait_key {
-	__u32 waiter;
-	__u32 by;
+// Who ran while a vCPU thread waited for a CPU, per vCPU thread: the first BY_SLOTS processes
+// (by tgid; 0 is the idle task) that took a CPU from it, and the time the later ones took,
+// summed. Bounded by the vCPUs, not by the pairs of tasks that meet: with a hundred contending
+// VMs, keying by (waiter, task) filled 16384 entries in seconds. Only the waiter's own
+// switch-ins write its entry, so one CPU at a time does.
+#define BY_SLOTS 16
+
+struct waits {
+	__u32 by[BY_SLOTS];
+	__u64 ns[BY_SLOTS]; // 0: the slot is free
+	__u64 others_ns;
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct wait_key);
-	__type(value, __u64);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct waits);
 } waits_by SEC(".maps");
 
 // Each CPU's last RUNS runs (the task and when), written by that CPU only: at a tracked
@@ -144,7 +150,7 @@ struct {
 #define RUNS 16
 struct run {
 	__u32 tid;
-	__u32 pad;
+	__u32 tgid; // its process
 	__u64 start;
 	__u64 end;
 };
@@ -556,17 +562,18 @@ int kvm_mmio(void *ctx)
 	return 1;
 }
 
-// Add `ns` of `waiter`'s wait to the task `by` that ran meanwhile.
-static __always_inline void charge(__u32 waiter, __u32 by, __u64 ns)
+// Add `ns` of a wait to process `by`, which ran meanwhile: in its slot, a free one, or others.
+static __always_inline void charge(struct waits *w, __u32 by, __u64 ns)
 {
-	struct wait_key key = { .waiter = waiter, .by = by };
-	__u64 *sum = bpf_map_lookup_elem(&waits_by, &key);
-	if (sum) {
-		__sync_fetch_and_add(sum, ns);
+	for (int i = 0; i < BY_SLOTS; i++) {
+		if (w->ns[i] && w->by[i] != by)
+			continue;
+		// Named before it counts: a reader seeing the time sees whose it is.
+		w->by[i] = by;
+		__sync_fetch_and_add(&w->ns[i], ns);
 		return;
 	}
-	if (bpf_map_update_elem(&waits_by, &key, &ns, BPF_NOEXIST) != 0)
-		map_full(5);
+	__sync_fetch_and_add(&w->others_ns, ns);
 }
 
 // `prev` ran on this CPU until `ts`; `next` runs from now. Returns the CPU's runs.
@@ -579,6 +586,8 @@ static __always_inline struct runs *record_run(__u32 prev, __u64 ts)
 	if (r->since) {
 		struct run *slot = &r->ring[r->head & (RUNS - 1)];
 		slot->tid = prev;
+		// The switch's tracepoint runs before the switch: the current task is still `prev`.
+		slot->tgid = bpf_get_current_pid_tgid() >> 32;
 		slot->start = r->since;
 		slot->end = ts;
 		r->head += 1;
@@ -590,6 +599,18 @@ static __always_inline struct runs *record_run(__u32 prev, __u64 ts)
 // `waiter`, queued on this CPU since `from`, runs at `ts`: the runs there since are who took it.
 static __always_inline void charge_wait(struct runs *r, __u32 waiter, __u64 from, __u64 ts)
 {
+	struct waits *w = bpf_map_lookup_elem(&waits_by, &waiter);
+	if (!w) {
+		struct waits fresh = {};
+		if (bpf_map_update_elem(&waits_by, &waiter, &fresh, BPF_NOEXIST) != 0 &&
+		    !bpf_map_lookup_elem(&waits_by, &waiter)) {
+			map_full(5);
+			return;
+		}
+		w = bpf_map_lookup_elem(&waits_by, &waiter);
+		if (!w)
+			return;
+	}
 	for (int i = 0; i < RUNS; i++) {
 		struct run *x = &r->ring[i];
 		if (!x->start || x->end <= from || x->start >= ts)
@@ -597,7 +618,7 @@ static __always_inline void charge_wait(struct runs *r, __u32 waiter, __u64 from
 		__u64 start = x->start > from ? x->start : from;
 		__u64 end = x->end < ts ? x->end : ts;
 		if (end > start && x->tid != waiter)
-			charge(waiter, x->tid, end - start);
+			charge(w, x->tgid, end - start);
 	}
 }
 
@@ -641,7 +662,7 @@ static __always_inline void on_switch(__u32 prev, __u32 next, __u32 leaves)
 			extremes_since_read(t);
 			if (waited > t->wait_max_ns)
 				t->wait_max_ns = waited;
-			if (runs && t->cpu == cpu)
+			if (runs && t->cpu == cpu && t->runs_guest)
 				charge_wait(runs, next, t->queued, ts);
 		}
 		if (t->state == UNKNOWN)

@@ -66,17 +66,31 @@ struct RawThread {
 // SAFETY: u64s, four u32s, a u64, four u32s: no padding, every bit pattern valid.
 unsafe impl Pod for RawThread {}
 
-/// The waits_by map's key, as `struct wait_key`: a tracked thread and a task that ran on the
-/// CPU it waited for.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct RawWaitKey {
-    waiter: u32,
-    by: u32,
+/// Who took a CPU from a waiting vCPU thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Taker {
+    /// A process, by tgid (0: the idle task, so nothing ran: a CPU limit held the thread back).
+    Process(u32),
+    /// The processes past the first [`BY_SLOTS`] that took a CPU from the thread, summed.
+    Others,
 }
 
-// SAFETY: two u32s, no padding, every bit pattern valid.
-unsafe impl Pod for RawWaitKey {}
+/// Processes (by tgid) that named slots hold per vCPU thread, as `BY_SLOTS`.
+const BY_SLOTS: usize = 16;
+
+/// The waits_by map's value, as `struct waits`: who took the CPU from one vCPU thread while it
+/// waited, the first [`BY_SLOTS`] processes by name and the later ones summed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawWaits {
+    by: [u32; BY_SLOTS],
+    ns: [u64; BY_SLOTS],
+    others_ns: u64,
+}
+
+// SAFETY: sixteen u32s (64 bytes, so the u64s that follow are aligned), seventeen u64s: no
+// padding, every bit pattern valid.
+unsafe impl Pod for RawWaits {}
 
 /// The timings map's key, as `struct timing_key`: a reason and a bucket (`SUMMARY`: none).
 #[repr(C)]
@@ -217,16 +231,15 @@ pub struct KernelCounts {
     pub threads: Vec<(u32, ThreadTotals)>,
     /// Exit durations by reason (when started with timing), sorted.
     pub durations: Vec<(ReasonKey, Histogram)>,
-    /// Events not counted because a map was full: exits, threads, timings.
-    pub full: [u64; 3],
+    /// Events not counted because a map was full: exits, threads, timings, and waits not named
+    /// because the waits_by map had no room for their vCPU thread.
+    pub full: [u64; 4],
     /// Exits that began before their thread's previous one ended: not timed.
     pub incomplete: u64,
-    /// Who ran on the CPU a tracked thread waited for: (waiter, task, ns), sorted. A wait is
+    /// Who ran on the CPU a vCPU thread waited for: (waiter, taker, ns), sorted. A wait is
     /// charged to the runs on the CPU it ended on since it was queued there, as far as the
     /// CPU's last 16 runs reach: the rest of it is named by no task.
-    pub waits_by: Vec<(u32, u32, u64)>,
-    /// Waits the waits_by map had no room for.
-    pub waits_full: u64,
+    pub waits_by: Vec<(u32, Taker, u64)>,
     /// Events the kernel did not run the program for (`recursion_misses`: it skips a
     /// tracepoint's program while another BPF program, or a BPF map syscall such as our own
     /// reads, holds the CPU's BPF guard; see `trace_call_bpf`).
@@ -494,12 +507,9 @@ impl KernelCounter {
             BpfHashMap::try_from(map).map_err(bpf("map threads"))?;
         let _ = threads.remove(&tid);
         let map = self.ebpf.map_mut("waits_by").ok_or_else(|| KernelCountError::Format("no map waits_by".into()))?;
-        let mut waits: BpfHashMap<&mut MapData, RawWaitKey, u64> =
+        let mut waits: BpfHashMap<&mut MapData, u32, RawWaits> =
             BpfHashMap::try_from(map).map_err(bpf("map waits_by"))?;
-        let keys: Vec<RawWaitKey> = waits.keys().filter_map(Result::ok).filter(|k| k.waiter == tid).collect();
-        for key in keys {
-            let _ = waits.remove(&key);
-        }
+        let _ = waits.remove(&tid);
         Ok(())
     }
 
@@ -544,9 +554,14 @@ impl KernelCounter {
         let sum = |i: u32| -> Result<u64, KernelCountError> {
             Ok(full.get(&i, 0).map_err(bpf("reading map full"))?.iter().sum())
         };
-        let mut waits_by: Vec<(u32, u32, u64)> = entries::<RawWaitKey, u64>(map("waits_by")?, "waits_by")?
+        let mut waits_by: Vec<(u32, Taker, u64)> = entries::<u32, RawWaits>(map("waits_by")?, "waits_by")?
             .into_iter()
-            .map(|(key, ns)| (key.waiter, key.by, ns))
+            .flat_map(|(waiter, w)| {
+                let named =
+                    w.by.into_iter().zip(w.ns).filter(|(_, ns)| *ns > 0).map(|(by, ns)| (Taker::Process(by), ns));
+                let others = (w.others_ns > 0).then_some((Taker::Others, w.others_ns));
+                named.chain(others).map(move |(taker, ns)| (waiter, taker, ns))
+            })
             .collect();
         waits_by.sort_unstable();
         let durations = self.durations()?;
@@ -555,10 +570,9 @@ impl KernelCounter {
             reasons,
             threads,
             durations,
-            full: [sum(0)?, sum(1)?, sum(2)?],
+            full: [sum(0)?, sum(1)?, sum(2)?, sum(5)?],
             incomplete: sum(3)?,
             waits_by,
-            waits_full: sum(5)?,
             missed,
         })
     }

@@ -12,7 +12,7 @@ use virtprof_analysis::exits::{ExitAnalyzer, ExitOptions};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::sched::{Counters, ReasonKey, SchedAccounting, SchedOptions};
 use virtprof_analysis::{Analyzer, Names};
-use virtprof_engine::kernel_counts::KernelCounter;
+use virtprof_engine::kernel_counts::{KernelCounter, Taker};
 use virtprof_kvm::guest::Script;
 use virtprof_kvm::vmm::{Vm, VmConfig};
 use virtprof_model::Event;
@@ -72,19 +72,7 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
     let script =
         Script::parse_phases("compute:300ms,io-bound:300,pio-user:20000,pio-kernel:20000,cpuid:20000,mmio-user:5000")
             .unwrap();
-    let config = VmConfig {
-        index: 0,
-        script,
-        vcpus: 3,
-        pin: vec![None, None, None],
-        io_latency_ns: 300_000,
-        steal_time: false,
-        linger_ns: 0,
-        sample_hz: 0,
-        noise_threshold_ns: 0,
-        io_thread: None,
-        reclaim_hz: 0,
-    };
+    let config = vm_config(script, 3, vec![None, None, None], 300_000);
     let report = Vm::new(config).expect("a VM").run().expect("the VM runs");
     let end = virtprof_host::monotonic_ns();
     // Kept for who took the CPUs the vCPUs waited for: their threads are known only now.
@@ -94,7 +82,7 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
     assert_eq!(trace.loss().total(), 0, "the trace lost events: the comparison would not hold");
     let traced = traced.finish(end);
     let kernel = counter.counts().expect("the maps read");
-    assert_eq!(kernel.full, [0; 3]);
+    assert_eq!(kernel.full, [0; 4]);
 
     for vcpu in &report.vcpus {
         let mut from_trace: Vec<(ReasonKey, u64)> =
@@ -219,9 +207,10 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
             th.count()
         );
     }
-    // Who ran while each vCPU waited: the program names what the CPU it ended its wait on
-    // ran since it was queued there (its last 16 runs); the trace follows a wait across
-    // CPUs. Both name the same tasks for nearly all of it, and never more than it waited.
+    // Who ran while each vCPU waited: the program names the processes the CPU it ended its wait
+    // on ran since it was queued there (its last 16 runs); the trace follows a wait across
+    // CPUs and names threads, summed here per process. Both name the same processes for
+    // nearly all of it, and never more than it waited.
     let mut contention = Contention::new(report.vcpus.iter().map(|v| v.tid));
     for e in &events {
         contention.on_event(e, &names);
@@ -229,15 +218,18 @@ fn kernel_counts_equal_the_traced_counts_and_the_vmms_own() {
     let suffered = contention.finish();
     let t_wait =
         |tid: u32| -> u64 { traced.counters.iter().filter(|((t, _), _)| *t == tid).map(|(_, c)| c.wait_ns).sum() };
-    assert_eq!(kernel.waits_full, 0);
+    assert_eq!(kernel.full[3], 0, "every vCPU thread had room in the waits_by map");
+    // The vCPU threads, which took the CPUs from each other, have ended: they were this process's.
+    let vcpu_threads: Vec<u32> = report.vcpus.iter().map(|v| v.tid).collect();
     for vcpu in &report.vcpus {
-        let named: BTreeMap<u32, u64> =
+        let named: BTreeMap<Taker, u64> =
             kernel.waits_by.iter().filter(|(w, _, _)| *w == vcpu.tid).map(|(_, by, ns)| (*by, *ns)).collect();
         let in_kernel: u64 = named.values().sum();
-        let traced_by: BTreeMap<u32, u64> = suffered
-            .get(&vcpu.tid)
-            .map(|s| s.preemptors.iter().map(|(tid, (_, ns))| (*tid, *ns)).collect())
-            .unwrap_or_default();
+        let mut traced_by: BTreeMap<Taker, u64> = BTreeMap::new();
+        for (tid, (_, ns)) in suffered.get(&vcpu.tid).map(|s| s.preemptors.iter()).into_iter().flatten() {
+            let process = if vcpu_threads.contains(tid) { std::process::id() } else { process_of(*tid) };
+            *traced_by.entry(Taker::Process(process)).or_default() += ns;
+        }
         let traced_total: u64 = traced_by.values().sum();
         let k = kernel.threads.iter().find(|(tid, _)| *tid == vcpu.tid).unwrap().1.at(end);
         println!("vCPU {}: waits named {in_kernel} ns in the kernel, {traced_total} traced, of {} waited; kernel {named:?}, traced {traced_by:?}", vcpu.index, k.wait_ns);
@@ -315,19 +307,7 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
     // Compute (preempted by each other), sleeping I/O (woken from the timer interrupt, on the
     // reader's CPU), compute again.
     let script = Script::parse_phases("compute:700ms,io-bound:400,compute:700ms").unwrap();
-    let config = VmConfig {
-        index: 0,
-        script,
-        vcpus: 3,
-        pin: vec![Some(0); 3],
-        io_latency_ns: 300_000,
-        steal_time: false,
-        linger_ns: 0,
-        sample_hz: 0,
-        noise_threshold_ns: 0,
-        io_thread: None,
-        reclaim_hz: 0,
-    };
+    let config = vm_config(script, 3, vec![Some(0); 3], 300_000);
     let done = std::sync::atomic::AtomicBool::new(false);
     let reading = &mut counter;
     let (report, reads) = std::thread::scope(|s| {
@@ -395,4 +375,75 @@ fn a_reader_on_the_loaded_cpu_does_not_blind_the_program() {
         );
     }
     assert_eq!(kernel.missed, 0, "the kernel skipped the program on some events");
+}
+
+/// A vCPU that more processes take the CPU from than the program has slots for: the map stays
+/// one entry per vCPU thread, the first 16 processes are named, the later ones summed as
+/// others, and the named and summed time never exceeds what it waited. (Keyed by waiter and
+/// task, a hundred contending VMs filled the map in seconds and the rest went unnamed.)
+#[test]
+fn a_vcpu_preempted_by_more_processes_than_slots_names_sixteen_and_sums_the_rest() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut counter = KernelCounter::start(Path::new(TRACEFS), &EVIDENCE_EVENTS, false).expect("the program loads");
+    let config = vm_config(Script::parse_phases("compute:1500ms").unwrap(), 1, vec![Some(1)], 0);
+    const PROCESSES: usize = 24;
+    let report = std::thread::scope(|s| {
+        let vm = s.spawn(|| Vm::new(config).expect("a VM").run().expect("the VM runs"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let spin = "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done";
+        let children: Vec<_> = (0..PROCESSES)
+            .map(|_| std::process::Command::new("taskset").args(["-c", "1", "sh", "-c", spin]).spawn())
+            .collect::<Result<_, _>>()
+            .expect("taskset and sh run");
+        for mut child in children {
+            assert!(child.wait().expect("a spinner ends").success());
+        }
+        vm.join().unwrap()
+    });
+    let end = virtprof_host::monotonic_ns();
+    let kernel = counter.counts().expect("the maps read");
+    let vcpu = report.vcpus[0].tid;
+    let waits: Vec<(Taker, u64)> =
+        kernel.waits_by.iter().filter(|(w, _, _)| *w == vcpu).map(|(_, by, ns)| (*by, *ns)).collect();
+    let waited = kernel.threads.iter().find(|(tid, _)| *tid == vcpu).expect("the vCPU tracked").1.at(end).wait_ns;
+    let named = waits.iter().filter(|(by, _)| matches!(by, Taker::Process(_))).count();
+    let others = waits.iter().find(|(by, _)| *by == Taker::Others).map_or(0, |(_, ns)| *ns);
+    let total: u64 = waits.iter().map(|(_, ns)| ns).sum();
+    println!("vCPU waited {waited} ns; {named} processes named, {others} ns by others, {total} ns in all: {waits:?}");
+    assert_eq!(named, 16, "every slot taken: {waits:?}");
+    assert!(others > 0, "the processes past the slots are summed: {waits:?}");
+    assert!(total <= waited, "named and summed {total} ns of {waited} waited");
+    assert_eq!(kernel.full[3], 0, "the vCPU had room in the map");
+    assert!(
+        kernel.waits_by.iter().all(|(w, _, _)| kernel.threads.iter().any(|(t, x)| t == w && x.runs_guest)),
+        "only vCPU threads (running guest code) have waits named"
+    );
+}
+
+/// A test VM of `vcpus` vCPUs running `script`, pinned as `pin` says.
+fn vm_config(script: Script, vcpus: u32, pin: Vec<Option<u32>>, io_latency_ns: u64) -> VmConfig {
+    VmConfig {
+        index: 0,
+        script,
+        vcpus,
+        pin,
+        io_latency_ns,
+        steal_time: false,
+        linger_ns: 0,
+        sample_hz: 0,
+        noise_threshold_ns: 0,
+        io_thread: None,
+        reclaim_hz: 0,
+    }
+}
+
+/// The process thread `tid` belongs to (its tgid), from /proc; a thread gone since is taken
+/// as its own process, as the idle task (0) is.
+fn process_of(tid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok()).unwrap_or(tid)
 }

@@ -6,7 +6,7 @@
 //! `_total` on counters, and label values drawn from bounded sets (VMs on the host, their
 //! vCPUs, the kernel's exit reasons, host CPUs).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use prometheus_client::collector::Collector;
@@ -19,7 +19,7 @@ use virtprof_analysis::explain::{explain, CauseKind, Explanation, VmFacts};
 use virtprof_analysis::hist::Histogram;
 use virtprof_analysis::qos::{RoleRow, VcpuRow, VmInfo, WindowReport};
 
-use virtprof_engine::sampler::{Sampler, Snapshot};
+use virtprof_engine::sampler::{Sampler, Snapshot, Taker};
 
 /// Upper bounds of the exit-duration histogram's buckets, ns: 1 µs to 100 ms.
 const DURATION_BOUNDS_NS: [u64; 16] = [
@@ -163,7 +163,7 @@ impl Scrape {
         counters(
             e,
             "virtprof_vm_lost_by",
-            "Time a VM lost to CPU contention, by who ran on the CPU its vCPUs waited for (vm PID: another VM; task NAME: a host task, its name without its /N suffix; idle: nothing ran, a CPU limit such as cgroup cpu.max held them back). Counted in the kernel (eBPF) only; what no task is named for is virtprof_vm_lost_seconds_total less their sum.",
+            "Time a VM lost to CPU contention, by the process that ran on the CPU its vCPUs waited for (vm PID: another VM, or its own VMM; task NAME: a host process, its name without its /N suffix; idle: nothing ran, a CPU limit such as cgroup cpu.max held them back; others: the processes past the first 16 per vCPU, or past 32 values per VM). Counted in the kernel (eBPF) only; what no process is named for is virtprof_vm_lost_seconds_total less their sum.",
             Some(Unit::Seconds),
             answers.iter().flat_map(|(labels, x)| {
                 let by = self.preempted_by.get(&x.pid).map(Vec::as_slice).unwrap_or_default();
@@ -297,32 +297,28 @@ fn vm_facts(vm: &virtprof_analysis::qos::VmRow, seconds: Option<f64>) -> VmFacts
 /// series only grows.
 const MOST_BY: usize = 32;
 
-/// `by` label values of the tasks that ran while VMs' vCPUs waited: another VM as `vm PID`,
-/// the idle task as `idle` (a CPU limit throttled them), a host task as `task NAME` (its comm
-/// without a `/N` suffix; `task (exited)` when it is gone). Each task is named once per
-/// scrape, whichever VMs' vCPUs it took the CPU from.
+/// `by` label values of the processes that ran while VMs' vCPUs waited: another VM as `vm
+/// PID`, the idle task as `idle` (a CPU limit throttled them), a host process as `task NAME`
+/// (its comm without a `/N` suffix; `task (exited)` when it is gone), and `others` for those
+/// past the program's slots. Each process is named once per scrape, whichever VMs' vCPUs it
+/// took the CPU from.
 struct ByLabels {
-    /// Every VM's thread → its VMM pid.
-    owners: HashMap<u32, u32>,
+    vms: HashSet<u32>,
     named: HashMap<u32, String>,
 }
 
 impl ByLabels {
     fn new(vms: &[VmInfo]) -> ByLabels {
-        let mut owners = HashMap::new();
-        for vm in vms {
-            let threads = vm.vcpus.iter().map(|v| v.tid.0).chain(vm.others.iter().map(|t| t.tid));
-            owners.extend(threads.map(|tid| (tid, vm.pid.0)));
-        }
-        ByLabels { owners, named: HashMap::new() }
+        ByLabels { vms: vms.iter().map(|vm| vm.pid.0).collect(), named: HashMap::new() }
     }
 
-    fn label(&mut self, tid: u32) -> String {
-        let owners = &self.owners;
-        let name = self.named.entry(tid).or_insert_with(|| match (tid, owners.get(&tid)) {
-            (0, _) => "idle".into(),
-            (_, Some(pid)) => format!("vm {pid}"),
-            (_, None) => match std::fs::read_to_string(format!("/proc/{tid}/comm")) {
+    fn label(&mut self, taker: Taker) -> String {
+        let Taker::Process(tgid) = taker else { return "others".into() };
+        let vms = &self.vms;
+        let name = self.named.entry(tgid).or_insert_with(|| match tgid {
+            0 => "idle".into(),
+            pid if vms.contains(&pid) => format!("vm {pid}"),
+            _ => match std::fs::read_to_string(format!("/proc/{tgid}/comm")) {
                 Ok(comm) => format!("task {}", comm.trim().split('/').next().unwrap_or_default()),
                 Err(_) => "task (exited)".into(),
             },
@@ -330,11 +326,11 @@ impl ByLabels {
         name.clone()
     }
 
-    /// One VM's (task, ns) as (label, ns), most first, at most [`MOST_BY`] labels.
-    fn fold(&mut self, preempted_by: Vec<(u32, u64)>) -> Vec<(String, u64)> {
+    /// One VM's (taker, ns) as (label, ns), most first, at most [`MOST_BY`] labels.
+    fn fold(&mut self, preempted_by: Vec<(Taker, u64)>) -> Vec<(String, u64)> {
         let mut by: BTreeMap<String, u64> = BTreeMap::new();
-        for (tid, ns) in preempted_by {
-            let name = self.label(tid);
+        for (taker, ns) in preempted_by {
+            let name = self.label(taker);
             let name = if by.len() >= MOST_BY && !by.contains_key(&name) { "others".to_string() } else { name };
             *by.entry(name).or_default() += ns;
         }

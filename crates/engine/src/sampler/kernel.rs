@@ -11,7 +11,7 @@ use virtprof_trace::decode::Decoder;
 use virtprof_trace::tracefs::{load_layout, Tracefs};
 
 use super::History;
-use crate::kernel_counts::{KernelCounter, ThreadState};
+use crate::kernel_counts::{KernelCounter, Taker, ThreadState};
 
 /// Exited threads kept (their figures stay in the run window) after they leave the maps.
 const MAX_RETIRED: usize = 65_536;
@@ -28,9 +28,9 @@ pub(super) struct KernelSource {
     retired: VecDeque<(u32, Retired)>,
     /// Threads in the maps: at the last read, and those added by [`KernelSource::track`] since.
     in_maps: HashSet<u32>,
-    /// Who ran while each tracked thread waited, since the start: waiter → (task, ns), the
+    /// Who ran while each vCPU thread waited, since the start: waiter → (taker, ns), the
     /// retired threads' included.
-    waits_by: BTreeMap<u32, Vec<(u32, u64)>>,
+    waits_by: BTreeMap<u32, Vec<(Taker, u64)>>,
 }
 
 /// An exited thread's final figures.
@@ -40,7 +40,7 @@ struct Retired {
     counters: Counters,
     guest: bool,
     reasons: Vec<(ReasonKey, u64)>,
-    waits_by: Vec<(u32, u64)>,
+    waits_by: Vec<(Taker, u64)>,
 }
 
 /// One read of the maps.
@@ -53,9 +53,9 @@ struct KernelSample {
     run_extremes: BTreeMap<u32, Extremes>,
     /// Exits and evidence so far, per (thread, reason).
     reasons: BTreeMap<(u32, ReasonKey), u64>,
-    /// Events a full map could not count: exits, threads, timings; and events the kernel
-    /// skipped the program for.
-    full: [u64; 3],
+    /// Events a full map could not count: exits, threads, timings, waits not named; and
+    /// events the kernel skipped the program for.
+    full: [u64; 4],
     missed: u64,
 }
 
@@ -179,9 +179,9 @@ impl KernelSource {
         &self.durations
     }
 
-    /// Who ran on the CPU each tracked thread waited for, since the start: waiter → (task,
-    /// ns). A wait is named as far as its CPU's last runs reach (see `KernelCounts::waits_by`).
-    pub(super) fn waits_by(&self) -> &BTreeMap<u32, Vec<(u32, u64)>> {
+    /// Who ran on the CPU each vCPU thread waited for, since the start: waiter → (taker, ns).
+    /// A wait is named as far as its CPU's last runs reach (see `KernelCounts::waits_by`).
+    pub(super) fn waits_by(&self) -> &BTreeMap<u32, Vec<(Taker, u64)>> {
         &self.waits_by
     }
 
@@ -286,7 +286,7 @@ mod tests {
                 ((7, ReasonKey::Exit { reason: 30, isa: 1 }), exits),
                 ((7, ReasonKey::Userspace { reason: 2 }), evidence),
             ]),
-            full: [0; 3],
+            full: [0; 4],
             missed: 0,
             ..KernelSample::default()
         }

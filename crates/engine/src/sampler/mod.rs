@@ -29,6 +29,8 @@ use virtprof_model::evidence::Holdings;
 use virtprof_model::units::saturating_u64;
 use virtprof_model::Loss;
 
+pub use crate::kernel_counts::Taker;
+
 use crate::energy::book::{CoreRow, EnergyBook};
 use crate::tasks::HostTasks;
 use virtprof_session::LiveTrace;
@@ -337,18 +339,18 @@ impl Sampler {
         Ok(())
     }
 
-    /// Who ran on the CPUs a VM's vCPUs waited for since the start, summed per task: (tid,
+    /// Who ran on the CPUs a VM's vCPUs waited for since the start, summed per process: (taker,
     /// ns), most first. None where the source cannot tell (polled, or traced: only the
     /// in-kernel program names them).
-    pub fn preempted_by(&self, vm: &VmInfo) -> Option<Vec<(u32, u64)>> {
+    pub fn preempted_by(&self, vm: &VmInfo) -> Option<Vec<(Taker, u64)>> {
         let Source::Kernel(k) = &self.source else { return None };
-        let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut by: BTreeMap<Taker, u64> = BTreeMap::new();
         for vcpu in &vm.vcpus {
             for (tid, ns) in k.waits_by().get(&vcpu.tid.0).into_iter().flatten() {
                 *by.entry(*tid).or_default() += ns;
             }
         }
-        let mut list: Vec<(u32, u64)> = by.into_iter().collect();
+        let mut list: Vec<(Taker, u64)> = by.into_iter().collect();
         list.sort_by_key(|(_, ns)| std::cmp::Reverse(*ns));
         Some(list)
     }
