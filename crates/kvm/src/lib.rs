@@ -1,5 +1,5 @@
 //! virtprof's KVM layer: the micro-VMM test bed (`virtprof testvm`), KVM binary statistics for
-//! our VMs and anyone else's, and (later) VM discovery.
+//! our VMs and anyone else's, VM discovery and KVM's announcements of VMs.
 //!
 //! The test bed in four steps:
 //! 1. a [`guest::Script`] of workload phases is assembled into a [`guest::GuestProgram`] with a
@@ -23,6 +23,7 @@ pub mod launcher;
 pub mod owner;
 pub mod remote;
 pub mod stats;
+pub mod uevents;
 pub mod vmm;
 
 pub use error::{StatsError, VmmError};

@@ -16,6 +16,7 @@ use virtprof_interval::counters::{default_specs, CounterSpec};
 use virtprof_interval::ring::IntervalRing;
 use virtprof_interval::sampler::{IntervalSampler, SamplerConfig};
 use virtprof_kvm::discover::Discovery;
+use virtprof_kvm::uevents::KvmUevents;
 use virtprof_store::recording::{IntervalEncoder, IntervalSchema, IntervalStats};
 
 use super::vm_scans::ScanSchedule;
@@ -87,6 +88,9 @@ fn run(
     let (mut next, mut last_end, mut rows) = (0u64, t0, 0u64);
     let (mut last_drain, mut last_scan_ns) = (Instant::now(), t0);
     let mut scans = ScanSchedule::new(last_pid());
+    // KVM announces each VM it creates: heard, a scan comes at the next wake-up whatever the
+    // back-off. Where the announcements do not reach us, the schedule alone decides.
+    let mut announcements = KvmUevents::open().ok();
     let drain = |ring: &mut IntervalRing, upto: u64, encoder: &mut IntervalEncoder| -> anyhow::Result<u64> {
         encoder.begin(ring.width());
         ring.drain(upto, |index, start, end, values| encoder.row(index, start, end, values));
@@ -128,7 +132,8 @@ fn run(
             last_drain = Instant::now();
         }
         // Timed from the wake-ups, which keep to the interval grid whatever a scan took.
-        if scans.due(Duration::from_nanos(now.saturating_sub(last_scan_ns)), last_pid) {
+        let announced = announcements.as_mut().is_some_and(|a| a.drain().news());
+        if announced || scans.due(Duration::from_nanos(now.saturating_sub(last_scan_ns)), last_pid) {
             last_scan_ns = now;
             let pid = last_pid();
             let found = discovery.scan();

@@ -7,7 +7,9 @@
 //! late in a recording and living less than the longest wait was never sampled at all. New
 //! pids that bring no VM back off in turn: where tasks start all the time, scans keep to the
 //! timed back-off, as they did before; once the pids rest, the next new one is acted on at
-//! once.
+//! once. Where KVM announces its VMs (a uevent at each KVM_CREATE_VM; see
+//! `virtprof_kvm::uevents`), the interval thread scans at the next wake-up after one, whatever
+//! the back-off: this schedule is then what finds VMs only where the announcements do not come.
 
 use std::collections::HashMap;
 use std::time::Duration;

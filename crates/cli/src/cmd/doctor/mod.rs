@@ -129,6 +129,15 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         Err(e) => checks.push(check("KVM stats fd", Status::Missing, e.clone(), Some("needs Linux 5.14 or newer"))),
     }
     checks.push(debugfs_kvm_check());
+    checks.push(match virtprof_kvm::uevents::probe() {
+        Ok(()) => check("KVM VM announcements", Status::Ok, "heard: record --interval finds a VM at its creation", None),
+        Err(e) => check(
+            "KVM VM announcements",
+            Status::Warn,
+            format!("{e}; record --interval finds new VMs by scanning /proc, which backs off to 500 ms while pids keep coming"),
+            Some("run virtprof in the host's initial network and user namespaces"),
+        ),
+    });
 
     let kvm_events = tracefs.as_ref().map(|t| t.events("kvm")).unwrap_or_default();
     if tracefs.is_some() {
