@@ -10,8 +10,8 @@
 //! Listening costs nothing until a VM comes, and hears every VM at its creation whatever else
 //! starts meanwhile, where a look at /proc's newest pid cannot tell a VMM from a shell loop.
 //! The announcements reach a socket in the initial user namespace's network namespaces only,
-//! and a full receive buffer drops them: callers keep scanning /proc, less often, and scan at
-//! once when [`Heard::missed`] says some were lost.
+//! and a full receive buffer (a storm of other devices' uevents) drops them: callers keep
+//! scanning /proc on their own schedule, which finds those VMs later.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -21,8 +21,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const KERNEL_GROUP: u32 = 1;
 /// Room for one uevent: the kernel's are at most 2 KiB (`UEVENT_BUFFER_SIZE`).
 const MESSAGE: usize = 4096;
-/// Messages read per drain: a flood of other devices' uevents cannot hold the caller; past it,
-/// the rest counts as missed and the caller scans.
+/// Messages read per drain: a flood of uevents cannot hold the caller; the rest wait for the
+/// next drain.
 const MOST_PER_DRAIN: usize = 256;
 /// Receive buffer asked for: a burst of VMs starting together fits.
 const RECEIVE_BUFFER: libc::c_int = 1 << 20;
@@ -32,32 +32,6 @@ const RECEIVE_BUFFER: libc::c_int = 1 << 20;
 pub struct KvmUevents {
     socket: OwnedFd,
     message: Box<[u8; MESSAGE]>,
-}
-
-/// What was heard since the last drain.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Heard {
-    /// The threads (by id) that created a VM.
-    pub created: Vec<u32>,
-    /// The threads (by id) that created a VM destroyed since; the thread may have ended.
-    pub destroyed: Vec<u32>,
-    /// Some announcements may have been lost (the receive buffer overflowed, or too many
-    /// uevents came at once): what was heard is not all there was.
-    pub missed: bool,
-}
-
-impl Heard {
-    /// Whether a look for new VMs is due: one was created, or announcements were lost.
-    pub fn news(&self) -> bool {
-        !self.created.is_empty() || self.missed
-    }
-}
-
-/// One KVM announcement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Announcement {
-    Created(u32),
-    Destroyed(u32),
 }
 
 impl KvmUevents {
@@ -105,9 +79,10 @@ impl KvmUevents {
         Ok(KvmUevents { socket, message: Box::new([0; MESSAGE]) })
     }
 
-    /// Everything announced since the last drain, without waiting.
-    pub fn drain(&mut self) -> Heard {
-        let mut heard = Heard::default();
+    /// The threads (by id) that created a VM since the last drain, without waiting: the
+    /// process's pid where its main thread did, as VMMs do.
+    pub fn drain(&mut self) -> Vec<u32> {
+        let mut created = Vec::new();
         for _ in 0..MOST_PER_DRAIN {
             // SAFETY: an all-zero sockaddr_nl is valid for the kernel to fill.
             let mut sender: libc::sockaddr_nl = unsafe { zeroed() };
@@ -125,16 +100,10 @@ impl KvmUevents {
             };
             if n < 0 {
                 match io::Error::last_os_error().raw_os_error() {
-                    Some(libc::EAGAIN) => return heard,
-                    Some(libc::EINTR) => continue,
-                    // ENOBUFS: the buffer overflowed, messages were dropped; the socket goes on.
-                    Some(libc::ENOBUFS) => heard.missed = true,
-                    _ => {
-                        heard.missed = true;
-                        return heard;
-                    }
+                    // ENOBUFS: the buffer overflowed and some were dropped; the socket goes on.
+                    Some(libc::EINTR | libc::ENOBUFS) => continue,
+                    _ => break,
                 }
-                continue;
             }
             // Only the kernel speaks for KVM (a process may send on the group with privilege),
             // and a message longer than the buffer is no uevent of the kernel's.
@@ -142,15 +111,9 @@ impl KvmUevents {
             if sender.nl_pid != 0 || len > MESSAGE {
                 continue;
             }
-            match parse(&self.message[..len]) {
-                Some(Announcement::Created(pid)) => heard.created.push(pid),
-                Some(Announcement::Destroyed(pid)) => heard.destroyed.push(pid),
-                None => {}
-            }
+            created.extend(created_by(&self.message[..len]));
         }
-        // More may be waiting: the caller looks for itself.
-        heard.missed = true;
-        heard
+        created
     }
 }
 
@@ -164,7 +127,7 @@ pub fn probe() -> Result<(), String> {
     let me = unsafe { libc::gettid() } as u32;
     let vm = kvm.create_vm().map_err(|e| format!("no VM to try with ({e})"))?;
     for _ in 0..50 {
-        if uevents.drain().created.contains(&me) {
+        if uevents.drain().contains(&me) {
             drop(vm);
             return Ok(());
         }
@@ -173,27 +136,23 @@ pub fn probe() -> Result<(), String> {
     Err("a VM created here was not announced within 0.5 s (a network or user namespace of its own?)".into())
 }
 
-/// A KVM announcement from one uevent, or None for any other device's or a malformed one.
-fn parse(message: &[u8]) -> Option<Announcement> {
+/// The thread that created a VM, from one uevent; None for a VM's end, any other device's
+/// uevent or a malformed one.
+fn created_by(message: &[u8]) -> Option<u32> {
     let mut fields = message.split(|&b| b == 0);
     let header = fields.next()?;
     if !header.ends_with(b"@/devices/virtual/misc/kvm") {
         return None;
     }
-    let (mut event, mut pid) = (None, None);
+    let (mut created, mut pid) = (false, None);
     for field in fields {
         if let Some(value) = field.strip_prefix(b"EVENT=") {
-            event = Some(value);
+            created = value == b"create";
         } else if let Some(value) = field.strip_prefix(b"PID=") {
             pid = std::str::from_utf8(value).ok()?.parse::<u32>().ok();
         }
     }
-    let pid = pid.filter(|&p| p > 0)?;
-    match event? {
-        b"create" => Some(Announcement::Created(pid)),
-        b"destroy" => Some(Announcement::Destroyed(pid)),
-        _ => None,
-    }
+    pid.filter(|&p| created && p > 0)
 }
 
 #[cfg(test)]
@@ -205,7 +164,7 @@ mod tests {
     }
 
     #[test]
-    fn a_created_and_a_destroyed_vm_are_read_with_their_pid() {
+    fn a_created_vm_is_read_with_its_creators_id_and_its_end_is_not_a_creation() {
         let created = message(&[
             "change@/devices/virtual/misc/kvm",
             "ACTION=change",
@@ -218,9 +177,9 @@ mod tests {
             "STATS_PATH=/kvm/27209-4",
             "SEQNUM=5021",
         ]);
-        assert_eq!(parse(&created), Some(Announcement::Created(27209)));
+        assert_eq!(created_by(&created), Some(27209));
         let destroyed = message(&["change@/devices/virtual/misc/kvm", "EVENT=destroy", "PID=27209", "COUNT=0"]);
-        assert_eq!(parse(&destroyed), Some(Announcement::Destroyed(27209)));
+        assert_eq!(created_by(&destroyed), None);
     }
 
     #[test]
@@ -235,29 +194,53 @@ mod tests {
             &["change@/devices/virtual/misc/kvm"],
         ];
         for fields in cases {
-            assert_eq!(parse(&message(fields)), None, "{fields:?}");
+            assert_eq!(created_by(&message(fields)), None, "{fields:?}");
         }
-        assert_eq!(parse(b""), None);
-        assert_eq!(parse(&[0xff; 64]), None);
+        assert_eq!(created_by(b""), None);
+        assert_eq!(created_by(&[0xff; 64]), None);
     }
 
-    #[test]
-    fn news_is_a_created_vm_or_a_loss() {
-        assert!(!Heard::default().news());
-        assert!(!Heard { destroyed: vec![3], ..Heard::default() }.news());
-        assert!(Heard { created: vec![3], ..Heard::default() }.news());
-        assert!(Heard { missed: true, ..Heard::default() }.news());
+    /// A socket that sends on the kernel's uevent group, as only a privileged process may.
+    struct Spoofer(OwnedFd);
+
+    impl Spoofer {
+        fn new() -> Spoofer {
+            // SAFETY: socket(2) with constant arguments, checked.
+            let fd = unsafe {
+                libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_KOBJECT_UEVENT)
+            };
+            assert!(fd >= 0, "{}", io::Error::last_os_error());
+            // SAFETY: just opened, owned here.
+            Spoofer(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+
+        /// Send `message` to the kernel's group; false where this process may not.
+        fn send(&self, message: &[u8]) -> bool {
+            // SAFETY: all-zero is a valid sockaddr_nl.
+            let mut to: libc::sockaddr_nl = unsafe { zeroed() };
+            to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+            to.nl_groups = KERNEL_GROUP;
+            // SAFETY: the message and the address are ours, of the sizes given.
+            let sent = unsafe {
+                libc::sendto(
+                    self.0.as_raw_fd(),
+                    message.as_ptr().cast(),
+                    message.len(),
+                    0,
+                    (&to as *const libc::sockaddr_nl).cast(),
+                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+                )
+            };
+            sent >= 0
+        }
     }
 
-    /// Drain until `done` says what was heard is enough, for at most a second.
-    fn listen_until(uevents: &mut KvmUevents, done: impl Fn(&Heard) -> bool) -> Heard {
-        let mut all = Heard::default();
+    /// Drain until `me` is heard, for at most a second; everything heard.
+    fn listen_for(uevents: &mut KvmUevents, me: u32) -> Vec<u32> {
+        let mut all = Vec::new();
         for _ in 0..100 {
-            let heard = uevents.drain();
-            all.created.extend(heard.created);
-            all.destroyed.extend(heard.destroyed);
-            all.missed |= heard.missed;
-            if done(&all) {
+            all.extend(uevents.drain());
+            if all.contains(&me) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
@@ -265,10 +248,11 @@ mod tests {
         all
     }
 
-    /// A real VM is announced at its creation and its end, with the creating thread's id; a process
-    /// sending a look-alike announcement on the kernel's group is not believed.
+    /// A real VM is announced at its creation with the creating thread's id; a process flooding
+    /// the kernel's group with look-alike announcements is not believed, and a VM created after
+    /// the flood is heard.
     #[test]
-    fn a_vm_is_heard_at_its_creation_and_its_end_and_a_spoofer_is_not() {
+    fn a_vm_is_heard_at_its_creation_and_a_flood_of_look_alikes_is_not() {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
             eprintln!("skipped: no /dev/kvm");
             return;
@@ -283,44 +267,30 @@ mod tests {
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() } as u32;
         let vm = kvm.create_vm().expect("a VM");
-        let heard = listen_until(&mut uevents, |h| h.created.contains(&me));
-        if heard.created.is_empty() {
+        let heard = listen_for(&mut uevents, me);
+        if heard.is_empty() {
             eprintln!("skipped: KVM's uevents do not reach this network namespace");
             return;
         }
-        assert!(heard.created.contains(&me), "{heard:?}");
+        assert!(heard.contains(&me), "{heard:?}");
         drop(vm);
-        let heard = listen_until(&mut uevents, |h| h.destroyed.contains(&me));
-        assert!(heard.destroyed.contains(&me), "{heard:?}");
 
-        // SAFETY: socket(2) with constant arguments, checked.
-        let fd = unsafe {
-            libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, libc::NETLINK_KOBJECT_UEVENT)
-        };
-        assert!(fd >= 0);
-        // SAFETY: just opened, owned here.
-        let spoofer = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: all-zero is a valid sockaddr_nl.
-        let mut to: libc::sockaddr_nl = unsafe { zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        to.nl_groups = KERNEL_GROUP;
+        let spoofer = Spoofer::new();
         let fake = message(&["change@/devices/virtual/misc/kvm", "EVENT=create", "PID=4242"]);
-        // SAFETY: the message and the address are ours, of the sizes given.
-        let sent = unsafe {
-            libc::sendto(
-                spoofer.as_raw_fd(),
-                fake.as_ptr().cast(),
-                fake.len(),
-                0,
-                (&to as *const libc::sockaddr_nl).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if sent < 0 {
+        const FLOOD: usize = 2000;
+        let sent = (0..FLOOD).take_while(|_| spoofer.send(&fake)).count();
+        if sent == 0 {
             eprintln!("the spoofer may not send here ({}): nothing to refuse", io::Error::last_os_error());
             return;
         }
-        let heard = listen_until(&mut uevents, |_| false);
-        assert!(!heard.created.contains(&4242), "a process's announcement was believed: {heard:?}");
+        // The buffer holds part of the flood (the rest was dropped): enough drains read it all,
+        // and none of it is believed.
+        for _ in 0..=FLOOD / MOST_PER_DRAIN {
+            assert!(!uevents.drain().contains(&4242), "a process's announcement was believed");
+        }
+        // After the flood, a VM is heard again.
+        let vm = kvm.create_vm().expect("a VM");
+        assert!(listen_for(&mut uevents, me).contains(&me), "a VM after the flood was not heard");
+        drop(vm);
     }
 }

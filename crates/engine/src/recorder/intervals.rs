@@ -132,7 +132,7 @@ fn run(
             last_drain = Instant::now();
         }
         // Timed from the wake-ups, which keep to the interval grid whatever a scan took.
-        let announced = announcements.as_mut().is_some_and(|a| a.drain().news());
+        let announced = announcements.as_mut().is_some_and(|a| !a.drain().is_empty());
         if announced || scans.due(Duration::from_nanos(now.saturating_sub(last_scan_ns)), last_pid) {
             last_scan_ns = now;
             let pid = last_pid();
