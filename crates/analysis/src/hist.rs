@@ -32,6 +32,11 @@ fn bucket_of(v: u64) -> usize {
     (exp - SUB_BITS + 1) as usize * SUB + sub
 }
 
+/// The smallest value of the bucket `v` lands in: the key [`Histogram::buckets`] gives it.
+pub fn bucket_start(v: u64) -> u64 {
+    bucket_range(bucket_of(v)).0
+}
+
 /// The smallest and largest value that land in bucket `b`.
 #[allow(clippy::cast_possible_truncation)]
 fn bucket_range(b: usize) -> (u64, u64) {

@@ -66,6 +66,38 @@ struct RawThread {
 // SAFETY: u64s, four u32s, a u64, four u32s: no padding, every bit pattern valid.
 unsafe impl Pod for RawThread {}
 
+/// The exit log's entry, as `struct exit_time`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RawExitTime {
+    tid: u32,
+    kind: u32,
+    reason: u32,
+    isa: u32,
+    start: u64,
+    end: u64,
+}
+
+// SAFETY: four u32s, two u64s: no padding, every bit pattern valid.
+unsafe impl Pod for RawExitTime {}
+
+/// One timed exit as the program read the clock at its two ends (CLOCK_MONOTONIC ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoggedExit {
+    pub tid: u32,
+    pub reason: ReasonKey,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// The exits the program logged, in the order they ended, and how many it was offered (more
+/// than it holds: the rest were dropped).
+#[derive(Debug, Clone, Default)]
+pub struct ExitLog {
+    pub exits: Vec<LoggedExit>,
+    pub offered: u64,
+}
+
 /// Who took a CPU from a waiting vCPU thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Taker {
@@ -289,6 +321,45 @@ impl KernelCounter {
     /// sched events it reads (and to each of `evidence`, kvm event names, that exists); with
     /// `timed`, also to the events that end exits (`kvm_entry`, `kvm_fpu`), to time them.
     pub fn start(tracefs: &Path, evidence: &[&str], timed: bool) -> Result<KernelCounter, KernelCountError> {
+        Self::load(tracefs, evidence, timed, None)
+    }
+
+    /// As [`KernelCounter::start`] with exits timed, also logging each timed exit's own two
+    /// clock reads (up to `capacity` of them; see [`KernelCounter::exit_log`]): how a test sets
+    /// the program's times beside the trace's timestamps exit by exit.
+    pub fn start_logging_exits(
+        tracefs: &Path,
+        evidence: &[&str],
+        capacity: u32,
+    ) -> Result<KernelCounter, KernelCountError> {
+        Self::load(tracefs, evidence, true, Some(capacity.max(1)))
+    }
+
+    /// The exits logged so far (none unless started by [`KernelCounter::start_logging_exits`]).
+    pub fn exit_log(&self) -> Result<ExitLog, KernelCountError> {
+        let map = |name: &str| self.ebpf.map(name).ok_or_else(|| KernelCountError::Format(format!("no map {name}")));
+        let len: Array<&MapData, u64> = Array::try_from(map("exit_log_len")?).map_err(bpf("map exit_log_len"))?;
+        let offered = len.get(&0, 0).map_err(bpf("reading map exit_log_len"))?;
+        let log: Array<&MapData, RawExitTime> = Array::try_from(map("exit_log")?).map_err(bpf("map exit_log"))?;
+        let held = offered.min(u64::from(log.len()));
+        let mut exits = Vec::with_capacity(usize::try_from(held).unwrap_or(0));
+        for at in 0..held {
+            // `held` is at most the log's u32 length.
+            #[allow(clippy::cast_possible_truncation)]
+            let e = log.get(&(at as u32), 0).map_err(bpf("reading map exit_log"))?;
+            if let Some(reason) = reason_key(e.kind, e.reason, e.isa) {
+                exits.push(LoggedExit { tid: e.tid, reason, start_ns: e.start, end_ns: e.end });
+            }
+        }
+        Ok(ExitLog { exits, offered })
+    }
+
+    fn load(
+        tracefs: &Path,
+        evidence: &[&str],
+        timed: bool,
+        exit_log: Option<u32>,
+    ) -> Result<KernelCounter, KernelCountError> {
         let kvm = |event| format(tracefs, "kvm", event);
         let sched = |event| format(tracefs, "sched", event);
         let exit = kvm("kvm_exit")?;
@@ -364,6 +435,10 @@ impl KernelCounter {
         loader.btf(btf.as_ref());
         for (name, value) in &globals {
             loader.set_global(name, value, true);
+        }
+        if let Some(capacity) = exit_log {
+            loader.set_global("exit_log_on", &1u32, true);
+            loader.set_max_entries("exit_log", capacity);
         }
         let ebpf = loader.load(OBJECT).map_err(bpf("loading the in-kernel aggregation program"))?;
         let mut counter = KernelCounter { ebpf, attached: Vec::new(), raw: Vec::new(), generation: 0 };
