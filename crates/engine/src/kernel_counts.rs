@@ -84,8 +84,11 @@ unsafe impl Pod for RawExitTime {}
 /// One timed exit as the program read the clock at its two ends (CLOCK_MONOTONIC ns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoggedExit {
+    /// The vCPU thread.
     pub tid: u32,
+    /// Its reason, as the exits map keys it.
     pub reason: ReasonKey,
+    /// The program's clock read at the exit's start and at its end.
     pub start_ns: u64,
     pub end_ns: u64,
 }
@@ -94,7 +97,9 @@ pub struct LoggedExit {
 /// than it holds: the rest were dropped).
 #[derive(Debug, Clone, Default)]
 pub struct ExitLog {
+    /// The exits held, in the order they ended.
     pub exits: Vec<LoggedExit>,
+    /// The exits offered to the log, held or not.
     pub offered: u64,
 }
 
