@@ -30,6 +30,10 @@ V = os.environ.get("VIRTPROF", os.path.join(ROOT, "target/release/virtprof"))
 SECONDS = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
 COUNTS = [int(n) for n in sys.argv[2:]] or [16, 64, 256]
 TICK = os.sysconf("SC_CLK_TCK")
+# The VMs outlive every measurement of their count: two intervals, four exporters, each its
+# SECONDS plus a few of start-up, and the VMs' own start. (They lived 4 * SECONDS + 120 s
+# before, so the last exporters at 15 s scraped a host whose VMs had ended.)
+LIFETIME = 2 * 4 * (SECONDS + 10) + 120
 
 
 def cpu_seconds(pid):
@@ -97,7 +101,7 @@ def main():
         vms = [
             subprocess.Popen(
                 [V, "testvm", "-w", "io-bound", "--io-latency", "50ms", "--vms", str(min(64, count - first)),
-                 "--name", f"bench{first}", "--duration", f"{int(4 * SECONDS + 120)}s"],
+                 "--name", f"bench{first}", "--duration", f"{int(LIFETIME)}s"],
                 stdout=subprocess.DEVNULL,
             )
             for first in range(0, count, 64)
