@@ -457,6 +457,8 @@ threads by process, by the trace.dat's GUEST option, or by their vCPU indexes (G
 EXAMPLES:
   virtprof exits --duration 10s                  live: record 10 s of this host, then analyse
   virtprof exits --duration 60s --bpf            live, counted in the kernel: no event decoded
+  virtprof exits --duration 10s --kernel-hist    live, with the kernel's own hist triggers timing
+                                                 the same exits: checked bucket by bucket
   virtprof exits run.vprec                       per reason
   virtprof exits trace.dat                       a trace-cmd capture (v6/v7, any compression)
   virtprof exits perf.data                       perf record -e 'kvm:*' or perf kvm stat record
@@ -500,6 +502,12 @@ pub struct ExitsArgs {
     /// descheduling and per-exit rows are then unknown.
     #[arg(long, conflicts_with_all = ["file", "noise", "threshold_us"])]
     pub bpf: bool,
+    /// Live mode: also have the kernel's hist triggers time every exit (kvm_exit to kvm_entry)
+    /// on the trace's own timestamps, and set their histograms beside the traced ones: equal
+    /// bucket by bucket where the trace lost nothing. Needs CONFIG_HIST_TRIGGERS and a VMX or
+    /// SVM host (`virtprof doctor` says whether this one has them).
+    #[arg(long, conflicts_with_all = ["file", "bpf", "vm", "vcpu"])]
+    pub kernel_hist: bool,
     /// Print JSON (schema in docs/exits.md).
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,

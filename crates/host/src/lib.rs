@@ -15,6 +15,7 @@ pub mod procfs;
 pub mod reaper;
 pub mod schedstat;
 pub mod stop;
+pub mod triggers;
 
 pub use clock::{monotonic_ns, sleep_until, sleep_until_or_stop};
 pub use schedstat::{read_schedstat, Schedstat};

@@ -35,6 +35,13 @@ pub enum Undo {
         /// The name it gets.
         path: PathBuf,
     },
+    /// A synthetic event (its triggers are in an instance, removed first): deleted.
+    SyntheticEvent {
+        /// The tracefs root holding `synthetic_events`.
+        root: PathBuf,
+        /// The event's name.
+        name: String,
+    },
     /// A thread moved to other CPUs: its affinity given back.
     Affinity {
         /// The thread.
@@ -50,6 +57,11 @@ impl Undo {
         match self {
             Undo::Instance(path) => absolute(path).into_os_string().into_vec(),
             Undo::KeepFile { temporary, .. } => absolute(temporary).into_os_string().into_vec(),
+            Undo::SyntheticEvent { root, name } => {
+                let mut key = b"synthetic ".to_vec();
+                key.extend_from_slice(absolute(root).join(name).as_os_str().as_bytes());
+                key
+            }
             Undo::Affinity { tid, .. } => format!("thread {tid}").into_bytes(),
         }
     }
@@ -60,6 +72,9 @@ impl Undo {
             Undo::Instance(path) => encode(&[b"instance", absolute(path).as_os_str().as_bytes()]),
             Undo::KeepFile { temporary, path } => {
                 encode(&[b"keep", absolute(temporary).as_os_str().as_bytes(), absolute(path).as_os_str().as_bytes()])
+            }
+            Undo::SyntheticEvent { root, name } => {
+                encode(&[b"synthetic", absolute(root).as_os_str().as_bytes(), name.as_bytes()])
             }
             Undo::Affinity { tid, cpus } => {
                 let cpus: Vec<String> = cpus.iter().map(u32::to_string).collect();
@@ -176,6 +191,11 @@ fn decode(input: impl Read) -> Vec<Undo> {
             [kind, temporary, path] if kind.as_bytes() == b"keep" => {
                 pending.push(Undo::KeepFile { temporary: temporary.into(), path: path.into() });
             }
+            [kind, root, name] if kind.as_bytes() == b"synthetic" => {
+                if let Some(name) = name.to_str() {
+                    pending.push(Undo::SyntheticEvent { root: root.into(), name: name.to_string() });
+                }
+            }
             [kind, tid, cpus] if kind.as_bytes() == b"affinity" => {
                 let tid = tid.to_str().and_then(|t| t.parse().ok());
                 let cpus: Option<Vec<u32>> = cpus.to_str().and_then(|c| c.split(',').map(|n| n.parse().ok()).collect());
@@ -207,6 +227,10 @@ pub fn run() -> ! {
         let said = match undo {
             Undo::Instance(path) => remove_instance(path),
             Undo::KeepFile { temporary, path } => keep_file(temporary, path),
+            // Its triggers went with the instance (asked for before it, so undone before it).
+            Undo::SyntheticEvent { root, name } => crate::triggers::remove_synthetic_event(root, name)
+                .ok()
+                .map(|()| format!("the run ended without cleaning up: deleted its synthetic event {name}")),
             // A thread that has exited has nothing to give back.
             Undo::Affinity { tid, cpus } => crate::affinity::set(*tid, cpus)
                 .ok()
@@ -226,11 +250,17 @@ fn remove_instance(path: &Path) -> Option<String> {
     }
     let _ = std::fs::write(path.join("tracing_on"), "0");
     let _ = std::fs::write(path.join("events/enable"), "0");
-    // The kernel refuses while a reader still holds the instance's files: a dead process's
-    // are closed as it exits, which can take a moment.
+    // The kernel refuses while a reader still holds the instance's files (a dead process's
+    // are closed as it exits, which can take a moment) or while its events carry hist
+    // triggers (taken out at the first refusal).
+    let mut triggers_cleared = false;
     for _ in 0..100 {
         match std::fs::remove_dir(path) {
             Ok(()) => return Some(format!("the run ended without cleaning up: removed its tracefs instance {}", path.display())),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !triggers_cleared => {
+                crate::triggers::clear_instance_triggers(path);
+                triggers_cleared = true;
+            }
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::sleep(std::time::Duration::from_millis(20)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
             Err(e) => return Some(format!("the run ended without cleaning up; its tracefs instance {} (tracing turned off) could not be removed: {e}", path.display())),
@@ -272,6 +302,10 @@ mod tests {
         pipe.extend(Undo::Affinity { tid: 42, cpus: vec![1] }.message());
         pipe.extend(Undo::Affinity { tid: 43, cpus: vec![1] }.message());
         pipe.extend(encode(&[b"done", b"thread 43"]));
+        let synthetic = |name: &str| Undo::SyntheticEvent { root: "/t".into(), name: name.into() };
+        pipe.extend(synthetic("virtprof_exit_1").message());
+        pipe.extend(synthetic("virtprof_exit_2").message());
+        pipe.extend(encode(&[b"done", b"synthetic /t/virtprof_exit_2"]));
         let whole = pipe.len();
         pipe.extend(encode(&[b"instance", b"/cut"]));
         let left = decode(&pipe[..pipe.len() - 3]);
@@ -282,9 +316,10 @@ mod tests {
                 Undo::Instance("/t/instances/virtprof-exits-1".into()),
                 Undo::Instance("/odd\nname with\ttabs".into()),
                 Undo::Affinity { tid: 42, cpus: vec![0, 1] },
+                synthetic("virtprof_exit_1"),
             ]
         );
-        assert_eq!(decode(&pipe[..whole]).len(), 4);
+        assert_eq!(decode(&pipe[..whole]).len(), 5);
         assert!(decode(&b""[..]).is_empty());
     }
 }

@@ -44,6 +44,7 @@ impl LiveTrace {
             buffer_size_kb,
             fit_to_rate: false,
             clock: clock.into(),
+            exit_hist: false,
         };
         let (capture, missing) = Capture::start(&tracefs, &config, page_size)?;
         let decoder = Decoder::new(load_layout(tracefs.root(), systems)?);

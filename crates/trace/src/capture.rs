@@ -21,6 +21,7 @@ use virtprof_model::{Cpu, KernelLoss};
 
 use crate::buffer_sizing::{self, Sizing};
 use crate::error::TraceError;
+use crate::exit_hist::{ExitHistTriggers, KernelExitHists};
 use crate::tracefs::{Instance, Tracefs};
 
 /// What to trace.
@@ -35,6 +36,9 @@ pub struct CaptureConfig {
     pub fit_to_rate: bool,
     /// Trace clock; `mono` matches CLOCK_MONOTONIC so guest/VMM timestamps align directly.
     pub clock: String,
+    /// Have the kernel's hist triggers time every exit on the trace's own timestamps too
+    /// ([`crate::exit_hist`]).
+    pub exit_hist: bool,
 }
 
 impl CaptureConfig {
@@ -129,6 +133,8 @@ pub struct Capture {
     // Field order is drop order: the readers must close before the instance is removed (the
     // kernel refuses to remove an instance with open trace_pipe_raw files).
     readers: Vec<(u32, File)>,
+    // Its triggers must be gone before the instance can be.
+    exit_hist: Option<ExitHistTriggers>,
     instance: Instance,
     page_size: usize,
     /// The systems whose formats the recording needs.
@@ -208,8 +214,11 @@ impl Capture {
                 .map_err(TraceError::file(&path))?;
             readers.push((cpu, file));
         }
+        // After the rate probe: the kernel's histograms hold the traced window's exits only.
+        let exit_hist =
+            if config.exit_hist { Some(ExitHistTriggers::attach(tracefs, &instance, &config.clock)?) } else { None };
         instance.write("tracing_on", "1")?;
-        Ok((Capture { readers, instance, page_size, systems, events, sizing }, missing))
+        Ok((Capture { readers, exit_hist, instance, page_size, systems, events, sizing }, missing))
     }
 
     /// The instance directory.
@@ -262,6 +271,11 @@ impl Capture {
     /// Stop tracing (the buffers keep what they hold for a final [`Capture::poll`]).
     pub fn stop(&self) -> Result<(), TraceError> {
         self.instance.write("tracing_on", "0")
+    }
+
+    /// What the kernel's hist triggers counted, when asked for ([`CaptureConfig::exit_hist`]).
+    pub fn exit_hists(&self) -> Option<Result<KernelExitHists, TraceError>> {
+        self.exit_hist.as_ref().map(|h| h.read(&self.instance))
     }
 
     /// Per-CPU overrun and dropped counts.
@@ -326,8 +340,9 @@ impl Capture {
 
     /// Close the readers and remove the instance (the kernel refuses while readers are open).
     pub fn close(self) {
-        let Capture { instance, readers, .. } = self;
+        let Capture { instance, readers, exit_hist, .. } = self;
         drop(readers);
+        drop(exit_hist);
         drop(instance);
     }
 }

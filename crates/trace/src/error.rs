@@ -69,6 +69,9 @@ pub enum TraceError {
         /// Event name.
         name: String,
     },
+    /// A facility this kernel or host does not have, or refused: what and why.
+    #[error("{0}")]
+    Unsupported(String),
     /// A tracefs dump laid out as no kernel leaves one.
     #[error("{0}")]
     BadDump(String),
@@ -89,6 +92,7 @@ impl TraceError {
                 | TraceError::NoEvents { .. }
                 | TraceError::NoSuchEvent { .. }
                 | TraceError::BadDump(_)
+                | TraceError::Unsupported(_)
         ) || matches!(self, TraceError::Input(e) if e.is_bad_input())
             // Not root and no CAP_SYS_ADMIN/CAP_PERFMON: the message says which is missing.
             || matches!(self, TraceError::File { source, .. } if matches!(source.raw_os_error(), Some(libc::EACCES) | Some(libc::EPERM)))

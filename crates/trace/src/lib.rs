@@ -9,6 +9,7 @@ pub mod capture;
 pub mod decode;
 pub mod dump;
 pub mod error;
+pub mod exit_hist;
 pub mod format;
 pub mod merge;
 pub mod page;

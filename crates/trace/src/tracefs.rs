@@ -7,6 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use virtprof_host::reaper::{self, Undo};
+use virtprof_host::triggers;
 
 use crate::decode::Layout;
 use crate::error::TraceError;
@@ -18,6 +19,8 @@ pub const DEFAULT_MOUNT: &str = "/sys/kernel/tracing";
 const DEBUGFS_MOUNT: &str = "/sys/kernel/debug/tracing";
 /// Prefix of every instance virtprof creates (`doctor --cleanup` removes leftovers).
 pub const INSTANCE_PREFIX: &str = "virtprof-";
+/// Synthetic events virtprof creates are named `virtprof_<what>_<pid>`.
+pub const SYNTHETIC_PREFIX: &str = "virtprof_";
 
 /// The most a tracefs text file (a format, header_page, a stats file) is read to.
 pub const MAX_TEXT: u64 = 64 << 20;
@@ -230,9 +233,15 @@ impl Instance {
     }
 
     fn remove_dir(path: &Path) -> Result<(), TraceError> {
-        // The kernel refuses rmdir while a reader holds trace_pipe_raw open; callers close
-        // readers before dropping the instance.
-        fs::remove_dir(path).map_err(TraceError::file(path))
+        // The kernel refuses rmdir while a reader holds trace_pipe_raw open (callers close
+        // readers before dropping the instance) and while its events carry hist triggers
+        // (their owner takes them out first; one killed could not).
+        match fs::remove_dir(path) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && triggers::clear_instance_triggers(path) == 0 => {
+                fs::remove_dir(path).map_err(TraceError::file(path))
+            }
+            done => done.map_err(TraceError::file(path)),
+        }
     }
 }
 
@@ -251,9 +260,9 @@ impl Drop for Instance {
 }
 
 /// Remove leftover instances of dead virtprof processes (tracing turned off first, should a
-/// removal fail); returns what was removed.
+/// removal fail), then their synthetic events; returns what was removed.
 pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)> {
-    tracefs
+    let mut removed: Vec<(PathBuf, Result<(), TraceError>)> = tracefs
         .stale_instances()
         .into_iter()
         .map(|p| {
@@ -261,7 +270,17 @@ pub fn cleanup_stale(tracefs: &Tracefs) -> Vec<(PathBuf, Result<(), TraceError>)
             let r = Instance::remove_dir(&p);
             (p, r)
         })
-        .collect()
+        .collect();
+    let listing = fs::read_to_string(tracefs.root.join("synthetic_events")).unwrap_or_default();
+    for name in triggers::synthetic_event_names(&listing) {
+        let Some(pid) = name.strip_prefix(SYNTHETIC_PREFIX).and_then(|rest| rest.rsplit('_').next()) else { continue };
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let r = triggers::remove_synthetic_event(&tracefs.root, name)
+                .map_err(TraceError::file(tracefs.root.join("synthetic_events")));
+            removed.push((tracefs.root.join("synthetic_events").join(name), r));
+        }
+    }
+    removed
 }
 
 /// The raw `format` texts of `systems` (all when empty) as (system, text), sorted.

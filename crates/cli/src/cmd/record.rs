@@ -141,5 +141,6 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         interval_ns,
         hw_counters: args.hw_counters,
         command: args.command.clone(),
+        kernel_exit_hist: false,
     })
 }

@@ -341,3 +341,25 @@ fn a_cycle_clock_without_a_frequency_counts_exactly_and_leaves_durations_unknown
     let _ = std::fs::remove_file(rec);
     let _ = std::fs::remove_dir_all(tsc);
 }
+
+/// `--kernel-hist` where the kernel keeps no hist triggers (this project's development host):
+/// refused before anything is traced, saying what is missing. The nested-SVM bed runs it
+/// where it works (`it::svm`).
+#[test]
+fn kernel_hist_without_hist_triggers_is_refused_before_tracing() {
+    let test = "kernel_hist_without_hist_triggers_is_refused_before_tracing";
+    let tracefs = Path::new("/sys/kernel/tracing");
+    if !tracefs.join("events/kvm").is_dir() {
+        note(test, "SKIP: needs tracefs with the kvm events (root, kvm loaded)");
+        return;
+    }
+    if tracefs.join("synthetic_events").exists() {
+        note(test, "SKIP: this kernel has hist triggers (it::svm checks --kernel-hist where they work)");
+        return;
+    }
+    let out = virtprof().args(["exits", "--duration", "1s", "--kernel-hist"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--kernel-hist: this kernel has no hist triggers"), "{stderr}");
+    assert!(!stderr.contains("recording for"), "refused before tracing: {stderr}");
+}

@@ -257,7 +257,7 @@ virtprof sched /tmp/io-bound-cpl3.vprec --json > /out/sched.json
 virtprof report /tmp/pio-user-cpl3.vprec --json > /out/report.json
 mkdir -p /out/live
 hist ""
-virtprof exits --duration 300s --json > /out/live/exits.json 2> /out/live/err &
+virtprof exits --duration 300s --kernel-hist --json > /out/live/exits.json 2> /out/live/err &
 live=$!
 for i in $(seq 120); do grep -q "recording for" /out/live/err && break; sleep 1; done
 grep -q "recording for" /out/live/err || {{ cat /out/live/err; echo "live exits did not start"; exit 1; }}
@@ -273,7 +273,17 @@ wait $live
 cat $H/kvm_exit/hist > /out/live/hist
 cat $H/kvm_userspace_exit/hist > /out/live/uhist
 hist "!"
+# Killed (SIGKILL) with its hist triggers in place: the reaper takes them out, then the
+# instance, then the synthetic event.
+virtprof exits --duration 300s --kernel-hist --json > /dev/null 2> /out/killed.err &
+killed=$!
+for i in $(seq 120); do grep -q "recording for" /out/killed.err && break; sleep 1; done
+hang-guard 120 virtprof testvm -w pio-user -n 50 > /dev/null
+grep -q virtprof_exit_ $T/synthetic_events && echo present > /out/synthetic_while_running
+kill -KILL $killed
+for i in $(seq 30); do [ -z "$(ls $T/instances)" ] && ! grep -q virtprof_ $T/synthetic_events && break; sleep 1; done
 ls $T/instances > /out/instances
+cat $T/synthetic_events > /out/synthetic
 "#,
         workloads = WORKLOADS.iter().map(|(w, cpl, _)| format!("{w}@{cpl}")).collect::<Vec<_>>().join(" ")
     );
@@ -368,7 +378,36 @@ ls $T/instances > /out/instances
         assert!(kernel_live.contains_key(reason), "the live window saw {reason} exits: {kernel_live:?}");
     }
     assert_eq!(live["totals"]["heavyweight"].as_u64().unwrap(), userspace_exits("live"));
+    // The kernel's own histograms of the same exits, on the same clock (a trace that lost
+    // nothing; asserted above): the same exits timed per reason. Their buckets differ only for
+    // exits with an event written while another interrupted its write (the ring buffer keeps
+    // the earlier event's time for it, the hist trigger the writer's clock read): 8 of 1 962
+    // in the run that found it, under emulation. Not yet counted in the trace (page deltas of
+    // 0 would show them), so bounded here, not matched.
+    let check = &live["kernel_hist"];
+    assert_eq!(check["dropped"], 0, "{check}");
+    assert!(check["unknown_because"].is_null(), "{check}");
+    let reasons = check["reasons"].as_array().unwrap();
+    let timed: u64 = reasons.iter().map(|r| r["trace"]["count"].as_u64().unwrap()).sum();
+    let buckets: usize = reasons.iter().map(|r| r["kernel"]["buckets"].as_array().unwrap().len()).sum();
+    assert_eq!(check["exits"].as_u64().unwrap(), timed, "{check}");
+    for r in reasons {
+        let name = r["reason"].as_str().unwrap();
+        assert_eq!(r["kernel"]["count"], r["trace"]["count"], "{name}: the same exits timed: {r}");
+        // Timed exits are the finished ones: at most every exit the kernel counted.
+        assert!(r["kernel"]["count"].as_u64().unwrap() <= kernel_live[name], "{name}: {r}");
+    }
+    let moved = check["exits_moved"].as_u64().unwrap();
+    assert!(timed > 0 && buckets > 0, "{check}");
+    assert!(moved * 50 <= timed, "more than 2 % of the exits in other buckets: {moved} of {timed}: {check}");
+    // Killed with its triggers in place: nothing of it left.
+    assert!(out.join("synthetic_while_running").exists(), "the killed run had made its synthetic event");
+    assert!(!read("synthetic").contains("virtprof_"), "synthetic events left: {}", read("synthetic"));
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
+    note(
+        test,
+        format!("kvm_amd in L1: the kernel's hist triggers timed {timed} exits into {buckets} buckets; {moved} in another bucket than the trace's"),
+    );
     note(test, format!("kvm_amd in L1: io-bound io exits: vmm {vmm} ns + blocked {blocked} ns of {total} ns"));
 }
 

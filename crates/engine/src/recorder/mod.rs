@@ -27,6 +27,7 @@ use virtprof_store::recording::{
 };
 use virtprof_trace::buffer_sizing::Sizing;
 use virtprof_trace::capture::{Capture, CaptureConfig};
+use virtprof_trace::exit_hist::KernelExitHists;
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
 use crate::usage;
@@ -74,6 +75,9 @@ pub struct RecordSummary {
     pub buffer: Sizing,
     /// Each guest agent's link figures.
     pub agents: Vec<virtprof_store::recording::AgentFooter>,
+    /// What the kernel's hist triggers counted ([`RecordOptions::kernel_exit_hist`]), or why
+    /// they could not be read.
+    pub kernel_exit_hists: Option<Result<KernelExitHists, String>>,
 }
 
 /// Per-CPU ring buffer size when none is asked for.
@@ -114,6 +118,9 @@ pub struct RecordOptions {
     pub agent_limits: virtprof_agent::limits::GuestLimits,
     /// How long to wait for the agents to answer before the trace starts (none: start now).
     pub agent_wait: Duration,
+    /// Have the kernel's hist triggers time every exit on the trace's own timestamps too
+    /// (`exits --kernel-hist`): refused where the kernel has none.
+    pub kernel_exit_hist: bool,
 }
 
 impl Default for RecordOptions {
@@ -133,6 +140,7 @@ impl Default for RecordOptions {
             agents: Vec::new(),
             agent_limits: virtprof_agent::limits::GuestLimits::default(),
             agent_wait: Duration::ZERO,
+            kernel_exit_hist: false,
         }
     }
 }
@@ -186,6 +194,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         buffer_size_kb: options.buffer_size_kb,
         fit_to_rate: options.fit_buffer_to_rate,
         clock: options.clock.clone(),
+        exit_hist: options.kernel_exit_hist,
     };
 
     for &pid in &options.vm {
@@ -367,6 +376,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     }
     let loss = capture.loss();
     let buffer = capture.sizing;
+    let kernel_exit_hists = capture.exit_hists().map(|r| r.map_err(|e| e.to_string()));
     capture.close();
     let intervals = match interval_thread {
         Some(thread) => thread.finish()?,
@@ -404,6 +414,7 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         command_status,
         buffer,
         agents: footer.agents.clone(),
+        kernel_exit_hists,
     };
     if let Some(e) = write_error {
         return Ok(Recorded { summary, out: writer.abandon(), write_error: Some(e) });

@@ -139,6 +139,17 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
         ),
     });
 
+    if let Some(t) = tracefs.as_ref() {
+        checks.push(match virtprof_trace::exit_hist::unavailable(t) {
+            None => check("kernel exit histograms", Status::Ok, "hist triggers time exits: exits --kernel-hist", None),
+            Some(why) => check(
+                "kernel exit histograms",
+                Status::Warn,
+                format!("{why}: exits --kernel-hist is unavailable; exits are timed from the trace (or --bpf)"),
+                None,
+            ),
+        });
+    }
     let kvm_events = tracefs.as_ref().map(|t| t.events("kvm")).unwrap_or_default();
     if tracefs.is_some() {
         let has = |e: &str| kvm_events.iter().any(|k| k == e);

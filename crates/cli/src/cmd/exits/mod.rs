@@ -3,6 +3,7 @@
 //! or per VM, and per-exit `vm_noise` rows.
 
 mod in_kernel;
+mod kernel_hist;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,6 +41,9 @@ struct Output<'a> {
     /// The guest's own trace, where given (`--guest`).
     #[serde(skip_serializing_if = "Option::is_none")]
     guest: Option<GuestSummary>,
+    /// The kernel's own exit histograms against the trace's (`--kernel-hist`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernel_hist: Option<kernel_hist::KernelHistCheck>,
 }
 
 /// How a guest trace given with `--guest` was read (`guest` in the JSON).
@@ -142,8 +146,8 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     if args.bpf {
         return in_kernel::run(args);
     }
-    let recording = match &args.file {
-        Some(path) => Session::open_warning(path, &args.source.options())?,
+    let (recording, kernel_hists) = match &args.file {
+        Some(path) => (Session::open_warning(path, &args.source.options())?, None),
         None => record_live(args)?,
     };
     // Never dropped, nor is the decoder: unmapping a big file and freeing a trace.dat's
@@ -192,6 +196,14 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
+    let kernel_hist = kernel_hists.map(|read| {
+        let names = DecoderNames(&decoder);
+        let traced = report.by_reason.iter().map(|r| (r.reason.as_str(), &r.histogram));
+        match read {
+            Ok(kernel) => kernel_hist::check(&kernel, traced, &names, loss.total()),
+            Err(why) => kernel_hist::unreadable(why),
+        }
+    });
     let vms = vms_of(&report, &recording, &vcpus);
     let by_vm = vm_rows(&report, &vms);
     let kvm_stats = stats_deltas(&recording);
@@ -205,6 +217,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             loss: &loss,
             clock: recording.clock_line(),
             guest,
+            kernel_hist,
         };
         serde_json::to_writer_pretty(&mut out, &output)?;
         writeln!(out)?;
@@ -234,6 +247,9 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     }
     let across = "exits in flight across one are counted as incomplete, and counts near them are short";
     writeln!(out, "{}", recording.loss_report(&loss, &decoder, across))?;
+    if let Some(check) = &kernel_hist {
+        kernel_hist::write_text(&mut out, check)?;
+    }
     for d in &kvm_stats {
         let get = |k: &str| d.stats.get(k).copied().unwrap_or(0);
         writeln!(
@@ -259,14 +275,26 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The kernel's exit histograms as read at the end of a live run, or why they could not be.
+type KernelHists = Option<Result<virtprof_trace::exit_hist::KernelExitHists, String>>;
+
 /// `exits --duration`: record this host for that long into memory (no file), then analyse.
-fn record_live(args: &ExitsArgs) -> anyhow::Result<Session> {
+fn record_live(args: &ExitsArgs) -> anyhow::Result<(Session, KernelHists)> {
+    if args.kernel_hist {
+        let tracefs = virtprof_trace::Tracefs::locate_or_mount()?;
+        if let Some(why) = virtprof_trace::exit_hist::unavailable(&tracefs) {
+            return Err(usage(format!(
+                "--kernel-hist: {why}; without it, `exits --duration` times exits from the trace alone"
+            )));
+        }
+    }
     eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
-    let options = RecordOptions { duration: Some(args.duration), ..RecordOptions::default() };
+    let options =
+        RecordOptions { duration: Some(args.duration), kernel_exit_hist: args.kernel_hist, ..RecordOptions::default() };
     let recorded = record_into(&options, Vec::new())?;
     let (summary, bytes) = (recorded.summary, recorded.out);
     eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
-    Ok(Session::from_bytes(bytes, "the live trace")?)
+    Ok((Session::from_bytes(bytes, "the live trace")?, summary.kernel_exit_hists))
 }
 
 /// Per VM with both snapshots, the vCPU stats summed and differenced (cumulative counters).
