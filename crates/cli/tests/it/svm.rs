@@ -379,11 +379,12 @@ cat $T/synthetic_events > /out/synthetic
     }
     assert_eq!(live["totals"]["heavyweight"].as_u64().unwrap(), userspace_exits("live"));
     // The kernel's own histograms of the same exits, on the same clock (a trace that lost
-    // nothing; asserted above): the same exits timed per reason. Their buckets differ only for
-    // exits with an event written while another interrupted its write (the ring buffer keeps
-    // the earlier event's time for it, the hist trigger the writer's clock read): 8 of 1 962
-    // in the run that found it, under emulation. Not yet counted in the trace (page deltas of
-    // 0 would show them), so bounded here, not matched.
+    // nothing; asserted above): the same exits timed per reason, and buckets that differ only
+    // for exits with an event written while another interrupted its write (the ring buffer
+    // keeps the earlier event's time for it, the hist trigger the writer's clock read: 6-8 of
+    // about 1 950 here, under emulation). The trace shows those: such an event shares its
+    // timestamp with the one before it on its CPU. So in every reason the exits in another
+    // bucket are at most the exits on shared stamps.
     let check = &live["kernel_hist"];
     assert_eq!(check["dropped"], 0, "{check}");
     assert!(check["unknown_because"].is_null(), "{check}");
@@ -397,16 +398,22 @@ cat $T/synthetic_events > /out/synthetic
         // Timed exits are the finished ones: at most every exit the kernel counted.
         assert!(r["kernel"]["count"].as_u64().unwrap() <= kernel_live[name], "{name}: {r}");
     }
-    let moved = check["exits_moved"].as_u64().unwrap();
+    for r in reasons {
+        let (moved, shared) = (r["exits_moved"].as_u64().unwrap(), r["shared_stamps"].as_u64().unwrap());
+        assert!(moved <= shared, "{}: {moved} exits in other buckets, {shared} on shared stamps: {r}", r["reason"]);
+    }
+    assert_eq!(check["differences_explained"], true, "{check}");
+    let (moved, shared) = (check["exits_moved"].as_u64().unwrap(), check["shared_stamps"].as_u64().unwrap());
     assert!(timed > 0 && buckets > 0, "{check}");
-    assert!(moved * 50 <= timed, "more than 2 % of the exits in other buckets: {moved} of {timed}: {check}");
     // Killed with its triggers in place: nothing of it left.
     assert!(out.join("synthetic_while_running").exists(), "the killed run had made its synthetic event");
     assert!(!read("synthetic").contains("virtprof_"), "synthetic events left: {}", read("synthetic"));
     assert_eq!(read("instances").trim(), "", "no tracefs instance left in L1");
     note(
         test,
-        format!("kvm_amd in L1: the kernel's hist triggers timed {timed} exits into {buckets} buckets; {moved} in another bucket than the trace's"),
+        format!(
+            "kvm_amd in L1: the kernel's hist triggers timed {timed} exits into {buckets} buckets; {moved} in another bucket than the trace's, {shared} on shared stamps"
+        ),
     );
     note(test, format!("kvm_amd in L1: io-bound io exits: vmm {vmm} ns + blocked {blocked} ns of {total} ns"));
 }

@@ -182,11 +182,15 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
     };
     let mut analyzer = ExitAnalyzer::new(options);
     let mut vcpus = VcpuEvidence::default();
-    // Both fed in one closure the walk inlines: no dynamic call per event, which shows on big
+    let mut shared_stamps = kernel_hists.as_ref().map(|_| kernel_hist::SharedStamps::default());
+    // Fed in one closure the walk inlines: no dynamic call per event, which shows on big
     // traces.
     let stats = recording.walk(&mut decoder, |e, _| {
         analyzer.on_event(e);
         vcpus.on_event(e);
+        if let Some(s) = shared_stamps.as_mut() {
+            s.on_event(e);
+        }
     })?;
     let mut report = analyzer.finish(&DecoderNames(&decoder));
     let loss = recording.loss(&stats);
@@ -200,7 +204,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         let names = DecoderNames(&decoder);
         let traced = report.by_reason.iter().map(|r| (r.reason.as_str(), &r.histogram));
         match read {
-            Ok(kernel) => kernel_hist::check(&kernel, traced, &names, loss.total()),
+            Ok(kernel) => kernel_hist::check(&kernel, traced, &shared_stamps.unwrap_or_default(), &names, loss.total()),
             Err(why) => kernel_hist::unreadable(why),
         }
     });
