@@ -20,8 +20,13 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let mut recording = match &args.file {
         Some(file) => Session::open_warning(file, &args.source.options())?,
         None => {
-            eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
-            let options = RecordOptions { duration: Some(args.duration), ..RecordOptions::default() };
+            let started =
+                format!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
+            let options = RecordOptions {
+                duration: Some(args.duration),
+                started_message: Some(started),
+                ..RecordOptions::default()
+            };
             let recorded = record_into(&options, Vec::new())?;
             eprintln!("virtprof: recorded {} pages; lost events: {}", recorded.summary.pages, recorded.summary.lost);
             Session::from_bytes(recorded.out, "the live trace")?

@@ -142,5 +142,6 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         hw_counters: args.hw_counters,
         command: args.command.clone(),
         kernel_exit_hist: false,
+        started_message: None,
     })
 }

@@ -121,6 +121,9 @@ pub struct RecordOptions {
     /// Have the kernel's hist triggers time every exit on the trace's own timestamps too
     /// (`exits --kernel-hist`): refused where the kernel has none.
     pub kernel_exit_hist: bool,
+    /// Said on stderr once tracing is on (a live command's "recording for ..."): whoever
+    /// waits for it may start what it wants traced.
+    pub started_message: Option<String>,
 }
 
 impl Default for RecordOptions {
@@ -141,6 +144,7 @@ impl Default for RecordOptions {
             agent_limits: virtprof_agent::limits::GuestLimits::default(),
             agent_wait: Duration::ZERO,
             kernel_exit_hist: false,
+            started_message: None,
         }
     }
 }
@@ -234,6 +238,9 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
     }
     let (mut capture, missing_events) = Capture::start(&tracefs, &config, page_size)?;
     links.trace_started();
+    if let Some(message) = &options.started_message {
+        eprintln!("{message}");
+    }
     let systems: Vec<&str> = capture.systems.iter().map(String::as_str).collect();
     let formats =
         format_texts(tracefs.root(), &systems)?.into_iter().map(|(system, text)| FormatText { system, text }).collect();

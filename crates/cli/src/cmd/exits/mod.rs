@@ -292,9 +292,15 @@ fn record_live(args: &ExitsArgs) -> anyhow::Result<(Session, KernelHists)> {
             )));
         }
     }
-    eprintln!("virtprof: recording for {} (Ctrl-C to stop early)...", format_duration(args.duration));
-    let options =
-        RecordOptions { duration: Some(args.duration), kernel_exit_hist: args.kernel_hist, ..RecordOptions::default() };
+    let options = RecordOptions {
+        duration: Some(args.duration),
+        kernel_exit_hist: args.kernel_hist,
+        started_message: Some(format!(
+            "virtprof: recording for {} (Ctrl-C to stop early)...",
+            format_duration(args.duration)
+        )),
+        ..RecordOptions::default()
+    };
     let recorded = record_into(&options, Vec::new())?;
     let (summary, bytes) = (recorded.summary, recorded.out);
     eprintln!("virtprof: recorded {} pages; lost events: {}", summary.pages, summary.lost);
