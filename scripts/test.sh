@@ -5,6 +5,9 @@
 set -euo pipefail
 shopt -s lastpipe
 cd "$(dirname "$0")/.."
+# Each step says when it started (minutes into the run): CI must stay under 45 minutes, and
+# this is where its time goes.
+step() { printf 'test.sh: [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 if [ "$(id -u)" = 0 ]; then
     need=()
@@ -87,19 +90,21 @@ for module in duckdb pyspark; do
 done
 
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-echo "test.sh: cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "test.sh: cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # arm64: the workspace builds for aarch64 with no warnings, its arch-free crates' tests pass
 # under QEMU user mode, and the aarch64 binary goes to the arm64 bed's tests (VIRTPROF_AARCH64).
 if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1 && command -v aarch64-linux-gnu-gcc >/dev/null; then
-    echo "test.sh: aarch64: clippy, arch-free tests under qemu-user, release build"
+    step "aarch64: clippy"
     cargo clippy --target aarch64-unknown-linux-gnu --workspace --all-targets --locked -- -D warnings
     # Emulated, the fuzz targets run a tenth of their inputs (the x86 run does them all).
+    step "aarch64: tests under qemu-user"
     VIRTPROF_FUZZ_ITERS=5000 cargo test --target aarch64-unknown-linux-gnu --locked -p virtprof-model \
         -p virtprof-trace -p virtprof-analysis -p virtprof-store -p virtprof-sinks
     # No debug info: the arm64 bed needs the program, not its DWARF (a minute less to build).
+    step "aarch64: release build"
     CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --target aarch64-unknown-linux-gnu --locked -p virtprof-cli
     export VIRTPROF_AARCH64=$PWD/target/aarch64-unknown-linux-gnu/release/virtprof
 else
@@ -107,13 +112,13 @@ else
 fi
 # The static binary and the Debian package: the packaging tests install them, and the agent
 # tests put the static binary alone in their guests (VIRTPROF_PACKAGE_DIR).
-echo "test.sh: scripts/package.sh"
+step "scripts/package.sh"
 scripts/package.sh
 export VIRTPROF_PACKAGE_DIR=$PWD/target/package
 # kubeconform and the schemas (Go modules, PyPI) fetched before the tests, not during them: the
 # Kubernetes manifests' test then only validates.
 bash scripts/kubernetes/check.sh || echo "test.sh: scripts/kubernetes/check.sh failed; its test will say why"
-echo "test.sh: cargo test"
+step "cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 notes=target/tmp/host-notes.txt
@@ -134,3 +139,4 @@ fi
 # One closing line for the whole suite (cargo prints one per test binary, the last often a
 # doc-test binary with 0 tests).
 awk '/^test result:/ { p += $4; f += $6; s += $8 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+step "done"
