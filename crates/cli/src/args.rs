@@ -891,6 +891,11 @@ pub struct RecordArgs {
     /// still gives its final counts (its counters outlive its VMM until the recording ends).
     #[arg(long, conflicts_with = "vm")]
     pub no_kvm_stats: bool,
+    /// Also have the kernel's hist triggers time every exit (kvm_exit to kvm_entry) on the
+    /// trace's own timestamps, kept in the recording: `virtprof exits FILE` sets them beside
+    /// the traced histograms. Needs CONFIG_HIST_TRIGGERS and a VMX or SVM host.
+    #[arg(long)]
+    pub kernel_hist: bool,
     /// Also sample counters every interval (down to 1ms): per CPU, per VM and per vCPU.
     #[arg(long, value_name = "TIME[us|ms|s]", value_parser = duration)]
     pub interval: Option<Duration>,

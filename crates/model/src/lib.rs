@@ -14,6 +14,7 @@ pub mod guest;
 pub mod host;
 pub mod ids;
 pub mod interval;
+pub mod kernel_hist;
 pub mod loss;
 pub mod pcsample;
 pub mod testvm;

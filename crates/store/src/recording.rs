@@ -462,6 +462,13 @@ pub struct Footer {
     /// The guest machine's own footer (its loss and pages), where the recording holds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<Box<Footer>>,
+    /// The kernel's own exit histograms, kept by hist triggers in the recording's instance
+    /// (`record --kernel-hist`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_exit_hists: Option<virtprof_model::kernel_hist::KernelExitHists>,
+    /// Why they were asked for and could not be read back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_exit_hists_unreadable: Option<String>,
 }
 
 /// Container errors, with the byte offset.

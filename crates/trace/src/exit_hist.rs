@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use virtprof_host::reaper::{self, Undo};
 use virtprof_host::triggers;
+pub use virtprof_model::kernel_hist::{KernelExitHists, ReasonHist};
 
 use crate::error::TraceError;
 use crate::tracefs::{read_file, Instance, Tracefs, SYNTHETIC_PREFIX};
@@ -35,38 +36,6 @@ const MIN_BIAS: u64 = 1 << 62;
 const THREADS: u32 = 8192;
 /// Keys each histogram holds: reasons × 32 sub-buckets of a power of two.
 const KEYS: u32 = 2048;
-
-/// One exit reason's histogram, as the kernel kept it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReasonHist {
-    /// Exits timed.
-    pub count: u64,
-    /// Their durations' sum (ns).
-    pub sum_ns: u64,
-    /// The shortest, if any.
-    pub min_ns: Option<u64>,
-    /// The longest, if any.
-    pub max_ns: Option<u64>,
-    /// (smallest value of the bucket, exits), ascending.
-    pub buckets: Vec<(u64, u64)>,
-}
-
-/// What the kernel's triggers counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KernelExitHists {
-    /// Per (exit_reason, isa).
-    pub reasons: BTreeMap<(u32, u32), ReasonHist>,
-    /// Exits or threads a map had no room for (the kernel's `Dropped` totals): that many
-    /// exits, at least, are missing from the figures.
-    pub dropped: u64,
-}
-
-impl KernelExitHists {
-    /// Exits timed, all reasons.
-    pub fn exits(&self) -> u64 {
-        self.reasons.values().map(|r| r.count).sum()
-    }
-}
 
 /// The triggers, attached to an instance.
 #[derive(Debug)]
@@ -217,7 +186,8 @@ fn field(line: &str, name: &str) -> Option<u64> {
 
 /// The synthetic event's hist file, every section (one per trigger) read back.
 pub fn parse_exit_hists(text: &str) -> KernelExitHists {
-    let mut hists = KernelExitHists::default();
+    let mut reasons: BTreeMap<(u32, u32), ReasonHist> = BTreeMap::new();
+    let mut dropped_total = 0;
     let mut buckets: BTreeMap<(u32, u32), BTreeMap<u64, u64>> = BTreeMap::new();
     for section in text.split("# event histogram").skip(1) {
         let info = section.lines().find_map(|l| l.strip_prefix("# trigger info: ")).unwrap_or_default();
@@ -245,7 +215,7 @@ pub fn parse_exit_hists(text: &str) -> KernelExitHists {
                         }
                     }
                     Section::Max => {
-                        let r = hists.reasons.entry(k).or_default();
+                        let r = reasons.entry(k).or_default();
                         r.count = hits;
                         r.sum_ns = field(values, "lat").unwrap_or(0);
                     }
@@ -254,7 +224,7 @@ pub fn parse_exit_hists(text: &str) -> KernelExitHists {
             } else if line.trim_start().starts_with("max:") {
                 // `max: M  lat: L` under its key: L is the saved duration.
                 let (Some(k), Some(lat)) = (key, field(line, "lat")) else { continue };
-                let r = hists.reasons.entry(k).or_default();
+                let r = reasons.entry(k).or_default();
                 match kind {
                     Section::Max => r.max_ns = Some(lat),
                     Section::Min => r.min_ns = Some(lat),
@@ -262,12 +232,13 @@ pub fn parse_exit_hists(text: &str) -> KernelExitHists {
                 }
             }
         }
-        hists.dropped += dropped(section);
+        dropped_total += dropped(section);
     }
     for (k, b) in buckets {
-        hists.reasons.entry(k).or_default().buckets = b.into_iter().collect();
+        reasons.entry(k).or_default().buckets = b.into_iter().collect();
     }
-    hists
+    let reasons = reasons.into_iter().map(|((reason, isa), r)| ReasonHist { reason, isa, ..r }).collect();
+    KernelExitHists { reasons, dropped: dropped_total }
 }
 
 #[derive(Clone, Copy)]
@@ -343,10 +314,12 @@ Totals:
         let hists = parse_exit_hists(HIST);
         assert_eq!(hists.dropped, 1);
         assert_eq!(hists.exits(), 6);
-        let io = &hists.reasons[&(123, 2)];
+        let io = &hists.reasons[0];
         assert_eq!(
             io,
             &ReasonHist {
+                reason: 123,
+                isa: 2,
                 count: 5,
                 sum_ns: 206000,
                 min_ns: Some(40),
@@ -354,7 +327,8 @@ Totals:
                 buckets: vec![(40, 2), (67584, 3)]
             }
         );
-        let npf = &hists.reasons[&(1024, 2)];
+        let npf = &hists.reasons[1];
+        assert_eq!((npf.reason, npf.isa), (1024, 2));
         assert_eq!((npf.min_ns, npf.max_ns, npf.buckets.as_slice()), (Some(65600), Some(65600), &[(65536, 1)][..]));
         assert_eq!(parse_exit_hists(""), KernelExitHists::default());
         assert_eq!(parse_exit_hists("# event histogram\n{ reason: x } hitcount: \n\tmax: lat:\n").exits(), 0);

@@ -63,6 +63,17 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<ExitCode> {
     if !summary.missing_events.is_empty() {
         eprintln!("virtprof: not on this kernel, skipped: {}", summary.missing_events.join(", "));
     }
+    match &summary.kernel_exit_hists {
+        Some(Ok(h)) => eprintln!(
+            "virtprof: the kernel's hist triggers timed {} exits in {} reasons ({} entries dropped), kept in the recording: `virtprof exits {}` sets them beside the trace's",
+            h.exits(),
+            h.reasons.len(),
+            h.dropped,
+            args.output.display()
+        ),
+        Some(Err(why)) => eprintln!("virtprof: the kernel's exit histograms could not be read back: {why}"),
+        None => {}
+    }
     // The command's failure is ours (as with `time CMD`), except when it ended because the
     // recording was stopped and passed the signal on.
     let passed_on = |status: &std::process::ExitStatus| {
@@ -116,6 +127,15 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
             args.clock
         )));
     }
+    if args.kernel_hist {
+        crate::cmd::exits::kernel_hist::refuse_where_unavailable("record")?;
+        let traced = |e: &str| events.is_empty() || events.iter().any(|s| s == "kvm" || s == e);
+        if !traced("kvm:kvm_exit") || !traced("kvm:kvm_entry") {
+            return Err(usage(
+                "--kernel-hist with --events: the events must include kvm:kvm_exit and kvm:kvm_entry (or kvm)",
+            ));
+        }
+    }
     let counters = match &args.counters {
         Some(list) => {
             // Tracepoints are looked up where the recording will find tracefs.
@@ -141,7 +161,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         interval_ns,
         hw_counters: args.hw_counters,
         command: args.command.clone(),
-        kernel_exit_hist: false,
+        kernel_exit_hist: args.kernel_hist,
         started_message: None,
     })
 }

@@ -362,4 +362,10 @@ fn kernel_hist_without_hist_triggers_is_refused_before_tracing() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--kernel-hist: this kernel has no hist triggers"), "{stderr}");
     assert!(!stderr.contains("recording for"), "refused before tracing: {stderr}");
+    let file = std::env::temp_dir().join(format!("virtprof-it-kernel-hist-{}.vprec", std::process::id()));
+    let out = virtprof().args(["record", "--kernel-hist", "-o"]).arg(&file).args(["--", "true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--kernel-hist: this kernel has no hist triggers"), "{stderr}");
+    assert!(!file.exists(), "no recording is left by a refused run");
 }

@@ -21,13 +21,13 @@ use virtprof_host::output::{OutputFile, Privacy};
 use virtprof_host::stop::STOP_REQUESTED;
 use virtprof_kvm::discover::{DiscoveredVm, Discovery};
 use virtprof_kvm::remote::RemoteVmStats;
+use virtprof_model::kernel_hist::KernelExitHists;
 use virtprof_store::recording::{
     AgentRecord, Footer, FormatText, IntervalEncoder, IntervalSchema, IntervalStats, KvmStatsSnapshot, Metadata, Task,
     TasksFound, VmIdentity, Writer,
 };
 use virtprof_trace::buffer_sizing::Sizing;
 use virtprof_trace::capture::{Capture, CaptureConfig};
-use virtprof_trace::exit_hist::KernelExitHists;
 use virtprof_trace::tracefs::{format_texts, Tracefs};
 
 use crate::usage;
@@ -119,7 +119,8 @@ pub struct RecordOptions {
     /// How long to wait for the agents to answer before the trace starts (none: start now).
     pub agent_wait: Duration,
     /// Have the kernel's hist triggers time every exit on the trace's own timestamps too
-    /// (`exits --kernel-hist`): refused where the kernel has none.
+    /// (`exits --kernel-hist`, `record --kernel-hist`; kept in the footer): refused where the
+    /// kernel has none.
     pub kernel_exit_hist: bool,
     /// Said on stderr once tracing is on (a live command's "recording for ..."): whoever
     /// waits for it may start what it wants traced.
@@ -409,6 +410,8 @@ pub fn record_into<W: Write + Send + 'static>(options: &RecordOptions, out: W) -
         intervals,
         agents,
         guest: None,
+        kernel_exit_hists: kernel_exit_hists.clone().and_then(Result::ok),
+        kernel_exit_hists_unreadable: kernel_exit_hists.clone().and_then(Result::err),
     };
     let bytes = writer.written();
     let summary = RecordSummary {

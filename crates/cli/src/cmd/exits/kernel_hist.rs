@@ -127,13 +127,13 @@ pub fn check<'a>(
         *shared_by_name.entry(names.exit_reason(reason, isa)).or_default() += n;
     }
     let mut per_reason: BTreeMap<String, Histogram> = BTreeMap::new();
-    for (&(reason, isa), r) in &kernel.reasons {
+    for r in &kernel.reasons {
         // Our buckets: a kernel key is a bucket's start (or, below 64 ns and past the last
         // power of two it splits, the value itself).
         let buckets = r.buckets.iter().map(|&(lo, n)| (Histogram::bucket_index(lo), n));
         let min = r.min_ns.unwrap_or(u64::MAX);
         let h = Histogram::from_parts(buckets, r.sum_ns, min, r.max_ns.unwrap_or(0)).unwrap_or_default();
-        per_reason.entry(names.exit_reason(reason, isa)).or_default().merge(&h);
+        per_reason.entry(names.exit_reason(r.reason, r.isa)).or_default().merge(&h);
     }
     let traced: BTreeMap<&str, &Histogram> = traced.into_iter().collect();
     let empty = Histogram::default();
@@ -184,8 +184,30 @@ pub fn check<'a>(
     }
 }
 
-/// What is said when the kernel's histograms could not be read back.
-pub fn unreadable(why: String) -> KernelHistCheck {
+/// A usage error where the kernel cannot keep exit histograms (`what`: the command that then
+/// times exits from the trace alone).
+pub fn refuse_where_unavailable(what: &str) -> anyhow::Result<()> {
+    let tracefs = virtprof_trace::Tracefs::locate_or_mount()?;
+    match virtprof_trace::exit_hist::unavailable(&tracefs) {
+        Some(why) => Err(crate::exit::usage(format!(
+            "--kernel-hist: {why}; without it, `{what}` times exits from the trace alone"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The kernel's histograms a recording keeps (`record --kernel-hist`), or why they could not
+/// be read when it was made.
+pub fn kept_in(footer: &virtprof_store::recording::Footer) -> Option<Result<KernelExitHists, String>> {
+    match (&footer.kernel_exit_hists, &footer.kernel_exit_hists_unreadable) {
+        (Some(hists), _) => Some(Ok(hists.clone())),
+        (None, Some(why)) => Some(Err(why.clone())),
+        (None, None) => None,
+    }
+}
+
+/// What is said when the comparison cannot be made (`why`: the whole reason).
+pub fn unknown(why: String) -> KernelHistCheck {
     KernelHistCheck {
         exits: 0,
         dropped: 0,
@@ -193,7 +215,7 @@ pub fn unreadable(why: String) -> KernelHistCheck {
         exits_moved: 0,
         shared_stamps: 0,
         differences_explained: false,
-        unknown_because: Some(format!("the kernel's histograms could not be read: {why}")),
+        unknown_because: Some(why),
         reasons: Vec::new(),
     }
 }
@@ -299,13 +321,15 @@ mod tests {
             *buckets.entry(lo).or_default() += 1;
         }
         let r = ReasonHist {
+            reason: 7,
+            isa: 2,
             count: values.len() as u64,
             sum_ns: values.iter().sum(),
             min_ns: values.iter().min().copied(),
             max_ns: values.iter().max().copied(),
             buckets: buckets.into_iter().collect(),
         };
-        KernelExitHists { reasons: [((7, 2), r)].into(), dropped: 0 }
+        KernelExitHists { reasons: vec![r], dropped: 0 }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! or per VM, and per-exit `vm_noise` rows.
 
 mod in_kernel;
-mod kernel_hist;
+pub(crate) mod kernel_hist;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -147,7 +147,11 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         return in_kernel::run(args);
     }
     let (recording, kernel_hists) = match &args.file {
-        Some(path) => (Session::open_warning(path, &args.source.options())?, None),
+        Some(path) => {
+            let session = Session::open_warning(path, &args.source.options())?;
+            let kept = session.footer.as_ref().and_then(kernel_hist::kept_in);
+            (session, kept)
+        }
         None => record_live(args)?,
     };
     // Never dropped, nor is the decoder: unmapping a big file and freeing a trace.dat's
@@ -204,8 +208,11 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
         let names = DecoderNames(&decoder);
         let traced = report.by_reason.iter().map(|r| (r.reason.as_str(), &r.histogram));
         match read {
+            Err(why) => kernel_hist::unknown(format!("the kernel's histograms could not be read: {why}")),
+            Ok(_) if !args.vm.is_empty() || args.vcpu.is_some() => kernel_hist::unknown(
+                "with --vm/--vcpu: the kernel's histograms are of every thread, the table of some".into(),
+            ),
             Ok(kernel) => kernel_hist::check(&kernel, traced, &shared_stamps.unwrap_or_default(), &names, loss.total()),
-            Err(why) => kernel_hist::unreadable(why),
         }
     });
     let vms = vms_of(&report, &recording, &vcpus);
@@ -285,12 +292,7 @@ type KernelHists = Option<Result<virtprof_trace::exit_hist::KernelExitHists, Str
 /// `exits --duration`: record this host for that long into memory (no file), then analyse.
 fn record_live(args: &ExitsArgs) -> anyhow::Result<(Session, KernelHists)> {
     if args.kernel_hist {
-        let tracefs = virtprof_trace::Tracefs::locate_or_mount()?;
-        if let Some(why) = virtprof_trace::exit_hist::unavailable(&tracefs) {
-            return Err(usage(format!(
-                "--kernel-hist: {why}; without it, `exits --duration` times exits from the trace alone"
-            )));
-        }
+        kernel_hist::refuse_where_unavailable("exits --duration")?;
     }
     let options = RecordOptions {
         duration: Some(args.duration),
