@@ -128,13 +128,7 @@ fn options(args: &RecordArgs) -> anyhow::Result<RecordOptions> {
         )));
     }
     if args.kernel_hist {
-        crate::cmd::exits::kernel_hist::refuse_where_unavailable("record")?;
-        let traced = |e: &str| events.is_empty() || events.iter().any(|s| s == "kvm" || s == e);
-        if !traced("kvm:kvm_exit") || !traced("kvm:kvm_entry") {
-            return Err(usage(
-                "--kernel-hist with --events: the events must include kvm:kvm_exit and kvm:kvm_entry (or kvm)",
-            ));
-        }
+        virtprof_engine::recorder::check_kernel_exit_hist(&events)?;
     }
     let counters = match &args.counters {
         Some(list) => {

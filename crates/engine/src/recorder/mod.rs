@@ -160,6 +160,22 @@ pub struct Recorded<W> {
     pub write_error: Option<std::io::Error>,
 }
 
+/// Refuse `--kernel-hist` (a usage error saying why) where the kernel cannot keep exit
+/// histograms, or where `events` (empty: the default set) leave out kvm_exit or kvm_entry.
+pub fn check_kernel_exit_hist(events: &[String]) -> anyhow::Result<()> {
+    let tracefs = Tracefs::locate_or_mount().map_err(|e| usage(e.to_string()))?;
+    if let Some(why) = virtprof_trace::exit_hist::unavailable(&tracefs) {
+        return Err(usage(format!("--kernel-hist: {why}; without it, exits are timed from the trace alone")));
+    }
+    let traced = |event: &str| events.is_empty() || events.iter().any(|e| e == "kvm" || e == event);
+    if !traced("kvm:kvm_exit") || !traced("kvm:kvm_entry") {
+        return Err(usage(
+            "--kernel-hist with --events: the events must include kvm:kvm_exit and kvm:kvm_entry (or kvm)",
+        ));
+    }
+    Ok(())
+}
+
 /// Record into the file `output`, created 0600 like perf.data (traces hold process names,
 /// command lines and kernel addresses) under a temporary name until it is whole; a refused
 /// run leaves nothing behind. When the disk fills, what was written is kept and said.

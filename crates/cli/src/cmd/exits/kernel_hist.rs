@@ -184,18 +184,6 @@ pub fn check<'a>(
     }
 }
 
-/// A usage error where the kernel cannot keep exit histograms (`what`: the command that then
-/// times exits from the trace alone).
-pub fn refuse_where_unavailable(what: &str) -> anyhow::Result<()> {
-    let tracefs = virtprof_trace::Tracefs::locate_or_mount()?;
-    match virtprof_trace::exit_hist::unavailable(&tracefs) {
-        Some(why) => Err(crate::exit::usage(format!(
-            "--kernel-hist: {why}; without it, `{what}` times exits from the trace alone"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// The kernel's histograms a recording keeps (`record --kernel-hist`), or why they could not
 /// be read when it was made.
 pub fn kept_in(footer: &virtprof_store::recording::Footer) -> Option<Result<KernelExitHists, String>> {

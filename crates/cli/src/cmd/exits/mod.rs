@@ -3,7 +3,7 @@
 //! or per VM, and per-exit `vm_noise` rows.
 
 mod in_kernel;
-pub(crate) mod kernel_hist;
+mod kernel_hist;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -292,7 +292,7 @@ type KernelHists = Option<Result<virtprof_trace::exit_hist::KernelExitHists, Str
 /// `exits --duration`: record this host for that long into memory (no file), then analyse.
 fn record_live(args: &ExitsArgs) -> anyhow::Result<(Session, KernelHists)> {
     if args.kernel_hist {
-        kernel_hist::refuse_where_unavailable("exits --duration")?;
+        virtprof_engine::recorder::check_kernel_exit_hist(&[])?;
     }
     let options = RecordOptions {
         duration: Some(args.duration),
