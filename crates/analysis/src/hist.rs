@@ -46,7 +46,8 @@ fn bucket_range(b: usize) -> (u64, u64) {
     let exp = (b / SUB) as u32 + SUB_BITS - 1;
     let sub = (b % SUB) as u64;
     let lo = (1u64 << exp) | (sub << (exp - SUB_BITS));
-    (lo, lo + (1u64 << (exp - SUB_BITS)) - 1)
+    // Width minus one first: the top bucket ends at u64::MAX.
+    (lo, lo + ((1u64 << (exp - SUB_BITS)) - 1))
 }
 
 impl Histogram {
@@ -127,7 +128,7 @@ impl Histogram {
         for (b, n) in buckets {
             let slot = h.buckets.get_mut(b)?;
             *slot = slot.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
-            h.count += n;
+            h.count = h.count.saturating_add(n);
         }
         h.sum = u128::from(sum);
         (h.min, h.max) = if h.count > 0 { (min, max) } else { (u64::MAX, 0) };
@@ -142,9 +143,9 @@ impl Histogram {
     /// Add another histogram's samples.
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
-            *a += b;
+            *a = a.saturating_add(*b);
         }
-        self.count += other.count;
+        self.count = self.count.saturating_add(other.count);
         self.sum += other.sum;
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);

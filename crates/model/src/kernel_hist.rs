@@ -33,8 +33,8 @@ pub struct KernelExitHists {
 }
 
 impl KernelExitHists {
-    /// Exits timed, all reasons.
+    /// Exits timed, all reasons (saturating: a recording's footer is a claim).
     pub fn exits(&self) -> u64 {
-        self.reasons.iter().map(|r| r.count).sum()
+        self.reasons.iter().fold(0u64, |n, r| n.saturating_add(r.count))
     }
 }

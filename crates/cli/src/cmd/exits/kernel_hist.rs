@@ -174,8 +174,8 @@ pub fn check<'a>(
         exits: kernel.exits(),
         dropped: kernel.dropped,
         equal_to_trace: unknown_because.is_none().then(|| reasons.iter().all(|r| r.equal)),
-        exits_moved: reasons.iter().map(|r| r.exits_moved).sum(),
-        shared_stamps: reasons.iter().map(|r| r.shared_stamps).sum(),
+        exits_moved: reasons.iter().fold(0u64, |n, r| n.saturating_add(r.exits_moved)),
+        shared_stamps: reasons.iter().fold(0u64, |n, r| n.saturating_add(r.shared_stamps)),
         differences_explained: reasons
             .iter()
             .all(|r| r.exits_moved <= r.shared_stamps && r.kernel.count == r.trace.count),
@@ -215,7 +215,7 @@ fn differing(a: &[(u64, u64)], b: &[(u64, u64)]) -> (usize, u64) {
     let b: BTreeMap<u64, u64> = b.iter().copied().collect();
     let keys: std::collections::BTreeSet<&u64> = a.keys().chain(b.keys()).collect();
     let gaps: Vec<u64> = keys.into_iter().map(|k| a.get(k).unwrap_or(&0).abs_diff(*b.get(k).unwrap_or(&0))).collect();
-    (gaps.iter().filter(|&&g| g > 0).count(), gaps.iter().sum::<u64>().div_ceil(2))
+    (gaps.iter().filter(|&&g| g > 0).count(), gaps.iter().fold(0u64, |n, g| n.saturating_add(*g)).div_ceil(2))
 }
 
 /// The text report's lines.
@@ -355,6 +355,25 @@ mod tests {
         let mut text = Vec::new();
         write_text(&mut text, &explained).unwrap();
         assert!(String::from_utf8(text).unwrap().contains("1 of them in other buckets"));
+    }
+
+    #[test]
+    fn a_recordings_counts_that_lie_are_compared_without_overflowing() {
+        let lie = |reason| ReasonHist {
+            reason,
+            isa: 2,
+            count: u64::MAX,
+            sum_ns: u64::MAX,
+            min_ns: Some(0),
+            max_ns: Some(u64::MAX),
+            buckets: vec![(0, u64::MAX), (1 << 40, u64::MAX), (u64::MAX, u64::MAX)],
+        };
+        // Two reasons the names fold into one: their histograms are merged.
+        let hists = KernelExitHists { reasons: vec![lie(7), lie(7)], dropped: u64::MAX };
+        assert_eq!(hists.exits(), u64::MAX);
+        let c = compare(&hists, &[("r7", &[1])], 0);
+        assert_eq!((c.equal_to_trace, c.exits), (None, u64::MAX));
+        assert!(c.exits_moved > 0);
     }
 
     #[test]
