@@ -146,12 +146,13 @@ rcupdate.rcu_cpu_stall_timeout=60 sysctl.kernel.panic_on_rcu_stall=1 quiet ${BED
 }
 
 # Until L1 ends: an L1 whose heartbeat (init writes a new count to $share/alive every 5 s)
-# stops for BED_STALL seconds (default 120), or that never starts beating, is stuck under
+# stops for BED_STALL seconds (default 60: twelve missed beats; L1's own watchdogs panic it
+# at 60 s of lockup too), or that never starts beating within 120 s, is stuck under
 # emulation: it is stopped and the reason written to $share/hung, so the attempt is repeated
-# within minutes instead of at the job's time limit. One that wrote its status but does not
-# power off is stopped too.
+# within a minute or two instead of at the job's time limit. One that wrote its status but
+# does not power off is stopped too.
 watch_l1() {
-    local share=$1 stall=${BED_STALL:-120} beat= seen=$SECONDS start=$SECONDS now done_at=
+    local share=$1 stall=${BED_STALL:-60} beat= seen=$SECONDS start=$SECONDS now done_at=
     while kill -0 "$l1" 2>/dev/null; do
         sleep 1
         now=$(cat "$share/alive" 2>/dev/null || true)
@@ -162,10 +163,12 @@ watch_l1() {
         if [ -s "$share/rc" ]; then
             done_at=${done_at:-$SECONDS}
             [ $((SECONDS - done_at)) -lt 30 ] && continue
-        elif [ $((SECONDS - seen)) -lt "$stall" ]; then
+        elif [ -n "$beat" ] && [ $((SECONDS - seen)) -lt "$stall" ]; then
+            continue
+        elif [ -z "$beat" ] && [ $((SECONDS - seen)) -lt 120 ]; then
             continue
         elif [ -z "$beat" ]; then
-            echo "L1 did not boot (no heartbeat within ${stall}s)" > "$share/hung"
+            echo "L1 did not boot (no heartbeat within 120s)" > "$share/hung"
         else
             echo "L1 stuck $((seen - start))s into the run (no heartbeat for ${stall}s)" > "$share/hung"
         fi

@@ -188,8 +188,10 @@ pub fn serve_child(mut input: impl Read, mut output: impl Write) -> Result<(), V
     let config: VmConfig =
         serde_json::from_slice(&json).map_err(|e| VmmError::Memory(format!("bad VM configuration on stdin: {e}")))?;
     let report = Vm::new(config)?.run()?;
-    serde_json::to_writer(&mut output, &report).expect("VmReport serializes");
-    output.flush().map_err(|source| VmmError::Os { what: "writing the report".into(), source })
+    // In one write: standard output's buffer is 1 KiB, and a noise run's report is megabytes.
+    let json = serde_json::to_vec(&report).expect("VmReport serializes");
+    let written = output.write_all(&json).and_then(|()| output.flush());
+    written.map_err(|source| VmmError::Os { what: "writing the report".into(), source })
 }
 
 /// Set the calling thread's `comm` (for the main thread, the process name `ps` shows).

@@ -40,8 +40,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = crate::output::stdout();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &report)?;
     } else if args.html.is_none() {
         print(&report, &mut out)?;
     }

@@ -134,8 +134,7 @@ pub fn run(args: &SchedArgs) -> anyhow::Result<ExitCode> {
             clock: recording.clock_line(),
             mode: "trace",
         };
-        serde_json::to_writer_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows, guest_trace })?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &Output { source, lost_events, loss: &loss, windows, guest_trace })?;
         return Ok(ExitCode::SUCCESS);
     }
     if args.csv {

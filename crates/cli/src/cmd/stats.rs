@@ -49,8 +49,7 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = crate::output::stdout();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &output)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &output)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut headers = vec!["STAT".to_string(), "VM".to_string()];

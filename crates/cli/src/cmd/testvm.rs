@@ -27,8 +27,7 @@ pub fn run(args: &TestvmArgs) -> anyhow::Result<ExitCode> {
     };
     let mut out = crate::output::stdout();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &report)?;
     } else {
         write_human(&report, &config, &mut out)?;
     }

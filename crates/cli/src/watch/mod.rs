@@ -193,8 +193,7 @@ fn print_once(snapshot: &Snapshot, json: bool, delay: Duration) -> anyhow::Resul
     }
     let mut out = crate::output::stdout();
     if json {
-        serde_json::to_writer_pretty(&mut out, snapshot)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, snapshot)?;
         return Ok(());
     }
     // The window that matches the sampling time.

@@ -106,8 +106,7 @@ pub fn write(view: &View, saved: &SavedProfile, other: Option<(String, SavedProf
     let mut out = crate::output::stdout();
     match view.format {
         Format::Json => {
-            serde_json::to_writer_pretty(&mut out, &report)?;
-            writeln!(out)?;
+            crate::output::write_json_pretty(&mut out, &report)?;
         }
         Format::Csv => symbol_table(&report, usize::MAX).write_csv(&mut out)?,
         Format::Folded => out.write_all(pcprof::folded(&report.profile.symbols).as_bytes())?,

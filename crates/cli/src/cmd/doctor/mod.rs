@@ -262,8 +262,7 @@ pub fn run(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     let report = Report { host_kind: kvm.kind, checks, features, guest_operations, host_differences, unknown_figures };
     let mut out = crate::output::stdout();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &report)?;
     } else {
         write_human(&report, &mut out)?;
     }

@@ -114,8 +114,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             lost_events: report.totals.lost_events,
             seconds,
         };
-        serde_json::to_writer_pretty(&mut out, &output)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &output)?;
         return Ok(ExitCode::SUCCESS);
     }
     let table = match args.by {

@@ -230,8 +230,7 @@ pub fn run(args: &ExitsArgs) -> anyhow::Result<ExitCode> {
             guest,
             kernel_hist,
         };
-        serde_json::to_writer_pretty(&mut out, &output)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &output)?;
         return Ok(ExitCode::SUCCESS);
     }
     let table = if args.noise || args.threshold_us.is_some() {

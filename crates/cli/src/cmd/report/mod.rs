@@ -50,8 +50,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     }
     if args.json {
         let mut out = crate::output::stdout();
-        serde_json::to_writer_pretty(&mut out, &report)?;
-        writeln!(out)?;
+        crate::output::write_json_pretty(&mut out, &report)?;
         out.flush()?;
     } else if args.html.is_none() {
         let mut out = crate::output::stdout();
